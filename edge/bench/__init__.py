@@ -1,0 +1,1 @@
+"""edge-bench: measure decoding speed and memory of edge (and peers, where installed) side by side."""

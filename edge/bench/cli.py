@@ -1,0 +1,110 @@
+"""edge-bench: autoregressive decoding speed and peak memory of edge, with transformers side by side.
+
+    edge-bench --ar [MODEL] [--peers] [--max-new-tokens 128] [--repeats 3] [--json out.json]
+
+Each backend runs in its own subprocess (python -m edge.bench.worker), one after the other in the same run, so
+their peak memory is measured separately and their speeds are comparable. Speculative methods join in the issue
+"Step 3 of 7".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from edge.cli_options import resolve_model_path
+from edge.errors import EdgeError
+from edge.tokenizer import Tokenizer
+
+DEFAULT_PROMPT = (
+    "Write a short Python function that reads a text file and returns the ten most common words with their "
+    "counts, then explain how it works."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
+    parser.add_argument("--ar", action="store_true", help="benchmark autoregressive decoding (the only mode so far)")
+    parser.add_argument("--peers", action="store_true", help="also run transformers generate() on the same checkpoint")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (encoded with the model's tokenizer)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per backend; medians are reported")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.ar:
+        print("edge-bench: only --ar (autoregressive) is available in this version; speculative methods come "
+              "with the speculative engine", file=sys.stderr)
+        return 2
+    try:
+        model = resolve_model_path(args.model)
+        prompt_ids = Tokenizer.from_dir(model).encode(args.prompt)
+    except EdgeError as error:
+        print(f"edge-bench: error: {error}", file=sys.stderr)
+        return 2
+    backends = ["edge"] + (["transformers"] if args.peers else [])
+    results = []
+    for backend in backends:
+        print(f"edge-bench: running {backend} ...", file=sys.stderr)
+        results.append(run_worker(backend, model, args, prompt_ids))
+    report = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "model": str(model),
+        "dtype": args.dtype,
+        "command": "edge-bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "results": results,
+        "greedy_identical": len({tuple(r["token_ids"]) for r in results}) == 1,
+    }
+    print(markdown_table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def run_worker(backend: str, model: Path, args: argparse.Namespace, prompt_ids: list[int]) -> dict:
+    command = [sys.executable, "-m", "edge.bench.worker", "--backend", backend, "--model", str(model),
+               "--dtype", args.dtype, "--prompt-ids", json.dumps(prompt_ids),
+               "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"edge-bench: {backend} failed:\n{done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def machine_description() -> str:
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, " \
+           f"torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def markdown_table(report: dict) -> str:
+    rows = [
+        "| backend | decode tokens/s | prefill tokens/s | first token s | peak RSS MiB | load s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    base = report["results"][0]["decode_tokens_per_s"]
+    for r in report["results"]:
+        rows.append(f"| {r['backend']} | {r['decode_tokens_per_s']:.1f} ({r['decode_tokens_per_s'] / base:.2f}x) | "
+                    f"{r['prefill_tokens_per_s']:.0f} | {r['first_token_s']:.3f} | {r['peak_rss_mib']:.0f} | "
+                    f"{r['load_s']:.2f} |")
+    rows.append("")
+    rows.append(f"greedy outputs identical across backends: {'yes' if report['greedy_identical'] else 'NO'}; "
+                f"{report['results'][0]['new_tokens']} new tokens, prompt {report['results'][0]['prompt_tokens']} "
+                f"tokens, {report['dtype']}, {report['machine']}")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""One benchmark backend in its own process, so its peak memory is its own. Prints one JSON object.
+
+    python -m edge.bench.worker --backend edge|transformers --model PATH --prompt TEXT --max-new-tokens N ...
+
+Decode speed uses the same method for every backend: the median wall time of generating N tokens minus the
+median time of generating 1 token (prefill + first token), over N - 1 tokens. Greedy, end-of-sequence ignored,
+so every backend produces exactly N tokens and the outputs can be compared token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from typing import Callable
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def timed(run: Callable[[int], list[int]], new_tokens: int, repeats: int) -> tuple[float, list[int]]:
+    times, ids = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ids = run(new_tokens)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), ids
+
+
+def edge_runner(model: str, dtype: str, prompt_ids: list[int]) -> Callable[[int], list[int]]:
+    from edge.engine import Engine
+
+    engine = Engine.load(model, dtype=dtype, max_context=len(prompt_ids) + 2048)
+
+    def run(new_tokens: int) -> list[int]:
+        engine.reset()  # no prefix reuse between repeats: every run prefills the whole prompt
+        ids: list[int] = []
+        for event in engine.generate(prompt_ids, max_new_tokens=new_tokens, ignore_eos=True):
+            ids.extend(event.token_ids)
+        return ids
+
+    return run
+
+
+def transformers_runner(model: str, dtype: str, prompt_ids: list[int]) -> Callable[[int], list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
+    hf.generation_config.eos_token_id = None  # ignore end-of-sequence, like edge's ignore_eos
+    pad = hf.config.pad_token_id if hf.config.pad_token_id is not None else 0
+    input_ids = torch.tensor([prompt_ids])
+
+    def run(new_tokens: int) -> list[int]:
+        with torch.inference_mode():
+            out = hf.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad)
+        return out[0, len(prompt_ids):].tolist()
+
+    return run
+
+
+RUNNERS = {"edge": edge_runner, "transformers": transformers_runner}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edge.bench.worker")
+    parser.add_argument("--backend", choices=sorted(RUNNERS), required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--prompt-ids", required=True, help="JSON list of token ids")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    prompt_ids = json.loads(args.prompt_ids)
+
+    import torch
+
+    baseline = peak_rss_mib()
+    t0 = time.perf_counter()
+    run = RUNNERS[args.backend](args.model, args.dtype, prompt_ids)
+    load_s = time.perf_counter() - t0
+    run(4)  # warm-up
+    first_s, _ = timed(run, 1, args.repeats)
+    total_s, ids = timed(run, args.max_new_tokens, args.repeats)
+    result = {
+        "backend": args.backend,
+        "torch_threads": torch.get_num_threads(),
+        "load_s": load_s,
+        "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(ids),
+        "first_token_s": first_s,
+        "total_s": total_s,
+        "decode_tokens_per_s": (len(ids) - 1) / max(total_s - first_s, 1e-9),
+        "prefill_tokens_per_s": len(prompt_ids) / first_s,
+        "peak_rss_mib": peak_rss_mib(),
+        "baseline_rss_mib": baseline,
+        "token_ids": ids,
+    }
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Where the built-in default model lives inside the package (shipped by the issue "Step 2 of 7")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BUILTIN_DIR = Path(__file__).parent / "models" / "default"
+
+
+def builtin_model_path() -> Path | None:
+    """The built-in checkpoint folder, or None when this installation has none."""
+    return BUILTIN_DIR if (BUILTIN_DIR / "config.json").is_file() else None

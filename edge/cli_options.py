@@ -1,0 +1,62 @@
+"""Command-line options shared by edge-chat and edge-bench: which model, how to load it, how to sample."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from edge.engine import DEFAULT_MAX_CONTEXT, GenerationOptions
+from edge.errors import CheckpointError
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    help_text = "checkpoint folder (Hugging Face layout: config.json, *.safetensors, tokenizer.json)"
+    if positional:
+        parser.add_argument("model", nargs="?", help=help_text + "; default: the built-in model")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="weight and KV-cache dtype (default: float32)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--max-context", type=int, default=DEFAULT_MAX_CONTEXT,
+                        help=f"tokens the preallocated KV cache holds (default: {DEFAULT_MAX_CONTEXT})")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int = 256) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"default: {max_new_tokens}")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    group.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    group.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability")
+    group.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off")
+    group.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    group.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+
+
+def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptions:
+    options = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+    options.update(overrides)
+    return GenerationOptions.from_kwargs(options)
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """The checkpoint to load: the one given, or the built-in model once the package ships one."""
+    if model:
+        return Path(model)
+    from edge.builtin import builtin_model_path
+
+    builtin = builtin_model_path()
+    if builtin is None:
+        raise CheckpointError(
+            "no model given and this version of edge ships no built-in model yet; pass a checkpoint folder, "
+            "e.g. edge-chat path/to/SmolLM2-135M-Instruct"
+        )
+    return builtin

@@ -1,0 +1,184 @@
+"""ModelConfig: one dataclass for the Llama family, built from a Hugging Face `config.json`.
+
+Each supported architecture has one small entry in `ARCHITECTURES` that reads its own keys (qkv bias, q/k norm,
+sliding window...) on top of the fields every family shares. Adding a family means adding one function here and,
+if its weights are named differently, one line in `edge/loading.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from edge.errors import CheckpointError, UnsupportedModelError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # bias on the q, k and v projections (Qwen2, Llama attention_bias)
+    o_bias: bool = False  # bias on the output projection (Llama attention_bias)
+    mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
+    sliding_window: int | None = None  # every layer attends to at most this many positions (Mistral)
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    source_dtype: str | None = None  # dtype the checkpoint was saved in
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "ModelConfig":
+        config_path = Path(path) / "config.json"
+        if not config_path.is_file():
+            raise CheckpointError(
+                f"{config_path} not found: a checkpoint folder needs the Hugging Face config.json next to its weights"
+            )
+        try:
+            raw = json.loads(config_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{config_path} is not valid JSON ({exc}); re-save the checkpoint") from None
+        return cls.from_hf(raw, source=str(config_path))
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelConfig":
+        architecture = _architecture_of(raw)
+        reader = ARCHITECTURES.get(architecture)
+        if reader is None:
+            supported = ", ".join(sorted(ARCHITECTURES))
+            raise UnsupportedModelError(
+                f"unsupported architecture {architecture!r} in {source}; edge supports: {supported}"
+            )
+        try:
+            fields = _common_fields(raw)
+            fields.update(reader(raw))
+        except KeyError as exc:
+            raise CheckpointError(f"{source} lacks the key {exc.args[0]!r} that {architecture} needs") from None
+        config = cls(architecture=architecture, **fields)
+        _check(config, source)
+        return config
+
+
+def _architecture_of(raw: dict[str, Any]) -> str:
+    architectures = raw.get("architectures") or []
+    if architectures:
+        return architectures[0]
+    by_model_type = {reader_model_type: name for name, reader_model_type in _MODEL_TYPES.items()}
+    model_type = raw.get("model_type", "<missing>")
+    return by_model_type.get(model_type, model_type)
+
+
+def _common_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    num_heads = raw["num_attention_heads"]
+    hidden_size = raw["hidden_size"]
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    return dict(
+        vocab_size=raw["vocab_size"],
+        hidden_size=hidden_size,
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+        head_dim=raw.get("head_dim") or hidden_size // num_heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=raw.get("rope_theta", 10000.0),
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        rope_scaling=_rope_scaling(raw.get("rope_scaling")),
+        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+        source_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+    )
+
+
+def _rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not scaling:
+        return None
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"unsupported rope_scaling type {rope_type!r}; edge supports: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    return {**scaling, "rope_type": rope_type}
+
+
+def _read_llama(raw: dict[str, Any]) -> dict[str, Any]:
+    attention_bias = raw.get("attention_bias", False)
+    return dict(qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=raw.get("mlp_bias", False))
+
+
+def _read_mistral(raw: dict[str, Any]) -> dict[str, Any]:
+    return dict(sliding_window=raw.get("sliding_window"))
+
+
+def _refuse_qwen_sliding_window(raw: dict[str, Any]) -> None:
+    if raw.get("use_sliding_window"):
+        raise UnsupportedModelError(
+            "use_sliding_window=true (per-layer sliding windows) is not supported; set it to false in config.json"
+        )
+
+
+def _read_qwen2(raw: dict[str, Any]) -> dict[str, Any]:
+    _refuse_qwen_sliding_window(raw)
+    return dict(qkv_bias=True)
+
+
+def _read_qwen3(raw: dict[str, Any]) -> dict[str, Any]:
+    _refuse_qwen_sliding_window(raw)
+    attention_bias = raw.get("attention_bias", False)
+    return dict(qkv_bias=attention_bias, o_bias=attention_bias, qk_norm=True)
+
+
+# architecture name in config.json -> reader of its family-specific keys
+ARCHITECTURES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "LlamaForCausalLM": _read_llama,  # Llama 2/3.x, TinyLlama, SmolLM/SmolLM2
+    "MistralForCausalLM": _read_mistral,
+    "Qwen2ForCausalLM": _read_qwen2,  # Qwen2, Qwen2.5
+    "Qwen3ForCausalLM": _read_qwen3,
+}
+_MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+def _check(config: ModelConfig, source: str) -> None:
+    if config.num_heads % config.num_kv_heads:
+        raise CheckpointError(
+            f"{source}: num_attention_heads={config.num_heads} is not a multiple of "
+            f"num_key_value_heads={config.num_kv_heads}; the config is inconsistent"
+        )
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim"):
+        if getattr(config, name) <= 0:
+            raise CheckpointError(f"{source}: {name} must be positive, got {getattr(config, name)}")
+    if not math.isfinite(config.rope_theta) or config.rope_theta <= 0:
+        raise CheckpointError(f"{source}: rope_theta must be a positive number, got {config.rope_theta}")

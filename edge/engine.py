@@ -1,0 +1,229 @@
+"""Engine: the embedding API. Load a checkpoint once, then stream events from `generate` or `chat`.
+
+    engine = Engine.load("path/to/checkpoint")
+    for event in engine.chat([{"role": "user", "content": "Hi"}], max_new_tokens=64):
+        print(event.text, end="", flush=True)
+
+The engine owns one preallocated KV cache. Each call reuses the longest prefix of its prompt that is already in
+the cache (the earlier turns of a chat), rolls the cache back to it and prefills only the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+from edge import events as ev
+from edge.decoding import Autoregressive, DecodingStrategy, Step
+from edge.errors import PromptError, SamplingError
+from edge.events import Event, Stats
+from edge.kv_cache import KVCache
+from edge.loading import load_model, parse_dtype
+from edge.model import Transformer
+from edge.sampling import SamplingParams
+from edge.stopping import StopStrings
+from edge.tokenizer import StreamDecoder, Tokenizer
+
+DEFAULT_MAX_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings; the text is cut before the first one
+    ignore_eos: bool = False  # keep going past end-of-sequence tokens (benchmarks)
+
+    @classmethod
+    def from_kwargs(cls, options: dict) -> "GenerationOptions":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise SamplingError(f"unknown generation option {unknown[0]!r}; valid options: {', '.join(sorted(names))}")
+        if isinstance(options.get("stop"), str):
+            options = {**options, "stop": (options["stop"],)}
+        result = cls(**options)
+        if not isinstance(result.max_new_tokens, int) or result.max_new_tokens < 1:
+            raise SamplingError(f"max_new_tokens must be an integer >= 1, got {result.max_new_tokens!r}")
+        return result
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty, self.seed)
+
+
+class Engine:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, max_context: int = DEFAULT_MAX_CONTEXT) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        config = model.config
+        self.max_context = min(max_context, config.max_position_embeddings)
+        self.device = model.inv_freq.device
+        dtype = model.embed.weight.dtype
+        self.cache = KVCache.for_model(config, self.max_context, dtype=dtype, device=self.device)
+        self._cached_tokens: list[int] = []  # tokens whose keys/values are in the cache, in order
+        self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        dtype: str | torch.dtype = "float32",
+        device: str = "cpu",
+        max_context: int = DEFAULT_MAX_CONTEXT,
+    ) -> "Engine":
+        """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json)."""
+        if not isinstance(max_context, int) or max_context < 2:
+            raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
+        parse_dtype(dtype)
+        tokenizer = Tokenizer.from_dir(path)
+        model = load_model(path, dtype=dtype, device=device)
+        return cls(model, tokenizer, max_context=max_context)
+
+    # -- public API -------------------------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int], **options) -> Iterator[Event]:
+        """Continue a plain prompt (text, encoded with the tokenizer's special tokens, or token ids)."""
+        opts = GenerationOptions.from_kwargs(options)
+        if isinstance(prompt, str):
+            if not prompt:
+                raise PromptError("the prompt is empty; pass some text to continue")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            ids = [int(token) for token in prompt]
+        return self._stream(ids, opts)
+
+    def chat(self, messages: Sequence[dict], *, template_kwargs: dict | None = None, **options) -> Iterator[Event]:
+        """Answer the last message of a conversation rendered with the checkpoint's chat template."""
+        opts = GenerationOptions.from_kwargs(options)
+        ids = self.tokenizer.encode_chat(list(messages), add_generation_prompt=True, **(template_kwargs or {}))
+        return self._stream(ids, opts)
+
+    def complete(self, prompt: str | Sequence[int], **options) -> str:
+        """Convenience: the whole generated text of `generate`."""
+        return "".join(event.text for event in self.generate(prompt, **options))
+
+    def reset(self) -> None:
+        """Forget the cached conversation (the next call prefills its whole prompt)."""
+        self.cache.reset()
+        self._cached_tokens = []
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+
+    def _stream(self, prompt_ids: list[int], opts: GenerationOptions) -> Iterator[Event]:
+        self._check_prompt(prompt_ids)
+        params = opts.sampling
+        strategy = Autoregressive(self.model, self.cache, params, params.generator(self.device))
+        return self._run(prompt_ids, opts, strategy)
+
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise PromptError("the prompt is empty; pass some text to continue")
+        if len(prompt_ids) >= self.max_context:
+            raise PromptError(
+                f"the prompt is {len(prompt_ids)} tokens but the context holds {self.max_context}; "
+                "shorten the prompt or raise max_context"
+            )
+        vocab = self.model.config.vocab_size
+        bad = next((token for token in prompt_ids if not 0 <= token < vocab), None)
+        if bad is not None:
+            raise PromptError(f"token id {bad} is outside the vocabulary (0..{vocab - 1}); encode with this model's tokenizer")
+
+    def _run(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy) -> Iterator[Event]:
+        stats = Stats(prompt_tokens=len(prompt_ids))
+        tokens = list(prompt_ids)
+        self._prefill(tokens, stats)
+        text_stream = StreamDecoder(self.tokenizer)
+        stops = StopStrings(opts.stop)
+        finish = None
+        while finish is None:
+            budget = min(opts.max_new_tokens - stats.generated_tokens, self.max_context - len(tokens))
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                step = strategy.step(tokens, budget)
+            appended = self._append(tokens, step.tokens[:budget], opts)
+            finish = ev.FINISH_EOS if len(appended) and self._is_eos(appended[-1], opts) else None
+            visible = appended[:-1] if finish else appended
+            text, hit_stop = stops.push(text_stream.push(visible))
+            _count_step(stats, step, len(appended), time.perf_counter() - t0)
+            finish = finish or self._finish_reason(stats, tokens, opts, hit_stop)
+            if finish is not None and not hit_stop:
+                tail, hit_stop = stops.push(text_stream.flush())
+                text += tail if hit_stop else tail + stops.flush()
+                finish = ev.FINISH_STOP_STRING if hit_stop else finish
+            yield Event(text, tuple(appended), tuple(step.drafted[: len(appended)]), stats.snapshot(), finish)
+
+    def _is_eos(self, token: int, opts: GenerationOptions) -> bool:
+        return token in self.eos_token_ids and not opts.ignore_eos
+
+    def _append(self, tokens: list[int], emitted: list[int], opts: GenerationOptions) -> list[int]:
+        """Append emitted tokens up to the first end-of-sequence; keep the cache one token behind `tokens`."""
+        appended = []
+        for token in emitted:
+            appended.append(token)
+            if self._is_eos(token, opts):
+                break
+        tokens.extend(appended)
+        if self.cache.length > len(tokens) - 1:  # a step cached tokens past an end-of-sequence
+            self.cache.rollback(len(tokens) - 1)
+        self._cached_tokens = tokens[: self.cache.length]
+        return appended
+
+    def _finish_reason(self, stats: Stats, tokens: list[int], opts: GenerationOptions, hit_stop: bool) -> str | None:
+        if hit_stop:
+            return ev.FINISH_STOP_STRING
+        if stats.generated_tokens >= opts.max_new_tokens:
+            return ev.FINISH_MAX_TOKENS
+        if len(tokens) >= self.max_context:
+            return ev.FINISH_CONTEXT
+        return None
+
+    def _prefill(self, tokens: list[int], stats: Stats) -> None:
+        """Roll the cache back to the longest cached prefix of `tokens`, then run all but the last token."""
+        reuse = _common_prefix(self._cached_tokens, tokens[:-1])
+        self.cache.rollback(reuse)
+        self._cached_tokens = self._cached_tokens[:reuse]
+        todo = tokens[reuse:-1]
+        t0 = time.perf_counter()
+        if todo:
+            with torch.inference_mode():
+                self.model(torch.tensor([todo], device=self.device), reuse, self.cache)
+        stats.prefill_s = time.perf_counter() - t0
+        stats.reused_tokens, stats.prefill_tokens = reuse, len(todo) + 1  # the last token is fed by the first step
+        self._cached_tokens = tokens[: self.cache.length]
+
+
+def _count_step(stats: Stats, step: Step, new_tokens: int, wall_s: float) -> None:
+    stats.generated_tokens += new_tokens
+    stats.steps += 1
+    stats.decode_s += wall_s
+    stats.draft_s += step.draft_s
+    stats.verify_s += step.verify_s
+    stats.sample_s += step.sample_s
+    stats.drafted += step.drafted_count
+    accepted = sum(step.drafted)
+    stats.accepted += accepted
+    if step.drafted_count:
+        slots = stats.accepted_by_position
+        slots.extend([0] * (step.drafted_count - len(slots)))
+        for position in range(accepted):
+            slots[position] += 1
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

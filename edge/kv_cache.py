@@ -1,0 +1,62 @@
+"""KVCache: one preallocated buffer per model, written at positions, rolled back by moving a length.
+
+    keys/values  (layers, batch, kv_heads, max_len, head_dim)
+
+Nothing is reallocated or concatenated while decoding: a forward over T tokens at positions
+[start, start + T) writes those slots of every layer it runs and reads slots [0, start + T). `rollback(n)`
+forgets everything from position n on (rejected draft tokens, or the tail of an edited chat) by moving
+`length`; the stale slots are overwritten by the next write.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edge.config import ModelConfig
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        *,
+        batch: int = 1,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, S, D)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, S, D)
+        self.max_len = max_len
+        self.length = 0  # positions [0, length) hold valid entries for every layer
+
+    @classmethod
+    def for_model(cls, config: ModelConfig, max_len: int, **kwargs) -> "KVCache":
+        return cls(config.num_layers, config.num_kv_heads, config.head_dim, max_len, **kwargs)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    def write(
+        self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store keys/values (B, H, T, D) at positions [start, start+T); return views of slots [0, start+T)."""
+        end = start + keys.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; writing up to {end} does not fit")
+        self.keys[layer, :, :, start:end] = keys
+        self.values[layer, :, :, start:end] = values
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]  # (B, H, end, D) each
+
+    def rollback(self, length: int) -> None:
+        """Forget positions >= length (no memory is touched)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}: the cache holds {self.length} positions")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0

@@ -1,0 +1,177 @@
+"""The Llama-family transformer in one file: Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM, TinyLlama.
+
+Family differences are flags of `ModelConfig` (qkv bias, q/k norm, sliding window, tied head), not subclasses.
+
+    tokens (B, T) at positions [start, start+T)
+      -> embed                                       (B, T, D)
+      -> for i in layers (all, a range, or any subset):
+           x = x + Attention(RMSNorm(x))             writes K/V of layer i at [start, start+T)
+           x = x + FeedForward(RMSNorm(x))
+      -> RMSNorm                                     forward() returns this hidden state
+      -> lm_head, optionally only rows `vocab_subset` logits() returns (B, T, V) or (B, T, |subset|)
+
+Running a subset of layers is how self-speculative drafters (early exit, layer skip) share the target's weights
+and KV cache; computing logits over a subset of the vocabulary is how a trimmed drafter head works.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge.config import ModelConfig
+from edge.kv_cache import KVCache
+from edge.rope import apply_rope, inverse_frequencies
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.wqkv = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.qkv_bias)
+        self.wo = nn.Linear(config.q_size, config.hidden_size, bias=config.o_bias)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, T, D)
+        layer: int,
+        start: int,
+        cache: KVCache,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        batch, steps, _ = x.shape
+        qkv = self.wqkv(x)  # (B, T, (H + 2*Hkv) * Dh)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        q = q.view(batch, steps, self.num_heads, self.head_dim)  # (B, T, H, Dh)
+        k = k.view(batch, steps, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, Dh)
+        v = v.view(batch, steps, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, Dh)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, T, Dh)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        keys, values = cache.write(layer, start, k, v)  # (B, Hkv, start+T, Dh) each
+        causal_prefill = mask is None and steps > 1  # start == 0, no window: plain causal mask
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=causal_prefill, enable_gqa=self.num_kv_heads != self.num_heads
+        )  # (B, H, T, Dh)
+        out = out.transpose(1, 2).reshape(batch, steps, q_size)  # (B, T, H*Dh)
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.w_gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).split(self.intermediate_size, dim=-1)  # (B, T, I) each
+        return self.w_down(F.silu(gate) * up)  # (B, T, D)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config)
+        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.ffn = FeedForward(config)
+
+    def forward(self, x, layer, start, cache, rope, mask) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), layer, start, cache, rope, mask)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)  # (Dh/2,)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight  # (V, D)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (B, T)
+        start: int,
+        cache: KVCache,
+        layers: Iterable[int] | None = None,
+    ) -> torch.Tensor:
+        """Run `layers` (default: all) over tokens at positions [start, start+T); return the normed hidden (B, T, D).
+
+        A full pass must continue the cache (start <= cache.length) and sets cache.length = start + T.
+        A partial pass (a self-draft) may run ahead of cache.length; the verifying full pass rewrites its slots.
+        """
+        steps = tokens.shape[1]
+        end = start + steps
+        full = layers is None
+        if full and start > cache.length:
+            raise ValueError(f"a full forward at position {start} would leave a gap after cache length {cache.length}")
+        x = self.embed(tokens)  # (B, T, D)
+        rope = self._rope(start, end, x.dtype)
+        mask = self._mask(start, steps)
+        for layer in range(self.config.num_layers) if full else layers:
+            x = self.layers[layer](x, layer, start, cache, rope, mask)
+        if full:
+            cache.length = end
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor, vocab_subset: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden (B, T, D) -> logits (B, T, V), or (B, T, len(vocab_subset)) over those token ids only."""
+        weight = self.head_weight  # (V, D)
+        if vocab_subset is not None:
+            weight = weight.index_select(0, vocab_subset)  # (V', D)
+        return F.linear(hidden, weight)
+
+    def _rope(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(start, end, device=self.inv_freq.device, dtype=torch.float32)  # (T,)
+        angles = positions[:, None] * self.inv_freq[None, :]  # (T, Dh/2)
+        angles = torch.cat((angles, angles), dim=-1)  # (T, Dh)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def _mask(self, start: int, steps: int) -> torch.Tensor | None:
+        """Boolean (T, start+T) mask, True where a query may attend; None when plain causal attention is exact."""
+        window = self.config.sliding_window
+        end = start + steps
+        if window is None or end <= window:
+            if start == 0 or steps == 1:
+                return None  # prefill from 0 (is_causal) or a single query attending to everything before it
+        device = self.inv_freq.device
+        query_pos = torch.arange(start, end, device=device)[:, None]  # (T, 1)
+        key_pos = torch.arange(end, device=device)[None, :]  # (1, S)
+        allowed = key_pos <= query_pos  # (T, S)
+        if window is not None:
+            allowed &= key_pos > query_pos - window
+        return allowed

@@ -1,0 +1,100 @@
+"""Sampling: validated parameters and the logits transforms shared by plain and speculative decoding.
+
+Order (the same as transformers): repetition penalty on the raw logits, then temperature, top-k, top-p, min-p.
+`distribution()` gives the final probabilities; speculative verification (issue 4) applies the same function to
+both the draft and the target logits so that rejection sampling keeps the target distribution exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from edge.errors import SamplingError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 means greedy (argmax)
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1 disables
+    min_p: float = 0.0  # 0 disables
+    repetition_penalty: float = 1.0  # 1 disables
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.temperature) and self.temperature >= 0,
+                 f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        _require(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+        _require(0 < self.top_p <= 1, f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        _require(0 <= self.min_p <= 1, f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        _require(math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
+                 f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        generator = torch.Generator(device=device)
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed)
+        return generator
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise SamplingError(message)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits (..., V); history (N,) token ids seen so far. Seen tokens' logits are divided (if > 0) or
+    multiplied (if < 0) by `penalty`, as in the CTRL paper and transformers."""
+    if penalty == 1.0 or history.numel() == 0:
+        return logits
+    index = history.expand(*logits.shape[:-1], history.shape[-1])  # (..., N)
+    seen = logits.gather(-1, index)
+    seen = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return logits.scatter(-1, index, seen)
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k, top-p and min-p on logits (..., V); removed tokens get -inf. Needs temperature > 0."""
+    logits = logits.float() / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (..., V)
+        probs = sorted_logits.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # probability of all tokens ranked above this one
+        drop_sorted = mass_before >= params.top_p  # the first token always stays (mass_before = 0)
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if params.min_p > 0.0:
+        probs = logits.softmax(-1)
+        threshold = params.min_p * probs.max(dim=-1, keepdim=True).values  # (..., 1)
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    return logits
+
+
+def distribution(logits: torch.Tensor, params: SamplingParams, history: torch.Tensor) -> torch.Tensor:
+    """Final sampling probabilities (..., V) from raw logits; for greedy, a one-hot on the argmax."""
+    logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return warp(logits, params).softmax(-1)
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, history: torch.Tensor, generator: torch.Generator) -> int:
+    """Choose one token from logits (V,) of the last position."""
+    logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    if params.greedy:
+        return int(logits.argmax(-1))
+    probs = warp(logits, params).softmax(-1)  # (V,)
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,103 @@
+"""Fixtures: tiny random checkpoints of every supported family, built with transformers and `save_pretrained`.
+
+Nothing is downloaded: weights are random (seeded) and the tokenizer is a byte-level BPE trained here on a few
+paragraphs. Each family's checkpoint is built once per test session.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+TRAINING_TEXT = [
+    "The quick brown fox jumps over the lazy dog. def main(): return sum(range(10))",
+    "Speculative decoding drafts several tokens and verifies them in one pass of the full model.",
+    "import os\nfor name in os.listdir('.'):\n    print(name.upper())\n",
+    "Les modèles de langue tournent sur l'ordinateur portable. 日本語のテキストも少し。 emoji: 🙂🚀",
+    "A KV cache keeps the keys and values of every position so that decoding is linear in time.",
+] * 4
+
+# family -> (transformers config class name, model class name, config overrides)
+FAMILIES: dict[str, tuple[str, str, dict]] = {
+    "llama2": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=4)),
+    "llama3": ("LlamaConfig", "LlamaForCausalLM", dict(
+        rope_theta=500000.0,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=32),
+    )),
+    "llama_bias_linear_rope": ("LlamaConfig", "LlamaForCausalLM", dict(
+        attention_bias=True, mlp_bias=True, rope_scaling=dict(type="linear", factor=2.0))),
+    "tinyllama": ("LlamaConfig", "LlamaForCausalLM", dict(num_attention_heads=8, num_key_value_heads=2, hidden_size=64)),
+    "smollm": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True, num_key_value_heads=1)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=24, head_dim=24)),
+}
+COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1)
+
+
+def build_tokenizer(folder: Path) -> int:
+    """Train a tiny byte-level BPE with ChatML special tokens, save it as a transformers tokenizer; return its size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(TRAINING_TEXT, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(folder)
+    return len(fast)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    build_tokenizer(folder)
+    return folder
+
+
+def build_checkpoint(folder: Path, family: str, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
+    import transformers
+
+    config_name, model_name, family_overrides = FAMILIES[family]
+    from tokenizers import Tokenizer
+
+    vocab_size = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+    config = getattr(transformers, config_name)(**{**COMMON, **family_overrides, "vocab_size": vocab_size,
+                                                   "eos_token_id": vocab_size - 1, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).eval()
+    model.save_pretrained(folder)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy(item, folder / item.name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tmp_path_factory, tokenizer_dir):
+    """checkpoint_factory(family) -> folder with config.json, model.safetensors and the tokenizer files."""
+    built: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in built:
+            built[family] = build_checkpoint(tmp_path_factory.mktemp(family), family, tokenizer_dir)
+        return built[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llama_dir(checkpoint_factory) -> Path:
+    return checkpoint_factory("llama3")

@@ -1,0 +1,118 @@
+"""edge-chat: chat with a model in the terminal, streaming the reply as it is generated.
+
+    edge-chat MODEL                      interactive chat (multi-turn; /reset, /quit; Ctrl+C stops a reply)
+    edge-chat MODEL --prompt "..."       print one reply and exit (also reads the prompt from a pipe)
+
+This is the plain console front end; the Textual app arrives with the issue "Step 4 of 7".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Iterator, TextIO
+
+from edge.cli_options import add_model_arguments, add_sampling_arguments, generation_options, resolve_model_path
+from edge.engine import Engine, GenerationOptions
+from edge.errors import EdgeError
+from edge.events import Event
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-chat",
+        description="Chat with a local model. Streams the reply token by token; multi-turn chats reuse the KV "
+        "cache so only the new turn is prefilled.",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--prompt", help="send this one message, print the reply and exit")
+    parser.add_argument("--system", help="system prompt")
+    parser.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
+    parser.add_argument("--stats", action="store_true", help="print tokens/s and token counts after each reply")
+    add_sampling_arguments(parser, max_new_tokens=512)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        options = generation_options(args)
+        engine = Engine.load(resolve_model_path(args.model), dtype=args.dtype, device=args.device,
+                             max_context=args.max_context)
+        if args.prompt is None and not sys.stdin.isatty():
+            args.prompt = sys.stdin.read().strip()
+        chat = ConsoleChat(engine, options, system=args.system, raw=args.raw, show_stats=args.stats)
+        if args.prompt is not None:
+            chat.reply(args.prompt, sys.stdout)
+        else:
+            chat.interactive()
+    except EdgeError as error:
+        print(f"edge-chat: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+class ConsoleChat:
+    def __init__(self, engine: Engine, options: GenerationOptions, *, system: str | None = None,
+                 raw: bool = False, show_stats: bool = False) -> None:
+        self.engine, self.options, self.show_stats = engine, options, show_stats
+        self.raw = raw or engine.tokenizer.chat_template is None
+        self.system = system
+        self.messages: list[dict] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def reply(self, text: str, out: TextIO) -> str:
+        """Send one user message, stream the reply to `out`, and record both in the history."""
+        self.messages.append({"role": "user", "content": text})
+        reply, last = [], None
+        try:
+            for event in self._events(text):
+                out.write(event.text)
+                out.flush()
+                reply.append(event.text)
+                last = event
+        except KeyboardInterrupt:
+            out.write(" [stopped]")
+        except EdgeError:
+            self.messages.pop()  # keep the history consistent: the failed turn is not recorded
+            raise
+        out.write("\n")
+        self.messages.append({"role": "assistant", "content": "".join(reply)})
+        if self.show_stats and last is not None:
+            stats = last.stats
+            out.write(f"[{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s, "
+                      f"prefill {stats.prefill_tokens} tokens, reused {stats.reused_tokens}, {last.finish_reason}]\n")
+        return "".join(reply)
+
+    def _events(self, text: str) -> Iterator[Event]:
+        options = vars(self.options)
+        if self.raw:
+            return self.engine.generate(text, **options)
+        return self.engine.chat(self.messages, **options)
+
+    def interactive(self) -> None:
+        print("edge-chat: type a message; /reset starts over, /quit or Ctrl+D leaves, Ctrl+C stops a reply.")
+        while True:
+            try:
+                line = input(">>> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return
+            if line in ("/quit", "/exit"):
+                return
+            if line == "/reset":
+                self.reset()
+                print("(new chat)")
+                continue
+            if line:
+                try:
+                    self.reply(line, sys.stdout)
+                except EdgeError as error:
+                    print(f"error: {error}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

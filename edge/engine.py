@@ -6,6 +6,11 @@
 
 The engine owns one preallocated KV cache. Each call reuses the longest prefix of its prompt that is already in
 the cache (the earlier turns of a chat), rolls the cache back to it and prefills only the rest.
+
+In `chat`, when the rendered conversation starts with the text of the previous call (its prompt and the reply
+exactly as generated), the earlier tokens are kept as the model produced them and only the new text is encoded.
+Re-encoding a reply can split it into different tokens than the model generated, which would force a re-prefill
+of the whole reply; keeping the generated tokens is what the model actually saw.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
-from edge.errors import PromptError, SamplingError
+from edge.errors import CheckpointError, PromptError, SamplingError
 from edge.events import Event, Stats
 from edge.kv_cache import KVCache
 from edge.loading import load_model, parse_dtype
@@ -72,6 +77,7 @@ class Engine:
         dtype = model.embed.weight.dtype
         self.cache = KVCache.for_model(config, self.max_context, dtype=dtype, device=self.device)
         self._cached_tokens: list[int] = []  # tokens whose keys/values are in the cache, in order
+        self._history: list[int] = []  # prompt + generated tokens of the last call
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
 
     @classmethod
@@ -87,6 +93,8 @@ class Engine:
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
         parse_dtype(dtype)
+        if not Path(path).is_dir():
+            raise CheckpointError(f"checkpoint folder {path} does not exist; pass the folder holding config.json")
         tokenizer = Tokenizer.from_dir(path)
         model = load_model(path, dtype=dtype, device=device)
         return cls(model, tokenizer, max_context=max_context)
@@ -107,17 +115,31 @@ class Engine:
     def chat(self, messages: Sequence[dict], *, template_kwargs: dict | None = None, **options) -> Iterator[Event]:
         """Answer the last message of a conversation rendered with the checkpoint's chat template."""
         opts = GenerationOptions.from_kwargs(options)
-        ids = self.tokenizer.encode_chat(list(messages), add_generation_prompt=True, **(template_kwargs or {}))
-        return self._stream(ids, opts)
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **(template_kwargs or {}))
+        return self._stream(self._continue_history(text), opts)
 
     def complete(self, prompt: str | Sequence[int], **options) -> str:
         """Convenience: the whole generated text of `generate`."""
         return "".join(event.text for event in self.generate(prompt, **options))
 
+    @property
+    def history(self) -> list[int]:
+        """Token ids of the last call: its prompt followed by the tokens it generated."""
+        return list(self._history)
+
     def reset(self) -> None:
         """Forget the cached conversation (the next call prefills its whole prompt)."""
         self.cache.reset()
         self._cached_tokens = []
+        self._history = []
+
+    def _continue_history(self, text: str) -> list[int]:
+        """Token ids for a rendered chat: the last call's tokens as generated, if `text` continues them."""
+        if self._history:
+            known = self.tokenizer.decode(self._history, skip_special_tokens=False)
+            if text.startswith(known):
+                return self._history + self.tokenizer.encode(text[len(known):], add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -143,6 +165,7 @@ class Engine:
     def _run(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy) -> Iterator[Event]:
         stats = Stats(prompt_tokens=len(prompt_ids))
         tokens = list(prompt_ids)
+        self._history = tokens
         self._prefill(tokens, stats)
         text_stream = StreamDecoder(self.tokenizer)
         stops = StopStrings(opts.stop)
@@ -175,6 +198,7 @@ class Engine:
             if self._is_eos(token, opts):
                 break
         tokens.extend(appended)
+        self._history = tokens
         if self.cache.length > len(tokens) - 1:  # a step cached tokens past an end-of-sequence
             self.cache.rollback(len(tokens) - 1)
         self._cached_tokens = tokens[: self.cache.length]

@@ -1,0 +1,90 @@
+"""The console scripts as a user runs them: edge-chat, edge-export, edge-bench."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edge import Engine
+from tui.cli import ConsoleChat, main as chat_main
+
+
+def test_chat_prompt_prints_the_reply(llama_dir, capsys):
+    assert chat_main([str(llama_dir), "--prompt", "Hello", "--max-new-tokens", "8", "--stats"]) == 0
+    out = capsys.readouterr().out
+    expected = "".join(e.text for e in Engine.load(llama_dir).chat([{"role": "user", "content": "Hello"}],
+                                                                     max_new_tokens=8))
+    assert out.startswith(expected + "\n")
+    assert "tokens/s" in out
+
+
+def test_chat_reads_the_prompt_from_a_pipe(llama_dir):
+    done = subprocess.run([sys.executable, "-m", "tui.cli", str(llama_dir), "--max-new-tokens", "4", "--raw"],
+                          input="The quick brown fox", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("\n")
+
+
+def test_console_chat_keeps_a_multi_turn_history(llama_dir):
+    chat = ConsoleChat(Engine.load(llama_dir, max_context=256),
+                       options=__import__("edge").GenerationOptions(max_new_tokens=6), system="Be brief.")
+    out = io.StringIO()
+    first = chat.reply("Hi", out)
+    chat.reply("More", out)
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert chat.messages[2]["content"] == first
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--temperature", "-2", "--prompt", "x"], "temperature"),
+        (["--max-context", "1", "--prompt", "x"], "max_context"),
+    ],
+)
+def test_chat_bad_options_are_one_line_errors(llama_dir, capsys, argv, needle):
+    assert chat_main([str(llama_dir), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("edge-chat: error:") and needle in err and "\n" not in err
+
+
+def test_chat_missing_model_is_a_one_line_error(tmp_path, capsys):
+    assert chat_main([str(tmp_path / "missing"), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not exist" in err and "\n" not in err
+
+
+def test_chat_without_model_explains_what_to_pass(capsys):
+    from edge.builtin import builtin_model_path
+
+    if builtin_model_path() is not None:
+        pytest.skip("this installation ships a built-in model")
+    assert chat_main(["--prompt", "hi"]) == 2
+    assert "pass a checkpoint folder" in capsys.readouterr().err
+
+
+def test_export_says_it_is_not_available(capsys):
+    from export.cli import main as export_main
+
+    assert export_main(["somewhere", "-o", "bundle"]) == 2
+    assert "not yet available" in capsys.readouterr().err
+
+
+def test_bench_ar_compares_with_transformers(llama_dir, tmp_path):
+    report_path = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--ar", "--peers", "--max-new-tokens", "12",
+         "--repeats", "1", "--json", str(report_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(report_path.read_text())
+    assert [r["backend"] for r in report["results"]] == ["edge", "transformers"]
+    assert report["greedy_identical"] is True
+    assert all(r["new_tokens"] == 12 and r["decode_tokens_per_s"] > 0 and r["peak_rss_mib"] > 0
+               for r in report["results"])
+    assert "| edge |" in done.stdout and "identical across backends: yes" in done.stdout

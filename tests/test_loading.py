@@ -1,0 +1,176 @@
+"""Loading checkpoints: sharded files, memory mapping, and a one-line error for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers
+
+from conftest import build_checkpoint
+from edge.config import ModelConfig
+from edge.errors import CheckpointError, UnsupportedModelError
+from edge.kv_cache import KVCache
+from edge.loading import load_model
+
+
+def copy_checkpoint(source, tmp_path):
+    target = tmp_path / "ckpt"
+    shutil.copytree(source, target)
+    return target
+
+
+def assert_one_line(error: Exception, *needles: str) -> None:
+    message = str(error)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_sharded_checkpoint_loads_the_same_weights(llama_dir, tmp_path, tokenizer_dir):
+    sharded = tmp_path / "sharded"
+    transformers.AutoModelForCausalLM.from_pretrained(llama_dir).save_pretrained(sharded, max_shard_size="20KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1
+    one, many = load_model(llama_dir), load_model(sharded)
+    for (name, a), (_, b) in zip(one.state_dict().items(), many.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_weights_are_memory_mapped_views(llama_dir):
+    model = load_model(llama_dir)
+    # an unfused weight is a view of the file's map, not a private copy: its storage is not resizable
+    assert not model.embed.weight.untyped_storage().resizable()
+    ids = torch.tensor([[1, 2, 3]])
+    model(ids, 0, KVCache.for_model(model.config, 4))  # and it computes
+
+
+def test_pickled_checkpoint_is_refused(llama_dir, tmp_path):
+    folder = tmp_path / "pickled"
+    transformers.AutoModelForCausalLM.from_pretrained(llama_dir).save_pretrained(folder, safe_serialization=False)
+    assert (folder / "pytorch_model.bin").is_file()
+    with pytest.raises(CheckpointError) as error:
+        load_model(folder)
+    assert_one_line(error.value, "pytorch_model.bin", "pickle", "safe_serialization=True")
+
+
+def test_missing_folder_and_config(tmp_path):
+    with pytest.raises(CheckpointError) as error:
+        load_model(tmp_path / "nowhere")
+    assert_one_line(error.value, "config.json")
+    with pytest.raises(CheckpointError) as error:
+        load_model(tmp_path)
+    assert_one_line(error.value, "config.json")
+
+
+def test_missing_weights(llama_dir, tmp_path):
+    folder = copy_checkpoint(llama_dir, tmp_path)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError) as error:
+        load_model(folder)
+    assert_one_line(error.value, "model.safetensors")
+
+
+def test_missing_shard_is_named(llama_dir, tmp_path):
+    sharded = tmp_path / "sharded"
+    transformers.AutoModelForCausalLM.from_pretrained(llama_dir).save_pretrained(sharded, max_shard_size="20KB")
+    victim = sorted(sharded.glob("model-*.safetensors"))[-1]
+    victim.unlink()
+    with pytest.raises(CheckpointError) as error:
+        load_model(sharded)
+    assert_one_line(error.value, victim.name)
+
+
+def test_truncated_file_is_named(llama_dir, tmp_path):
+    folder = copy_checkpoint(llama_dir, tmp_path)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(CheckpointError) as error:
+        load_model(folder)
+    assert_one_line(error.value, "model.safetensors", "truncated")
+    weights.write_bytes(data[:5])
+    with pytest.raises(CheckpointError) as error:
+        load_model(folder)
+    assert_one_line(error.value, "model.safetensors", "truncated")
+
+
+def test_corrupt_header_is_named(llama_dir, tmp_path):
+    folder = copy_checkpoint(llama_dir, tmp_path)
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:20] = b"not json!!!!"
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as error:
+        load_model(folder)
+    assert_one_line(error.value, "model.safetensors", "corrupt")
+
+
+def test_missing_tensor_is_named(llama_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = copy_checkpoint(llama_dir, tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as error:
+        load_model(folder)
+    assert_one_line(error.value, "model.layers.1.mlp.up_proj.weight")
+
+
+def test_weights_that_do_not_match_the_config(llama_dir, tmp_path):
+    folder = copy_checkpoint(llama_dir, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as error:
+        load_model(folder)
+    assert_one_line(error.value, "shape", "config.json")
+
+
+def test_unsupported_architecture_lists_supported_ones(llama_dir, tmp_path):
+    folder = copy_checkpoint(llama_dir, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError) as error:
+        load_model(folder)
+    assert_one_line(error.value, "GPT2LMHeadModel", "LlamaForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+
+
+def test_unsupported_rope_scaling_is_named():
+    raw = dict(architectures=["LlamaForCausalLM"], vocab_size=10, hidden_size=8, intermediate_size=16,
+               num_hidden_layers=1, num_attention_heads=2, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError) as error:
+        ModelConfig.from_hf(raw)
+    assert_one_line(error.value, "yarn", "llama3")
+
+
+def test_config_reads_family_settings(checkpoint_factory):
+    qwen3 = ModelConfig.from_dir(checkpoint_factory("qwen3"))
+    assert qwen3.qk_norm and qwen3.head_dim == 32 and not qwen3.qkv_bias
+    qwen2 = ModelConfig.from_dir(checkpoint_factory("qwen2"))
+    assert qwen2.qkv_bias and not qwen2.o_bias and qwen2.tie_word_embeddings
+    mistral = ModelConfig.from_dir(checkpoint_factory("mistral"))
+    assert mistral.sliding_window == 24 and mistral.head_dim == 24
+    llama3 = ModelConfig.from_dir(checkpoint_factory("llama3"))
+    assert llama3.rope_scaling["rope_type"] == "llama3" and llama3.num_kv_heads == 2
+
+
+def test_bad_dtype_and_missing_gpu(llama_dir):
+    with pytest.raises(CheckpointError) as error:
+        load_model(llama_dir, dtype="float8")
+    assert_one_line(error.value, "float8", "bfloat16")
+    if not torch.cuda.is_available():
+        with pytest.raises(CheckpointError) as error:
+            load_model(llama_dir, device="cuda")
+        assert_one_line(error.value, "cuda", "--device cpu")
+
+
+def test_random_seed_changes_weights(tmp_path, tokenizer_dir):
+    """Guard for the fixtures themselves: two seeds must give two different models."""
+    a = load_model(build_checkpoint(tmp_path / "a", "llama2", tokenizer_dir, seed=1))
+    b = load_model(build_checkpoint(tmp_path / "b", "llama2", tokenizer_dir, seed=2))
+    assert not torch.equal(a.embed.weight, b.embed.weight)

@@ -15,7 +15,7 @@ import torch
 
 from edge.kv_cache import KVCache
 from edge.model import Transformer
-from edge.sampling import SamplingParams, next_token
+from edge.sampling import SamplingParams, history_tensor, next_token
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,7 @@ class Autoregressive:
         last = torch.tensor([tokens[-1:]], device=self.device)  # (1, 1)
         logits = self.model.logits(self.model(last, len(tokens) - 1, self.cache))[0, -1]  # (V,)
         t1 = time.perf_counter()
-        history = torch.tensor(tokens, device=self.device) if self.params.repetition_penalty != 1.0 else _EMPTY
-        token = next_token(logits, self.params, history, self.generator)
+        token = next_token(logits, self.params, history_tensor(tokens, self.params, self.device), self.generator)
         t2 = time.perf_counter()
         return Step(tokens=[token], drafted=[False], verify_s=t1 - t0, sample_s=t2 - t1)
 
-
-_EMPTY = torch.empty(0, dtype=torch.long)

@@ -30,7 +30,7 @@ from edge.events import Event, Stats
 from edge.kv_cache import KVCache
 from edge.loading import load_model, parse_dtype
 from edge.model import Transformer
-from edge.sampling import SamplingParams
+from edge.sampling import SamplingParams, history_tensor, next_token
 from edge.stopping import StopStrings
 from edge.tokenizer import StreamDecoder, Tokenizer
 
@@ -146,8 +146,9 @@ class Engine:
     def _stream(self, prompt_ids: list[int], opts: GenerationOptions) -> Iterator[Event]:
         self._check_prompt(prompt_ids)
         params = opts.sampling
-        strategy = Autoregressive(self.model, self.cache, params, params.generator(self.device))
-        return self._run(prompt_ids, opts, strategy)
+        generator = params.generator(self.device)
+        strategy = Autoregressive(self.model, self.cache, params, generator)
+        return self._run(prompt_ids, opts, strategy, generator)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -162,30 +163,34 @@ class Engine:
         if bad is not None:
             raise PromptError(f"token id {bad} is outside the vocabulary (0..{vocab - 1}); encode with this model's tokenizer")
 
-    def _run(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy) -> Iterator[Event]:
+    def _run(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy,
+             generator: torch.Generator) -> Iterator[Event]:
         stats = Stats(prompt_tokens=len(prompt_ids))
         tokens = list(prompt_ids)
         self._history = tokens
-        self._prefill(tokens, stats)
         text_stream = StreamDecoder(self.tokenizer)
         stops = StopStrings(opts.stop)
-        finish = None
-        while finish is None:
-            budget = min(opts.max_new_tokens - stats.generated_tokens, self.max_context - len(tokens))
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                step = strategy.step(tokens, budget)
+        step, wall_s = self._prefill(tokens, stats, opts.sampling, generator), 0.0
+        budget = 1
+        while True:
             appended = self._append(tokens, step.tokens[:budget], opts)
-            finish = ev.FINISH_EOS if len(appended) and self._is_eos(appended[-1], opts) else None
+            finish = ev.FINISH_EOS if self._is_eos(appended[-1], opts) else None
             visible = appended[:-1] if finish else appended
             text, hit_stop = stops.push(text_stream.push(visible))
-            _count_step(stats, step, len(appended), time.perf_counter() - t0)
+            _count_step(stats, step, len(appended), wall_s)
             finish = finish or self._finish_reason(stats, tokens, opts, hit_stop)
             if finish is not None and not hit_stop:
                 tail, hit_stop = stops.push(text_stream.flush())
                 text += tail if hit_stop else tail + stops.flush()
                 finish = ev.FINISH_STOP_STRING if hit_stop else finish
             yield Event(text, tuple(appended), tuple(step.drafted[: len(appended)]), stats.snapshot(), finish)
+            if finish is not None:
+                return
+            budget = min(opts.max_new_tokens - stats.generated_tokens, self.max_context - len(tokens))
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                step = strategy.step(tokens, budget)
+            wall_s = time.perf_counter() - t0
 
     def _is_eos(self, token: int, opts: GenerationOptions) -> bool:
         return token in self.eos_token_ids and not opts.ignore_eos
@@ -213,25 +218,31 @@ class Engine:
             return ev.FINISH_CONTEXT
         return None
 
-    def _prefill(self, tokens: list[int], stats: Stats) -> None:
-        """Roll the cache back to the longest cached prefix of `tokens`, then run all but the last token."""
-        reuse = _common_prefix(self._cached_tokens, tokens[:-1])
+    def _prefill(self, tokens: list[int], stats: Stats, params: SamplingParams, generator: torch.Generator) -> Step:
+        """Roll the cache back to the longest cached prefix of `tokens`, run the rest, and choose the first token."""
+        reuse = _common_prefix(self._cached_tokens, tokens[:-1])  # at least the last token is run
         self.cache.rollback(reuse)
         self._cached_tokens = self._cached_tokens[:reuse]
-        todo = tokens[reuse:-1]
+        todo = tokens[reuse:]
         t0 = time.perf_counter()
-        if todo:
-            with torch.inference_mode():
-                self.model(torch.tensor([todo], device=self.device), reuse, self.cache)
-        stats.prefill_s = time.perf_counter() - t0
-        stats.reused_tokens, stats.prefill_tokens = reuse, len(todo) + 1  # the last token is fed by the first step
+        with torch.inference_mode():
+            hidden = self.model(torch.tensor([todo], device=self.device), reuse, self.cache)  # (1, T, D)
+            logits = self.model.logits(hidden[:, -1:])[0, -1]  # (V,)
+            t1 = time.perf_counter()
+            token = next_token(logits, params, history_tensor(tokens, params, self.device), generator)
+        t2 = time.perf_counter()
         self._cached_tokens = tokens[: self.cache.length]
+        stats.prefill_s, stats.reused_tokens, stats.prefill_tokens = t2 - t0, reuse, len(todo)
+        return Step(tokens=[token], drafted=[False], verify_s=t1 - t0, sample_s=t2 - t1)
 
 
 def _count_step(stats: Stats, step: Step, new_tokens: int, wall_s: float) -> None:
+    """Add one step to the counters; the first step (from the prefill) has wall_s 0 and is not a decode step."""
     stats.generated_tokens += new_tokens
     stats.steps += 1
-    stats.decode_s += wall_s
+    if wall_s:
+        stats.decode_tokens += new_tokens
+        stats.decode_s += wall_s
     stats.draft_s += step.draft_s
     stats.verify_s += step.verify_s
     stats.sample_s += step.sample_s

@@ -12,7 +12,6 @@ import json
 import mmap
 import struct
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -76,8 +75,35 @@ def weight_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {folder}; add the weights")
 
 
-def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of one file, as views of a copy-on-write memory map."""
+class MappedTensors:
+    """Tensors viewed from memory maps, with the byte span each occupies, so spans can be released once copied."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._spans: dict[str, tuple[mmap.mmap, int, int]] = {}
+
+    def add(self, name: str, tensor: torch.Tensor, buffer: mmap.mmap | None, start: int, end: int) -> None:
+        self.tensors[name] = tensor
+        if buffer is not None:
+            self._spans[name] = (buffer, start, end)
+
+    def release_unless_used(self, used: list[torch.Tensor]) -> None:
+        """Drop the resident pages of every mapped tensor that `used` does not share storage with.
+
+        Fused and dtype-converted weights are copies; without this, the pages read while copying them would
+        stay in the process's resident memory next to the copies."""
+        kept = {tensor.untyped_storage().data_ptr() for tensor in used}
+        page = mmap.PAGESIZE
+        for name, (buffer, start, end) in self._spans.items():
+            if self.tensors[name].untyped_storage().data_ptr() in kept:
+                continue
+            first, last = -(-start // page) * page, end // page * page  # whole pages inside the span only
+            if last > first:
+                buffer.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
+def read_safetensors(path: Path, into: MappedTensors) -> None:
+    """Add every tensor of one file to `into`, as views of a copy-on-write memory map."""
     try:
         with path.open("rb") as handle:
             size = path.stat().st_size
@@ -96,7 +122,8 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        yield name, _tensor_view(buffer, data_start, name, info, path, size)
+        tensor, begin = _tensor_view(buffer, data_start, name, info, path, size)
+        into.add(name, tensor, buffer if begin is not None else None, begin or 0, (begin or 0) + tensor.nbytes)
 
 
 def _parse_header(raw: bytes, path: Path) -> dict:
@@ -109,7 +136,10 @@ def _parse_header(raw: bytes, path: Path) -> dict:
     return header
 
 
-def _tensor_view(buffer: mmap.mmap, data_start: int, name: str, info: dict, path: Path, size: int) -> torch.Tensor:
+def _tensor_view(
+    buffer: mmap.mmap, data_start: int, name: str, info: dict, path: Path, size: int
+) -> tuple[torch.Tensor, int | None]:
+    """The tensor and its offset in the map (None when it had to be copied out)."""
     try:
         dtype = SAFETENSORS_DTYPES[info["dtype"]]
         shape = [int(dim) for dim in info["shape"]]
@@ -125,18 +155,18 @@ def _tensor_view(buffer: mmap.mmap, data_start: int, name: str, info: dict, path
     if data_start + end > size:
         raise CheckpointError(f"{path} is truncated: tensor {name!r} ends past the end of the file; download it again")
     if count == 0:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype), None
     offset = data_start + begin
     if offset % itemsize:  # unaligned: copy rather than view
-        return torch.frombuffer(bytearray(buffer[offset : offset + end - begin]), dtype=dtype).reshape(shape)
-    return torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+        return torch.frombuffer(bytearray(buffer[offset : offset + end - begin]), dtype=dtype).reshape(shape), None
+    return torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape), offset
 
 
-def load_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
+def load_hf_tensors(folder: Path) -> MappedTensors:
+    mapped = MappedTensors()
     for path in weight_files(folder):
-        tensors.update(read_safetensors(path))
-    return tensors
+        read_safetensors(path, mapped)
+    return mapped
 
 
 def to_edge_names(hf: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -182,9 +212,11 @@ def load_model(
     dtype, device = parse_dtype(dtype), torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
-    state = to_edge_names(load_hf_tensors(folder), config)
+    mapped = load_hf_tensors(folder)
+    state = to_edge_names(mapped.tensors, config)
     _check_shapes(state, config)
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
+    mapped.release_unless_used(list(state.values()))
     with torch.device("meta"):
         model = Transformer(config)
     model.load_state_dict(state, strict=True, assign=True)

@@ -91,6 +91,13 @@ def distribution(logits: torch.Tensor, params: SamplingParams, history: torch.Te
     return warp(logits, params).softmax(-1)
 
 
+def history_tensor(tokens: list[int], params: SamplingParams, device: torch.device | str) -> torch.Tensor:
+    """The token ids the repetition penalty looks at (empty when it is off, to skip building the tensor)."""
+    if params.repetition_penalty == 1.0:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.tensor(tokens, dtype=torch.long, device=device)
+
+
 def next_token(logits: torch.Tensor, params: SamplingParams, history: torch.Tensor, generator: torch.Generator) -> int:
     """Choose one token from logits (V,) of the last position."""
     logits = apply_repetition_penalty(logits, history, params.repetition_penalty)

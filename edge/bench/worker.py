@@ -31,10 +31,11 @@ def timed(run: Callable[[int], list[int]], new_tokens: int, repeats: int) -> tup
     return statistics.median(times), ids
 
 
-def edge_runner(model: str, dtype: str, prompt_ids: list[int]) -> Callable[[int], list[int]]:
+def edge_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: int) -> Callable[[int], list[int]]:
     from edge.engine import Engine
 
-    engine = Engine.load(model, dtype=dtype, max_context=len(prompt_ids) + 2048)
+    # the KV cache is preallocated: size it for this run, as the memory planner will
+    engine = Engine.load(model, dtype=dtype, max_context=len(prompt_ids) + max_new_tokens + 1)
 
     def run(new_tokens: int) -> list[int]:
         engine.reset()  # no prefix reuse between repeats: every run prefills the whole prompt
@@ -46,7 +47,7 @@ def edge_runner(model: str, dtype: str, prompt_ids: list[int]) -> Callable[[int]
     return run
 
 
-def transformers_runner(model: str, dtype: str, prompt_ids: list[int]) -> Callable[[int], list[int]]:
+def transformers_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: int) -> Callable[[int], list[int]]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     baseline = peak_rss_mib()
     t0 = time.perf_counter()
-    run = RUNNERS[args.backend](args.model, args.dtype, prompt_ids)
+    run = RUNNERS[args.backend](args.model, args.dtype, prompt_ids, args.max_new_tokens)
     load_s = time.perf_counter() - t0
     run(4)  # warm-up
     first_s, _ = timed(run, 1, args.repeats)

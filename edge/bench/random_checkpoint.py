@@ -1,0 +1,77 @@
+"""Build a random-weight checkpoint with the shape of a real model, for speed and memory benchmarks.
+
+    python -m edge.bench.random_checkpoint OUT [--shape smollm-135m] [--seed 0]
+
+Nothing can be downloaded here, but decoding speed depends on a model's shape, not on its weights. This writes an
+ordinary Hugging Face checkpoint (config.json, model.safetensors) with transformers' own random initialisation,
+plus a byte-level BPE tokenizer trained on the Python standard library's source. Needs the `test` extra
+(transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sysconfig
+from pathlib import Path
+
+SHAPES = {
+    # SmolLM/SmolLM2-135M: 30 layers, GQA 9:3, tied embeddings
+    "smollm-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                        num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, rope_theta=10000.0,
+                        max_position_embeddings=2048),
+    # TinyLlama-1.1B: 22 layers, GQA 32:4
+    "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                           num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False, rope_theta=10000.0,
+                           max_position_embeddings=2048),
+}
+
+
+def stdlib_texts(limit_bytes: int = 8_000_000):
+    root = Path(sysconfig.get_paths()["stdlib"])
+    total = 0
+    for path in sorted(root.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        total += len(text)
+        yield text
+        if total > limit_bytes:
+            return
+
+
+def build_tokenizer(out: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(stdlib_texts(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    fast.save_pretrained(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edge.bench.random_checkpoint", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm-135m")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(args.seed)
+    config = LlamaConfig(**SHAPES[args.shape], bos_token_id=0, eos_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(args.out)
+    build_tokenizer(args.out, vocab_size=min(8192, config.vocab_size))
+    print(f"wrote a random {args.shape} checkpoint to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -87,19 +87,18 @@ class MappedTensors:
         if buffer is not None:
             self._spans[name] = (buffer, start, end)
 
-    def release_unless_used(self, used: list[torch.Tensor]) -> None:
-        """Drop the resident pages of every mapped tensor that `used` does not share storage with.
+    def release(self, name: str) -> None:
+        """Drop the resident pages of a mapped tensor that has been copied (fused or converted).
 
-        Fused and dtype-converted weights are copies; without this, the pages read while copying them would
-        stay in the process's resident memory next to the copies."""
-        kept = {tensor.untyped_storage().data_ptr() for tensor in used}
+        Without this, the pages read while copying would stay in the process's resident memory next to the copy.
+        Only whole pages inside the tensor's span are released; the tensor must not be read afterwards."""
+        if name not in self._spans:
+            return
+        buffer, start, end = self._spans.pop(name)
         page = mmap.PAGESIZE
-        for name, (buffer, start, end) in self._spans.items():
-            if self.tensors[name].untyped_storage().data_ptr() in kept:
-                continue
-            first, last = -(-start // page) * page, end // page * page  # whole pages inside the span only
-            if last > first:
-                buffer.madvise(mmap.MADV_DONTNEED, first, last - first)
+        first, last = -(-start // page) * page, end // page * page
+        if last > first:
+            buffer.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def read_safetensors(path: Path, into: MappedTensors) -> None:
@@ -169,37 +168,61 @@ def load_hf_tensors(folder: Path) -> MappedTensors:
     return mapped
 
 
-def to_edge_names(hf: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Map Hugging Face tensor names to the model's, fusing q/k/v and gate/up."""
-
-    def take(name: str) -> torch.Tensor:
-        try:
-            return hf[name]
-        except KeyError:
-            raise CheckpointError(f"checkpoint lacks tensor {name!r} that {config.architecture} needs; is it complete?") from None
-
-    state = {"embed.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+def weight_recipe(config: ModelConfig) -> dict[str, list[str]]:
+    """For each of the model's tensors, the Hugging Face tensors it is made of (several are concatenated)."""
+    recipe = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
     if not config.tie_word_embeddings:
-        state["lm_head.weight"] = take("lm_head.weight")
+        recipe["lm_head.weight"] = ["lm_head.weight"]
     for i in range(config.num_layers):
-        hf_prefix, prefix = f"model.layers.{i}.", f"layers.{i}."
-        attn, mlp = hf_prefix + "self_attn.", hf_prefix + "mlp."
-        state[prefix + "attn_norm.weight"] = take(hf_prefix + "input_layernorm.weight")
-        state[prefix + "ffn_norm.weight"] = take(hf_prefix + "post_attention_layernorm.weight")
-        state[prefix + "attn.wqkv.weight"] = torch.cat([take(attn + p + "_proj.weight") for p in "qkv"])
-        state[prefix + "attn.wo.weight"] = take(attn + "o_proj.weight")
-        state[prefix + "ffn.w_gate_up.weight"] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
-        state[prefix + "ffn.w_down.weight"] = take(mlp + "down_proj.weight")
+        hf, ours = f"model.layers.{i}.", f"layers.{i}."
+        attn, mlp = hf + "self_attn.", hf + "mlp."
+        recipe[ours + "attn_norm.weight"] = [hf + "input_layernorm.weight"]
+        recipe[ours + "ffn_norm.weight"] = [hf + "post_attention_layernorm.weight"]
+        recipe[ours + "attn.wqkv.weight"] = [attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"]
+        recipe[ours + "attn.wo.weight"] = [attn + "o_proj.weight"]
+        recipe[ours + "ffn.w_gate_up.weight"] = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
+        recipe[ours + "ffn.w_down.weight"] = [mlp + "down_proj.weight"]
         if config.qkv_bias:
-            state[prefix + "attn.wqkv.bias"] = torch.cat([take(attn + p + "_proj.bias") for p in "qkv"])
+            recipe[ours + "attn.wqkv.bias"] = [attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"]
         if config.o_bias:
-            state[prefix + "attn.wo.bias"] = take(attn + "o_proj.bias")
+            recipe[ours + "attn.wo.bias"] = [attn + "o_proj.bias"]
         if config.mlp_bias:
-            state[prefix + "ffn.w_gate_up.bias"] = torch.cat([take(mlp + "gate_proj.bias"), take(mlp + "up_proj.bias")])
-            state[prefix + "ffn.w_down.bias"] = take(mlp + "down_proj.bias")
+            recipe[ours + "ffn.w_gate_up.bias"] = [mlp + "gate_proj.bias", mlp + "up_proj.bias"]
+            recipe[ours + "ffn.w_down.bias"] = [mlp + "down_proj.bias"]
         if config.qk_norm:
-            state[prefix + "attn.q_norm.weight"] = take(attn + "q_norm.weight")
-            state[prefix + "attn.k_norm.weight"] = take(attn + "k_norm.weight")
+            recipe[ours + "attn.q_norm.weight"] = [attn + "q_norm.weight"]
+            recipe[ours + "attn.k_norm.weight"] = [attn + "k_norm.weight"]
+    return recipe
+
+
+def build_state(
+    mapped: "MappedTensors", config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The model's state dict from mapped checkpoint tensors, one tensor at a time.
+
+    A tensor that is already in the right dtype and device stays a view of the map. One that is fused or converted
+    becomes a copy, and the pages of its sources are released right away, so peak memory stays near one copy of
+    the weights."""
+    recipe = weight_recipe(config)
+    missing = next((name for sources in recipe.values() for name in sources if name not in mapped.tensors), None)
+    if missing is not None:
+        raise CheckpointError(f"checkpoint lacks tensor {missing!r} that {config.architecture} needs; is it complete?")
+    with torch.device("meta"):
+        expected = Transformer(config).state_dict()
+    state = {}
+    for name, sources in recipe.items():
+        parts = [mapped.tensors[source] for source in sources]
+        shape = (sum(part.shape[0] for part in parts), *parts[0].shape[1:])
+        if shape != tuple(expected[name].shape) or any(p.shape[1:] != parts[0].shape[1:] for p in parts):
+            raise CheckpointError(
+                f"tensor {name} would have shape {shape} but config.json implies {tuple(expected[name].shape)}; "
+                "the weights and config.json do not belong together"
+            )
+        tensor = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(device=device, dtype=dtype)
+        for source, part in zip(sources, parts):
+            if tensor.untyped_storage().data_ptr() != part.untyped_storage().data_ptr():
+                mapped.release(source)
+        state[name] = tensor
     return state
 
 
@@ -212,24 +235,9 @@ def load_model(
     dtype, device = parse_dtype(dtype), torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
-    mapped = load_hf_tensors(folder)
-    state = to_edge_names(mapped.tensors, config)
-    _check_shapes(state, config)
-    state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
-    mapped.release_unless_used(list(state.values()))
+    state = build_state(load_hf_tensors(folder), config, dtype, device)
     with torch.device("meta"):
         model = Transformer(config)
     model.load_state_dict(state, strict=True, assign=True)
     model.inv_freq = inverse_frequencies(config).to(device)  # the meta-device buffer held no data
     return model.eval().requires_grad_(False)
-
-
-def _check_shapes(state: dict[str, torch.Tensor], config: ModelConfig) -> None:
-    with torch.device("meta"):
-        expected = Transformer(config).state_dict()
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise CheckpointError(
-                f"tensor {name} has shape {tuple(tensor.shape)} but config.json implies "
-                f"{tuple(expected[name].shape)}; the weights and config.json do not belong together"
-            )

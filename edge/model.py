@@ -153,7 +153,9 @@ class Transformer(nn.Module):
         weight = self.head_weight  # (V, D)
         if vocab_subset is not None:
             weight = weight.index_select(0, vocab_subset)  # (V', D)
-        return F.linear(hidden, weight)
+        # a 2-D matmul: a strided 3-D input (e.g. hidden[:, -1:]) would make torch copy the whole weight
+        flat = hidden.reshape(-1, hidden.shape[-1])  # (B*T, D)
+        return F.linear(flat, weight).view(*hidden.shape[:-1], weight.shape[0])
 
     def _rope(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(start, end, device=self.inv_freq.device, dtype=torch.float32)  # (T,)

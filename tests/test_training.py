@@ -1,0 +1,74 @@
+"""The training recipe: LayerSkip forward, data stream, schedule, and a resumable smoke run end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from train.data import TokenStream
+from train.layerskip import LayerSkipConfig, exit_logits, heldout_losses, layer_outputs, layerskip_loss
+from train.train import PRESETS, learning_rate
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_layer_outputs_reproduce_the_model_forward(tiny_llama):
+    tokens = torch.randint(0, 64, (2, 12))
+    *_, (last, hidden) = layer_outputs(tiny_llama, tokens)
+    assert last == 3
+    torch.testing.assert_close(exit_logits(tiny_llama, hidden), tiny_llama(tokens).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_layer_outputs_are_causal(tiny_llama):
+    tokens = torch.randint(0, 64, (1, 10))
+    changed = tokens.clone()
+    changed[0, 7] = (changed[0, 7] + 1) % 64
+    *_, (_, a) = layer_outputs(tiny_llama, tokens)
+    *_, (_, b) = layer_outputs(tiny_llama, changed)
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_layerskip_loss_uses_rotating_exits_and_dropout(tiny_llama):
+    recipe = LayerSkipConfig(max_dropout=0.5, rotation=2)
+    assert [recipe.dropout(layer, 4) for layer in range(4)] == [0.0, 0.5 / 3, 1.0 / 3, 0.5]
+    assert recipe.active_exits(0, 4) == [0, 2] and recipe.active_exits(1, 4) == [1]
+    tokens = torch.randint(0, 64, (4, 8))
+    loss, parts = layerskip_loss(tiny_llama, tokens[:, :-1], tokens[:, 1:], 0, recipe, torch.Generator().manual_seed(0))
+    assert set(parts) == {"final_ce", "exit_0_ce", "exit_2_ce"}
+    assert loss.requires_grad and torch.isfinite(loss)
+    losses = heldout_losses(tiny_llama, [(tokens[:, :-1], tokens[:, 1:])])
+    assert len(losses) == 4 and all(value > 0 for value in losses)
+
+
+def test_token_stream_is_seeded_and_resumable():
+    examples = [[i] * (i % 3 + 1) for i in range(40)]
+    a, b = TokenStream(examples, 4, 2, seed=3), TokenStream(examples, 4, 2, seed=3)
+    for _ in range(10):
+        x, y = a.next_batch()
+        assert torch.equal(x, b.next_batch()[0]) and torch.equal(x[:, 1:], y[:, :-1])
+    saved = a.state()
+    expected = [a.next_batch()[0] for _ in range(5)]
+    c = TokenStream(examples, 4, 2, seed=3)
+    c.restore(saved)
+    assert all(torch.equal(x, c.next_batch()[0]) for x in expected)
+    assert a.epoch >= 1  # 80 tokens, 8 per batch: the stream wrapped into a new shuffled epoch
+
+
+def test_learning_rate_warms_up_then_decays():
+    preset = PRESETS["target"]
+    rates = [learning_rate(step, preset) for step in range(preset.steps)]
+    peak = rates.index(max(rates))
+    assert peak == preset.warmup - 1 and max(rates) == pytest.approx(preset.lr)
+    assert all(x >= y for x, y in zip(rates[peak:], rates[peak + 1 :]))
+    assert rates[-1] == pytest.approx(0.1 * preset.lr, rel=0.01)

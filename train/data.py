@@ -1,0 +1,66 @@
+"""Training data: corpus examples -> token ids -> packed (batch, seq_len + 1) windows, seeded and resumable."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+
+def load_split(path: Path, tokenizer) -> list[list[int]]:
+    """Token ids of every example of one split (chat turns rendered with the chat template, code + end-of-text)."""
+    from train.tokenizer import encode_example
+
+    with path.open(encoding="utf-8") as handle:
+        return [encode_example(json.loads(line), tokenizer) for line in handle if line.strip()]
+
+
+class TokenStream:
+    """Examples shuffled per epoch (seeded), concatenated, and cut into consecutive windows of seq_len + 1."""
+
+    def __init__(self, examples: list[list[int]], seq_len: int, batch_size: int, seed: int = 0) -> None:
+        if not examples:
+            raise ValueError("no examples to train on")
+        self.examples, self.seq_len, self.batch_size, self.seed = examples, seq_len, batch_size, seed
+        self.total_tokens = sum(len(example) for example in examples)
+        self.epoch, self.offset = 0, 0
+        self._tokens = self._epoch_tokens(0)
+
+    def _epoch_tokens(self, epoch: int) -> torch.Tensor:
+        order = list(range(len(self.examples)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return torch.tensor([token for index in order for token in self.examples[index]], dtype=torch.long)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), each (batch, seq_len); targets are the inputs shifted by one token."""
+        span = self.batch_size * self.seq_len + 1
+        if self.offset + span > self._tokens.numel():
+            self.epoch, self.offset = self.epoch + 1, 0
+            self._tokens = self._epoch_tokens(self.epoch)
+        window = self._tokens[self.offset : self.offset + span]  # (B*T + 1,)
+        self.offset += span - 1
+        inputs = window[:-1].view(self.batch_size, self.seq_len)
+        targets = window[1:].view(self.batch_size, self.seq_len)
+        return inputs, targets
+
+    def fixed_batches(self, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first `count` batches of epoch 0 (held-out evaluation: the same batches every time)."""
+        saved = self.state()
+        self.restore({"epoch": 0, "offset": 0})
+        batches = []
+        for _ in range(count):
+            if self.epoch > 0:
+                break
+            batches.append(self.next_batch())
+        self.restore(saved)
+        return batches
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def restore(self, state: dict) -> None:
+        if state["epoch"] != self.epoch or not hasattr(self, "_tokens"):
+            self._tokens = self._epoch_tokens(state["epoch"])
+        self.epoch, self.offset = state["epoch"], state["offset"]

@@ -1,0 +1,177 @@
+"""Write the model cards of the built-in pair from the training logs: data, size, time, loss curve, perplexities,
+samples. Every figure in the cards is read from `log.jsonl`/`stats.json` or measured here, never typed in.
+
+    python -m train.model_card --runs data/runs --corpus data/corpus --models edge/models
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+
+SAMPLE_PROMPTS = [
+    "What does the `json` module do?",
+    "Write a Python function `is_palindrome(text)` that returns True if text reads the same backwards.",
+    "Explain the `for` topic in Python.",
+    "What is `collections.OrderedDict` for?",
+]
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_losses(logs: dict[str, list[dict]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=110)
+    for name, log in logs.items():
+        train = [r for r in log if r["event"] == "train"]
+        evals = [r for r in log if r["event"] == "eval"]
+        tokens = [r["tokens_seen"] / 1e6 for r in train]
+        axis.plot(tokens, [r["final_ce"] for r in train], linewidth=1, label=f"{name}: training loss")
+        per_step = train[-1]["tokens_seen"] / train[-1]["step"] if train else 0
+        axis.plot([r["step"] * per_step / 1e6 for r in evals], [r["heldout_ce_by_exit"][-1] for r in evals], "o--",
+                  label=f"{name}: held-out loss")
+    axis.set_xlabel("training tokens (millions)")
+    axis.set_ylabel("cross-entropy (nats/token)")
+    axis.set_title("edge built-in models: training curves")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out)
+    plt.close(figure)
+
+
+def sample_generations(model_dir: Path, max_new_tokens: int = 96) -> list[tuple[str, str]]:
+    from edge.engine import Engine
+
+    engine = Engine.load(model_dir, max_context=1024)
+    samples = []
+    for prompt in SAMPLE_PROMPTS:
+        engine.reset()
+        reply = "".join(event.text for event in engine.chat([{"role": "user", "content": prompt}],
+                                                            max_new_tokens=max_new_tokens))
+        samples.append((prompt, reply))
+    return samples
+
+
+def summary(log: list[dict]) -> dict:
+    start = next(r for r in log if r["event"] == "start")
+    last_eval = [r for r in log if r["event"] == "eval"][-1]
+    done = next((r for r in log if r["event"] == "done"), None)
+    train = [r for r in log if r["event"] == "train"]
+    return {
+        "start": start,
+        "exits": [math.exp(ce) for ce in last_eval["heldout_ce_by_exit"]],
+        "minutes": (done or train[-1])["elapsed_s"] / 60,
+        "tokens": train[-1]["tokens_seen"],
+        "final_train_loss": train[-1]["final_ce"],
+    }
+
+
+def size_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 1e6
+
+
+def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple[str, str]], folder: Path) -> str:
+    start = info["start"]
+    lines = [
+        f"# edge built-in {name} model",
+        "",
+        role,
+        "",
+        "## Model",
+        "",
+        f"- Llama architecture (`LlamaForCausalLM`), {start['num_layers']} layers, hidden {start['hidden_size']}, "
+        f"MLP {start['intermediate_size']}, {start['num_heads']} heads / {start['num_kv_heads']} KV heads, "
+        f"tied embeddings, vocabulary {stats.get('vocab_size', 'see tokenizer.json')}",
+        f"- {start['parameters'] / 1e6:.2f}M parameters, stored in float16 safetensors ({size_mb(folder):.1f} MB "
+        "with the tokenizer)",
+        "- Loads in transformers (`AutoModelForCausalLM.from_pretrained`) as well as in edge.",
+        "",
+        "## Data",
+        "",
+        f"The Python {stats.get('python_version', platform.python_version())} standard library (PSF licence): "
+        "functions requested from their docstrings and answered with their source, modules and classes "
+        "explained by their documentation, `pydoc` topics, and plain source code for continuation. Built by "
+        "`python -m train.corpus`, deterministic (seed "
+        f"{stats.get('seed', 0)}), deduplicated, held-out split by module.",
+        "",
+        "```json",
+        json.dumps({k: v for k, v in stats.items() if k != "vocab_size"}, indent=1)[:1500],
+        "```",
+        "",
+        "## Training",
+        "",
+        f"- {start['steps']} steps of {start['batch_size']} x {start['seq_len']} tokens "
+        f"({info['tokens'] / 1e6:.2f}M tokens), AdamW, peak learning rate {start['lr']}, warm-up {start['warmup']}, "
+        "cosine decay, seed " + str(start["seed"]),
+        f"- {info['minutes']:.1f} minutes on a 2-core CPU (no GPU), torch {_torch_version()}",
+    ]
+    if start.get("layerskip"):
+        lines.append("- LayerSkip recipe: layer dropout rising linearly with depth to 0.1, early-exit losses through "
+                     "the shared final norm and head on a rotating set of layers, weights rising with depth")
+    if start.get("distill"):
+        lines.append("- Distilled from the target: half cross-entropy on the data, half KL(target || drafter)")
+    lines += [
+        f"- Final training loss {info['final_train_loss']:.3f} nats/token",
+        "",
+        "![loss curve](loss.png)",
+        "",
+        "## Held-out perplexity",
+        "",
+        "| exit after layer | perplexity |",
+        "|---:|---:|",
+    ]
+    exits = info["exits"]
+    for layer, ppl in enumerate(exits):
+        label = f"{layer + 1} (full model)" if layer == len(exits) - 1 else str(layer + 1)
+        lines.append(f"| {label} | {ppl:.2f} |")
+    lines += ["", "## Greedy samples (edge, float32, chat template)", ""]
+    for prompt, reply in samples:
+        lines += [f"**User:** {prompt}", "", "```", reply.strip(), "```", ""]
+    lines += ["## Reproduce", "", "```bash", "pip install -e '.[train]' && python -m train.build_default", "```", ""]
+    return "\n".join(lines)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.model_card")
+    parser.add_argument("--runs", type=Path, default=Path("data/runs"))
+    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    parser.add_argument("--models", type=Path, default=Path("edge/models"))
+    args = parser.parse_args(argv)
+    stats = json.loads((args.corpus / "stats.json").read_text())
+    logs = {name: read_log(args.runs / name / "log.jsonl") for name in ("target", "drafter")}
+    plot_losses(logs, args.models / "default" / "loss.png")
+    plot_losses(logs, args.models / "drafter" / "loss.png")
+    roles = {
+        "target": ("default", "The target model: what `edge-chat`, `edge-bench` and the README use when no model "
+                              "is given. Trained so that its early exits draft well (self-speculation)."),
+        "drafter": ("drafter", "The separate draft model for speculative decoding with the default target "
+                               "(same tokenizer)."),
+    }
+    for name, (folder_name, role) in roles.items():
+        folder = args.models / folder_name
+        samples = sample_generations(folder)
+        card = card_text(name, role, summary(logs[name]), stats, samples, folder)
+        (folder / "README.md").write_text(card)
+        print(f"wrote {folder / 'README.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

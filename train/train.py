@@ -1,0 +1,234 @@
+"""Train the built-in target (LayerSkip recipe) or its drafter (distilled from the target) on the corpus.
+
+    python -m train.train --preset target  --corpus data/corpus --tokenizer data/tokenizer --out data/runs/target
+    python -m train.train --preset drafter --corpus data/corpus --tokenizer data/tokenizer --out data/runs/drafter \
+        --teacher data/runs/target/final
+
+Seeded and resumable: a checkpoint (model, optimizer, RNG and data position) is written every `--save-every`
+steps and picked up by the next run with the same --out. Writes `log.jsonl` (one line per logged step and per
+evaluation) and, at the end, a Hugging Face checkpoint in OUT/final (float32, safetensors) with the tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from train.data import TokenStream, load_split
+from train.layerskip import LayerSkipConfig, heldout_losses, layerskip_loss
+from train.progress import Progress
+
+
+@dataclass(frozen=True)
+class Preset:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    steps: int
+    batch_size: int = 16
+    seq_len: int = 256
+    lr: float = 2e-3
+    warmup: int = 150
+    weight_decay: float = 0.1
+    layerskip: bool = False
+    distill: bool = False
+
+
+PRESETS = {
+    # about 55 minutes on 2 CPU cores (3.3 s per 4096-token LayerSkip step)
+    "target": Preset(hidden_size=256, intermediate_size=768, num_layers=12, num_heads=4, num_kv_heads=2,
+                     steps=1000, warmup=80, layerskip=True),
+    # about 10 minutes: distillation costs a teacher forward per step
+    "drafter": Preset(hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4, num_kv_heads=2,
+                      steps=400, warmup=40, distill=True),
+    "smoke": Preset(hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2, num_kv_heads=1,
+                    steps=6, batch_size=2, seq_len=32, warmup=2, layerskip=True),
+}
+
+
+def build_model(preset: Preset, vocab_size: int, tokenizer_dir: Path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer_config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    eos_id = _special_id(tokenizer_dir, tokenizer_config.get("eos_token", "<|im_end|>"))
+    pad_id = _special_id(tokenizer_dir, tokenizer_config.get("pad_token", "<|endoftext|>"))
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=preset.hidden_size, intermediate_size=preset.intermediate_size,
+        num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads, max_position_embeddings=2048, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=True, initializer_range=0.02,
+        bos_token_id=None, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id,
+    )
+    config._attn_implementation = "sdpa"  # causal masking with attention_mask=None relies on SDPA's is_causal
+    return LlamaForCausalLM(config)
+
+
+def _special_id(tokenizer_dir: Path, token) -> int:
+    from tokenizers import Tokenizer
+
+    content = token["content"] if isinstance(token, dict) else token
+    token_id = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).token_to_id(content)
+    if token_id is None:
+        raise SystemExit(f"special token {content!r} is not in the tokenizer")
+    return token_id
+
+
+def learning_rate(step: int, preset: Preset) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step < preset.warmup:
+        return preset.lr * (step + 1) / preset.warmup
+    progress = (step - preset.warmup) / max(preset.steps - preset.warmup, 1)
+    return preset.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def distill_loss(student, teacher, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Half cross-entropy on the data, half KL(teacher || student) on the teacher's full distribution."""
+    logits = student(tokens).logits  # (B, T, V)
+    with torch.no_grad():
+        teacher_logp = teacher(tokens).logits.log_softmax(-1)
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    kl = F.kl_div(logits.log_softmax(-1).flatten(0, 1), teacher_logp.flatten(0, 1), log_target=True,
+                  reduction="batchmean")
+    return 0.5 * ce + 0.5 * kl, {"final_ce": ce.item(), "kl": kl.item()}
+
+
+def save_checkpoint(path: Path, model, optimizer, step: int, stream: TokenStream, generator: torch.Generator,
+                    elapsed: float) -> None:
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+             "stream": stream.state(), "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
+             "elapsed": elapsed}
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # atomic: a crash never leaves a half-written checkpoint
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--teacher", type=Path, help="target checkpoint to distil from (drafter preset)")
+    parser.add_argument("--steps", type=int, help="override the preset's number of steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--heldout-batches", type=int, default=16)
+    args = parser.parse_args(argv)
+
+    preset = PRESETS[args.preset]
+    if args.steps:
+        preset = Preset(**{**asdict(preset), "steps": args.steps})
+    torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
+    train_stream = TokenStream(load_split(args.corpus / "train.jsonl", tokenizer), preset.seq_len, preset.batch_size,
+                               seed=args.seed)
+    heldout = TokenStream(load_split(args.corpus / "heldout.jsonl", tokenizer), preset.seq_len, preset.batch_size,
+                          seed=args.seed).fixed_batches(args.heldout_batches)
+    model = build_model(preset, tokenizer.get_vocab_size(), args.tokenizer)
+    teacher = None
+    if preset.distill:
+        if args.teacher is None:
+            raise SystemExit("the drafter preset distils from the target: pass --teacher OUT_OF_TARGET/final")
+        from transformers import AutoModelForCausalLM
+
+        teacher = AutoModelForCausalLM.from_pretrained(args.teacher, dtype=torch.float32, attn_implementation="sdpa")
+        teacher.eval().requires_grad_(False)
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": preset.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=preset.lr, betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(args.seed)
+    recipe = LayerSkipConfig()
+    checkpoint_path, log_path = args.out / "checkpoint.pt", args.out / "log.jsonl"
+    step, elapsed_before = 0, 0.0
+    if checkpoint_path.is_file():
+        state = torch.load(checkpoint_path, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        train_stream.restore(state["stream"])
+        generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        step, elapsed_before = state["step"], state["elapsed"]
+        print(f"resuming {args.preset} from step {step}", file=sys.stderr)
+    else:
+        log_path.write_text("")
+        _log(log_path, {"event": "start", "preset": args.preset, **asdict(preset), "seed": args.seed,
+                        "parameters": sum(p.numel() for p in model.parameters()),
+                        "train_tokens_available": train_stream.total_tokens})
+
+    progress = Progress(preset.steps, start=step, label=args.preset)
+    started = time.perf_counter()
+    model.train()
+    while step < preset.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, preset)
+        tokens, targets = train_stream.next_batch()
+        if teacher is not None:
+            loss, parts = distill_loss(model, teacher, tokens, targets)
+        elif preset.layerskip:
+            loss, parts = layerskip_loss(model, tokens, targets, step, recipe, generator)
+        else:
+            loss = model(tokens, labels=None).logits
+            loss = F.cross_entropy(loss.flatten(0, 1), targets.flatten())
+            parts = {"final_ce": loss.item()}
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
+        optimizer.step()
+        step += 1
+        elapsed = elapsed_before + time.perf_counter() - started
+        progress.update(step, loss=loss.item())
+        if step % 10 == 0 or step == preset.steps:
+            _log(log_path, {"event": "train", "step": step, "loss": loss.item(), "lr": learning_rate(step - 1, preset),
+                            "grad_norm": grad_norm, "elapsed_s": elapsed,
+                            "tokens_seen": step * preset.batch_size * preset.seq_len, **parts})
+        if step % args.eval_every == 0 or step == preset.steps:
+            model.eval()
+            losses = heldout_losses(model, heldout)
+            model.train()
+            _log(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, "heldout_ce_by_exit": losses,
+                            "heldout_ppl": math.exp(losses[-1])})
+            progress.note(f"held-out ppl {math.exp(losses[-1]):.2f}")
+        if step % args.save_every == 0 or step == preset.steps:
+            save_checkpoint(checkpoint_path, model, optimizer, step, train_stream, generator, elapsed)
+    progress.close()
+
+    final = args.out / "final"
+    model.eval()
+    model.save_pretrained(final, safe_serialization=True)
+    for item in args.tokenizer.iterdir():
+        if item.is_file():
+            shutil.copy(item, final / item.name)
+    _log(log_path, {"event": "done", "step": step, "elapsed_s": elapsed_before + time.perf_counter() - started})
+    print(f"wrote {final}", file=sys.stderr)
+    return 0
+
+
+def _log(path: Path, record: dict) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,6 +30,7 @@ import tokenize
 import warnings
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -43,6 +44,7 @@ SKIP_DIRS = frozenset({
     "pydoc_data",
 })
 MAX_FILE_BYTES = 200_000
+GENERATED_MARKER = "gencodec.py"
 MAX_FUNCTION_LINES = 60
 MAX_CHUNK_LINES = 120
 MIN_CHUNK_CHARS = 40
@@ -94,7 +96,7 @@ DOCSTRING_PROMPTS = (
 )
 TOPIC_PROMPTS = (
     "Explain the `{topic}` topic in Python.",
-    "How does {words} work in Python?",
+    "What should I know about {words} in Python?",
     "Tell me about {words} in Python.",
     "What does the Python documentation say about {words}?",
     "Describe {words} in Python.",
@@ -159,6 +161,11 @@ class ParsedModule:
     source: str
     tree: ast.Module
 
+    @cached_property
+    def lines(self) -> list[str]:
+        """The source's lines with their newlines, split as `ast` counts them."""
+        return _source_lines(self.source)
+
 
 def stdlib_root() -> Path:
     """The running interpreter's standard-library directory."""
@@ -183,7 +190,8 @@ def stdlib_modules(root: Path | None = None) -> list[Module]:
 
 
 def parse_module(module: Module) -> ParsedModule | str:
-    """Read and parse a module; a reason string ("too_large", "parse_error") when it is skipped."""
+    """Read and parse a module; a reason string when it is skipped: "too_large", "parse_error", or "generated"
+    (the encodings.* character-mapping tables written by gencodec.py, which are data rather than code)."""
     if module.path.stat().st_size > MAX_FILE_BYTES:
         return "too_large"
     try:
@@ -194,6 +202,8 @@ def parse_module(module: Module) -> ParsedModule | str:
             tree = ast.parse(source, filename=str(module.path))
     except (SyntaxError, UnicodeDecodeError, ValueError):
         return "parse_error"
+    if GENERATED_MARKER in (ast.get_docstring(tree) or ""):
+        return "generated"
     return ParsedModule(module.name, source, tree)
 
 
@@ -239,10 +249,12 @@ def _collapse(text: str) -> str:
 
 
 def _summary(docstring: str) -> str:
-    """The first paragraph of a docstring on one line; "" when it is too short to describe anything."""
+    """The first paragraph of a docstring on one line; "" when it is too short or a doctest."""
     paragraphs = _paragraphs(docstring)
     summary = _collapse(paragraphs[0]) if paragraphs else ""
-    return summary if len(summary.split()) >= MIN_DOC_WORDS else ""
+    if summary.startswith(">>>") or len(summary.split()) < MIN_DOC_WORDS:
+        return ""
+    return summary
 
 
 def _fence(code: str, rng: random.Random) -> str:
@@ -266,7 +278,8 @@ _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 def _child_bodies(node: ast.AST) -> list[list[ast.stmt]]:
     """The statement lists directly inside a compound statement (bodies, else/finally blocks, handlers, cases)."""
-    bodies = [getattr(node, field) for field in ("body", "orelse", "finalbody") if isinstance(getattr(node, field, None), list)]
+    bodies = [getattr(node, field, None) for field in ("body", "orelse", "finalbody")]
+    bodies = [body for body in bodies if isinstance(body, list)]
     bodies += [handler.body for handler in getattr(node, "handlers", [])]
     bodies += [case.body for case in getattr(node, "cases", [])]
     return [body for body in bodies if body and isinstance(body[0], ast.stmt)]
@@ -292,14 +305,15 @@ def iter_definitions(tree: ast.Module) -> Iterator[tuple[str, ast.AST, bool]]:
 
 
 def definition_source(parsed: ParsedModule, node: ast.AST) -> str | None:
-    """A definition's source with its decorators, dedented; None when it cannot be dedented cleanly."""
-    segment = ast.get_source_segment(parsed.source, node, padded=True)
-    if segment is None:
-        return None
+    """A definition's source with its decorators, dedented; None when it cannot be dedented cleanly.
+
+    The same text as `ast.get_source_segment(source, node, padded=True)` plus the decorator lines, sliced from the
+    module's lines split once (get_source_segment splits the whole file on every call).
+    """
     first = min([node.lineno] + [decorator.lineno for decorator in getattr(node, "decorator_list", [])])
-    lines = parsed.source.split("\n")
-    decorators = "".join(line + "\n" for line in lines[first - 1:node.lineno - 1])
-    code = textwrap.dedent(decorators + segment).strip("\n")
+    lines = parsed.lines[first - 1:node.end_lineno]
+    last = lines[-1].rstrip("\n").encode("utf-8")[:node.end_col_offset].decode("utf-8", errors="ignore")
+    code = textwrap.dedent("".join(lines[:-1]) + last).strip("\n")
     return code if code and not code[0].isspace() else None
 
 
@@ -327,7 +341,8 @@ def function_examples(parsed: ParsedModule, qualname: str, node: ast.AST, is_met
         examples.append(_chat("chat_function", parsed.name, qualname, user, _fence(code, rng)))
     answer = leading_paragraphs(docstring, FUNCTION_DOC_PARAGRAPHS, FUNCTION_DOC_CHARS)
     rng = _rng(seed, "chat_docstring", parsed.name, qualname)
-    examples.append(_chat("chat_docstring", parsed.name, qualname, rng.choice(DOCSTRING_PROMPTS).format(**fields), answer))
+    user = rng.choice(DOCSTRING_PROMPTS).format(**fields)
+    examples.append(_chat("chat_docstring", parsed.name, qualname, user, answer))
     return examples
 
 
@@ -337,7 +352,8 @@ def class_examples(parsed: ParsedModule, qualname: str, node: ast.ClassDef, seed
     if not docstring or not _summary(docstring):
         return []
     answer = leading_paragraphs(docstring, CLASS_DOC_PARAGRAPHS, CLASS_DOC_CHARS)
-    user = _rng(seed, "chat_class", parsed.name, qualname).choice(CLASS_PROMPTS).format(module=parsed.name, qualname=qualname)
+    prompt = _rng(seed, "chat_class", parsed.name, qualname).choice(CLASS_PROMPTS)
+    user = prompt.format(module=parsed.name, qualname=qualname)
     return [_chat("chat_class", parsed.name, qualname, user, answer)]
 
 
@@ -436,6 +452,15 @@ def module_examples(parsed: ParsedModule, seed: int) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _topic_words(topic: str, text: str) -> str:
+    """How to name a topic in a question: its title (the first line, when underlined), else its name in words."""
+    lines = text.strip().splitlines()
+    if len(lines) > 1 and lines[0].strip() and set(lines[1].strip()) <= set("*=-") and lines[1].strip():
+        title = lines[0].strip()
+        return "t" + title[1:] if title.startswith("The ") else title
+    return topic.replace("-", " ")
+
+
 def topic_examples(seed: int) -> list[tuple[str, dict]]:
     """(topic name, chat_topic example) for every pydoc topic, the answer cut at a paragraph boundary."""
     from pydoc_data.topics import topics
@@ -446,7 +471,7 @@ def topic_examples(seed: int) -> list[tuple[str, dict]]:
         if not answer:
             continue
         prompt = _rng(seed, "chat_topic", topic).choice(TOPIC_PROMPTS)
-        user = prompt.format(topic=topic, words=topic.replace("-", " "))
+        user = prompt.format(topic=topic, words=_topic_words(topic, topics[topic]))
         pairs.append((topic, _chat("chat_topic", TOPICS_SOURCE, topic, user, answer)))
     return pairs
 

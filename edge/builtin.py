@@ -10,3 +10,9 @@ BUILTIN_DIR = Path(__file__).parent / "models" / "default"
 def builtin_model_path() -> Path | None:
     """The built-in checkpoint folder, or None when this installation has none."""
     return BUILTIN_DIR if (BUILTIN_DIR / "config.json").is_file() else None
+
+
+def builtin_drafter_path() -> Path | None:
+    """The built-in draft checkpoint (same tokenizer as the built-in model), or None."""
+    folder = BUILTIN_DIR.parent / "drafter"
+    return folder if (folder / "config.json").is_file() else None

@@ -20,6 +20,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
                         help=f"tokens the preallocated KV cache holds (default: {DEFAULT_MAX_CONTEXT})")
 
 
+def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
+    from edge.drafters import DRAFTER_SPECS
+
+    group = parser.add_argument_group("speculative decoding (lossless: the output is the target's own)")
+    group.add_argument("--drafter", default=None, metavar="SPEC",
+                       help=f"draft with: {DRAFTER_SPECS}; default: plain decoding")
+    group.add_argument("--draft-length", default="adaptive", metavar="K",
+                       help="tokens drafted per step: 'adaptive' (default) or a fixed number")
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int = 256) -> None:
     group = parser.add_argument_group("sampling")
     group.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"default: {max_new_tokens}")

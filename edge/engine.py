@@ -25,12 +25,14 @@ import torch
 
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
+from edge.drafters import Drafter, make_drafter
 from edge.errors import CheckpointError, PromptError, SamplingError
 from edge.events import Event, Stats
-from edge.kv_cache import KVCache
+from edge.kv_cache import KVCache, common_prefix
 from edge.loading import load_model, parse_dtype
 from edge.model import Transformer
 from edge.sampling import SamplingParams, history_tensor, next_token
+from edge.speculative import DraftLength, SpeculativeDecoding
 from edge.stopping import StopStrings
 from edge.tokenizer import StreamDecoder, Tokenizer
 
@@ -48,6 +50,8 @@ class GenerationOptions:
     seed: int | None = None
     stop: tuple[str, ...] = ()  # stop strings; the text is cut before the first one
     ignore_eos: bool = False  # keep going past end-of-sequence tokens (benchmarks)
+    speculate: bool = True  # use the engine's drafter, if it has one (False: plain decoding)
+    task: str | None = None  # a label such as "code" or "chat": adaptive drafters remember choices per task
 
     @classmethod
     def from_kwargs(cls, options: dict) -> "GenerationOptions":
@@ -79,6 +83,8 @@ class Engine:
         self._cached_tokens: list[int] = []  # tokens whose keys/values are in the cache, in order
         self._history: list[int] = []  # prompt + generated tokens of the last call
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
+        self.drafter: Drafter | None = None
+        self.draft_length = DraftLength()
 
     @classmethod
     def load(
@@ -88,8 +94,13 @@ class Engine:
         dtype: str | torch.dtype = "float32",
         device: str = "cpu",
         max_context: int = DEFAULT_MAX_CONTEXT,
+        drafter: str | None = None,
+        draft_length: int | str = "adaptive",
     ) -> "Engine":
-        """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json)."""
+        """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
+
+        `drafter` turns on speculative decoding (see `edge.drafters.make_drafter` for the forms it takes);
+        `draft_length` is "adaptive" or a fixed number of drafted tokens per step."""
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
         parse_dtype(dtype)
@@ -97,7 +108,19 @@ class Engine:
             raise CheckpointError(f"checkpoint folder {path} does not exist; pass the folder holding config.json")
         tokenizer = Tokenizer.from_dir(path)
         model = load_model(path, dtype=dtype, device=device)
-        return cls(model, tokenizer, max_context=max_context)
+        engine = cls(model, tokenizer, max_context=max_context)
+        if drafter:
+            engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."))
+        return engine
+
+    def use_drafter(self, drafter: "str | Drafter | None", draft_length: int | str = "adaptive", *,
+                    dtype: str = "float32") -> None:
+        """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None)."""
+        if isinstance(drafter, str):
+            drafter = make_drafter(drafter, self.model, self.cache, self.tokenizer,
+                                   max_len=self.max_context + DraftLength.max_k + 1, dtype=dtype)
+        self.drafter = drafter
+        self.draft_length = _draft_length(draft_length)
 
     # -- public API -------------------------------------------------------------------------------------------
 
@@ -129,6 +152,8 @@ class Engine:
 
     def reset(self) -> None:
         """Forget the cached conversation (the next call prefills its whole prompt)."""
+        if self.drafter is not None:
+            self.drafter.reset()
         self.cache.reset()
         self._cached_tokens = []
         self._history = []
@@ -147,7 +172,14 @@ class Engine:
         self._check_prompt(prompt_ids)
         params = opts.sampling
         generator = params.generator(self.device)
-        strategy = Autoregressive(self.model, self.cache, params, generator)
+        strategy: DecodingStrategy
+        if self.drafter is not None and opts.speculate:
+            if opts.task is not None and hasattr(self.drafter, "set_task"):
+                self.drafter.set_task(opts.task)
+            length = dataclasses.replace(self.draft_length)  # each call starts from the configured length
+            strategy = SpeculativeDecoding(self.model, self.cache, params, generator, self.drafter, length)
+        else:
+            strategy = Autoregressive(self.model, self.cache, params, generator)
         return self._run(prompt_ids, opts, strategy, generator)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
@@ -220,7 +252,7 @@ class Engine:
 
     def _prefill(self, tokens: list[int], stats: Stats, params: SamplingParams, generator: torch.Generator) -> Step:
         """Roll the cache back to the longest cached prefix of `tokens`, run the rest, and choose the first token."""
-        reuse = _common_prefix(self._cached_tokens, tokens[:-1])  # at least the last token is run
+        reuse = common_prefix(self._cached_tokens, tokens[:-1])  # at least the last token is run
         self.cache.rollback(reuse)
         self._cached_tokens = self._cached_tokens[:reuse]
         todo = tokens[reuse:]
@@ -256,9 +288,13 @@ def _count_step(stats: Stats, step: Step, new_tokens: int, wall_s: float) -> Non
             slots[position] += 1
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def _draft_length(value: int | str | DraftLength) -> DraftLength:
+    if isinstance(value, DraftLength):
+        return value
+    if value == "adaptive":
+        return DraftLength()
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {value!r}")
+    return DraftLength.fixed(value)

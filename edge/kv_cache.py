@@ -60,3 +60,12 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token sequences (how much of a cache can be kept)."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

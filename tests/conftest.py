@@ -40,6 +40,9 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=24, head_dim=24)),
 }
+# Tiny models gain nothing from threads, and with other work on the machine extra OpenMP threads only spin.
+torch.set_num_threads(1)
+
 COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1)
 

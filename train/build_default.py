@@ -3,7 +3,7 @@
     pip install -e '.[train]' && python -m train.build_default
 
 corpus -> tokenizer -> target (LayerSkip) -> drafter (distilled) -> half-precision copies in edge/models/
--> model cards with the loss curve, held-out perplexities and samples. Each stage is skipped when its output
+-> model cards with the loss curve, held-out perplexities and samples -> the golden outputs CI checks. Each stage is skipped when its output
 exists, and training resumes from its last checkpoint, so an interrupted run continues where it stopped.
 """
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus, tokenizer, runs = work / "corpus", work / "tokenizer", work / "runs"
 
     from train import corpus as corpus_cli
+    from train import golden
     from train import model_card
     from train import tokenizer as tokenizer_cli
     from train import train as train_cli
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     package_half_precision(runs / "target" / "final", MODELS / "default")
     package_half_precision(runs / "drafter" / "final", MODELS / "drafter")
     model_card.main(["--runs", str(runs), "--corpus", str(corpus), "--models", str(MODELS)])
+    golden.main()  # the greedy replies CI checks the shipped model against
     print(f"built-in models written to {MODELS}", file=sys.stderr)
     return 0
 

@@ -92,7 +92,8 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
         "",
         f"- Llama architecture (`LlamaForCausalLM`), {start['num_layers']} layers, hidden {start['hidden_size']}, "
         f"MLP {start['intermediate_size']}, {start['num_heads']} heads / {start['num_kv_heads']} KV heads, "
-        f"tied embeddings, vocabulary {stats.get('vocab_size', 'see tokenizer.json')}",
+        f"tied embeddings, vocabulary {json.loads((folder / 'config.json').read_text())['vocab_size']} "
+        "(byte-level BPE trained on the same corpus)",
         f"- {start['parameters'] / 1e6:.2f}M parameters, stored in float16 safetensors ({size_mb(folder):.1f} MB "
         "with the tokenizer)",
         "- Loads in transformers (`AutoModelForCausalLM.from_pretrained`) as well as in edge.",
@@ -106,7 +107,8 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
         f"{stats.get('seed', 0)}), deduplicated, held-out split by module.",
         "",
         "```json",
-        json.dumps({k: v for k, v in stats.items() if k != "vocab_size"}, indent=1)[:1500],
+        json.dumps({k: stats[k] for k in ("python_version", "seed", "modules", "examples", "duplicates_dropped",
+                                          "characters") if k in stats}, indent=1),
         "```",
         "",
         "## Training",

@@ -12,7 +12,13 @@ import argparse
 import sys
 from typing import Iterator, TextIO
 
-from edge.cli_options import add_model_arguments, add_sampling_arguments, generation_options, resolve_model_path
+from edge.cli_options import (
+    add_model_arguments,
+    add_sampling_arguments,
+    add_speculation_arguments,
+    generation_options,
+    resolve_model_path,
+)
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from edge.events import Event
@@ -28,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", help="send this one message, print the reply and exit")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
-    parser.add_argument("--stats", action="store_true", help="print tokens/s and token counts after each reply")
+    parser.add_argument("--stats", action="store_true", help="print tokens/s, acceptance and token counts per reply")
+    add_speculation_arguments(parser)
     add_sampling_arguments(parser, max_new_tokens=512)
     return parser
 
@@ -38,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = generation_options(args)
         engine = Engine.load(resolve_model_path(args.model), dtype=args.dtype, device=args.device,
-                             max_context=args.max_context)
+                             max_context=args.max_context, drafter=args.drafter, draft_length=args.draft_length)
         if args.prompt is None and not sys.stdin.isatty():
             args.prompt = sys.stdin.read().strip()
         chat = ConsoleChat(engine, options, system=args.system, raw=args.raw, show_stats=args.stats)
@@ -83,7 +90,9 @@ class ConsoleChat:
         self.messages.append({"role": "assistant", "content": "".join(reply)})
         if self.show_stats and last is not None:
             stats = last.stats
-            out.write(f"[{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s, "
+            speculation = (f", {stats.mean_accepted_tokens:.2f} tokens/step, {stats.acceptance_rate:.0%} accepted"
+                           if stats.drafted else "")
+            out.write(f"[{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s{speculation}, "
                       f"prefill {stats.prefill_tokens} tokens, reused {stats.reused_tokens}, {last.finish_reason}]\n")
         return "".join(reply)
 

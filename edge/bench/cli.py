@@ -1,10 +1,12 @@
-"""edge-bench: autoregressive decoding speed and peak memory of edge, with transformers side by side.
+"""edge-bench: decoding speed and memory of edge's methods (and of transformers, where installed), side by side.
 
-    edge-bench --ar [MODEL] [--peers] [--max-new-tokens 128] [--repeats 3] [--json out.json]
+    edge-bench [MODEL] [--methods ar,ngram,early-exit,adaptive,builtin] [--draft-lengths adaptive,4] [--peers]
+    edge-bench [MODEL] --ar [--peers]           plain decoding throughput on one prompt, edge vs transformers
 
-Each backend runs in its own subprocess (python -m edge.bench.worker), one after the other in the same run, so
-their peak memory is measured separately and their speeds are comparable. Speculative methods join in the issue
-"Step 3 of 7".
+The default mode runs the prompt set (Spec-Bench's six categories plus code) through edge's autoregressive
+decoding and each speculative method, checks that every greedy output is identical to autoregressive decoding,
+and writes a JSON report, a Markdown table and a plot. Each method runs in its own process, one after the other
+in the same run, so peak memory is measured separately and speeds are comparable.
 """
 
 from __future__ import annotations
@@ -32,8 +34,17 @@ DEFAULT_PROMPT = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
-    parser.add_argument("--ar", action="store_true", help="benchmark autoregressive decoding (the only mode so far)")
-    parser.add_argument("--peers", action="store_true", help="also run transformers generate() on the same checkpoint")
+    parser.add_argument("--ar", action="store_true", help="plain decoding throughput on one prompt (not the suite)")
+    parser.add_argument("--peers", action="store_true",
+                        help="also run transformers: generate(), and in the suite its assisted generation with the "
+                             "built-in drafter and its prompt lookup")
+    parser.add_argument("--methods", default="ar,ngram,early-exit,adaptive,builtin",
+                        help="suite: comma-separated methods: ar and drafter specs (ngram[:N], early-exit[:E], "
+                             "skip:L1,L2, adaptive, draft:PATH, builtin)")
+    parser.add_argument("--draft-lengths", default="adaptive",
+                        help="suite: comma-separated draft lengths to try for every drafter: adaptive and/or numbers")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"),
+                        help="suite: folder for suite.json, suite.md and suite.png (default: bench-results)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (encoded with the model's tokenizer)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per backend; medians are reported")
@@ -45,9 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.ar:
-        print("edge-bench: only --ar (autoregressive) is available in this version; speculative methods come "
-              "with the speculative engine", file=sys.stderr)
-        return 2
+        return run_suite(args, argv)
     try:
         model = resolve_model_path(args.model)
         prompt_ids = Tokenizer.from_dir(model).encode(args.prompt)
@@ -72,6 +81,43 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from edge.bench import suite
+    from edge.builtin import builtin_drafter_path
+
+    try:
+        model = resolve_model_path(args.model)
+    except EdgeError as error:
+        print(f"edge-bench: error: {error}", file=sys.stderr)
+        return 2
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    lengths = [d.strip() for d in args.draft_lengths.split(",") if d.strip()]
+    if "ar" not in methods:
+        methods.insert(0, "ar")
+    runs = [(m, "adaptive") if m == "ar" else (m, d) for m in methods for d in ([None] if m == "ar" else lengths)]
+    if args.peers:
+        runs += [("hf", "adaptive"), ("hf-lookup", "adaptive")]
+        if builtin_drafter_path() is not None:
+            runs.append((f"hf-assisted:{builtin_drafter_path()}", "adaptive"))
+    results = []
+    for method, length in runs:
+        print(f"edge-bench: {suite.label(method, length or 'adaptive')} ...", file=sys.stderr)
+        results.append(suite.run_method(model, method, length or "adaptive", args.max_new_tokens, args.dtype))
+    rows = [suite.summarise(result, results[0]) for result in results]
+    table = suite.markdown(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
+              "model": str(model), "dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
+              "command": "edge-bench " + " ".join(sys.argv[1:] if argv is None else argv), "summary": rows,
+              "runs": results}
+    (args.out / "suite.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "suite.md").write_text(table + "\n")
+    plotted = suite.plot(rows, args.out / "suite.png")
+    print(table)
+    print(f"\nwrote {args.out / 'suite.json'}, suite.md" + (", suite.png" if plotted else ""), file=sys.stderr)
+    return 0 if all(row["identical_to_ar"] for row in rows) else 1
 
 
 def run_worker(backend: str, model: Path, args: argparse.Namespace, prompt_ids: list[int]) -> dict:

@@ -1,0 +1,88 @@
+"""edge-bench's speculative suite: every method over the prompt set, each in its own process, compared with edge's
+autoregressive decoding on the same prompts (speedup, mean accepted tokens, acceptance, memory, identical output)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from edge.bench.prompts import CATEGORIES
+
+SPEC_BENCH_CATEGORIES = [c for c in CATEGORIES if c != "code"]  # Spec-Bench's six; "code" is reported on its own
+
+
+def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str) -> dict:
+    command = [sys.executable, "-m", "edge.bench.suite_worker", "--model", str(model), "--method", method,
+               "--draft-length", draft_length, "--max-new-tokens", str(max_new_tokens), "--dtype", dtype]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"edge-bench: {method} failed:\n{done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def label(method: str, draft_length: str) -> str:
+    """How a method appears in the tables: drafters carry their draft length; AR and the peers do not."""
+    return method if method == "ar" or method.startswith("hf") else f"{method} (k={draft_length})"
+
+
+def summarise(result: dict, baseline: dict) -> dict:
+    prompts, base = result["prompts"], baseline["prompts"]
+    per_prompt = [b["seconds"] / r["seconds"] * (r["new_tokens"] / max(b["new_tokens"], 1))
+                  for r, b in zip(prompts, base)]  # per-token speedup against edge AR on the same prompt
+    by_category = {c: statistics.mean(s for s, p in zip(per_prompt, prompts) if p["category"] == c)
+                   for c in CATEGORIES if any(p["category"] == c for p in prompts)}
+    steps = sum(p.get("steps", 0) for p in prompts)
+    drafted = sum(p.get("drafted", 0) for p in prompts)
+    return {
+        "method": label(result["method"], result["draft_length"]),
+        "tokens_per_s": sum(p["new_tokens"] for p in prompts) / sum(p["seconds"] for p in prompts),
+        "speedup_six": statistics.mean(by_category[c] for c in SPEC_BENCH_CATEGORIES if c in by_category),
+        "speedup_by_category": by_category,
+        "mean_accepted_tokens": sum(p["new_tokens"] for p in prompts) / steps if steps else None,
+        "acceptance_rate": sum(p.get("accepted", 0) for p in prompts) / drafted if drafted else None,
+        "peak_rss_mib": result["peak_rss_mib"],
+        "identical_to_ar": all(r["token_ids"] == b["token_ids"] for r, b in zip(prompts, base)),
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    header = ["method", "tokens/s", "speedup (6 categories)", "code", *SPEC_BENCH_CATEGORIES, "mean accepted",
+              "acceptance", "peak RSS MiB", "identical"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        by = row["speedup_by_category"]
+        cells = [row["method"], f"{row['tokens_per_s']:.1f}", f"**{row['speedup_six']:.2f}x**",
+                 f"{by.get('code', 0):.2f}x", *[f"{by.get(c, 0):.2f}x" for c in SPEC_BENCH_CATEGORIES],
+                 "-" if row["mean_accepted_tokens"] is None else f"{row['mean_accepted_tokens']:.2f}",
+                 "-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.0%}",
+                 f"{row['peak_rss_mib']:.0f}", "yes" if row["identical_to_ar"] else "NO"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    """A bar chart of speedup per category for each method; False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    categories = ["code", *SPEC_BENCH_CATEGORIES]
+    figure, axis = plt.subplots(figsize=(10, 4), dpi=110)
+    width = 0.8 / max(len(rows), 1)
+    for index, row in enumerate(rows):
+        values = [row["speedup_by_category"].get(c, 0) for c in categories]
+        axis.bar([i + index * width for i in range(len(categories))], values, width, label=row["method"])
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks([i + 0.4 - width / 2 for i in range(len(categories))], categories)
+    axis.set_ylabel("speedup over edge autoregressive")
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return True

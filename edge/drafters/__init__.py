@@ -1,0 +1,69 @@
+"""Drafters: token-guess sources for speculative decoding, all behind the `Drafter` interface (base.py).
+
+`make_drafter(spec, ...)` builds one from a short description, as the command line takes it:
+
+    ngram[:N]            prompt lookup with n-grams of up to N tokens (default 4); no weights
+    early-exit[:E]       the target's first E layers and its head (default: a third of the layers)
+    skip:L1,L2,...       the target without the listed layers
+    adaptive             picks among early exits and a skip set at run time from measured speed
+    draft:PATH | PATH    a separate small checkpoint with the same tokenizer
+    builtin              the built-in drafter shipped with the built-in model
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge.drafters.base import Draft, Drafter, DraftSampler
+from edge.drafters.draft_model import DraftModelDrafter
+from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
+from edge.drafters.ngram import NGramDrafter
+from edge.errors import SamplingError
+from edge.kv_cache import KVCache
+from edge.model import Transformer
+from edge.tokenizer import Tokenizer
+
+__all__ = ["Draft", "Drafter", "DraftSampler", "DraftModelDrafter", "LayerSkipDrafter", "AdaptiveLayerSkipDrafter",
+           "NGramDrafter", "make_drafter", "DRAFTER_SPECS"]
+DRAFTER_SPECS = "ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, draft:PATH, builtin"
+
+
+def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Tokenizer, *, max_len: int,
+                 dtype: str = "float32") -> Drafter:
+    name, _, arg = spec.partition(":")
+    if name == "ngram":
+        return NGramDrafter(max_ngram=_integers(spec, arg)[0] if arg else 4)
+    if name == "early-exit":
+        exit_layer = _integers(spec, arg)[0] if arg else max(1, model.config.num_layers // 3)
+        return LayerSkipDrafter.early_exit(model, cache, exit_layer)
+    if name == "skip":
+        return LayerSkipDrafter.skipping(model, cache, _integers(spec, arg))
+    if name == "adaptive":
+        return AdaptiveLayerSkipDrafter(model, cache)
+    if name == "builtin":
+        from edge.builtin import builtin_drafter_path
+
+        path = builtin_drafter_path()
+        if path is None:
+            raise SamplingError("this installation ships no built-in drafter; pass draft:PATH to a draft checkpoint")
+        return load_draft_model(path, model, tokenizer, max_len=max_len, dtype=dtype)
+    if name == "draft" or Path(spec).is_dir():
+        return load_draft_model(Path(arg if name == "draft" else spec), model, tokenizer, max_len=max_len, dtype=dtype)
+    raise SamplingError(f"unknown drafter {spec!r}; expected one of: {DRAFTER_SPECS}")
+
+
+def _integers(spec: str, text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SamplingError(f"cannot read the drafter {spec!r}; expected one of: {DRAFTER_SPECS}") from None
+
+
+def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, max_len: int,
+                     dtype: str = "float32") -> DraftModelDrafter:
+    from edge.loading import load_model
+
+    draft_tokenizer = Tokenizer.from_dir(path)
+    draft = load_model(path, dtype=dtype, device=target.inv_freq.device)
+    DraftModelDrafter.check_compatible(target, tokenizer, draft, draft_tokenizer)
+    return DraftModelDrafter(draft, max_len)

@@ -1,0 +1,100 @@
+"""The Drafter interface: a source of guessed tokens that the target verifies in one pass.
+
+    propose(tokens, k, sampler)  -> Draft   up to k tokens continuing `tokens` (+ their probabilities)
+    observe(accepted, drafted, step_s)      what verification kept and the step's time, to adapt
+    reset()                                 forget any per-conversation state
+    memory_bytes()                          what the drafter holds beyond the target (weights, caches)
+
+`tokens` is the whole sequence so far; the target's cache holds all of it but the last token. A drafter may stop
+before k tokens when its confidence falls below `sampler.stop_below` (adaptive draft length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from edge.sampling import SamplingParams, apply_repetition_penalty, warp
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None = None  # (n, V) sampling distributions the tokens were drawn from; None: deterministic
+    confidences: list[float] = field(default_factory=list)  # the drafter's probability of each token
+
+
+@dataclass
+class DraftSampler:
+    """How a model-based drafter picks tokens: the caller's sampling parameters, generator and stop threshold."""
+
+    params: SamplingParams
+    generator: torch.Generator
+    stop_below: float | None = None  # stop drafting when the next token's probability is below this
+    vocab_size: int | None = None  # the target's vocabulary size (draft probabilities are over it)
+
+    def pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None, float]:
+        """From the drafter's logits (V,) choose a token; return it, the distribution (None if greedy), its prob."""
+        logits = _fit_vocab(logits.float(), self.vocab_size)
+        if self.params.repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, torch.tensor(history, device=logits.device),
+                                              self.params.repetition_penalty)
+        if self.params.greedy:
+            token = int(logits.argmax())
+            confidence = float(logits.softmax(-1)[token]) if self.stop_below is not None else 1.0
+            return token, None, confidence
+        probs = warp(logits, self.params).softmax(-1)  # (V,)
+        token = int(torch.multinomial(probs, 1, generator=self.generator))
+        return token, probs, float(probs[token])
+
+
+def _fit_vocab(logits: torch.Tensor, vocab_size: int | None) -> torch.Tensor:
+    """Cut padding rows beyond the target's vocabulary, or pad a smaller vocabulary with impossible tokens."""
+    if vocab_size is None or logits.shape[-1] == vocab_size:
+        return logits
+    if logits.shape[-1] > vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - logits.shape[-1]), float("-inf"))
+    return torch.cat((logits, pad), dim=-1)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft: ...
+
+    def observe(self, accepted: int, drafted: int, step_s: float) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def memory_bytes(self) -> int: ...
+
+
+def draft_autoregressively(
+    step: Callable[[list[int], int], torch.Tensor], tokens: list[int], first_feed: list[int], start: int, k: int,
+    sampler: DraftSampler,
+) -> Draft:
+    """The drafting loop shared by model drafters.
+
+    `step(feed, start)` runs the drafter over `feed` at positions [start, start + len(feed)) and returns the logits
+    (V,) of the last one. The first call feeds `first_feed` (whatever the drafter's cache lacks, ending with the
+    last token of `tokens`); each later call feeds the token just drafted."""
+    draft = Draft(tokens=[])
+    probs: list[torch.Tensor] = []
+    feed, position = first_feed, start
+    for _ in range(k):
+        logits = step(feed, position)
+        token, dist, confidence = sampler.pick(logits, tokens + draft.tokens)
+        if sampler.stop_below is not None and draft.tokens and confidence < sampler.stop_below:
+            break  # keep at least one token: an empty draft wastes the verify pass
+        draft.tokens.append(token)
+        draft.confidences.append(confidence)
+        if dist is not None:
+            probs.append(dist)
+        position += len(feed)
+        feed = [token]
+    if probs:
+        draft.probs = torch.stack(probs)  # (n, V)
+    return draft

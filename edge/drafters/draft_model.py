@@ -1,0 +1,70 @@
+"""A separate small checkpoint with the same tokenizer drafts for the target (classic speculative decoding)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
+from edge.errors import TokenizerError
+from edge.kv_cache import KVCache, common_prefix
+from edge.model import Transformer
+from edge.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class DraftModelDrafter:
+    name = "draft-model"
+
+    def __init__(self, model: Transformer, max_len: int) -> None:
+        self.model = model
+        self.device = model.inv_freq.device
+        self.cache = KVCache.for_model(model.config, max_len, dtype=model.embed.weight.dtype, device=self.device)
+        self._cached: list[int] = []  # tokens whose keys/values are in the drafter's cache
+
+    @classmethod
+    def check_compatible(cls, target: Transformer, target_tokenizer: Tokenizer, draft: Transformer,
+                         draft_tokenizer: Tokenizer) -> None:
+        """Refuse a drafter with another tokenizer; accept vocabularies that differ only by padding rows."""
+        if target_tokenizer.backend.get_vocab(with_added_tokens=True) != draft_tokenizer.backend.get_vocab(
+                with_added_tokens=True):
+            raise TokenizerError(
+                "the draft model's tokenizer differs from the target's; a drafter must share the target's "
+                "tokenizer (pick a draft checkpoint of the same model family)"
+            )
+        if draft.config.vocab_size < target_tokenizer.vocab_size:
+            raise TokenizerError(
+                f"the draft model's vocabulary ({draft.config.vocab_size}) is smaller than the tokenizer's "
+                f"({target_tokenizer.vocab_size}); its config.json does not belong to this tokenizer"
+            )
+        if _parameters(draft) >= _parameters(target):
+            log.warning("the draft model (%d parameters) is not smaller than the target (%d): speculative decoding "
+                        "will be slower than plain decoding", _parameters(draft), _parameters(target))
+
+    def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
+        reuse = common_prefix(self._cached, tokens[:-1])  # at least the last token is fed
+        self.cache.rollback(min(reuse, self.cache.length))
+        draft = draft_autoregressively(self._step, tokens, tokens[reuse:], reuse, k, sampler)
+        self._cached = tokens + draft.tokens[:-1]
+        return draft
+
+    def _step(self, feed: list[int], start: int) -> torch.Tensor:
+        hidden = self.model(torch.tensor([feed], device=self.device), start, self.cache)  # (1, T, D)
+        return self.model.logits(hidden[:, -1:])[0, -1]  # (V,)
+
+    def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
+        pass  # the next propose() rolls the cache back to the common prefix
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self._cached = []
+
+    def memory_bytes(self) -> int:
+        weights = sum(t.nbytes for t in self.model.state_dict().values())
+        return weights + self.cache.nbytes
+
+
+def _parameters(model: Transformer) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,166 @@
+"""The core invariant: speculative decoding emits exactly what the target alone would, for every drafter."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+import torch
+
+from conftest import build_checkpoint
+from edge import Engine, SamplingError, TokenizerError
+from edge.events import FINISH_MAX_TOKENS
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "import os\nfor name in os.listdir('.'):\n    print(name",
+    "Speculative decoding drafts several tokens",
+]
+DRAFTERS = ["ngram", "ngram:2", "early-exit:1", "early-exit:2", "skip:1", "adaptive", "self", "small"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(checkpoint_factory, tmp_path_factory, tokenizer_dir):
+    target = checkpoint_factory("llama3")
+    small = build_checkpoint(tmp_path_factory.mktemp("small-drafter"), "llama3", tokenizer_dir, seed=5,
+                             num_hidden_layers=1, vocab_size=336)  # vocabulary padded by 16 rows
+    return {"target": target, "small": small}
+
+
+def drafter_spec(name: str, checkpoints) -> str:
+    if name == "self":  # the target drafting for itself: every draft is accepted
+        return f"draft:{checkpoints['target']}"
+    if name == "small":
+        return f"draft:{checkpoints['small']}"
+    return name
+
+
+def ids_of(events) -> list[int]:
+    return [token for event in events for token in event.token_ids]
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoints):
+    engine = Engine.load(checkpoints["target"], max_context=512)
+    return {prompt: ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True)) for prompt in PROMPTS}
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+@pytest.mark.parametrize("length", ["adaptive", 1, 3, 6])
+def test_greedy_speculative_equals_autoregressive(checkpoints, reference, name, length):
+    engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec(name, checkpoints),
+                         draft_length=length)
+    for prompt in PROMPTS:
+        events = list(engine.generate(prompt, max_new_tokens=160, ignore_eos=True))
+        assert ids_of(events) == reference[prompt], (name, length, prompt)
+        assert events[-1].finish_reason == FINISH_MAX_TOKENS
+
+
+def test_greedy_equivalence_holds_across_chat_turns_and_stops(checkpoints):
+    plain = Engine.load(checkpoints["target"], max_context=512)
+    fast = Engine.load(checkpoints["target"], max_context=512, drafter="early-exit:2")
+    messages = [{"role": "user", "content": "Hello there"}]
+    for turn in range(3):
+        a = list(plain.chat(messages, max_new_tokens=40, stop=["xyz"]))
+        b = list(fast.chat(messages, max_new_tokens=40, stop=["xyz"]))
+        assert ids_of(a) == ids_of(b) and "".join(e.text for e in a) == "".join(e.text for e in b)
+        assert a[-1].finish_reason == b[-1].finish_reason
+        messages += [{"role": "assistant", "content": "".join(e.text for e in a)}, {"role": "user", "content": "More"}]
+
+
+def test_perfect_drafter_stats_and_provenance(checkpoints):
+    engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec("self", checkpoints),
+                         draft_length=4)
+    events = list(engine.generate(PROMPTS[0], max_new_tokens=41, ignore_eos=True))
+    stats = events[-1].stats
+    # the prefill emits the first token; each later step drafts 4, accepts 4 and adds the target's bonus token
+    assert stats.generated_tokens == 41 and stats.steps == 1 + 8
+    assert stats.drafted == 32 and stats.accepted == 32 and stats.acceptance_rate == 1.0
+    assert stats.accepted_by_position == [8, 8, 8, 8]
+    assert stats.mean_accepted_tokens == pytest.approx(41 / 9)
+    step_events = events[1:]
+    assert all(e.drafted == (True, True, True, True, False) for e in step_events)
+    assert stats.draft_s > 0 and stats.verify_s > 0
+
+
+def test_plain_decoding_reports_one_token_per_step(checkpoints):
+    engine = Engine.load(checkpoints["target"], max_context=512, drafter="ngram")
+    stats = list(engine.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True, speculate=False))[-1].stats
+    assert stats.mean_accepted_tokens == 1.0 and stats.drafted == 0
+
+
+def test_ngram_drafter_copies_repeated_text(checkpoints):
+    from edge.drafters import DraftSampler, NGramDrafter
+    from edge.sampling import SamplingParams
+
+    drafter = NGramDrafter(max_ngram=3)
+    sampler = DraftSampler(SamplingParams(), torch.Generator())
+    tokens = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7]
+    assert drafter.propose(tokens, 3, sampler).tokens == [8, 9, 1]
+    assert drafter.propose(tokens + [8, 9, 1, 2, 5], 2, sampler).tokens == [6, 7]
+    assert drafter.propose([1, 2, 3], 4, sampler).tokens == []
+
+
+@pytest.mark.parametrize("name", ["early-exit:2", "small", "ngram"])
+def test_seeded_speculative_sampling_is_reproducible(checkpoints, name):
+    engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec(name, checkpoints))
+    options = dict(max_new_tokens=30, ignore_eos=True, temperature=0.8, top_p=0.9, top_k=40, min_p=0.02,
+                   repetition_penalty=1.2)
+    a = ids_of(engine.generate(PROMPTS[1], seed=3, **options))
+    b = ids_of(engine.generate(PROMPTS[1], seed=3, **options))
+    assert a == b and len(a) == 30
+
+
+def test_adaptive_drafter_remembers_the_best_choice_per_task(checkpoints, tmp_path):
+    from edge.drafters import AdaptiveLayerSkipDrafter
+    from edge.loading import load_model
+    from edge.kv_cache import KVCache
+
+    model = load_model(checkpoints["target"])
+    memory = tmp_path / "skip-memory.json"
+    drafter = AdaptiveLayerSkipDrafter(model, KVCache.for_model(model.config, 64), memory_path=memory)
+    drafter.set_task("code")
+    names = list(drafter.candidates)
+    for index, name in enumerate(names * drafter.warmup_trials):
+        drafter.current = drafter._choose()
+        drafter.observe(accepted=3 if drafter.current == names[-1] else 0, drafted=3, step_s=0.01)
+    assert drafter.best() == names[-1]
+    drafter.save()
+    again = AdaptiveLayerSkipDrafter(model, KVCache.for_model(model.config, 64), memory_path=memory)
+    again.set_task("code")
+    assert again.best() == names[-1]
+    assert set(json.loads(memory.read_text())) >= {"code"}
+
+
+def test_bad_speculation_settings_are_clear_errors(checkpoints, tmp_path, tokenizer_dir, caplog):
+    target = checkpoints["target"]
+    for spec, needle in [("skip:0,1,2", "every layer"), ("skip:", "skips no layer"), ("skip:7", "not in the model"),
+                         ("early-exit:3", "exit layer"), ("early-exit:0", "exit layer"), ("telepathy", "unknown drafter"),
+                         ("early-exit:x", "cannot read")]:
+        with pytest.raises(SamplingError) as error:
+            Engine.load(target, drafter=spec)
+        assert needle in str(error.value) and "\n" not in str(error.value)
+    for length in [0, -2, "many"]:
+        with pytest.raises(SamplingError) as error:
+            Engine.load(target, drafter="ngram", draft_length=length)
+        assert "draft length" in str(error.value)
+
+    other_tokenizer = tmp_path / "other-tokenizer"
+    shutil.copytree(tokenizer_dir, other_tokenizer)
+    data = json.loads((other_tokenizer / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[100:102]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (other_tokenizer / "tokenizer.json").write_text(json.dumps(data))
+    mismatched = build_checkpoint(tmp_path / "mismatched", "llama2", other_tokenizer, num_hidden_layers=1)
+    with pytest.raises(TokenizerError) as error:
+        Engine.load(target, drafter=f"draft:{mismatched}")
+    assert "tokenizer differs" in str(error.value)
+
+    bigger = build_checkpoint(tmp_path / "bigger", "llama3", tokenizer_dir, num_hidden_layers=5)
+    with caplog.at_level(logging.WARNING):
+        engine = Engine.load(target, drafter=f"draft:{bigger}")
+    assert "not smaller" in caplog.text
+    assert len(ids_of(engine.generate(PROMPTS[0], max_new_tokens=5, ignore_eos=True))) == 5

@@ -1,0 +1,95 @@
+"""Verification functions: greedy rules, and a chi-square test that stochastic verification keeps the target's
+distribution exactly (and that the same test catches a broken verifier)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from edge import verify as verify_module
+from edge.verify import Verdict, verify_greedy, verify_stochastic
+
+VOCAB, LENGTH, SAMPLES = 4, 3, 12_000
+
+
+def test_greedy_accepts_the_matching_prefix_and_corrects_the_rest():
+    assert verify_greedy([5, 6, 7], torch.tensor([5, 6, 9, 1])) == Verdict(2, 9)
+    assert verify_greedy([5, 6, 7], torch.tensor([5, 6, 7, 1])) == Verdict(3, 1)  # bonus token
+    assert verify_greedy([5], torch.tensor([4, 1])) == Verdict(0, 4)
+    assert verify_greedy([], torch.tensor([8])) == Verdict(0, 8)
+    assert Verdict(2, 9).tokens([5, 6, 7]) == [5, 6, 9]
+
+
+def markov(seed: int, sharpness: float) -> torch.Tensor:
+    """A random transition matrix (V, V): row = previous token, column = next token."""
+    logits = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(seed)) * sharpness
+    return logits.softmax(-1)
+
+
+TARGET, DRAFT = markov(1, 1.5), markov(2, 1.0)
+
+
+def speculative_sequence(verifier, generator: torch.Generator, k: int, deterministic: bool) -> tuple[int, ...]:
+    """Generate LENGTH tokens after token 0 with draft-then-verify over the two Markov chains."""
+    out: list[int] = []
+    last = 0
+    while len(out) < LENGTH:
+        draft, rows, prev = [], [], last
+        for _ in range(k):
+            q = DRAFT[prev]
+            token = int(q.argmax()) if deterministic else int(torch.multinomial(q, 1, generator=generator))
+            draft.append(token)
+            rows.append(q)
+            prev = token
+        contexts = [last, *draft]
+        target_probs = torch.stack([TARGET[c] for c in contexts])  # (k + 1, V)
+        draft_probs = None if deterministic else torch.stack(rows)  # (k, V)
+        verdict = verifier(draft, draft_probs, target_probs, generator)
+        emitted = verdict.tokens(draft)
+        out += emitted
+        last = emitted[-1]
+    return tuple(out[:LENGTH])
+
+
+def chi_square_p_value(verifier, k: int, deterministic: bool = False, seed: int = 0) -> float:
+    generator = torch.Generator().manual_seed(seed)
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(SAMPLES):
+        sequence = speculative_sequence(verifier, generator, k, deterministic)
+        counts[sequence] = counts.get(sequence, 0) + 1
+    statistic, cells = 0.0, 0
+    for sequence in itertools.product(range(VOCAB), repeat=LENGTH):
+        probability, prev = 1.0, 0
+        for token in sequence:
+            probability *= float(TARGET[prev, token])
+            prev = token
+        expected = probability * SAMPLES
+        statistic += (counts.get(sequence, 0) - expected) ** 2 / expected
+        cells += 1
+    degrees = torch.tensor((cells - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(degrees, torch.tensor(statistic / 2, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("k, deterministic", [(1, False), (3, False), (2, True)])
+def test_stochastic_verification_keeps_the_target_distribution(k, deterministic):
+    assert chi_square_p_value(verify_stochastic, k, deterministic) > 1e-3
+
+
+def accept_everything(draft, draft_probs, target_probs, generator):
+    return Verdict(len(draft), int(torch.multinomial(target_probs[len(draft)], 1, generator=generator)))
+
+
+def resample_from_target(draft, draft_probs, target_probs, generator):
+    """Broken on purpose: on rejection it samples from p_target instead of the residual max(0, p_target - p_draft)."""
+    original = verify_module.verify_stochastic(draft, draft_probs, target_probs, generator)
+    if original.accepted < len(draft):
+        row = target_probs[original.accepted]
+        return Verdict(original.accepted, int(torch.multinomial(row, 1, generator=generator)))
+    return original
+
+
+@pytest.mark.parametrize("broken", [accept_everything, resample_from_target])
+def test_the_statistical_test_catches_a_broken_verifier(broken):
+    assert chi_square_p_value(broken, k=2) < 1e-6

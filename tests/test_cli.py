@@ -88,3 +88,20 @@ def test_bench_ar_compares_with_transformers(llama_dir, tmp_path):
     assert all(r["new_tokens"] == 12 and r["decode_tokens_per_s"] > 0 and r["peak_rss_mib"] > 0
                for r in report["results"])
     assert "| edge |" in done.stdout and "identical across backends: yes" in done.stdout
+
+
+def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--methods", "ar,ngram,early-exit:1",
+         "--draft-lengths", "adaptive,2", "--max-new-tokens", "8", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "suite.json").read_text())
+    methods = [row["method"] for row in report["summary"]]
+    assert methods == ["ar", "ngram (k=adaptive)", "ngram (k=2)", "early-exit:1 (k=adaptive)", "early-exit:1 (k=2)"]
+    assert all(row["identical_to_ar"] for row in report["summary"])
+    assert report["summary"][0]["mean_accepted_tokens"] == 1.0
+    categories = {p["category"] for p in report["runs"][0]["prompts"]}
+    assert {"multi-turn", "translation", "summarization", "qa", "math", "rag"} <= categories
+    assert (tmp_path / "suite.md").read_text().startswith("| method |")

@@ -29,17 +29,22 @@ from edge.verify import Verdict, verify_greedy, verify_stochastic
 
 @dataclass
 class DraftLength:
-    """How many tokens to draft: fixed, or adaptive (grow after full acceptance, shrink after a rejection, and
-    let the drafter stop early when its confidence falls below `stop_below`)."""
+    """How many tokens to draft per step: fixed, or adaptive.
+
+    Adaptive follows recent acceptance: after a fully accepted draft k grows by 2, after a rejection it shrinks by
+    1, within [min_k, max_k]. Optionally a drafter also stops early when its probability for the next token is
+    below `stop_below` (SpecDec++/Kangaroo). On the built-in pair this rule measured level with the best fixed k,
+    while the expected-gain rule of Leviathan et al. (pick k from the running acceptance and draft/verify cost
+    ratio) and any confidence threshold measured slower; see docs/benchmarks.md."""
 
     k: int = 4
     adaptive: bool = True
     min_k: int = 1
     max_k: int = 12
-    stop_below: float | None = 0.3
+    stop_below: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 1:
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
             raise SamplingError(f"draft length k must be an integer >= 1, got {self.k!r}")
         if not 1 <= self.min_k <= self.max_k:
             raise SamplingError(f"draft length bounds need 1 <= min_k <= max_k, got {self.min_k} and {self.max_k}")
@@ -54,10 +59,7 @@ class DraftLength:
     def update(self, accepted: int, drafted: int) -> None:
         if not self.adaptive or drafted == 0:
             return
-        if accepted == drafted:
-            self.k = min(self.k + 1, self.max_k)
-        elif accepted < drafted - 1:
-            self.k = max(self.k - 1, self.min_k)
+        self.k = min(self.k + 2, self.max_k) if accepted == drafted else max(self.k - 1, self.min_k)
 
 
 class SpeculativeDecoding:

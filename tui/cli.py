@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = generation_options(args)
         engine = Engine.load(resolve_model_path(args.model), dtype=args.dtype, device=args.device,
-                             max_context=args.max_context, drafter=args.drafter, draft_length=args.draft_length)
+                             max_context=args.max_context, drafter=default_drafter(args),
+                             draft_length=args.draft_length)
         if args.prompt is None and not sys.stdin.isatty():
             args.prompt = sys.stdin.read().strip()
         chat = ConsoleChat(engine, options, system=args.system, raw=args.raw, show_stats=args.stats)
@@ -57,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def default_drafter(args: argparse.Namespace) -> str | None:
+    """The drafter asked for; with the built-in model and none asked for, the built-in drafter ("none": off)."""
+    from edge.builtin import builtin_drafter_path
+
+    if args.drafter is not None:
+        return None if args.drafter == "none" else args.drafter
+    return "builtin" if args.model is None and builtin_drafter_path() is not None else None
 
 
 class ConsoleChat:

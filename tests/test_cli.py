@@ -58,13 +58,17 @@ def test_chat_missing_model_is_a_one_line_error(tmp_path, capsys):
     assert "does not exist" in err and "\n" not in err
 
 
-def test_chat_without_model_explains_what_to_pass(capsys):
-    from edge.builtin import builtin_model_path
+def test_chat_without_model_explains_what_to_pass(capsys, monkeypatch, tmp_path):
+    import edge.builtin
 
-    if builtin_model_path() is not None:
-        pytest.skip("this installation ships a built-in model")
+    monkeypatch.setattr(edge.builtin, "BUILTIN_DIR", tmp_path / "no-model")  # an installation without the model
     assert chat_main(["--prompt", "hi"]) == 2
     assert "pass a checkpoint folder" in capsys.readouterr().err
+
+
+def test_chat_defaults_to_the_builtin_model_and_drafter(capsys):
+    assert chat_main(["--prompt", "What does the os module do?", "--max-new-tokens", "8", "--stats"]) == 0
+    assert "accepted" in capsys.readouterr().out  # speculative decoding with the built-in drafter is on
 
 
 def test_export_says_it_is_not_available(capsys):

@@ -45,11 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="suite: comma-separated draft lengths to try for every drafter: adaptive and/or numbers")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
                         help="suite: folder for suite.json, suite.md and suite.png (default: bench-results)")
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (encoded with the model's tokenizer)")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="--ar: prompt text (encoded with the model's tokenizer)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per backend; medians are reported")
+    parser.add_argument("--repeats", type=int, default=3, help="--ar: timed repeats per backend; medians are reported")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--json", type=Path, help="--ar: write the results as JSON here")
     return parser
 
 

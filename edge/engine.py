@@ -16,6 +16,7 @@ of the whole reply; keeping the generated tokens is what the model actually saw.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from edge.stopping import StopStrings
 from edge.tokenizer import StreamDecoder, Tokenizer
 
 DEFAULT_MAX_CONTEXT = 4096
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,10 @@ class Engine:
                                    max_len=self.max_context + DraftLength.max_k + 1, dtype=dtype)
         self.drafter = drafter
         self.draft_length = _draft_length(draft_length)
+        if drafter is not None and self.model.embed.weight.dtype != torch.float32:
+            log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
+                        "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "
+                        "exact output", str(self.model.embed.weight.dtype).removeprefix("torch."))
 
     # -- public API -------------------------------------------------------------------------------------------
 

@@ -164,3 +164,9 @@ def test_bad_speculation_settings_are_clear_errors(checkpoints, tmp_path, tokeni
         engine = Engine.load(target, drafter=f"draft:{bigger}")
     assert "not smaller" in caplog.text
     assert len(ids_of(engine.generate(PROMPTS[0], max_new_tokens=5, ignore_eos=True))) == 5
+
+
+def test_half_precision_speculation_warns_that_it_may_not_be_exact(checkpoints, caplog):
+    with caplog.at_level(logging.WARNING):
+        Engine.load(checkpoints["target"], dtype="bfloat16", drafter="ngram")
+    assert "not guaranteed token-identical" in caplog.text

@@ -42,7 +42,7 @@ class Autoregressive:
 
     def __init__(self, model: Transformer, cache: KVCache, params: SamplingParams, generator: torch.Generator) -> None:
         self.model, self.cache, self.params, self.generator = model, cache, params, generator
-        self.device = model.inv_freq.device
+        self.device = model.device
 
     def step(self, tokens: list[int], budget: int) -> Step:
         t0 = time.perf_counter()

@@ -79,11 +79,10 @@ class Engine:
         self.tokenizer = tokenizer
         config = model.config
         self.max_context = min(max_context, config.max_position_embeddings)
-        self.device = model.inv_freq.device
+        self.device = model.device
         dtype = model.embed.weight.dtype
         self.cache = KVCache.for_model(config, self.max_context, dtype=dtype, device=self.device)
-        self._cached_tokens: list[int] = []  # tokens whose keys/values are in the cache, in order
-        self._history: list[int] = []  # prompt + generated tokens of the last call
+        self._history: list[int] = []  # prompt + generated tokens of the last call; the cache holds a prefix of it
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.drafter: Drafter | None = None
         self.draft_length = DraftLength()
@@ -118,9 +117,9 @@ class Engine:
     def use_drafter(self, drafter: "str | Drafter | None", draft_length: int | str = "adaptive", *,
                     dtype: str = "float32") -> None:
         """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None)."""
-        if isinstance(drafter, str):
-            drafter = make_drafter(drafter, self.model, self.cache, self.tokenizer,
-                                   max_len=self.max_context + DraftLength.max_k + 1, dtype=dtype)
+        if isinstance(drafter, str):  # a draft never reaches past the context: steps are capped by the budget
+            drafter = make_drafter(drafter, self.model, self.cache, self.tokenizer, max_len=self.max_context,
+                                   dtype=dtype)
         self.drafter = drafter
         self.draft_length = _draft_length(draft_length)
         if drafter is not None and self.model.embed.weight.dtype != torch.float32:
@@ -161,7 +160,6 @@ class Engine:
         if self.drafter is not None:
             self.drafter.reset()
         self.cache.reset()
-        self._cached_tokens = []
         self._history = []
 
     def _continue_history(self, text: str) -> list[int]:
@@ -205,11 +203,11 @@ class Engine:
              generator: torch.Generator) -> Iterator[Event]:
         stats = Stats(prompt_tokens=len(prompt_ids))
         tokens = list(prompt_ids)
-        self._history = tokens
         text_stream = StreamDecoder(self.tokenizer)
         stops = StopStrings(opts.stop)
-        step, wall_s = self._prefill(tokens, stats, opts.sampling, generator), 0.0
-        budget = 1
+        step, wall_s = self._prefill(tokens, stats, opts.sampling, generator), None
+        self._history = tokens  # from here on the cache holds a prefix of `tokens`
+        budget = 1  # the prefill emits exactly one token
         while True:
             appended = self._append(tokens, step.tokens[:budget], opts)
             finish = ev.FINISH_EOS if self._is_eos(appended[-1], opts) else None
@@ -241,10 +239,8 @@ class Engine:
             if self._is_eos(token, opts):
                 break
         tokens.extend(appended)
-        self._history = tokens
         if self.cache.length > len(tokens) - 1:  # a step cached tokens past an end-of-sequence
             self.cache.rollback(len(tokens) - 1)
-        self._cached_tokens = tokens[: self.cache.length]
         return appended
 
     def _finish_reason(self, stats: Stats, tokens: list[int], opts: GenerationOptions, hit_stop: bool) -> str | None:
@@ -258,9 +254,9 @@ class Engine:
 
     def _prefill(self, tokens: list[int], stats: Stats, params: SamplingParams, generator: torch.Generator) -> Step:
         """Roll the cache back to the longest cached prefix of `tokens`, run the rest, and choose the first token."""
-        reuse = common_prefix(self._cached_tokens, tokens[:-1])  # at least the last token is run
+        cached = self._history[: self.cache.length]  # what the previous call left in the cache
+        reuse = common_prefix(cached, tokens[:-1])  # at least the last token is run
         self.cache.rollback(reuse)
-        self._cached_tokens = self._cached_tokens[:reuse]
         todo = tokens[reuse:]
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -269,16 +265,15 @@ class Engine:
             t1 = time.perf_counter()
             token = next_token(logits, params, history_tensor(tokens, params, self.device), generator)
         t2 = time.perf_counter()
-        self._cached_tokens = tokens[: self.cache.length]
         stats.prefill_s, stats.reused_tokens, stats.prefill_tokens = t2 - t0, reuse, len(todo)
         return Step(tokens=[token], drafted=[False], verify_s=t1 - t0, sample_s=t2 - t1)
 
 
-def _count_step(stats: Stats, step: Step, new_tokens: int, wall_s: float) -> None:
-    """Add one step to the counters; the first step (from the prefill) has wall_s 0 and is not a decode step."""
+def _count_step(stats: Stats, step: Step, new_tokens: int, wall_s: float | None) -> None:
+    """Add one step to the counters; the first step comes from the prefill (wall_s None), not from decoding."""
     stats.generated_tokens += new_tokens
     stats.steps += 1
-    if wall_s:
+    if wall_s is not None:
         stats.decode_tokens += new_tokens
         stats.decode_s += wall_s
     stats.draft_s += step.draft_s

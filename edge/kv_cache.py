@@ -64,8 +64,11 @@ class KVCache:
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of two token sequences (how much of a cache can be kept)."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    low, high = 0, min(len(a), len(b))  # a[:low] == b[:low]; the answer is in [low, high]
+    while low < high:  # binary search with slice comparisons: log(n) comparisons done in C
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low

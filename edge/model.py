@@ -45,6 +45,7 @@ class Attention(nn.Module):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
         self.wqkv = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.qkv_bias)
         self.wo = nn.Linear(config.q_size, config.hidden_size, bias=config.o_bias)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -61,8 +62,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         batch, steps, _ = x.shape
         qkv = self.wqkv(x)  # (B, T, (H + 2*Hkv) * Dh)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         q = q.view(batch, steps, self.num_heads, self.head_dim)  # (B, T, H, Dh)
         k = k.view(batch, steps, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, Dh)
         v = v.view(batch, steps, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, Dh)
@@ -77,7 +77,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, is_causal=causal_prefill, enable_gqa=self.num_kv_heads != self.num_heads
         )  # (B, H, T, Dh)
-        out = out.transpose(1, 2).reshape(batch, steps, q_size)  # (B, T, H*Dh)
+        out = out.transpose(1, 2).reshape(batch, steps, self.q_size)  # (B, T, H*Dh)
         return self.wo(out)
 
 
@@ -117,6 +117,10 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)  # (Dh/2,)
+
+    @property
+    def device(self) -> torch.device:
+        return self.inv_freq.device
 
     @property
     def head_weight(self) -> torch.Tensor:

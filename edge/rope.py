@@ -1,6 +1,6 @@
-"""Rotary position embeddings: inverse frequencies (with Llama 3 / linear scaling) and a cos/sin table.
+"""Rotary position embeddings: inverse frequencies (with Llama 3 / linear scaling) and the rotation.
 
-The table is computed once in float32 for every position the cache can hold, so a forward pass only indexes it.
+The model computes cos/sin for the positions of each forward pass from `inverse_frequencies` (in float32).
 """
 
 from __future__ import annotations
@@ -39,15 +39,6 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(in_band, smoothed, scaled)
-
-
-def rope_table(config: ModelConfig, max_len: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin for positions 0..max_len-1, each (max_len, head_dim), float32, halves repeated."""
-    inv_freq = inverse_frequencies(config).to(device)  # (D/2,)
-    positions = torch.arange(max_len, device=device, dtype=torch.float32)  # (S,)
-    angles = positions[:, None] * inv_freq[None, :]  # (S, D/2)
-    angles = torch.cat((angles, angles), dim=-1)  # (S, D)
-    return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

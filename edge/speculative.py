@@ -69,7 +69,7 @@ class SpeculativeDecoding:
                  drafter: Drafter, length: DraftLength) -> None:
         self.model, self.cache, self.params, self.generator = model, cache, params, generator
         self.drafter, self.length = drafter, length
-        self.device = model.inv_freq.device
+        self.device = model.device
         self.sampler = DraftSampler(params, generator, length.stop_below, model.config.vocab_size)
 
     def step(self, tokens: list[int], budget: int) -> Step:

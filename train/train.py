@@ -58,14 +58,14 @@ PRESETS = {
 }
 
 
-def build_model(preset: Preset, vocab_size: int, tokenizer_dir: Path):
+def build_model(preset: Preset, tokenizer, tokenizer_dir: Path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer_config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-    eos_id = _special_id(tokenizer_dir, tokenizer_config.get("eos_token", "<|im_end|>"))
-    pad_id = _special_id(tokenizer_dir, tokenizer_config.get("pad_token", "<|endoftext|>"))
+    eos_id = _special_id(tokenizer, tokenizer_config.get("eos_token", "<|im_end|>"))
+    pad_id = _special_id(tokenizer, tokenizer_config.get("pad_token", "<|endoftext|>"))
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=preset.hidden_size, intermediate_size=preset.intermediate_size,
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=preset.hidden_size, intermediate_size=preset.intermediate_size,
         num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
         num_key_value_heads=preset.num_kv_heads, max_position_embeddings=2048, rms_norm_eps=1e-5,
         rope_theta=10000.0, tie_word_embeddings=True, initializer_range=0.02,
@@ -75,11 +75,9 @@ def build_model(preset: Preset, vocab_size: int, tokenizer_dir: Path):
     return LlamaForCausalLM(config)
 
 
-def _special_id(tokenizer_dir: Path, token) -> int:
-    from tokenizers import Tokenizer
-
+def _special_id(tokenizer, token) -> int:
     content = token["content"] if isinstance(token, dict) else token
-    token_id = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).token_to_id(content)
+    token_id = tokenizer.token_to_id(content)
     if token_id is None:
         raise SystemExit(f"special token {content!r} is not in the tokenizer")
     return token_id
@@ -137,14 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from tokenizers import Tokenizer
+    from train.tokenizer import load_tokenizer
 
-    tokenizer = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
+    tokenizer = load_tokenizer(args.tokenizer)
     train_stream = TokenStream(load_split(args.corpus / "train.jsonl", tokenizer), preset.seq_len, preset.batch_size,
                                seed=args.seed)
     heldout = TokenStream(load_split(args.corpus / "heldout.jsonl", tokenizer), preset.seq_len, preset.batch_size,
                           seed=args.seed).fixed_batches(args.heldout_batches)
-    model = build_model(preset, tokenizer.get_vocab_size(), args.tokenizer)
+    model = build_model(preset, tokenizer, args.tokenizer)
     teacher = None
     if preset.distill:
         if args.teacher is None:
@@ -189,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         elif preset.layerskip:
             loss, parts = layerskip_loss(model, tokens, targets, step, recipe, generator)
         else:
-            loss = model(tokens, labels=None).logits
-            loss = F.cross_entropy(loss.flatten(0, 1), targets.flatten())
+            logits = model(tokens).logits  # (B, T, V)
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
             parts = {"final_ce": loss.item()}
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

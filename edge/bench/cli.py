@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -121,13 +120,11 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def run_worker(backend: str, model: Path, args: argparse.Namespace, prompt_ids: list[int]) -> dict:
-    command = [sys.executable, "-m", "edge.bench.worker", "--backend", backend, "--model", str(model),
-               "--dtype", args.dtype, "--prompt-ids", json.dumps(prompt_ids),
-               "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"edge-bench: {backend} failed:\n{done.stderr.strip()}")
-    return json.loads(done.stdout)
+    from edge.bench.suite import run_child
+
+    return run_child("edge.bench.worker", ["--backend", backend, "--model", str(model), "--dtype", args.dtype,
+                                           "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
+                                           str(args.max_new_tokens), "--repeats", str(args.repeats)], backend)
 
 
 def machine_description() -> str:

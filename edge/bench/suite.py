@@ -14,13 +14,18 @@ from edge.bench.prompts import CATEGORIES
 SPEC_BENCH_CATEGORIES = [c for c in CATEGORIES if c != "code"]  # Spec-Bench's six; "code" is reported on its own
 
 
-def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str) -> dict:
-    command = [sys.executable, "-m", "edge.bench.suite_worker", "--model", str(model), "--method", method,
-               "--draft-length", draft_length, "--max-new-tokens", str(max_new_tokens), "--dtype", dtype]
-    done = subprocess.run(command, capture_output=True, text=True)
+def run_child(module: str, args: list[str], label: str) -> dict:
+    """Run `python -m module args` (a benchmark worker) and return the JSON object it prints."""
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"edge-bench: {method} failed:\n{done.stderr.strip()[-2000:]}")
+        raise SystemExit(f"edge-bench: {label} failed:\n{done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout)
+
+
+def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str) -> dict:
+    return run_child("edge.bench.suite_worker", ["--model", str(model), "--method", method, "--draft-length",
+                                                 draft_length, "--max-new-tokens", str(max_new_tokens),
+                                                 "--dtype", dtype], label(method, draft_length))
 
 
 def label(method: str, draft_length: str) -> str:

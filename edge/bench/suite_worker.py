@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 from typing import Callable
 
 from edge.bench.prompts import PROMPTS
+from edge.bench.worker import peak_rss_mib
 
 Runner = Callable[[list[int], int], tuple[list[int], dict]]
 
@@ -78,9 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args(argv)
 
-    import torch
-
-    torch.set_num_threads(torch.get_num_threads())
     if args.method.startswith("hf"):
         run, prompts = hf_runner(args.model, args.method, args.dtype)
     else:
@@ -94,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
                         "seconds": seconds, "token_ids": out, **stats})
     json.dump({"method": args.method, "draft_length": args.draft_length, "prompts": results,
-               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, sys.stdout)
+               "peak_rss_mib": peak_rss_mib()}, sys.stdout)
     return 0
 
 

@@ -64,6 +64,6 @@ def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, m
     from edge.loading import load_model
 
     draft_tokenizer = Tokenizer.from_dir(path)
-    draft = load_model(path, dtype=dtype, device=target.inv_freq.device)
+    draft = load_model(path, dtype=dtype, device=target.device)
     DraftModelDrafter.check_compatible(target, tokenizer, draft, draft_tokenizer)
     return DraftModelDrafter(draft, max_len)

@@ -20,7 +20,7 @@ class DraftModelDrafter:
 
     def __init__(self, model: Transformer, max_len: int) -> None:
         self.model = model
-        self.device = model.inv_freq.device
+        self.device = model.device
         self.cache = KVCache.for_model(model.config, max_len, dtype=model.embed.weight.dtype, device=self.device)
         self._cached: list[int] = []  # tokens whose keys/values are in the drafter's cache
 

@@ -49,7 +49,7 @@ def skip_set_layers(num_layers: int, skip: list[int]) -> list[int]:
 class LayerSkipDrafter:
     def __init__(self, model: Transformer, cache: KVCache, layers: list[int], name: str) -> None:
         self.model, self.cache, self.layers, self.name = model, cache, list(layers), name
-        self.device = model.inv_freq.device
+        self.device = model.device
 
     @classmethod
     def early_exit(cls, model: Transformer, cache: KVCache, exit_layer: int) -> "LayerSkipDrafter":

@@ -37,8 +37,7 @@ class NGramDrafter:
         for end in range(max(done, 1), len(tokens)):  # an n-gram ending at `end` is followed by tokens[end]
             for size in range(self.min_ngram, min(self.max_ngram, end) + 1):
                 self._index[tuple(tokens[end - size : end])] = end
-        self._indexed = list(tokens[: len(tokens)]) if len(tokens) else []
-        # n-grams ending at len(tokens) are indexed next time, once a token follows them
+        self._indexed = list(tokens)  # n-grams ending at len(tokens) are indexed once a token follows them
 
     def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
         pass

@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -54,6 +54,7 @@ class GenerationOptions:
     ignore_eos: bool = False  # keep going past end-of-sequence tokens (benchmarks)
     speculate: bool = True  # use the engine's drafter, if it has one (False: plain decoding)
     task: str | None = None  # a label such as "code" or "chat": adaptive drafters remember choices per task
+    should_stop: Callable[[], bool] | None = None  # checked after every step; True ends generation ("stopped")
 
     @classmethod
     def from_kwargs(cls, options: dict) -> "GenerationOptions":
@@ -97,21 +98,29 @@ class Engine:
         max_context: int = DEFAULT_MAX_CONTEXT,
         drafter: str | None = None,
         draft_length: int | str = "adaptive",
+        progress: Callable[[str, float], None] | None = None,
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
 
         `drafter` turns on speculative decoding (see `edge.drafters.make_drafter` for the forms it takes);
-        `draft_length` is "adaptive" or a fixed number of drafted tokens per step."""
+        `draft_length` is "adaptive" or a fixed number of drafted tokens per step. `progress(stage, fraction)`,
+        if given, is called as each loading stage starts (for a loading screen)."""
+        report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
         parse_dtype(dtype)
         if not Path(path).is_dir():
             raise CheckpointError(f"checkpoint folder {path} does not exist; pass the folder holding config.json")
+        report("reading the tokenizer", 0.0)
         tokenizer = Tokenizer.from_dir(path)
+        report("mapping the weights", 0.1)
         model = load_model(path, dtype=dtype, device=device)
+        report("allocating the KV cache", 0.7)
         engine = cls(model, tokenizer, max_context=max_context)
         if drafter:
+            report(f"loading the drafter ({drafter})", 0.8)
             engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."))
+        report("loaded", 1.0)
         return engine
 
     def use_drafter(self, drafter: "str | Drafter | None", draft_length: int | str = "adaptive", *,
@@ -126,6 +135,13 @@ class Engine:
             log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "
                         "exact output", str(self.model.embed.weight.dtype).removeprefix("torch."))
+
+    def memory_footprint(self) -> dict[str, int]:
+        """Bytes the engine holds: target weights, its KV cache, and what the drafter adds (weights, caches)."""
+        weights = sum(t.nbytes for t in self.model.state_dict().values())
+        drafter = self.drafter.memory_bytes() if self.drafter is not None else 0
+        return {"weights": weights, "kv_cache": self.cache.nbytes, "drafter": drafter,
+                "total": weights + self.cache.nbytes + drafter}
 
     # -- public API -------------------------------------------------------------------------------------------
 
@@ -212,14 +228,20 @@ class Engine:
             appended = self._append(tokens, step.tokens[:budget], opts)
             finish = ev.FINISH_EOS if self._is_eos(appended[-1], opts) else None
             visible = appended[:-1] if finish else appended
-            text, hit_stop = stops.push(text_stream.push(visible))
+            drafted_count = sum(step.drafted[: len(visible)])  # accepted drafts lead each step's tokens
+            drafted_text, hit_stop = stops.push(text_stream.push(visible[:drafted_count]))
+            text = drafted_text
+            if not hit_stop:
+                target_text, hit_stop = stops.push(text_stream.push(visible[drafted_count:]))
+                text += target_text
             _count_step(stats, step, len(appended), wall_s)
             finish = finish or self._finish_reason(stats, tokens, opts, hit_stop)
             if finish is not None and not hit_stop:
                 tail, hit_stop = stops.push(text_stream.flush())
                 text += tail if hit_stop else tail + stops.flush()
                 finish = ev.FINISH_STOP_STRING if hit_stop else finish
-            yield Event(text, tuple(appended), tuple(step.drafted[: len(appended)]), stats.snapshot(), finish)
+            yield Event(text, tuple(appended), tuple(step.drafted[: len(appended)]), stats.snapshot(), finish,
+                        drafted_chars=len(drafted_text))
             if finish is not None:
                 return
             budget = min(opts.max_new_tokens - stats.generated_tokens, self.max_context - len(tokens))
@@ -250,6 +272,8 @@ class Engine:
             return ev.FINISH_MAX_TOKENS
         if len(tokens) >= self.max_context:
             return ev.FINISH_CONTEXT
+        if opts.should_stop is not None and opts.should_stop():
+            return ev.FINISH_STOPPED
         return None
 
     def _prefill(self, tokens: list[int], stats: Stats, params: SamplingParams, generator: torch.Generator) -> Step:

@@ -10,6 +10,7 @@ FINISH_EOS = "eos"  # the model produced an end-of-sequence token
 FINISH_STOP_STRING = "stop_string"  # the text reached one of the caller's stop strings
 FINISH_MAX_TOKENS = "max_tokens"  # max_new_tokens were generated
 FINISH_CONTEXT = "context_length"  # the context (KV cache) is full
+FINISH_STOPPED = "stopped"  # the caller's should_stop() returned True (e.g. the user pressed Esc)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Event:
     drafted: tuple[bool, ...]  # per token: True if a drafter proposed it and the target accepted it
     stats: Stats  # snapshot after this step
     finish_reason: str | None = None  # set on the last event only
+    drafted_chars: int = 0  # how many leading characters of `text` came from drafted-and-accepted tokens
 
     @property
     def finished(self) -> bool:

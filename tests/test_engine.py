@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edge import Engine, PromptError, SamplingError
-from edge.events import FINISH_CONTEXT, FINISH_EOS, FINISH_MAX_TOKENS, FINISH_STOP_STRING
+from edge.events import FINISH_CONTEXT, FINISH_EOS, FINISH_MAX_TOKENS, FINISH_STOP_STRING, FINISH_STOPPED
 
 PROMPT = "The quick brown fox"
 
@@ -112,6 +112,28 @@ def test_stopping_mid_reply_leaves_the_engine_consistent(engine):
         next(stream)
     stream.close()  # the consumer stops reading
     assert ids_of(greedy(engine, max_new_tokens=12, ignore_eos=True)) == expected
+
+
+def test_should_stop_ends_with_flushed_text_like_a_token_limit(engine):
+    calls = []
+
+    def stop_after_five():
+        calls.append(1)
+        return len(calls) >= 5
+
+    stopped = greedy(engine, max_new_tokens=50, ignore_eos=True, should_stop=stop_after_five)
+    assert stopped[-1].finish_reason == FINISH_STOPPED and len(ids_of(stopped)) == 5  # checked after every event
+    limited = greedy(engine, max_new_tokens=5, ignore_eos=True)
+    assert ids_of(stopped) == ids_of(limited)
+    assert "".join(e.text for e in stopped) == "".join(e.text for e in limited)
+
+
+def test_events_say_which_characters_came_from_accepted_drafts(llama_dir):
+    spec = Engine.load(llama_dir, max_context=256, drafter="ngram", draft_length=4)
+    events = list(spec.generate("the cat the cat the cat the cat", max_new_tokens=40, ignore_eos=True))
+    assert all(0 <= e.drafted_chars <= len(e.text) for e in events)
+    assert all(e.drafted_chars == 0 for e in events if not any(e.drafted))
+    assert sum(e.drafted_chars for e in events) > 0  # this repetitive prompt has accepted n-gram drafts
 
 
 def test_kv_cache_is_allocated_once(engine):

@@ -44,17 +44,18 @@ class Preset:
     weight_decay: float = 0.1
     layerskip: bool = False
     distill: bool = False
+    precision: str = "bfloat16"  # autocast dtype of the training forward; master weights stay float32
 
 
 PRESETS = {
-    # about 55 minutes on 2 CPU cores (3.3 s per 4096-token LayerSkip step)
+    # about 70 minutes on 2 CPU cores with bfloat16 autocast (2.0 s per 4096-token LayerSkip step; 2.1 epochs)
     "target": Preset(hidden_size=256, intermediate_size=768, num_layers=12, num_heads=4, num_kv_heads=2,
-                     steps=1000, warmup=80, layerskip=True),
-    # about 10 minutes: distillation costs a teacher forward per step
+                     steps=2000, warmup=100, layerskip=True),
+    # about 15 minutes: distillation costs a teacher forward per step
     "drafter": Preset(hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4, num_kv_heads=2,
-                      steps=400, warmup=40, distill=True),
+                      steps=800, warmup=40, distill=True),
     "smoke": Preset(hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2, num_kv_heads=1,
-                    steps=6, batch_size=2, seq_len=32, warmup=2, layerskip=True),
+                    steps=6, batch_size=2, seq_len=32, warmup=2, layerskip=True, precision="float32"),
 }
 
 
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--teacher", type=Path, help="target checkpoint to distil from (drafter preset)")
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
+    parser.add_argument("--precision", choices=["bfloat16", "float32"],
+                        help="override the preset's training-forward precision (bfloat16 autocast is about 1.4x "
+                             "faster on CPUs with AVX-512 BF16 or AMX; float32 works everywhere)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=250)
@@ -130,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     preset = PRESETS[args.preset]
     if args.steps:
         preset = Preset(**{**asdict(preset), "steps": args.steps})
+    if args.precision:
+        preset = Preset(**{**asdict(preset), "precision": args.precision})
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -182,14 +188,15 @@ def main(argv: list[str] | None = None) -> int:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, preset)
         tokens, targets = train_stream.next_batch()
-        if teacher is not None:
-            loss, parts = distill_loss(model, teacher, tokens, targets)
-        elif preset.layerskip:
-            loss, parts = layerskip_loss(model, tokens, targets, step, recipe, generator)
-        else:
-            logits = model(tokens).logits  # (B, T, V)
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-            parts = {"final_ce": loss.item()}
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=preset.precision == "bfloat16"):
+            if teacher is not None:
+                loss, parts = distill_loss(model, teacher, tokens, targets)
+            elif preset.layerskip:
+                loss, parts = layerskip_loss(model, tokens, targets, step, recipe, generator)
+            else:
+                logits = model(tokens).logits  # (B, T, V)
+                loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+                parts = {"final_ce": loss.item()}
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()

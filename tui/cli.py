@@ -1,9 +1,8 @@
 """edge-chat: chat with a model in the terminal, streaming the reply as it is generated.
 
-    edge-chat MODEL                      interactive chat (multi-turn; /reset, /quit; Ctrl+C stops a reply)
-    edge-chat MODEL --prompt "..."       print one reply and exit (also reads the prompt from a pipe)
-
-This is the plain console front end; the Textual app arrives with the issue "Step 4 of 7".
+    edge-chat [MODEL]                    the chat app (Textual); the built-in model when MODEL is omitted
+    edge-chat [MODEL] --prompt "..."     print one reply and exit (also reads the prompt from a pipe)
+    edge-chat [MODEL] --plain            a line-by-line console chat (/reset, /quit; Ctrl+C stops a reply)
 """
 
 from __future__ import annotations
@@ -34,7 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", help="send this one message, print the reply and exit")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
-    parser.add_argument("--stats", action="store_true", help="print tokens/s, acceptance and token counts per reply")
+    parser.add_argument("--stats", action="store_true", help="print tokens/s, acceptance and token counts per reply "
+                        "(--prompt and --plain)")
+    parser.add_argument("--plain", action="store_true", help="line-by-line console chat instead of the app")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the short plain-decoding run at start that the app's speedup figure compares to")
     add_speculation_arguments(parser)
     add_sampling_arguments(parser, max_new_tokens=512)
     return parser
@@ -42,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.prompt is None and not args.plain and sys.stdin.isatty() and sys.stdout.isatty():
+        return run_app(args)
     try:
         options = generation_options(args)
         engine = Engine.load(resolve_model_path(args.model), dtype=args.dtype, device=args.device,
@@ -58,6 +63,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def run_app(args: argparse.Namespace) -> int:
+    """The Textual chat app; loading errors are shown in the app, bad options here as one line."""
+    from tui.app import EdgeChatApp
+    from tui.history import ConversationStore
+    from tui.loader import SessionLoader
+    from tui.settings import DRAFTER_CHOICES, ChatSettings
+
+    try:
+        options = generation_options(args)
+        path = resolve_model_path(args.model)
+        drafter = default_drafter(args) or "none"
+        settings = ChatSettings(drafter=drafter, draft_length=str(args.draft_length),
+                                temperature=options.temperature, top_p=options.top_p,
+                                max_tokens=options.max_new_tokens, system_prompt=args.system or "").check()
+    except EdgeError as error:
+        print(f"edge-chat: error: {error}", file=sys.stderr)
+        return 2
+    drafters = [choice for choice in DRAFTER_CHOICES if choice[1] != "builtin" or args.model is None]
+    loader = SessionLoader(path, settings, ConversationStore(), dtype=args.dtype, device=args.device,
+                           max_context=args.max_context, measure_baseline=not args.no_baseline)
+    app = EdgeChatApp(loader, drafters=drafters)
+    app.run()
+    if app.load_error:
+        print(f"edge-chat: error: {app.load_error}", file=sys.stderr)
+    return app.return_code or 0
 
 
 def default_drafter(args: argparse.Namespace) -> str | None:

@@ -1,0 +1,43 @@
+"""Load what the chat needs, reporting each stage: the engine (tokenizer, weights, KV cache, drafter), then a
+short plain-decoding run that measures the baseline the speedup is shown against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from edge.engine import DEFAULT_MAX_CONTEXT, Engine
+from tui.history import ConversationStore
+from tui.session import ChatSession
+from tui.settings import ChatSettings
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass
+class SessionLoader:
+    model_path: Path
+    settings: ChatSettings
+    store: ConversationStore
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_context: int = DEFAULT_MAX_CONTEXT
+    measure_baseline: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.model_path.name
+
+    def load(self, progress: Progress) -> ChatSession:
+        drafter = None if self.settings.drafter == "none" else self.settings.drafter
+        engine = Engine.load(self.model_path, dtype=self.dtype, device=self.device, max_context=self.max_context,
+                             drafter=drafter, draft_length=self.settings.draft_length,
+                             progress=lambda stage, fraction: progress(stage, 0.8 * fraction))
+        session = ChatSession(engine, self.settings, self.store, model_name=self.name, drafter_spec=drafter)
+        session.apply(self.settings)  # checks the settings and the memory budget
+        if self.measure_baseline:
+            progress("measuring plain decoding speed (the speedup's reference)", 0.85)
+            session.measure_baseline()
+        progress("ready", 1.0)
+        return session

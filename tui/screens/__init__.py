@@ -1,0 +1,1 @@
+"""edge-chat's screens: loading, the chat itself, settings, and the saved-chat list."""

@@ -1,0 +1,158 @@
+"""The chat behind the app, without any UI: a conversation, the engine that answers it, and where it is saved.
+
+The app calls `begin` / `regenerate` on its own thread and iterates `stream` in a worker thread; nothing else
+touches the conversation while a reply streams. A stopped reply is kept as far as it got; a failed one is removed
+together with its user message (which the app puts back into the input), so the saved chat is always consistent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from edge.engine import Engine
+from edge.errors import EdgeError
+from edge.events import FINISH_STOPPED, Event
+from tui.history import Conversation, ConversationStore, title_from
+from memory.budget import BudgetError, format_size
+from tui.settings import ChatSettings
+
+BASELINE_PROMPT = "Write a Python function that returns the sum of a list of numbers."
+
+
+@dataclass
+class ReplyOutcome:
+    text: str
+    finish_reason: str
+    event: Event | None  # the last event (its stats), None if nothing was generated
+
+
+class ChatSession:
+    def __init__(self, engine: Engine, settings: ChatSettings, store: ConversationStore, *, model_name: str = "",
+                 drafter_spec: str | None = None) -> None:
+        self.engine, self.settings, self.store, self.model_name = engine, settings, store, model_name
+        self.drafter_spec = drafter_spec or "none"  # what the engine is loaded with
+        self.conversation = Conversation(model=model_name, system=settings.system_prompt)
+        self.baseline_tokens_per_s: float | None = None
+
+    # -- conversation ----------------------------------------------------------------------------------------
+
+    def begin(self, text: str) -> None:
+        """Add the user's message; the reply comes from `stream`."""
+        if not self.conversation.messages:
+            self.conversation.title = title_from(text)
+        self.conversation.messages.append({"role": "user", "content": text})
+
+    def regenerate(self) -> str | None:
+        """Drop the last reply so `stream` answers the last user message again; its text, or None if none."""
+        messages = self.conversation.messages
+        if not messages:
+            return None
+        if messages[-1]["role"] == "assistant":
+            messages.pop()
+        return messages[-1]["content"] if messages and messages[-1]["role"] == "user" else None
+
+    def new_chat(self) -> None:
+        self.conversation = Conversation(model=self.model_name, system=self.settings.system_prompt)
+
+    def open(self, path: Path) -> None:
+        """Continue a saved chat (raises ValueError with a readable message if the file is damaged)."""
+        self.conversation = self.store.load(path)
+
+    def last_reply(self) -> str | None:
+        replies = [m["content"] for m in self.conversation.messages if m["role"] == "assistant"]
+        return replies[-1] if replies else None
+
+    def save(self) -> None:
+        self.store.save(self.conversation)
+
+    # -- generation (worker thread) --------------------------------------------------------------------------
+
+    def stream(self, stop: threading.Event) -> Iterator[Event]:
+        """Yield the reply's events; record the reply (or drop the turn on an error) and save when it ends."""
+        text, runs, last = [], [], None
+        options = {**vars(self.settings.generation_options()), "should_stop": stop.is_set}
+        try:
+            for event in self.engine.chat(self.conversation.chat_messages(), **options):
+                text.append(event.text)
+                add_runs(runs, event)
+                last = event
+                yield event
+        except EdgeError:
+            self.conversation.messages.pop()  # the user's message goes back to the input; nothing half-recorded
+            raise
+        finish = last.finish_reason if last is not None else FINISH_STOPPED
+        reply = {"role": "assistant", "content": "".join(text), "finish_reason": finish, "provenance": runs}
+        if last is not None:
+            reply["stats"] = summarise(last, self.drafter_spec)
+        self.conversation.messages.append(reply)
+        self.outcome = ReplyOutcome("".join(text), finish, last)
+        self.save()
+
+    # -- settings ----------------------------------------------------------------------------------------------
+
+    def apply(self, settings: ChatSettings) -> list[str]:
+        """Switch to new settings without reloading the model; return what changed, for the status line.
+
+        Raises an EdgeError or BudgetError (one line, naming the fix) and keeps the old settings if one is wrong."""
+        settings.check()
+        self._check_budget(settings)
+        changed = []
+        if settings.drafter != self.drafter_spec:
+            self.engine.use_drafter(None if settings.drafter == "none" else settings.drafter, settings.draft_length,
+                                    dtype=_dtype_name(self.engine))
+            self.drafter_spec = settings.drafter
+            changed.append(f"drafter {settings.drafter}")
+        elif settings.draft_length != self.settings.draft_length and self.engine.drafter is not None:
+            self.engine.use_drafter(self.engine.drafter, settings.draft_length, dtype=_dtype_name(self.engine))
+            changed.append(f"draft length {settings.draft_length}")
+        if settings.system_prompt != self.settings.system_prompt:
+            self.conversation.system = settings.system_prompt
+            changed.append("system prompt")
+        for name in ("temperature", "top_p", "max_tokens", "memory_budget"):
+            if getattr(settings, name) != getattr(self.settings, name):
+                changed.append(f"{name.replace('_', ' ')} {getattr(settings, name) or 'off'}")
+        self.settings = settings
+        return changed
+
+    def _check_budget(self, settings: ChatSettings) -> None:
+        """The model, its KV cache and the current drafter must fit the budget (the planner refines this)."""
+        budget = settings.budget_bytes
+        needed = self.engine.memory_footprint()["total"]
+        if budget is not None and needed > budget:
+            raise BudgetError(f"the memory budget {settings.memory_budget} is too small: the model, its KV cache and "
+                              f"drafter need {format_size(needed)}; raise the budget to at least that")
+
+    def measure_baseline(self, tokens: int = 32) -> float:
+        """Plain (autoregressive) decoding speed on this machine, the reference for the speedup shown."""
+        last = None
+        for last in self.engine.generate(BASELINE_PROMPT, max_new_tokens=tokens, ignore_eos=True, speculate=False):
+            pass
+        self.engine.reset()
+        self.baseline_tokens_per_s = last.stats.tokens_per_s if last is not None else None
+        return self.baseline_tokens_per_s or 0.0
+
+
+def add_runs(runs: list[list[int]], event: Event) -> None:
+    """Extend [[characters, drafted 0/1], ...] with an event's text: its drafted part first, then the target's."""
+    for size, drafted in ((event.drafted_chars, 1), (len(event.text) - event.drafted_chars, 0)):
+        if size <= 0:
+            continue
+        if runs and runs[-1][1] == drafted:
+            runs[-1][0] += size
+        else:
+            runs.append([size, drafted])
+
+
+def summarise(event: Event, drafter: str) -> dict:
+    stats = event.stats
+    return {"tokens": stats.generated_tokens, "tokens_per_s": round(stats.tokens_per_s, 2),
+            "mean_accepted_tokens": round(stats.mean_accepted_tokens, 3),
+            "acceptance_rate": round(stats.acceptance_rate, 4), "drafter": drafter, "at": time.time()}
+
+
+def _dtype_name(engine: Engine) -> str:
+    return str(engine.model.embed.weight.dtype).removeprefix("torch.")

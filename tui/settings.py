@@ -1,0 +1,65 @@
+"""What the user can change while chatting, checked before it is applied."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from edge.engine import GenerationOptions
+from edge.errors import SamplingError
+from memory.budget import BudgetError, parse_size
+
+DRAFTER_CHOICES = (
+    ("built-in drafter model", "builtin"),
+    ("n-gram prompt lookup", "ngram"),
+    ("early exit (self-speculative)", "early-exit"),
+    ("adaptive layer skip (self-speculative)", "adaptive"),
+    ("off (plain decoding)", "none"),
+)
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    drafter: str = "none"  # a drafter spec (see edge.drafters.make_drafter) or "none"
+    draft_length: str = "adaptive"  # "adaptive" or a whole number
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    memory_budget: str = ""  # e.g. "6GiB"; "" means the device's free memory
+    system_prompt: str = ""
+
+    def generation_options(self) -> GenerationOptions:
+        return GenerationOptions(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                                 speculate=self.drafter != "none")
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return parse_size(self.memory_budget) if self.memory_budget.strip() else None
+
+    def replace(self, **changes) -> "ChatSettings":
+        return dataclasses.replace(self, **changes)
+
+    def check(self) -> "ChatSettings":
+        """Return self if every value is usable; raise SamplingError/BudgetError naming the field and the fix."""
+        if not self.draft_length == "adaptive" and not (self.draft_length.isdigit() and int(self.draft_length) >= 1):
+            raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {self.draft_length!r}")
+        if not 0.0 <= self.temperature <= 5.0:
+            raise SamplingError(f"temperature must be between 0 and 5 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingError(f"top-p must be in (0, 1] (1 = off), got {self.top_p}")
+        if self.max_tokens < 1:
+            raise SamplingError(f"max tokens must be at least 1, got {self.max_tokens}")
+        self.budget_bytes  # noqa: B018 - raises BudgetError when the text cannot be read
+        return self
+
+
+def parse_number(text: str, name: str, kind: type = float):
+    """A form field as a number, or a one-line error naming the field."""
+    try:
+        return kind(text.strip())
+    except ValueError:
+        expected = "a whole number" if kind is int else "a number"
+        raise SamplingError(f"{name} must be {expected}, got {text!r}") from None
+
+
+__all__ = ["ChatSettings", "DRAFTER_CHOICES", "parse_number", "BudgetError"]

@@ -1,0 +1,1 @@
+"""The chat screen's parts: messages, the prompt input, the stats panel and the memory bar."""

@@ -131,6 +131,9 @@ class Engine:
                                    dtype=dtype)
         self.drafter = drafter
         self.draft_length = _draft_length(draft_length)
+        if self.model.rowwise is not None and self.draft_length.longest + 1 > self.model.rowwise_max_rows:
+            # a verify pass of k + 1 tokens must take the same batch-invariant path as a 1-token decode step
+            self.model.use_rowwise_matmul(self.model.rowwise, self.draft_length.longest + 1)
         if drafter is not None and self.model.embed.weight.dtype != torch.float32:
             log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "

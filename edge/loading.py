@@ -240,4 +240,8 @@ def load_model(
         model = Transformer(config)
     model.load_state_dict(state, strict=True, assign=True)
     model.inv_freq = inverse_frequencies(config).to(device)  # the meta-device buffer held no data
+    if device.type == "cpu" and dtype == torch.float32:
+        from kernels.cpu_matmul import RowwiseMatmul
+
+        model.use_rowwise_matmul(RowwiseMatmul.load())  # exact speculation: verify rows == decode rows, bit for bit
     return model.eval().requires_grad_(False)

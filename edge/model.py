@@ -27,6 +27,29 @@ from edge.kv_cache import KVCache
 from edge.rope import apply_rope, inverse_frequencies
 
 
+ROWWISE_MAX_ROWS = 32  # decode steps and verify passes up to this many tokens use the batch-invariant matmul
+
+
+class Linear(nn.Linear):
+    """nn.Linear that runs small batches of rows through a batch-invariant matmul when one is set.
+
+    With `rowwise` set (kernels.cpu_matmul.RowwiseMatmul), any call with at most `max_rows` rows computes each row
+    exactly as a 1-row call would: a (k + 1)-token verify pass then reproduces k + 1 decode steps bit for bit."""
+
+    rowwise = None
+    max_rows = ROWWISE_MAX_ROWS
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.rowwise, self.max_rows)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rowwise, max_rows: int) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1]
+    if rowwise is not None and rows <= max_rows and x.dtype == torch.float32:
+        return rowwise(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -46,8 +69,9 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.wqkv = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.qkv_bias)
-        self.wo = nn.Linear(config.q_size, config.hidden_size, bias=config.o_bias)
+        self.sliding_window = config.sliding_window
+        self.wqkv = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.qkv_bias)
+        self.wo = Linear(config.q_size, config.hidden_size, bias=config.o_bias)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
@@ -73,10 +97,15 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         keys, values = cache.write(layer, start, k, v)  # (B, Hkv, start+T, Dh) each
-        causal_prefill = mask is None and steps > 1  # start == 0, no window: plain causal mask
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=causal_prefill, enable_gqa=self.num_kv_heads != self.num_heads
-        )  # (B, H, T, Dh)
+        rowwise = self.wqkv.rowwise
+        if rowwise is not None and batch == 1 and steps <= self.wqkv.max_rows and q.dtype == torch.float32:
+            out = rowwise.attention(q, keys, values, start, self.sliding_window)  # (1, H, T, Dh), batch-invariant
+        else:
+            causal_prefill = mask is None and steps > 1  # start == 0, no window: plain causal mask
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, is_causal=causal_prefill,
+                enable_gqa=self.num_kv_heads != self.num_heads,
+            )  # (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(batch, steps, self.q_size)  # (B, T, H*Dh)
         return self.wo(out)
 
@@ -87,8 +116,8 @@ class FeedForward(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.w_gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.w_gate_up = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.w_down = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w_gate_up(x).split(self.intermediate_size, dim=-1)  # (B, T, I) each
@@ -115,8 +144,10 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, bias=False)
         self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)  # (Dh/2,)
+        self.rowwise = None  # the batch-invariant matmul, when use_rowwise_matmul() set one
+        self.rowwise_max_rows = ROWWISE_MAX_ROWS
 
     @property
     def device(self) -> torch.device:
@@ -159,7 +190,17 @@ class Transformer(nn.Module):
             weight = weight.index_select(0, vocab_subset)  # (V', D)
         # a 2-D matmul: a strided 3-D input (e.g. hidden[:, -1:]) would make torch copy the whole weight
         flat = hidden.reshape(-1, hidden.shape[-1])  # (B*T, D)
-        return F.linear(flat, weight).view(*hidden.shape[:-1], weight.shape[0])
+        out = linear(flat, weight.contiguous(), None, self.rowwise, self.rowwise_max_rows)
+        return out.view(*hidden.shape[:-1], weight.shape[0])
+
+    def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
+        """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""
+        self.rowwise = matmul if matmul is not None and all(
+            matmul.supports(module.weight) for module in self.modules() if isinstance(module, Linear)) else None
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.rowwise, module.max_rows = self.rowwise, max_rows
+        self.rowwise_max_rows = max_rows
 
     def _rope(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(start, end, device=self.inv_freq.device, dtype=torch.float32)  # (T,)

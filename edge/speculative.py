@@ -52,6 +52,11 @@ class DraftLength:
             self.stop_below = None
         self.k = min(max(self.k, self.min_k), self.max_k) if self.adaptive else self.k
 
+    @property
+    def longest(self) -> int:
+        """The most tokens one step can draft."""
+        return self.max_k if self.adaptive else self.k
+
     @classmethod
     def fixed(cls, k: int) -> "DraftLength":
         return cls(k=k, adaptive=False)

@@ -1,0 +1,131 @@
+"""The batch-invariant CPU matmul and attention (csrc/rowwise_matmul.c): built with the system C compiler on first use, cached,
+and called through ctypes. `RowwiseMatmul.load()` returns None where it cannot be built (no compiler, not x86/ARM
+Linux or macOS); callers then use torch's matmul, which is fast but not batch-invariant.
+
+    matmul = RowwiseMatmul.load()
+    y = matmul(x, weight, bias)        # x (..., K) float32, weight (N, K) float32 or bfloat16 -> (..., N) float32
+
+The cache folder is $EDGE_CACHE_DIR/kernels (default: the platform's user cache folder, ~/.cache/edge/kernels);
+the library's name hashes the source, the compiler and the CPU's feature flags, so a changed source or another
+CPU builds afresh. Set EDGE_ROWWISE_MATMUL=0 to turn the kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("csrc") / "rowwise_matmul.c"
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
+log = logging.getLogger(__name__)
+
+
+class RowwiseMatmul:
+    def __init__(self, library: ctypes.CDLL) -> None:
+        pointer, size = ctypes.c_void_p, ctypes.c_int64
+        self._kernels = {}
+        for dtype, name in ((torch.float32, "rowwise_matmul_f32"), (torch.bfloat16, "rowwise_matmul_bf16")):
+            function = getattr(library, name)
+            function.argtypes = [pointer, pointer, pointer, pointer, size, size, size, ctypes.c_int]
+            function.restype = None
+            self._kernels[dtype] = function
+        self._attention = library.rowwise_attention_f32
+        self._attention.argtypes = [pointer] * 5 + [size] * 7 + [ctypes.c_float, ctypes.c_int]
+        self._attention.restype = None
+
+    @staticmethod
+    @lru_cache(maxsize=1)
+    def load() -> "RowwiseMatmul | None":
+        if os.environ.get("EDGE_ROWWISE_MATMUL", "1") == "0":
+            return None
+        try:
+            return RowwiseMatmul(ctypes.CDLL(str(_build())))
+        except (OSError, subprocess.SubprocessError) as error:
+            log.info("batch-invariant CPU matmul unavailable (%s); using torch's matmul", error)
+            return None
+
+    def supports(self, weight: torch.Tensor) -> bool:
+        return weight.device.type == "cpu" and weight.dtype in self._kernels and weight.is_contiguous()
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out_features, in_features = weight.shape
+        flat = x.reshape(-1, in_features).contiguous()  # (M, K)
+        if flat.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+            raise TypeError("rowwise matmul takes float32 inputs and bias")
+        out = torch.empty(flat.shape[0], out_features, dtype=torch.float32)  # (M, N)
+        self._kernels[weight.dtype](
+            flat.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
+            flat.shape[0], out_features, in_features, torch.get_num_threads(),
+        )
+        return out.view(*x.shape[:-1], out_features)
+
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                  window: int | None) -> torch.Tensor:
+        """q (1, H, T, Dh) at positions [start, start+T) over keys/values (1, Hkv, S_max, Dh) -> (1, H, T, Dh).
+
+        Causal (and sliding-window) attention, each query computed alone: batch-invariant like the matmul."""
+        _, heads, steps, head_dim = q.shape
+        q = q.contiguous()
+        if keys.stride(-1) != 1 or keys.stride(-2) != head_dim or values.stride() != keys.stride():
+            raise ValueError("keys and values must be (1, Hkv, S, Dh) with contiguous rows")
+        out = torch.empty_like(q)  # (1, H, T, Dh)
+        scratch = torch.empty(heads * steps * (start + steps), dtype=torch.float32)
+        self._attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), scratch.data_ptr(),
+                        heads, keys.shape[1], steps, head_dim, keys.stride(1), start, window or 0,
+                        head_dim ** -0.5, torch.get_num_threads())
+        return out
+
+
+def _build() -> Path:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        raise OSError("no C compiler found (install gcc, or set CC)")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), platform.machine(),
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    folder = _cache_dir()
+    library = folder / f"rowwise_matmul-{key}.so"
+    if library.is_file():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(handle)
+    try:
+        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", temporary], capture_output=True, text=True,
+                                timeout=300)
+        if result.returncode != 0:
+            raise OSError(f"{compiler} failed: {result.stderr.strip().splitlines()[-1] if result.stderr else ''}")
+        os.replace(temporary, library)  # atomic: concurrent builders never load a half-written library
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    return library
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("EDGE_CACHE_DIR")
+    if root:
+        return Path(root) / "kernels"
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("edge", appauthor=False)) / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()

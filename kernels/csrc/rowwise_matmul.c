@@ -1,0 +1,131 @@
+/* Batch-invariant small-batch matmul for CPU decoding: y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]).
+ *
+ * Every output element is one dot product computed in the same order whatever the number of rows M, the row's
+ * index or the thread count: LANES independent partial sums over k in order, a k % LANES tail, then a fixed
+ * pairwise reduction. So a (k + 1)-row verify pass produces bit for bit the rows that k + 1 single-row decode steps
+ * produce, which makes greedy speculative decoding exactly equal to plain decoding (vendor BLAS picks different
+ * kernels for 1 and for 5 rows, and they round differently).
+ *
+ * Weight rows are the outer loop and up to ROWS input rows are interleaved inside: each weight row is read from
+ * memory once and used for all M inputs, so a 5-row verify pass costs little more than a 1-row decode step
+ * (decoding is bound by weight reads). Interleaving changes nothing in any one dot product's order of operations.
+ * Weights are float32 or bfloat16 (raw uint16, widened in registers); inputs and outputs are float32.
+ *
+ * Every multiply-add is an explicit fmaf() and the build passes -ffp-contract=off, so the compiler cannot fuse
+ * (or not fuse) differently in the vectorised 4-row loop and the scalar 1-row loop.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+#define ROWS 4
+
+static inline float bf16_to_f32(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
+static inline float reduce_lanes(float *acc) {
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; l++) acc[l] += acc[l + width];
+    return acc[0];
+}
+
+/* R input rows (x + r * K) against one weight row: out[r * N] = dot + b. R is a compile-time constant. */
+#define DEFINE_DOTS(NAME, WTYPE, LOAD)                                                                   \
+    static inline __attribute__((always_inline)) void NAME(const float *x, const WTYPE *w, float b,       \
+                                                           float *out, int64_t N, int64_t K, const int R) { \
+        float acc[ROWS][LANES] = {{0}};                                                                  \
+        float tail[ROWS] = {0};                                                                          \
+        int64_t k = 0;                                                                                   \
+        for (; k + LANES <= K; k += LANES) {                                                             \
+            float wv[LANES];                                                                             \
+            for (int l = 0; l < LANES; l++) wv[l] = LOAD(w[k + l]);                                      \
+            for (int r = 0; r < R; r++)                                                                  \
+                for (int l = 0; l < LANES; l++) acc[r][l] = fmaf(x[r * K + k + l], wv[l], acc[r][l]);    \
+        }                                                                                                \
+        for (; k < K; k++) {                                                                             \
+            float wv = LOAD(w[k]);                                                                       \
+            for (int r = 0; r < R; r++) tail[r] = fmaf(x[r * K + k], wv, tail[r]);                       \
+        }                                                                                                \
+        for (int r = 0; r < R; r++) out[r * N] = (reduce_lanes(acc[r]) + tail[r]) + b;                   \
+    }
+
+#define LOAD_F32(v) (v)
+DEFINE_DOTS(dots_f32, float, LOAD_F32)
+DEFINE_DOTS(dots_bf16, uint16_t, bf16_to_f32)
+
+#define DEFINE_MATMUL(NAME, WTYPE, DOTS)                                                                        \
+    void NAME(const float *x, const WTYPE *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,     \
+              int threads) {                                                                                    \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                                      \
+        for (int64_t n = 0; n < N; n++) {                                                                       \
+            const WTYPE *row = w + n * K;                                                                       \
+            float b = bias ? bias[n] : 0.0f;                                                                    \
+            int64_t m = 0;                                                                                      \
+            for (; m + 4 <= M; m += 4) DOTS(x + m * K, row, b, y + m * N + n, N, K, 4);                         \
+            switch (M - m) {                                                                                    \
+                case 3: DOTS(x + m * K, row, b, y + m * N + n, N, K, 3); break;                                 \
+                case 2: DOTS(x + m * K, row, b, y + m * N + n, N, K, 2); break;                                 \
+                case 1: DOTS(x + m * K, row, b, y + m * N + n, N, K, 1); break;                                 \
+                default: break;                                                                                 \
+            }                                                                                                   \
+        }                                                                                                       \
+    }
+
+DEFINE_MATMUL(rowwise_matmul_f32, float, dots_f32)
+DEFINE_MATMUL(rowwise_matmul_bf16, uint16_t, dots_bf16)
+
+/* Batch-invariant attention for a few queries at positions start .. start + T - 1 over a KV cache.
+ *
+ * q, out: (H, T, D) contiguous; keys, values: (Hkv, S_max, D) with row stride D and head stride kv_head_stride.
+ * Query t sees keys [lo, start + t], lo = start + t - window + 1 when a sliding window is set (window > 0).
+ * Each (head, query) is computed alone and in a fixed order (scores, max, exp and sum in key order, values
+ * accumulated in key order), so its result does not depend on T or on the thread count. scratch holds
+ * H * T * (start + T) floats for the scores.
+ */
+static inline float dot_plain(const float *a, const float *b, int64_t D) {
+    float acc[16] = {0};
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16)
+        for (int l = 0; l < 16; l++) acc[l] = fmaf(a[d + l], b[d + l], acc[l]);
+    float tail = 0.0f;
+    for (; d < D; d++) tail = fmaf(a[d], b[d], tail);
+    for (int width = 8; width > 0; width /= 2)
+        for (int l = 0; l < width; l++) acc[l] += acc[l + width];
+    return acc[0] + tail;
+}
+
+void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
+                           int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
+                           int64_t window, float scale, int threads) {
+    const int64_t group = H / Hkv, span = start + T;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t ht = 0; ht < H * T; ht++) {
+        const int64_t h = ht / T, t = ht % T, position = start + t;
+        const int64_t lo = (window > 0 && position - window + 1 > 0) ? position - window + 1 : 0;
+        const float *query = q + ht * D;
+        const float *k = keys + (h / group) * kv_head_stride, *v = values + (h / group) * kv_head_stride;
+        float *scores = scratch + ht * span, *result = out + ht * D;
+        float top = -INFINITY;
+        for (int64_t j = lo; j <= position; j++) {
+            scores[j] = dot_plain(query, k + j * D, D) * scale;
+            if (scores[j] > top) top = scores[j];
+        }
+        float total = 0.0f;
+        for (int64_t j = lo; j <= position; j++) {
+            scores[j] = expf(scores[j] - top);
+            total += scores[j];
+        }
+        for (int64_t d = 0; d < D; d++) result[d] = 0.0f;
+        for (int64_t j = lo; j <= position; j++) {
+            const float weight = scores[j], *row = v + j * D;
+            for (int64_t d = 0; d < D; d++) result[d] = fmaf(weight, row[d], result[d]);
+        }
+        const float inverse = 1.0f / total;
+        for (int64_t d = 0; d < D; d++) result[d] *= inverse;
+    }
+}

@@ -1,0 +1,93 @@
+"""The batch-invariant CPU matmul and attention: close to torch's results, and bit-identical for a row whatever
+else is in the batch — the property that makes greedy speculative decoding exactly equal to plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edge.kv_cache import KVCache
+from edge.loading import load_model
+from kernels.cpu_matmul import RowwiseMatmul
+
+matmul = RowwiseMatmul.load()
+pytestmark = pytest.mark.skipif(matmul is None, reason="no C compiler: the kernel falls back to torch")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(96, 64), (37, 83), (512, 256)])  # (N, K); 83: a K that is not a lane multiple
+def test_matmul_matches_torch(dtype, shape):
+    generator = torch.Generator().manual_seed(sum(shape))
+    weight = torch.randn(*shape, generator=generator).to(dtype)  # (N, K)
+    bias = torch.randn(shape[0], generator=generator)
+    x = torch.randn(3, 5, shape[1], generator=generator)  # (..., K)
+    expected = F.linear(x, weight.float(), bias)
+    torch.testing.assert_close(matmul(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(matmul(x, weight), F.linear(x, weight.float()), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul_rows_are_batch_and_thread_invariant(dtype):
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(300, 200, generator=generator).to(dtype)
+    x = torch.randn(9, 200, generator=generator)
+    single = torch.cat([matmul(x[i:i + 1], weight) for i in range(9)])  # (9, N), one row per call
+    for rows in range(1, 10):
+        assert torch.equal(matmul(x[:rows], weight), single[:rows]), f"{rows} rows differ from 1-row calls"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(matmul(x, weight), single)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_torch_matmul_is_not_batch_invariant_which_is_why_the_kernel_exists():
+    generator = torch.Generator().manual_seed(2)
+    weight, x = torch.randn(1536, 256, generator=generator), torch.randn(5, 256, generator=generator)
+    single = torch.cat([F.linear(x[i:i + 1], weight) for i in range(5)])
+    assert not torch.equal(F.linear(x, weight), single)  # if torch ever becomes invariant, this test says so
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_attention_matches_sdpa_and_is_batch_invariant(window):
+    generator = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, start, steps, capacity = 4, 2, 40, 20, 5, 64
+    keys = torch.randn(1, kv_heads, capacity, dim, generator=generator)
+    values = torch.randn(1, kv_heads, capacity, dim, generator=generator)
+    q = torch.randn(1, heads, steps, dim, generator=generator)
+    out = matmul.attention(q, keys[:, :, : start + steps], values[:, :, : start + steps], start, window)
+    query_pos = torch.arange(start, start + steps)[:, None]
+    key_pos = torch.arange(start + steps)[None, :]
+    allowed = key_pos <= query_pos
+    if window:
+        allowed &= key_pos > query_pos - window
+    expected = F.scaled_dot_product_attention(q, keys[:, :, : start + steps], values[:, :, : start + steps],
+                                              attn_mask=allowed, enable_gqa=True)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    single = torch.cat([matmul.attention(q[:, :, t:t + 1], keys[:, :, : start + t + 1], values[:, :, : start + t + 1],
+                                         start + t, window) for t in range(steps)], dim=2)
+    assert torch.equal(out, single)
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "mistral"])
+def test_a_verify_pass_reproduces_decode_steps_bit_for_bit(checkpoint_factory, family):
+    model = load_model(checkpoint_factory(family))
+    assert model.rowwise is not None
+    cache = KVCache.for_model(model.config, 128, dtype=torch.float32, device=torch.device("cpu"))
+    tokens = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        model(tokens[:, :30], 0, cache)  # a prompt longer than the kernel's row limit: torch's matmul
+        verify = model.logits(model(tokens[:, 30:36], 30, cache))[0]  # (6, V)
+        cache.rollback(30)
+        steps = torch.cat([model.logits(model(tokens[:, i:i + 1], i, cache))[0] for i in range(30, 36)])
+    assert torch.equal(verify, steps)
+
+
+def test_without_a_compiler_edge_falls_back_to_torch(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path))
+    assert RowwiseMatmul.load.__wrapped__() is None
+    monkeypatch.setenv("EDGE_ROWWISE_MATMUL", "0")
+    assert RowwiseMatmul.load.__wrapped__() is None

@@ -1,6 +1,6 @@
-"""The batch-invariant CPU matmul and attention (csrc/rowwise_matmul.c): built with the system C compiler on first use, cached,
-and called through ctypes. `RowwiseMatmul.load()` returns None where it cannot be built (no compiler, not x86/ARM
-Linux or macOS); callers then use torch's matmul, which is fast but not batch-invariant.
+"""The batch-invariant CPU matmul and attention (csrc/rowwise_matmul.c): built with the system C compiler on first
+use, cached, and called through ctypes. `RowwiseMatmul.load()` returns None where it cannot be built (no C compiler
+with OpenMP); callers then use torch's matmul, which is fast but not batch-invariant.
 
     matmul = RowwiseMatmul.load()
     y = matmul(x, weight, bias)        # x (..., K) float32, weight (N, K) float32 or bfloat16 -> (..., N) float32

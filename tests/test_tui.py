@@ -156,6 +156,29 @@ def test_sending_while_a_reply_streams_loses_nothing(make_app):
     asyncio.run(scenario())
 
 
+def test_resizing_while_a_reply_streams_keeps_it_whole(make_app, tiny_model):
+    async def scenario():
+        app = make_app(max_tokens=40)
+        async with app.run_test(size=(200, 50)) as pilot:
+            screen = await ready(app, pilot)
+            gate = slow_down(screen)
+            prompt = screen.query_one(PromptInput)
+            prompt.load_text("hello there")
+            await pilot.press("enter")
+            await pilot.pause()
+            await pilot.resize_terminal(80, 24)
+            await pilot.pause()
+            gate.set()
+            await settle(app, pilot)
+            await pilot.resize_terminal(120, 40)
+            await pilot.pause()
+            reply = list(screen.query(MessageView))[-1]
+            expected = reference_reply(tiny_model, [{"role": "user", "content": "hello there"}], 40)
+            assert reply.text == expected == screen.session.last_reply()
+            assert screen.query_one(PromptInput).region.bottom <= 40 - 1  # the input stays above the footer
+    asyncio.run(scenario())
+
+
 def test_provenance_colours_toggle_and_cover_the_reply(make_app):
     async def scenario():
         app = make_app(drafter="ngram", max_tokens=48)

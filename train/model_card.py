@@ -116,7 +116,9 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
         f"- {start['steps']} steps of {start['batch_size']} x {start['seq_len']} tokens "
         f"({info['tokens'] / 1e6:.2f}M tokens), AdamW, peak learning rate {start['lr']}, warm-up {start['warmup']}, "
         "cosine decay, seed " + str(start["seed"]),
-        f"- {info['minutes']:.1f} minutes on a 2-core CPU (no GPU), torch {_torch_version()}",
+        f"- {info['minutes']:.1f} minutes on a 2-core CPU (no GPU), torch {_torch_version()}, forward pass in "
+        + ("bfloat16 autocast (float32 master weights)" if start.get("precision", "float32") == "bfloat16"
+           else "float32"),
     ]
     if start.get("layerskip"):
         lines.append("- LayerSkip recipe: layer dropout rising linearly with depth to 0.1, early-exit losses through "

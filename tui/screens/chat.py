@@ -163,7 +163,7 @@ class ChatScreen(Screen):
             await self._reply.append(message.pieces)
         stats = message.stats
         steps = stats.steps - self._steps_before
-        recent_k = round((stats.drafted - self._drafted_before) / steps) if steps else None  # mean k since the last update
+        recent_k = round((stats.drafted - self._drafted_before) / steps) if steps else None  # mean k lately
         self.query_one(StatsPanel).show(stats, last_k=recent_k or None)
         self._drafted_before, self._steps_before = stats.drafted, stats.steps
 

@@ -141,7 +141,7 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
         lines.append(f"| {label} | {ppl:.2f} |")
     lines += ["", "## Greedy samples (edge, float32, chat template)", ""]
     for prompt, reply in samples:
-        lines += [f"**User:** {prompt}", "", "```", reply.strip(), "```", ""]
+        lines += [f"**User:** {prompt}", "", "````", reply.strip(), "````", ""]  # replies may hold ``` fences
     lines += ["## Reproduce", "", "```bash", "pip install -e '.[train]' && python -m train.build_default", "```", ""]
     return "\n".join(lines)
 

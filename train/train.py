@@ -48,10 +48,10 @@ class Preset:
 
 
 PRESETS = {
-    # about 70 minutes on 2 CPU cores with bfloat16 autocast (2.0 s per 4096-token LayerSkip step; 2.1 epochs)
+    # about 72 minutes on 2 CPU cores with bfloat16 autocast (2.1 s per 4096-token LayerSkip step; 2.1 epochs)
     "target": Preset(hidden_size=256, intermediate_size=768, num_layers=12, num_heads=4, num_kv_heads=2,
                      steps=2000, warmup=100, layerskip=True),
-    # about 15 minutes: distillation costs a teacher forward per step
+    # about 11 minutes: distillation costs a teacher forward per step
     "drafter": Preset(hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4, num_kv_heads=2,
                       steps=800, warmup=40, distill=True),
     "smoke": Preset(hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2, num_kv_heads=1,

@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LANES 16
+#define LANES 32
 #define ROWS 4
 
 static inline float bf16_to_f32(uint16_t bits) {

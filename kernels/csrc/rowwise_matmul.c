@@ -11,15 +11,34 @@
  * (decoding is bound by weight reads). Interleaving changes nothing in any one dot product's order of operations.
  * Weights are float32 or bfloat16 (raw uint16, widened in registers); inputs and outputs are float32.
  *
- * Every multiply-add is an explicit fmaf() and the build passes -ffp-contract=off, so the compiler cannot fuse
- * (or not fuse) differently in the vectorised 4-row loop and the scalar 1-row loop.
+ * The build passes -ffp-contract=off: multiplies and adds are never fused, so the compiler cannot fuse (or not fuse)
+ * differently in the 4-row loop and the 1-row loop. (The attention below uses explicit fmaf() for the same end.)
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define LANES 32
 #define ROWS 4
+
+/* 16 floats in one vector (one AVX-512 register, two AVX2 registers); accumulators stay in registers. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+static inline v16 load_f32(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline v16 load_bf16(const uint16_t *p) {
+    u16x16 half;
+    memcpy(&half, p, sizeof half);
+    u32x16 wide = __builtin_convertvector(half, u32x16) << 16;  /* bfloat16 bits are the top of a float32 */
+    v16 v;
+    memcpy(&v, &wide, sizeof v);
+    return v;
+}
 
 static inline float bf16_to_f32(uint16_t bits) {
     uint32_t wide = (uint32_t)bits << 16;
@@ -28,35 +47,50 @@ static inline float bf16_to_f32(uint16_t bits) {
     return value;
 }
 
-static inline float reduce_lanes(float *acc) {
-    for (int width = LANES / 2; width > 0; width /= 2)
-        for (int l = 0; l < width; l++) acc[l] += acc[l + width];
-    return acc[0];
+static inline float scalar_f32(const float *p) { return *p; }
+static inline float scalar_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
+
+/* The fixed reduction: two 16-lane partial sums added lane-wise, then a pairwise tree over the 16 lanes. */
+static inline float reduce(v16 a, v16 b) {
+    float lanes[16];
+    v16 sum = a + b;
+    memcpy(lanes, &sum, sizeof lanes);
+    for (int width = 8; width > 0; width /= 2)
+        for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
+    return lanes[0];
 }
 
-/* R input rows (x + r * K) against one weight row: out[r * N] = dot + b. R is a compile-time constant. */
-#define DEFINE_DOTS(NAME, WTYPE, LOAD)                                                                   \
+/* R input rows (x + r * K) against one weight row: out[r * N] = dot + b. R is a compile-time constant. Each dot:
+ * two 16-lane partial sums over k in steps of 32 (multiply, then add: the build forbids fusing), a scalar tail for
+ * k % 32, the fixed reduction, then + tail + bias. */
+#define DEFINE_DOTS(NAME, WTYPE, LOADV, LOADS)                                                           \
     static inline __attribute__((always_inline)) void NAME(const float *x, const WTYPE *w, float b,       \
                                                            float *out, int64_t N, int64_t K, const int R) { \
-        float acc[ROWS][LANES] = {{0}};                                                                  \
-        float tail[ROWS] = {0};                                                                          \
+        v16 even[ROWS], odd[ROWS];                                                                       \
+        float tail[ROWS];                                                                                \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                            \
+            even[r] = (v16){0};                                                                          \
+            odd[r] = (v16){0};                                                                           \
+            tail[r] = 0.0f;                                                                              \
+        }                                                                                                \
         int64_t k = 0;                                                                                   \
-        for (; k + LANES <= K; k += LANES) {                                                             \
-            float wv[LANES];                                                                             \
-            for (int l = 0; l < LANES; l++) wv[l] = LOAD(w[k + l]);                                      \
-            for (int r = 0; r < R; r++)                                                                  \
-                for (int l = 0; l < LANES; l++) acc[r][l] = fmaf(x[r * K + k + l], wv[l], acc[r][l]);    \
+        for (; k + 32 <= K; k += 32) {                                                                   \
+            v16 w0 = LOADV(w + k), w1 = LOADV(w + k + 16);                                               \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                        \
+                even[r] += load_f32(x + r * K + k) * w0;                                                 \
+                odd[r] += load_f32(x + r * K + k + 16) * w1;                                             \
+            }                                                                                            \
         }                                                                                                \
         for (; k < K; k++) {                                                                             \
-            float wv = LOAD(w[k]);                                                                       \
-            for (int r = 0; r < R; r++) tail[r] = fmaf(x[r * K + k], wv, tail[r]);                       \
+            float wv = LOADS(w + k);                                                                     \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) tail[r] += x[r * K + k] * wv;             \
         }                                                                                                \
-        for (int r = 0; r < R; r++) out[r * N] = (reduce_lanes(acc[r]) + tail[r]) + b;                   \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                              \
+            out[r * N] = (reduce(even[r], odd[r]) + tail[r]) + b;                                        \
     }
 
-#define LOAD_F32(v) (v)
-DEFINE_DOTS(dots_f32, float, LOAD_F32)
-DEFINE_DOTS(dots_bf16, uint16_t, bf16_to_f32)
+DEFINE_DOTS(dots_f32, float, load_f32, scalar_f32)
+DEFINE_DOTS(dots_bf16, uint16_t, load_bf16, scalar_bf16)
 
 #define DEFINE_MATMUL(NAME, WTYPE, DOTS)                                                                        \
     void NAME(const float *x, const WTYPE *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,     \

@@ -196,7 +196,7 @@ class Transformer(nn.Module):
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""
         self.rowwise = matmul if matmul is not None and all(
-            matmul.supports(module.weight) for module in self.modules() if isinstance(module, Linear)) else None
+            matmul.supports(module.weight, module.bias) for module in self.modules() if isinstance(module, Linear)) else None
         for module in self.modules():
             if isinstance(module, Linear):
                 module.rowwise, module.max_rows = self.rowwise, max_rows

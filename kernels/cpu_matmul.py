@@ -54,21 +54,25 @@ class RowwiseMatmul:
             log.info("batch-invariant CPU matmul unavailable (%s); using torch's matmul", error)
             return None
 
-    def supports(self, weight: torch.Tensor) -> bool:
-        return weight.device.type == "cpu" and weight.dtype in self._kernels and weight.is_contiguous()
+    def supports(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+        return (weight.device.type == "cpu" and weight.dtype in self._kernels and weight.is_contiguous()
+                and (bias is None or bias.dtype == torch.float32))
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        out_features, in_features = weight.shape
-        flat = x.reshape(-1, in_features).contiguous()  # (M, K)
-        if flat.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
-            raise TypeError("rowwise matmul takes float32 inputs and bias")
-        out = torch.empty(flat.shape[0], out_features, dtype=torch.float32)  # (M, N)
-        self._kernels[weight.dtype](
-            flat.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
-            flat.shape[0], out_features, in_features, torch.get_num_threads(),
-        )
-        return out.view(*x.shape[:-1], out_features)
+        """x (..., K) float32, weight (N, K) float32/bfloat16 contiguous, bias (N,) float32 -> (..., N) float32.
 
+        The hot path of every decode step: no checks beyond what the caller (edge.model.linear) guarantees."""
+        if x.dtype != torch.float32:
+            raise TypeError(f"rowwise matmul takes float32 inputs, got {x.dtype}")
+        out_features, in_features = weight.shape
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)  # (..., N)
+        self._kernels[weight.dtype](
+            x.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
+            x.numel() // in_features, out_features, in_features, torch.get_num_threads(),
+        )
+        return out
 
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                   window: int | None) -> torch.Tensor:

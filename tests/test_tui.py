@@ -334,3 +334,16 @@ def test_conversation_store_writes_atomically(tmp_path, monkeypatch):
         store.save(chat)
     assert json.loads(path.read_text())["messages"] == [{"role": "user", "content": "keep me"}]
     assert sorted(p.name for p in (tmp_path / "chats").iterdir()) == [path.name]  # no temporary file left
+
+
+def test_command_line_options_reach_the_app_settings():
+    from tui.cli import app_settings, build_parser
+
+    args = build_parser().parse_args(["--temperature", "0.7", "--top-k", "20", "--min-p", "0.05", "--seed", "3",
+                                      "--stop", "END", "--max-new-tokens", "99", "--drafter", "ngram",
+                                      "--system", "Be brief."])
+    settings = app_settings(args)
+    options = settings.generation_options()
+    assert (options.temperature, options.top_k, options.min_p, options.seed, options.stop) == (0.7, 20, 0.05, 3,
+                                                                                             ("END",))
+    assert (settings.max_tokens, settings.drafter, settings.system_prompt) == (99, "ngram", "Be brief.")

@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(parser)
     parser.add_argument("--prompt", help="send this one message, print the reply and exit")
     parser.add_argument("--system", help="system prompt")
-    parser.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
+    parser.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template "
+                        "(console output, not the app)")
     parser.add_argument("--stats", action="store_true", help="print tokens/s, acceptance and token counts per reply "
                         "(--prompt and --plain)")
     parser.add_argument("--plain", action="store_true", help="line-by-line console chat instead of the app")
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.prompt is None and not args.plain and sys.stdin.isatty() and sys.stdout.isatty():
+    if args.prompt is None and not (args.plain or args.raw) and sys.stdin.isatty() and sys.stdout.isatty():
         return run_app(args)
     try:
         options = generation_options(args)
@@ -70,15 +71,11 @@ def run_app(args: argparse.Namespace) -> int:
     from tui.app import EdgeChatApp
     from tui.history import ConversationStore
     from tui.loader import SessionLoader
-    from tui.settings import DRAFTER_CHOICES, ChatSettings
+    from tui.settings import DRAFTER_CHOICES
 
     try:
-        options = generation_options(args)
         path = resolve_model_path(args.model)
-        drafter = default_drafter(args) or "none"
-        settings = ChatSettings(drafter=drafter, draft_length=str(args.draft_length),
-                                temperature=options.temperature, top_p=options.top_p,
-                                max_tokens=options.max_new_tokens, system_prompt=args.system or "").check()
+        settings = app_settings(args)
     except EdgeError as error:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
@@ -90,6 +87,17 @@ def run_app(args: argparse.Namespace) -> int:
     if app.load_error:
         print(f"edge-chat: error: {app.load_error}", file=sys.stderr)
     return app.return_code or 0
+
+
+def app_settings(args: argparse.Namespace):
+    """The app's starting settings from the command line (every sampling option carries over)."""
+    from tui.settings import ChatSettings
+
+    options = generation_options(args)
+    return ChatSettings(drafter=default_drafter(args) or "none", draft_length=str(args.draft_length),
+                        temperature=options.temperature, top_p=options.top_p, max_tokens=options.max_new_tokens,
+                        system_prompt=args.system or "", top_k=options.top_k, min_p=options.min_p,
+                        repetition_penalty=options.repetition_penalty, seed=options.seed, stop=options.stop).check()
 
 
 def default_drafter(args: argparse.Namespace) -> str | None:

@@ -27,10 +27,17 @@ class ChatSettings:
     max_tokens: int = 512
     memory_budget: str = ""  # e.g. "6GiB"; "" means the device's free memory
     system_prompt: str = ""
+    # sampling options set on the command line (kept as they are by the settings screen)
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
 
     def generation_options(self) -> GenerationOptions:
         return GenerationOptions(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                                 speculate=self.drafter != "none")
+                                 top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+                                 seed=self.seed, stop=self.stop, speculate=self.drafter != "none")
 
     @property
     def budget_bytes(self) -> int | None:

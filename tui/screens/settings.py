@@ -51,7 +51,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def read(self) -> ChatSettings:
         """The form as settings; raises a one-line error naming the field that is wrong."""
         value = lambda name: self.query_one(f"#{name}", Input).value  # noqa: E731
-        return ChatSettings(
+        return self.settings.replace(
             drafter=str(self.query_one("#drafter", Select).value),
             draft_length=value("draft_length").strip() or "adaptive",
             temperature=parse_number(value("temperature"), "temperature"),

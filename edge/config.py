@@ -50,6 +50,16 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def shape(self):
+        """The plain-number description the memory planner counts bytes from."""
+        from memory.footprint import ModelShape
+
+        return ModelShape(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                          intermediate_size=self.intermediate_size, num_layers=self.num_layers,
+                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                          tie_word_embeddings=self.tie_word_embeddings, qkv_bias=self.qkv_bias, o_bias=self.o_bias,
+                          mlp_bias=self.mlp_bias, qk_norm=self.qk_norm)
+
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
         config_path = Path(path) / "config.json"

@@ -1,0 +1,119 @@
+"""What decoding with speculation holds in memory, counted from shapes before anything is loaded.
+
+Every figure is bytes. A `ModelShape` describes a decoder-only transformer with plain numbers (this package imports
+nothing from edge; `edge` builds shapes from its configs). `footprint()` adds up the parts SpecMemo counts:
+
+    target weights     parameters x bytes per weight (float32/bfloat16/float16, or int8/int4 with group scales)
+    target KV          2 (keys, values) x layers x kv_heads x context x head_dim x bytes per KV element
+    drafter weights    a separate draft model's parameters; 0 for self-drafts (shared weights) and n-gram
+    draft KV           a separate draft model's own cache; 0 for self-drafts (they write the target's cache)
+    draft buffers      what one verify pass of k + 1 tokens allocates: hidden states, the widest projection
+                       output, attention scores, and logits over the (possibly trimmed) vocabulary
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
+KV_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
+ACTIVATION_BYTES = 4  # activations, scores and logits are float32 on the CPU paths
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def parameters(self) -> int:
+        """Every parameter, norms and biases included (what the checkpoint holds)."""
+        d, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
+        attention = d * (q + 2 * kv) + q * d + (q + 2 * kv if self.qkv_bias else 0) + (d if self.o_bias else 0)
+        mlp = 3 * d * i + (2 * i + d if self.mlp_bias else 0)
+        norms = 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        embeddings = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * (attention + mlp + norms) + embeddings + d  # + the final norm
+
+    def weight_bytes(self, dtype: str = "float32", group_size: int = 128) -> int:
+        """Weights in `dtype`; int8/int4 store the projection matrices quantized with one float16 scale per group
+        of `group_size` weights, and keep embeddings and norms in float16."""
+        if dtype not in WEIGHT_BYTES:
+            raise ValueError(f"unknown weight dtype {dtype!r}; expected one of {', '.join(WEIGHT_BYTES)}")
+        if dtype not in ("int8", "int4"):
+            return int(self.parameters() * WEIGHT_BYTES[dtype])
+        matrices = self.num_layers * (self.hidden_size * (2 * self.q_size + 2 * self.kv_size)
+                                      + 3 * self.hidden_size * self.intermediate_size)
+        rest = self.parameters() - matrices
+        return int(matrices * WEIGHT_BYTES[dtype] + matrices / group_size * 2 + rest * 2)
+
+    def kv_bytes(self, context: int, dtype: str = "float32") -> int:
+        if dtype not in KV_BYTES:
+            raise ValueError(f"unknown KV dtype {dtype!r}; expected one of {', '.join(KV_BYTES)}")
+        return int(2 * self.num_layers * self.num_kv_heads * context * self.head_dim * KV_BYTES[dtype])
+
+    def verify_buffer_bytes(self, tokens: int, context: int, vocab: int | None = None) -> int:
+        """Peak transient bytes of one pass over `tokens` tokens: the residual stream and a normed copy, the widest
+        projection output (gate and up together), the attention scores of every head, and the logits."""
+        widest = max(self.q_size + 2 * self.kv_size, 2 * self.intermediate_size)
+        per_token = 2 * self.hidden_size + widest + self.num_heads * context + (vocab or self.vocab_size)
+        return tokens * per_token * ACTIVATION_BYTES
+
+
+@dataclass(frozen=True)
+class Footprint:
+    target_weights: int
+    target_kv: int
+    drafter_weights: int
+    draft_kv: int
+    draft_buffers: int
+
+    @property
+    def total(self) -> int:
+        return self.target_weights + self.target_kv + self.drafter_weights + self.draft_kv + self.draft_buffers
+
+    @property
+    def speculation(self) -> int:
+        """What speculation adds beyond the target's weights and its own KV (SpecMemo's 'generation memory')."""
+        return self.drafter_weights + self.draft_kv + self.draft_buffers
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "speculation": self.speculation, "total": self.total}
+
+
+def footprint(target: ModelShape, context: int, *, weight_dtype: str = "float32", kv_dtype: str = "float32",
+              drafter: ModelShape | None = None, drafter_weight_dtype: str | None = None,
+              draft_kv_dtype: str | None = None, draft_context: int | None = None, draft_length: int = 0,
+              drafter_vocab: int | None = None) -> Footprint:
+    """The bytes of target, its KV at `context`, and speculation with `draft_length` tokens per step.
+
+    `drafter` is a separate draft model (None for self-drafts and n-gram, which hold no weights or cache of their
+    own); `drafter_vocab` is the size of a trimmed drafter head (VocabTrim)."""
+    draft_weights = draft_kv = 0
+    if drafter is not None:
+        draft_weights = drafter.weight_bytes(drafter_weight_dtype or weight_dtype)
+        draft_kv = drafter.kv_bytes(draft_context or context, draft_kv_dtype or kv_dtype)
+    buffers = 0
+    if draft_length > 0:
+        buffers = target.verify_buffer_bytes(draft_length + 1, context)
+        if drafter is not None:  # the drafter's own 1-token passes, logits over its (trimmed) vocabulary
+            buffers += drafter.verify_buffer_bytes(1, draft_context or context, drafter_vocab)
+    return Footprint(target.weight_bytes(weight_dtype), target.kv_bytes(context, kv_dtype), draft_weights, draft_kv,
+                     buffers)

@@ -18,6 +18,25 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--max-context", type=int, default=DEFAULT_MAX_CONTEXT,
                         help=f"tokens the preallocated KV cache holds (default: {DEFAULT_MAX_CONTEXT})")
+    parser.add_argument("--memory-budget", metavar="SIZE",
+                        help="memory to plan for, e.g. 6GiB or 512MiB: the planner shortens the context and steps "
+                             "the drafter down (draft model -> n-gram -> off) until weights, KV cache and "
+                             "speculation fit (default: no plan, allocate what is asked)")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the memory plan (as JSON) for the budget, or for the free memory without one, "
+                             "and exit without loading weights")
+
+
+def print_plan(args: argparse.Namespace, drafter: str | None) -> None:
+    """--plan: the plan for these options, from config files only."""
+    import json
+
+    from edge.planning import plan_for
+
+    plan = plan_for(resolve_model_path(args.model), budget=args.memory_budget, device=args.device, dtype=args.dtype,
+                    max_context=args.max_context, drafter=drafter, draft_length=args.draft_length)
+    print(json.dumps(plan.to_dict(), indent=1))
+    print(plan.summary(), file=__import__("sys").stderr)
 
 
 def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:

@@ -87,6 +87,7 @@ class Engine:
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.drafter: Drafter | None = None
         self.draft_length = DraftLength()
+        self.plan = None  # the memory plan this engine was sized by (Engine.load with a memory_budget)
 
     @classmethod
     def load(
@@ -99,18 +100,28 @@ class Engine:
         drafter: str | None = None,
         draft_length: int | str = "adaptive",
         progress: Callable[[str, float], None] | None = None,
+        memory_budget: str | int | None = None,
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
 
         `drafter` turns on speculative decoding (see `edge.drafters.make_drafter` for the forms it takes);
         `draft_length` is "adaptive" or a fixed number of drafted tokens per step. `progress(stage, fraction)`,
-        if given, is called as each loading stage starts (for a loading screen)."""
+        if given, is called as each loading stage starts (for a loading screen). With `memory_budget` ("6GiB" or
+        bytes) the memory planner sizes the context and may step the drafter down to fit; `engine.plan` says
+        what it chose and why. Without one, what is requested is allocated as asked."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
         parse_dtype(dtype)
         if not Path(path).is_dir():
             raise CheckpointError(f"checkpoint folder {path} does not exist; pass the folder holding config.json")
+        plan = None
+        if memory_budget is not None:
+            from edge.planning import plan_for, planned_drafter
+
+            plan = plan_for(path, budget=memory_budget, device=device, dtype=str(dtype).removeprefix("torch."),
+                            max_context=max_context, drafter=drafter, draft_length=draft_length)
+            max_context, drafter = plan.max_context, planned_drafter(drafter, plan)
         report("reading the tokenizer", 0.0)
         tokenizer = Tokenizer.from_dir(path)
         report("mapping the weights", 0.1)
@@ -120,6 +131,7 @@ class Engine:
         if drafter:
             report(f"loading the drafter ({drafter})", 0.8)
             engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."))
+        engine.plan = plan
         report("loaded", 1.0)
         return engine
 

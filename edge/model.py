@@ -195,11 +195,11 @@ class Transformer(nn.Module):
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""
-        self.rowwise = matmul if matmul is not None and all(
-            matmul.supports(module.weight, module.bias) for module in self.modules() if isinstance(module, Linear)) else None
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.rowwise, module.max_rows = self.rowwise, max_rows
+        linears = [module for module in self.modules() if isinstance(module, Linear)]
+        supported = matmul is not None and all(matmul.supports(m.weight, m.bias) for m in linears)
+        self.rowwise = matmul if supported else None
+        for module in linears:
+            module.rowwise, module.max_rows = self.rowwise, max_rows
         self.rowwise_max_rows = max_rows
 
     def _rope(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -347,3 +347,19 @@ def test_command_line_options_reach_the_app_settings():
     assert (options.temperature, options.top_k, options.min_p, options.seed, options.stop) == (0.7, 20, 0.05, 3,
                                                                                              ("END",))
     assert (settings.max_tokens, settings.drafter, settings.system_prompt) == (99, "ngram", "Be brief.")
+
+
+def test_a_tight_memory_budget_is_planned_and_the_step_downs_are_shown(tiny_model, tmp_path):
+    plan = Engine.load(tiny_model, max_context=512, drafter="ngram", memory_budget=1 << 30).plan
+
+    async def scenario():
+        loader = SessionLoader(tiny_model, ChatSettings(drafter="ngram", max_tokens=8), ConversationStore(tmp_path),
+                               max_context=512, measure_baseline=False, memory_budget=str(plan.lower_bound + 1024))
+        app = EdgeChatApp(loader, memory_probe=lambda: RSS)
+        async with app.run_test(size=(120, 30)) as pilot:
+            screen = await ready(app, pilot)
+            assert screen.session.plan_steps and screen.session.engine.cache.max_len < 512
+            assert "memory plan: context 512" in str(screen.query_one("#status").render())
+            await send(app, pilot, "hello")
+            assert screen.session.last_reply() is not None
+    asyncio.run(scenario())

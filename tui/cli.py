@@ -16,11 +16,13 @@ from edge.cli_options import (
     add_sampling_arguments,
     add_speculation_arguments,
     generation_options,
+    print_plan,
     resolve_model_path,
 )
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from edge.events import Event
+from memory.budget import BudgetError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,13 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.plan:
+        try:
+            print_plan(args, default_drafter(args))
+        except (EdgeError, BudgetError) as error:
+            print(f"edge-chat: error: {error}", file=sys.stderr)
+            return 2
+        return 0
     if args.prompt is None and not (args.plain or args.raw) and sys.stdin.isatty() and sys.stdout.isatty():
         return run_app(args)
     try:
         options = generation_options(args)
         engine = Engine.load(resolve_model_path(args.model), dtype=args.dtype, device=args.device,
                              max_context=args.max_context, drafter=default_drafter(args),
-                             draft_length=args.draft_length)
+                             draft_length=args.draft_length, memory_budget=args.memory_budget)
+        for step in engine.plan.steps if engine.plan else ():
+            print(f"edge-chat: memory plan: {step}", file=sys.stderr)
         if args.prompt is None and not sys.stdin.isatty():
             args.prompt = sys.stdin.read().strip()
         chat = ConsoleChat(engine, options, system=args.system, raw=args.raw, show_stats=args.stats)
@@ -60,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             chat.reply(args.prompt, sys.stdout)
         else:
             chat.interactive()
-    except EdgeError as error:
+    except (EdgeError, BudgetError) as error:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -76,12 +87,13 @@ def run_app(args: argparse.Namespace) -> int:
     try:
         path = resolve_model_path(args.model)
         settings = app_settings(args)
-    except EdgeError as error:
+    except (EdgeError, BudgetError) as error:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
     drafters = [choice for choice in DRAFTER_CHOICES if choice[1] != "builtin" or args.model is None]
     loader = SessionLoader(path, settings, ConversationStore(), dtype=args.dtype, device=args.device,
-                           max_context=args.max_context, measure_baseline=not args.no_baseline)
+                           max_context=args.max_context, measure_baseline=not args.no_baseline,
+                           memory_budget=args.memory_budget)
     app = EdgeChatApp(loader, drafters=drafters)
     app.run()
     if app.load_error:

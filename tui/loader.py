@@ -24,6 +24,7 @@ class SessionLoader:
     device: str = "cpu"
     max_context: int = DEFAULT_MAX_CONTEXT
     measure_baseline: bool = True
+    memory_budget: str | None = None  # plan for this budget (the plan's step-downs are shown in the chat)
 
     @property
     def name(self) -> str:
@@ -33,9 +34,17 @@ class SessionLoader:
         drafter = None if self.settings.drafter == "none" else self.settings.drafter
         engine = Engine.load(self.model_path, dtype=self.dtype, device=self.device, max_context=self.max_context,
                              drafter=drafter, draft_length=self.settings.draft_length,
-                             progress=lambda stage, fraction: progress(stage, 0.8 * fraction))
-        session = ChatSession(engine, self.settings, self.store, model_name=self.name, drafter_spec=drafter)
-        session.apply(self.settings)  # checks the settings and the memory budget
+                             progress=lambda stage, fraction: progress(stage, 0.8 * fraction),
+                             memory_budget=self.memory_budget)
+        settings = self.settings
+        if engine.plan is not None:  # the plan may have stepped the drafter down
+            from edge.planning import planned_drafter
+
+            drafter = planned_drafter(drafter, engine.plan)
+            settings = settings.replace(drafter=drafter or "none", memory_budget=str(self.memory_budget))
+        session = ChatSession(engine, settings, self.store, model_name=self.name, drafter_spec=drafter)
+        session.plan_steps = list(engine.plan.steps) if engine.plan is not None else []
+        session.apply(session.settings)  # checks the settings and the memory budget
         if self.measure_baseline:
             progress("measuring plain decoding speed (the speedup's reference)", 0.85)
             session.measure_baseline()

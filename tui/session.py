@@ -37,6 +37,7 @@ class ChatSession:
         self.drafter_spec = drafter_spec or "none"  # what the engine is loaded with
         self.conversation = Conversation(model=model_name, system=settings.system_prompt)
         self.baseline_tokens_per_s: float | None = None
+        self.plan_steps: list[str] = []  # what the memory plan gave up to fit the budget, shown in the chat
 
     # -- conversation ----------------------------------------------------------------------------------------
 

@@ -49,11 +49,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, help="--ar: timed repeats per backend; medians are reported")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--json", type=Path, help="--ar: write the results as JSON here")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the memory plan for the first speculative method in --methods (JSON) and exit "
+                             "without loading weights or benchmarking")
+    parser.add_argument("--memory-budget", metavar="SIZE",
+                        help="--plan: the budget to plan for, e.g. 512MiB (default: the free memory)")
     return parser
+
+
+def print_bench_plan(args: argparse.Namespace) -> int:
+    from edge.planning import plan_for
+    from memory.budget import BudgetError
+
+    methods = [method for method in args.methods.split(",") if method and method != "ar"]
+    lengths = [length for length in args.draft_lengths.split(",") if length]
+    try:
+        plan = plan_for(resolve_model_path(args.model), budget=args.memory_budget, dtype=args.dtype,
+                        max_context=4096, drafter=methods[0] if methods else None,
+                        draft_length=lengths[0] if lengths else "adaptive")
+    except (EdgeError, BudgetError) as error:
+        print(f"edge-bench: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict(), indent=1))
+    print(plan.summary(), file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.plan:
+        return print_bench_plan(args)
     if not args.ar:
         return run_suite(args, argv)
     try:

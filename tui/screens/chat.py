@@ -101,6 +101,9 @@ class ChatScreen(Screen):
         self.refresh_memory()
         await self.show_conversation()
         self.query_one(PromptInput).focus()
+        if self.session.plan_steps:
+            self.set_status("memory plan: " + "; ".join(self.session.plan_steps))
+            self.notify("\n".join(self.session.plan_steps), title="to fit the memory budget", timeout=10)
 
     async def show_conversation(self) -> None:
         """Rebuild the message list from the session's conversation (after opening or starting a chat)."""

@@ -1,0 +1,51 @@
+"""From a checkpoint and the options a user gave to a memory plan, without loading any weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge.config import ModelConfig
+from memory.device import probe
+from memory.plan import Plan, PlanRequest, make_plan
+
+PLAN_DRAFTERS = {"ngram": "ngram", "early-exit": "self", "skip": "self", "adaptive": "self", "builtin": "model",
+                 "draft": "model"}
+
+
+def drafter_kind(spec: str | None) -> str:
+    if not spec or spec == "none":
+        return "none"
+    name = spec.partition(":")[0]
+    if name in PLAN_DRAFTERS:
+        return PLAN_DRAFTERS[name]
+    return "model" if Path(spec).is_dir() else "none"
+
+
+def drafter_folder(spec: str) -> Path:
+    if spec.partition(":")[0] == "builtin":
+        from edge.builtin import builtin_drafter_path
+
+        return builtin_drafter_path()
+    name, _, arg = spec.partition(":")
+    return Path(arg if name == "draft" else spec)
+
+
+def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu", dtype: str = "float32",
+             max_context: int, drafter: str | None = None, draft_length: int | str = "adaptive") -> Plan:
+    """The plan for serving `model` with `drafter` in the budget (None: what the device has free)."""
+    config = ModelConfig.from_dir(model)
+    kind = drafter_kind(drafter)
+    drafter_shape = ModelConfig.from_dir(drafter_folder(drafter)).shape() if kind == "model" else None
+    longest = 12 if draft_length == "adaptive" else int(draft_length)
+    context = min(max_context, config.max_position_embeddings)
+    request = PlanRequest(target=config.shape(), context=context, drafter=kind, drafter_shape=drafter_shape,
+                          draft_length=longest, weight_dtype=str(dtype), kv_dtype=str(dtype),
+                          min_context=min(256, context))
+    return make_plan(request, probe(device, budget).budget)
+
+
+def planned_drafter(requested: str | None, plan: Plan) -> str | None:
+    """The drafter spec to load under `plan`: the requested one, or what the plan stepped down to."""
+    if plan.drafter == "none":
+        return None
+    return requested if drafter_kind(requested) == plan.drafter else plan.drafter

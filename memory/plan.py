@@ -1,0 +1,116 @@
+"""The plan: what to allocate so that decoding fits the budget, and what was given up to get there.
+
+    plan = make_plan(PlanRequest(target=shape, context=4096, drafter="model", drafter_shape=draft, draft_length=12),
+                     budget=probe("cpu", "2GiB").budget)
+    plan.to_dict()   # JSON: max context, drafter, draft length, the footprint, the step-downs taken and why
+
+When the request does not fit, the planner steps down in this order, recording each step and its reason:
+
+    1. a separate draft model -> the n-gram drafter (no weights, no cache), if the draft model does not fit even
+       with the shortest context
+    2. speculation off (no verify buffers), if speculation does not fit even with the shortest context
+    3. a shorter context (halved until it fits, down to `min_context`)
+
+Speculation is what edge is for, so it is kept at the cost of context as long as it fits at all.
+
+(The design's other steps - quantized and shorter draft KV, offloading layers - join the order as the engine
+learns them; a plan only ever asks for what the engine can allocate.) Below `minimum` - the plain model at
+`min_context` - nothing fits, and `make_plan` raises a BudgetError naming that minimum. `lower_bound` is the least
+memory that still keeps the requested speculation on at `min_context`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from memory.budget import BudgetError, format_size
+from memory.footprint import Footprint, ModelShape, footprint
+
+DRAFTERS = ("none", "ngram", "self", "model")  # self: early exit / layer skip, sharing the target's weights and KV
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    target: ModelShape
+    context: int
+    drafter: str = "none"
+    drafter_shape: ModelShape | None = None  # for drafter == "model"
+    draft_length: int = 12  # the most tokens one step may draft
+    weight_dtype: str = "float32"
+    kv_dtype: str = "float32"
+    min_context: int = 256
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        if self.drafter == "model" and self.drafter_shape is None:
+            raise ValueError("a 'model' drafter needs its drafter_shape")
+
+
+@dataclass
+class Plan:
+    budget: int
+    max_context: int
+    drafter: str
+    draft_length: int
+    weight_dtype: str
+    kv_dtype: str
+    footprint: Footprint
+    minimum: int  # the plain model at min_context: below this nothing runs
+    lower_bound: int  # the requested speculation at min_context: below this speculation is switched off
+    steps: list[str] = field(default_factory=list)  # the step-downs taken, each with its reason
+
+    @property
+    def fits(self) -> bool:
+        return self.footprint.total <= self.budget
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["footprint"] = self.footprint.to_dict()
+        return data
+
+    def summary(self) -> str:
+        speculation = "off" if self.drafter == "none" else f"{self.drafter}, k <= {self.draft_length}"
+        lines = [f"plan: {format_size(self.footprint.total)} of a {format_size(self.budget)} budget; context "
+                 f"{self.max_context} tokens; speculation {speculation}"]
+        lines += [f"  step-down: {step}" for step in self.steps]
+        return "\n".join(lines)
+
+
+def _footprint(request: PlanRequest, context: int) -> Footprint:
+    drafting = request.drafter != "none"
+    return footprint(request.target, context, weight_dtype=request.weight_dtype, kv_dtype=request.kv_dtype,
+                     drafter=request.drafter_shape if request.drafter == "model" else None,
+                     draft_length=request.draft_length if drafting else 0)
+
+
+def make_plan(request: PlanRequest, budget: int) -> Plan:
+    minimum = _footprint(replace(request, drafter="none"), request.min_context).total
+    if budget < minimum:
+        raise BudgetError(f"the memory budget {format_size(budget)} cannot hold the model: it needs at least "
+                          f"{format_size(minimum)} ({minimum} bytes: weights and a {request.min_context}-token KV "
+                          "cache); raise the budget or use a smaller or quantized model")
+    lower_bound = _footprint(request, request.min_context).total
+    steps: list[str] = []
+    current, context = request, request.context
+
+    def needs(candidate: PlanRequest, tokens: int) -> int:
+        return _footprint(candidate, tokens).total
+
+    if needs(current, request.min_context) > budget and current.drafter == "model":
+        steps.append(f"draft model -> n-gram drafter: with the draft model's weights and cache even a "
+                     f"{request.min_context}-token context needs {format_size(needs(current, request.min_context))}")
+        current = replace(current, drafter="ngram", drafter_shape=None)
+    if needs(current, request.min_context) > budget and current.drafter != "none":
+        steps.append(f"speculation off: its verify buffers need {format_size(needs(current, request.min_context))} "
+                     f"at a {request.min_context}-token context")
+        current = replace(current, drafter="none")
+    while needs(current, context) > budget and context > request.min_context:
+        shorter = max(request.min_context, context // 2)
+        steps.append(f"context {context} -> {shorter} tokens: {format_size(needs(current, context))} needed with "
+                     f"{context}")
+        context = shorter
+    plan = Plan(budget, context, current.drafter, current.draft_length if current.drafter != "none" else 0,
+                request.weight_dtype, request.kv_dtype, _footprint(current, context), minimum, lower_bound, steps)
+    assert plan.fits, "minimum was checked above"
+    return plan

@@ -1,0 +1,99 @@
+"""The memory plan: what fits a budget, the step-downs taken in order, and an engine sized by it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from edge import Engine
+from edge.config import ModelConfig
+from memory.budget import BudgetError
+from memory.plan import PlanRequest, make_plan
+
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def shapes(checkpoint_factory, tokenizer_dir, tmp_path_factory):
+    from conftest import build_checkpoint
+
+    target = ModelConfig.from_dir(checkpoint_factory("llama3")).shape()
+    draft_dir = build_checkpoint(tmp_path_factory.mktemp("draft"), "llama3", tokenizer_dir, num_hidden_layers=1)
+    return target, ModelConfig.from_dir(draft_dir).shape(), draft_dir
+
+
+def request(shapes, **changes):
+    target, draft, _ = shapes
+    return PlanRequest(**{"target": target, "context": 512, "drafter": "model", "drafter_shape": draft,
+                          "draft_length": 8, "min_context": 64, **changes})
+
+
+def test_a_roomy_budget_takes_no_step_down(shapes):
+    plan = make_plan(request(shapes), 1 << 30)
+    assert (plan.max_context, plan.drafter, plan.steps) == (512, "model", [])
+    assert plan.fits and json.loads(json.dumps(plan.to_dict()))["footprint"]["total"] == plan.footprint.total
+
+
+def test_step_downs_come_in_order_with_reasons(shapes):
+    full = make_plan(request(shapes), 1 << 30)
+    # between the plain model's minimum and the n-gram lower bound: the draft model and speculation both go
+    ngram_floor = make_plan(request(shapes, drafter="ngram", drafter_shape=None), 1 << 30).lower_bound
+    plan = make_plan(request(shapes), full.minimum + (ngram_floor - full.minimum) // 2)
+    assert plan.drafter == "none" and plan.max_context < 512
+    assert [step.split(":")[0] for step in plan.steps][:2] == ["draft model -> n-gram drafter", "speculation off"]
+    assert all("context" in step for step in plan.steps[2:])
+    # just above the requested speculation's lower bound: speculation stays, the context shrinks
+    kept = make_plan(request(shapes), full.lower_bound + 1)
+    assert kept.drafter == "model" and kept.max_context == 64 and kept.footprint.total <= full.lower_bound + 1
+
+
+def test_a_budget_below_the_minimum_names_it(shapes):
+    plan = make_plan(request(shapes), 1 << 30)
+    with pytest.raises(BudgetError, match=rf"cannot hold the model: it needs at least .* \({plan.minimum} bytes"):
+        make_plan(request(shapes), plan.minimum - 1)
+
+
+def test_the_engine_allocates_what_the_plan_says(shapes, checkpoint_factory):
+    target, draft, draft_dir = shapes
+    model_dir = checkpoint_factory("llama3")
+    roomy = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=1 << 30)
+    assert roomy.plan.steps == [] and roomy.cache.max_len == 512
+    assert roomy.plan.footprint.target_weights + roomy.plan.footprint.target_kv == (
+        roomy.memory_footprint()["weights"] + roomy.memory_footprint()["kv_cache"])
+    assert roomy.plan.footprint.drafter_weights + roomy.plan.footprint.draft_kv == roomy.memory_footprint()["drafter"]
+    tight_budget = roomy.plan.minimum + (roomy.plan.lower_bound - roomy.plan.minimum) // 3
+    tight = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=tight_budget)
+    assert tight.plan.steps and tight.cache.max_len == tight.plan.max_context < 512
+    assert tight.memory_footprint()["total"] <= tight_budget  # a plan is never exceeded
+    assert "".join(e.text for e in tight.chat([{"role": "user", "content": "hi"}], max_new_tokens=8))
+
+
+def test_edge_chat_plans_without_weights_and_reports_step_downs(checkpoint_factory, tmp_path):
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(checkpoint_factory("llama3") / "config.json", config_only / "config.json")
+    done = subprocess.run([sys.executable, "-m", "tui.cli", str(config_only), "--plan", "--max-context", "512",
+                           "--memory-budget", "1GiB", "--drafter", "ngram"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["drafter"] == "ngram"
+    bad = subprocess.run([sys.executable, "-m", "tui.cli", str(config_only), "--plan", "--memory-budget", "lots"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "cannot read the memory size 'lots'" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_chat_just_above_the_lower_bound_runs_and_says_what_it_gave_up(checkpoint_factory, shapes):
+    model_dir = checkpoint_factory("llama3")
+    _, _, draft_dir = shapes
+    plan = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=1 << 30).plan
+    budget = str(plan.lower_bound + 4096)
+    done = subprocess.run([sys.executable, "-m", "tui.cli", str(model_dir), "--max-context", "512", "--drafter",
+                           f"draft:{draft_dir}", "--memory-budget", budget, "--prompt", "hello", "--max-new-tokens",
+                           "6"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "memory plan: context 512 -> 256 tokens" in done.stderr and done.stdout.strip()

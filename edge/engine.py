@@ -177,6 +177,27 @@ class Engine:
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **(template_kwargs or {}))
         return self._stream(self._continue_history(text), opts)
 
+    def fit_chat(self, messages: Sequence[dict], reserve: int, *, template_kwargs: dict | None = None
+                 ) -> tuple[list[dict], int]:
+        """The context-full policy for chats: drop the oldest turns (never the system prompt or the last message)
+        until the rendered chat plus `reserve` tokens for the reply fits the context. Returns the messages to send
+        and how many were dropped; raises PromptError if even the last message alone does not fit."""
+        messages = list(messages)
+        head = [m for m in messages[:1] if m.get("role") == "system"]
+        turns = messages[len(head):]
+        dropped = 0
+        while True:
+            text = self.tokenizer.apply_chat_template(head + turns, add_generation_prompt=True,
+                                                      **(template_kwargs or {}))
+            size = len(self.tokenizer.encode(text, add_special_tokens=False))
+            if size + reserve <= self.max_context:
+                return head + turns, dropped
+            if len(turns) <= 1:
+                raise PromptError(f"the last message is {size} tokens and the reply needs {reserve} more, but the "
+                                  f"context holds {self.max_context}; shorten the message or raise max_context")
+            cut = 2 if len(turns) > 2 and turns[0].get("role") == "user" else 1  # a user turn and its reply
+            turns, dropped = turns[cut:], dropped + cut
+
     def complete(self, prompt: str | Sequence[int], **options) -> str:
         """Convenience: the whole generated text of `generate`."""
         return "".join(event.text for event in self.generate(prompt, **options))

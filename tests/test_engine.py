@@ -182,3 +182,19 @@ def test_engine_runs_in_bfloat16(llama_dir):
     assert engine.cache.keys.dtype == torch.bfloat16
     events = list(engine.generate(PROMPT, max_new_tokens=8, ignore_eos=True))
     assert len(ids_of(events)) == 8
+
+
+def test_a_full_context_drops_the_oldest_turns_but_keeps_the_system_prompt(llama_dir):
+    small = Engine.load(llama_dir, max_context=160)
+    turns = [{"role": "system", "content": "Be brief."}]
+    for index in range(8):
+        turns += [{"role": "user", "content": f"question {index} about the quick brown fox"},
+                  {"role": "assistant", "content": "the fox jumps over the lazy dog " * 2}]
+    turns.append({"role": "user", "content": "last question"})
+    kept, dropped = small.fit_chat(turns, reserve=16)
+    assert dropped > 0 and kept[0] == turns[0] and kept[-1] == turns[-1] and kept == turns[:1] + turns[1 + dropped:]
+    assert kept[1]["role"] == "user"  # whole turns are dropped
+    reply = list(small.chat(kept, max_new_tokens=16))
+    assert reply[-1].finish_reason is not None
+    with pytest.raises(PromptError, match="shorten the message or raise max_context"):
+        small.fit_chat([{"role": "user", "content": "fox " * 400}], reserve=16)

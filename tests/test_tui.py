@@ -363,3 +363,18 @@ def test_a_tight_memory_budget_is_planned_and_the_step_downs_are_shown(tiny_mode
             await send(app, pilot, "hello")
             assert screen.session.last_reply() is not None
     asyncio.run(scenario())
+
+
+def test_a_chat_that_fills_the_context_keeps_going_without_its_oldest_turns(tiny_model, tmp_path):
+    async def scenario():
+        loader = SessionLoader(tiny_model, ChatSettings(max_tokens=8, system_prompt="Be brief."),
+                               ConversationStore(tmp_path), max_context=160, measure_baseline=False)
+        app = EdgeChatApp(loader, memory_probe=lambda: RSS)
+        async with app.run_test(size=(120, 30)) as pilot:
+            screen = await ready(app, pilot)
+            for index in range(6):
+                await send(app, pilot, f"question {index} about the quick brown fox and the lazy dog")
+            assert screen.session.dropped_turns > 0
+            assert "context full" in str(screen.query_one("#status").render())
+            assert len(screen.session.conversation.messages) == 12  # the saved chat keeps every turn
+    asyncio.run(scenario())

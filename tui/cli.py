@@ -162,7 +162,10 @@ class ConsoleChat:
         options = vars(self.options)
         if self.raw:
             return self.engine.generate(text, **options)
-        return self.engine.chat(self.messages, **options)
+        messages, dropped = self.engine.fit_chat(self.messages, reserve=min(self.options.max_new_tokens, 256))
+        if dropped:
+            print(f"(context full: the oldest {dropped} messages are left out)", file=sys.stderr)
+        return self.engine.chat(messages, **options)
 
     def interactive(self) -> None:
         print("edge-chat: type a message; /reset starts over, /quit or Ctrl+D leaves, Ctrl+C stops a reply.")

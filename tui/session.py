@@ -38,6 +38,7 @@ class ChatSession:
         self.conversation = Conversation(model=model_name, system=settings.system_prompt)
         self.baseline_tokens_per_s: float | None = None
         self.plan_steps: list[str] = []  # what the memory plan gave up to fit the budget, shown in the chat
+        self.dropped_turns = 0  # oldest messages left out of the last reply's prompt because the context is full
 
     # -- conversation ----------------------------------------------------------------------------------------
 
@@ -77,7 +78,9 @@ class ChatSession:
         text, runs, last = [], [], None
         options = {**vars(self.settings.generation_options()), "should_stop": stop.is_set}
         try:
-            for event in self.engine.chat(self.conversation.chat_messages(), **options):
+            messages, self.dropped_turns = self.engine.fit_chat(self.conversation.chat_messages(),
+                                                                reserve=min(self.settings.max_tokens, 256))
+            for event in self.engine.chat(messages, **options):
                 text.append(event.text)
                 add_runs(runs, event)
                 last = event

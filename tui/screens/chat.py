@@ -176,7 +176,10 @@ class ChatScreen(Screen):
             await self._reply.finish(_note(self.session.conversation.messages[-1]))
         self._reply = None
         self.refresh_memory()
-        self.set_status("stopped" if message.outcome.finish_reason == FINISH_STOPPED else "")
+        status = "stopped" if message.outcome.finish_reason == FINISH_STOPPED else ""
+        if self.session.dropped_turns:
+            status = f"context full: the oldest {self.session.dropped_turns} messages were left out " + status
+        self.set_status(status.strip())
 
     async def on_reply_failed(self, message: ReplyFailed) -> None:
         self.streaming = False

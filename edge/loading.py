@@ -207,8 +207,7 @@ def build_state(
     missing = next((name for sources in recipe.values() for name in sources if name not in mapped.tensors), None)
     if missing is not None:
         raise CheckpointError(f"checkpoint lacks tensor {missing!r} that {config.architecture} needs; is it complete?")
-    with torch.device("meta"):
-        expected = Transformer(config).state_dict()
+    expected = Transformer(config, device="meta").state_dict()  # shapes only, no memory
     state = {}
     for name, sources in recipe.items():
         parts = [mapped.tensors[source] for source in sources]
@@ -236,8 +235,8 @@ def load_model(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
     state = build_state(load_hf_tensors(folder), config, dtype, device)
-    with torch.device("meta"):
-        model = Transformer(config)
+    # not `with torch.device("meta")`: that context imports torch._dynamo and sympy (about 70 MiB resident)
+    model = Transformer(config, device="meta")
     model.load_state_dict(state, strict=True, assign=True)
     model.inv_freq = inverse_frequencies(config).to(device)  # the meta-device buffer held no data
     if device.type == "cpu" and dtype == torch.float32:

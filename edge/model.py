@@ -39,6 +39,10 @@ class Linear(nn.Linear):
     rowwise = None
     max_rows = ROWWISE_MAX_ROWS
 
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:  # on "meta" there is nothing to initialise (and torch would import dynamo to try)
+            super().reset_parameters()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.rowwise, self.max_rows)
 
@@ -51,9 +55,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, row
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,17 +67,17 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.sliding_window = config.sliding_window
-        self.wqkv = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.qkv_bias)
-        self.wo = Linear(config.q_size, config.hidden_size, bias=config.o_bias)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.wqkv = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.qkv_bias, device=device)
+        self.wo = Linear(config.q_size, config.hidden_size, bias=config.o_bias, device=device)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device) if config.qk_norm else None
 
     def forward(
         self,
@@ -113,11 +117,11 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.w_gate_up = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.w_down = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.w_gate_up = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias, device=device)
+        self.w_down = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w_gate_up(x).split(self.intermediate_size, dim=-1)  # (B, T, I) each
@@ -125,12 +129,12 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config)
-        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.ffn = FeedForward(config)
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+        self.attn = Attention(config, device)
+        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+        self.ffn = FeedForward(config, device)
 
     def forward(self, x, layer, start, cache, rope, mask) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), layer, start, cache, rope, mask)
@@ -138,14 +142,19 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
+        """`device="meta"` builds the structure without memory (the loader then assigns the checkpoint's tensors)."""
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)  # (Dh/2,)
+        meta = torch.device(device).type == "meta" if device is not None else False
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, device=device,  # (no init on meta)
+                                  _weight=torch.empty(config.vocab_size, config.hidden_size, device=device) if meta
+                                  else None)
+        self.layers = nn.ModuleList(Block(config, device) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+        self.lm_head = (None if config.tie_word_embeddings
+                        else Linear(config.hidden_size, config.vocab_size, bias=False, device=device))
+        self.register_buffer("inv_freq", inverse_frequencies(config).to(device), persistent=False)  # (Dh/2,)
         self.rowwise = None  # the batch-invariant matmul, when use_rowwise_matmul() set one
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
 

@@ -1,0 +1,65 @@
+"""One memory measurement in a fresh process: resident memory after imports (the runtime's own overhead), then the
+plan's prediction against the peak resident memory of loading the engine and generating.
+
+    python -m edge.bench.memory_worker --model PATH --method builtin --max-context 2048 --max-new-tokens 128
+
+Prints one JSON object. Peak RSS is the process's ru_maxrss (kernel-measured high-water mark)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+import psutil
+
+
+def warm_up_libraries() -> None:
+    """Run each kind of torch kernel once on tiny inputs: math libraries allocate their pools on first use, and that
+    is runtime overhead, not the model's."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(64, 64)
+    F.linear(x, x)
+    q = torch.randn(1, 2, 64, 16)
+    F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.softmax(x, -1).argmax()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--method", default="ar")
+    parser.add_argument("--max-context", type=int, default=2048)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--budget", default=str(1 << 40))
+    args = parser.parse_args()
+
+    import torch  # noqa: F401 - measured as part of the runtime's overhead
+
+    from edge import Engine
+    from edge.bench.prompts import PROMPTS
+    from kernels.cpu_matmul import RowwiseMatmul
+
+    RowwiseMatmul.load()
+    warm_up_libraries()
+    runtime = psutil.Process().memory_info().rss  # interpreter, torch and its math libraries, edge, the kernel
+    drafter = None if args.method == "ar" else args.method
+    engine = Engine.load(args.model, max_context=args.max_context, drafter=drafter, memory_budget=int(args.budget))
+    started = time.perf_counter()
+    tokens = 0
+    for prompt in PROMPTS[:5]:
+        for event in engine.chat(prompt.messages, max_new_tokens=args.max_new_tokens):
+            tokens += len(event.token_ids)
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    plan = engine.plan
+    print(json.dumps({"method": args.method, "runtime_rss": runtime, "predicted": runtime + plan.footprint.total,
+                      "peak_rss": peak, "footprint": plan.footprint.to_dict(), "allocated": engine.memory_footprint(),
+                      "tokens_per_s": tokens / seconds, "max_context": plan.max_context}))
+
+
+if __name__ == "__main__":
+    main()

@@ -170,3 +170,22 @@ def test_half_precision_speculation_warns_that_it_may_not_be_exact(checkpoints, 
     with caplog.at_level(logging.WARNING):
         Engine.load(checkpoints["target"], dtype="bfloat16", drafter="ngram")
     assert "not guaranteed token-identical" in caplog.text
+
+
+def test_adaptive_draft_length_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise():
+    from edge.speculative import DraftLength
+
+    length = DraftLength()  # starts at k=4
+    length.update(4, 4)
+    assert length.k == 6
+    length.update(1, 6)
+    assert length.k == 5
+    for _ in range(10):
+        length.update(0, length.k)
+    assert length.k == length.min_k == 1
+    for _ in range(10):
+        length.update(length.k, length.k)
+    assert length.k == length.max_k
+    fixed = DraftLength.fixed(5)
+    fixed.update(0, 5)
+    assert fixed.k == 5

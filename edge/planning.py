@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge.config import ModelConfig
+from edge.drafters import DRAFTER_SPECS
+from edge.errors import SamplingError
+from edge.speculative import DraftLength
 from memory.device import probe
 from memory.plan import Plan, PlanRequest, make_plan
 
@@ -13,20 +16,26 @@ PLAN_DRAFTERS = {"ngram": "ngram", "early-exit": "self", "skip": "self", "adapti
 
 
 def drafter_kind(spec: str | None) -> str:
+    """What the planner counts for a drafter spec: none, ngram, self (shares the target's memory) or model."""
     if not spec or spec == "none":
         return "none"
     name = spec.partition(":")[0]
     if name in PLAN_DRAFTERS:
         return PLAN_DRAFTERS[name]
-    return "model" if Path(spec).is_dir() else "none"
+    if Path(spec).is_dir():
+        return "model"
+    raise SamplingError(f"unknown drafter {spec!r}; expected one of: {DRAFTER_SPECS}")
 
 
 def drafter_folder(spec: str) -> Path:
-    if spec.partition(":")[0] == "builtin":
+    name, _, arg = spec.partition(":")
+    if name == "builtin":
         from edge.builtin import builtin_drafter_path
 
-        return builtin_drafter_path()
-    name, _, arg = spec.partition(":")
+        path = builtin_drafter_path()
+        if path is None:
+            raise SamplingError("this installation ships no built-in drafter; pass draft:PATH to a draft checkpoint")
+        return path
     return Path(arg if name == "draft" else spec)
 
 
@@ -36,7 +45,9 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
     config = ModelConfig.from_dir(model)
     kind = drafter_kind(drafter)
     drafter_shape = ModelConfig.from_dir(drafter_folder(drafter)).shape() if kind == "model" else None
-    longest = 12 if draft_length == "adaptive" else int(draft_length)
+    if str(draft_length) != "adaptive" and not str(draft_length).isdigit():
+        raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {draft_length!r}")
+    longest = DraftLength().max_k if str(draft_length) == "adaptive" else int(draft_length)
     context = min(max_context, config.max_position_embeddings)
     request = PlanRequest(target=config.shape(), context=context, drafter=kind, drafter_shape=drafter_shape,
                           draft_length=longest, weight_dtype=str(dtype), kv_dtype=str(dtype),

@@ -97,3 +97,15 @@ def test_a_chat_just_above_the_lower_bound_runs_and_says_what_it_gave_up(checkpo
                            "6"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "memory plan: context 512 -> 256 tokens" in done.stderr and done.stdout.strip()
+
+
+def test_planning_rejects_unknown_drafters_and_draft_lengths(checkpoint_factory):
+    from edge.errors import SamplingError
+    from edge.planning import plan_for
+
+    model_dir = checkpoint_factory("llama3")
+    with pytest.raises(SamplingError, match="unknown drafter 'bogus'"):
+        plan_for(model_dir, budget="1GiB", max_context=128, drafter="bogus")
+    with pytest.raises(SamplingError, match="draft length must be 'adaptive' or a whole number"):
+        plan_for(model_dir, budget="1GiB", max_context=128, drafter="ngram", draft_length="x")
+    assert plan_for(model_dir, budget="1GiB", max_context=128, drafter="early-exit:1").drafter == "self"

@@ -109,6 +109,7 @@ class ChatSession:
             self.engine.use_drafter(None if settings.drafter == "none" else settings.drafter, settings.draft_length,
                                     dtype=_dtype_name(self.engine))
             self.drafter_spec = settings.drafter
+            self.engine.plan = None  # the plan described the old drafter; the memory bar now counts real tensors
             changed.append(f"drafter {settings.drafter}")
         elif settings.draft_length != self.settings.draft_length and self.engine.drafter is not None:
             self.engine.use_drafter(self.engine.drafter, settings.draft_length, dtype=_dtype_name(self.engine))

@@ -117,8 +117,11 @@ class ChatScreen(Screen):
         messages.scroll_end(animate=False)
 
     def refresh_memory(self) -> None:
-        planned = self.session.engine.memory_footprint()["total"]
-        self.query_one(MemoryBar).show(planned, self.memory_probe(), self.session.settings.budget_bytes)
+        """Plan: the memory plan's footprint (with verify buffers) when there is one, else the engine's tensors."""
+        plan = self.session.engine.plan
+        planned = plan.footprint.total if plan is not None else self.session.engine.memory_footprint()["total"]
+        budget = plan.budget if plan is not None else self.session.settings.budget_bytes
+        self.query_one(MemoryBar).show(planned, self.memory_probe(), budget)
 
     def set_status(self, text: str) -> None:
         self.query_one("#status", Label).update(text)

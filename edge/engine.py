@@ -153,7 +153,7 @@ class Engine:
 
     def memory_footprint(self) -> dict[str, int]:
         """Bytes the engine holds: target weights, its KV cache, and what the drafter adds (weights, caches)."""
-        weights = sum(t.nbytes for t in self.model.state_dict().values())
+        weights = self.model.weight_bytes()
         drafter = self.drafter.memory_bytes() if self.drafter is not None else 0
         return {"weights": weights, "kv_cache": self.cache.nbytes, "drafter": drafter,
                 "total": weights + self.cache.nbytes + drafter}

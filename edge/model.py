@@ -162,6 +162,10 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.inv_freq.device
 
+    def weight_bytes(self) -> int:
+        """Bytes of every parameter and buffer (what the checkpoint's tensors occupy in memory)."""
+        return sum(t.nbytes for t in self.state_dict().values())
+
     @property
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight  # (V, D)

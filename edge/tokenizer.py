@@ -459,7 +459,10 @@ class StreamDecoder:
 
     def push(self, token_ids: Iterable[int]) -> str:
         """Add generated ids; return the new text that is safe to show (possibly "")."""
-        self._window += _as_id_list(token_ids)
+        ids = _as_id_list(token_ids)
+        if not ids:
+            return ""  # nothing new: the window decodes as last time, whose delta was already returned or held
+        self._window += ids
         text = self._decode(self._window)
         if len(text) <= len(self._prefix_text) or text.endswith("\ufffd"):
             return ""

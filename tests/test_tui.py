@@ -79,6 +79,14 @@ def slow_down(screen: ChatScreen, after: int = 2) -> threading.Event:
     return gate
 
 
+async def start_slow_reply(screen: ChatScreen, pilot, text: str) -> threading.Event:
+    """Send `text` with the model paused a few steps in; the reply streams on once the returned event is set."""
+    gate = slow_down(screen)
+    screen.query_one(PromptInput).load_text(text)
+    await pilot.press("enter")
+    return gate
+
+
 def reference_reply(model: Path, messages: list[dict], max_tokens: int) -> str:
     """What a fresh engine answers to the same conversation, greedy: the app must show exactly this."""
     return "".join(event.text for event in Engine.load(model).chat(messages, max_new_tokens=max_tokens))
@@ -109,10 +117,7 @@ def test_stop_mid_reply_keeps_a_consistent_chat(make_app, tiny_model):
         app = make_app(max_tokens=400)
         async with app.run_test() as pilot:
             screen = await ready(app, pilot)
-            gate = slow_down(screen)
-            prompt = screen.query_one(PromptInput)
-            prompt.load_text("tell me everything")
-            await pilot.press("enter")
+            gate = await start_slow_reply(screen, pilot, "tell me everything")
             await pilot.pause()
             await pilot.press("escape")
             gate.set()
@@ -139,10 +144,8 @@ def test_sending_while_a_reply_streams_loses_nothing(make_app):
         app = make_app(max_tokens=400)
         async with app.run_test() as pilot:
             screen = await ready(app, pilot)
-            gate = slow_down(screen)
+            gate = await start_slow_reply(screen, pilot, "first")
             prompt = screen.query_one(PromptInput)
-            prompt.load_text("first")
-            await pilot.press("enter")
             prompt.load_text("second")
             await pilot.press("enter")  # refused while streaming: the text stays in the input
             assert prompt.text == "second" and screen.streaming
@@ -161,10 +164,7 @@ def test_resizing_while_a_reply_streams_keeps_it_whole(make_app, tiny_model):
         app = make_app(max_tokens=40)
         async with app.run_test(size=(200, 50)) as pilot:
             screen = await ready(app, pilot)
-            gate = slow_down(screen)
-            prompt = screen.query_one(PromptInput)
-            prompt.load_text("hello there")
-            await pilot.press("enter")
+            gate = await start_slow_reply(screen, pilot, "hello there")
             await pilot.pause()
             await pilot.resize_terminal(80, 24)
             await pilot.pause()

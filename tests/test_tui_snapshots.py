@@ -53,21 +53,20 @@ def test_main_screen(snap_compare, snapshot_app):
     assert snap_compare(app, terminal_size=(80, 24), run_before=lambda pilot: _open_saved_chat(pilot, path))
 
 
+def open_saved_chat_then(path: Path, key: str):
+    """A run_before that opens the saved chat, then presses `key`."""
+    async def run_before(pilot) -> None:
+        await _open_saved_chat(pilot, path)
+        await pilot.press(key)
+        await pilot.pause()
+    return run_before
+
+
 def test_main_screen_with_provenance_colours(snap_compare, snapshot_app):
     app, path = snapshot_app
-
-    async def run_before(pilot):
-        await _open_saved_chat(pilot, path)
-        await pilot.press("f2")
-        await pilot.pause()
-    assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
+    assert snap_compare(app, terminal_size=(100, 30), run_before=open_saved_chat_then(path, "f2"))
 
 
 def test_settings_screen(snap_compare, snapshot_app):
     app, path = snapshot_app
-
-    async def run_before(pilot):
-        await _open_saved_chat(pilot, path)
-        await pilot.press("f3")
-        await pilot.pause()
-    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=open_saved_chat_then(path, "f3"))

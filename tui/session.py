@@ -17,6 +17,7 @@ from edge.engine import Engine
 from edge.errors import EdgeError
 from edge.events import FINISH_STOPPED, Event
 from tui.history import Conversation, ConversationStore, title_from
+from tui.provenance import extend_runs, provenance_pieces
 from memory.budget import BudgetError, format_size
 from tui.settings import ChatSettings
 
@@ -82,7 +83,7 @@ class ChatSession:
                                                                 reserve=min(self.settings.max_tokens, 256))
             for event in self.engine.chat(messages, **options):
                 text.append(event.text)
-                add_runs(runs, event)
+                extend_runs(runs, provenance_pieces(event))
                 last = event
                 yield event
         except EdgeError:
@@ -139,17 +140,6 @@ class ChatSession:
         self.engine.reset()
         self.baseline_tokens_per_s = last.stats.tokens_per_s if last is not None else None
         return self.baseline_tokens_per_s or 0.0
-
-
-def add_runs(runs: list[list[int]], event: Event) -> None:
-    """Extend [[characters, drafted 0/1], ...] with an event's text: its drafted part first, then the target's."""
-    for size, drafted in ((event.drafted_chars, 1), (len(event.text) - event.drafted_chars, 0)):
-        if size <= 0:
-            continue
-        if runs and runs[-1][1] == drafted:
-            runs[-1][0] += size
-        else:
-            runs.append([size, drafted])
 
 
 def summarise(event: Event, drafter: str) -> dict:

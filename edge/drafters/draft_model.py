@@ -62,8 +62,7 @@ class DraftModelDrafter:
         self._cached = []
 
     def memory_bytes(self) -> int:
-        weights = sum(t.nbytes for t in self.model.state_dict().values())
-        return weights + self.cache.nbytes
+        return self.model.weight_bytes() + self.cache.nbytes
 
 
 def _parameters(model: Transformer) -> int:

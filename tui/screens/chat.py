@@ -27,6 +27,7 @@ from edge.events import Stats
 from memory.budget import BudgetError
 from tui.screens.history import HistoryScreen
 from tui.screens.settings import SettingsScreen
+from tui.provenance import provenance_pieces
 from tui.session import FINISH_STOPPED, ChatSession, ReplyOutcome
 from tui.settings import ChatSettings
 from tui.widgets.message import MessageView
@@ -153,7 +154,7 @@ class ChatScreen(Screen):
         pieces, last_post = [], time.perf_counter()
         try:
             for event in self.session.stream(self._stop):
-                pieces += [(event.text[: event.drafted_chars], True), (event.text[event.drafted_chars:], False)]
+                pieces += provenance_pieces(event)
                 if event.finished or time.perf_counter() - last_post >= UI_UPDATE_S:
                     self.post_message(ReplyChunk(pieces, event.stats))
                     pieces, last_post = [], time.perf_counter()

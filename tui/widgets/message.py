@@ -7,6 +7,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Markdown, Static
 
+from tui.provenance import extend_runs
+
 DRAFTED_STYLE = "#5fd787"  # drafted by the drafter and accepted by the target
 TARGET_STYLE = "#d7d7af"  # produced by the target itself
 
@@ -39,13 +41,7 @@ class MessageView(Vertical):
         if not new_text:
             return
         self.text += new_text
-        for text, drafted in pieces:
-            if not text:
-                continue
-            if self.runs and self.runs[-1][1] == int(drafted):
-                self.runs[-1][0] += len(text)
-            else:
-                self.runs.append([len(text), int(drafted)])
+        extend_runs(self.runs, pieces)
         if self.provenance:
             self.query_one(".provenance", Static).update(self._coloured())
         else:

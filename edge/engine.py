@@ -27,9 +27,10 @@ import torch
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
 from edge.drafters import Drafter, make_drafter
-from edge.errors import CheckpointError, PromptError, SamplingError
+from edge.bundle import bundle_drafter, is_bundle, read_bundle
+from edge.errors import BundleError, CheckpointError, PromptError, SamplingError
 from edge.events import Event, Stats
-from edge.kv_cache import KVCache, common_prefix
+from edge.kv_cache import common_prefix
 from edge.loading import load_model, parse_dtype
 from edge.model import Transformer
 from edge.sampling import SamplingParams, history_tensor, next_token
@@ -81,13 +82,13 @@ class Engine:
         config = model.config
         self.max_context = min(max_context, config.max_position_embeddings)
         self.device = model.device
-        dtype = model.embed.weight.dtype
-        self.cache = KVCache.for_model(config, self.max_context, dtype=dtype, device=self.device)
+        self.cache = model.new_cache(self.max_context)
         self._history: list[int] = []  # prompt + generated tokens of the last call; the cache holds a prefix of it
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.drafter: Drafter | None = None
         self.draft_length = DraftLength()
         self.plan = None  # the memory plan this engine was sized by (Engine.load with a memory_budget)
+        self.bundle = None  # the edge-export bundle this engine runs, when loaded from one
 
     @classmethod
     def load(
@@ -115,6 +116,12 @@ class Engine:
         parse_dtype(dtype)
         if not Path(path).is_dir():
             raise CheckpointError(f"checkpoint folder {path} does not exist; pass the folder holding config.json")
+        if is_bundle(path):
+            if memory_budget is not None:
+                raise BundleError("--memory-budget plans checkpoint folders; a bundle's memory needs are in its "
+                                  "manifest.json (load the source checkpoint folder to plan against a budget)")
+            return cls._load_bundle(path, max_context=max_context, drafter=drafter, draft_length=draft_length,
+                                    report=report)
         plan = None
         if memory_budget is not None:
             from edge.planning import plan_for, planned_drafter
@@ -135,9 +142,32 @@ class Engine:
         report("loaded", 1.0)
         return engine
 
+    @classmethod
+    def _load_bundle(cls, path: str | Path, *, max_context: int, drafter: str | None, draft_length: int | str,
+                     report: Callable[[str, float], None]) -> "Engine":
+        """An edge-export bundle on the ONNX Runtime backend; drafter "bundle" (or "builtin") is the bundle's own."""
+        from edge.onnx_backend import OnnxModel
+
+        report("checking the bundle's files", 0.0)
+        bundle = read_bundle(path)
+        report("reading the tokenizer", 0.3)
+        tokenizer = Tokenizer.from_dir(path)
+        report("opening the target graph", 0.4)
+        engine = cls(OnnxModel(bundle.target_path, bundle.target_config()), tokenizer, max_context=max_context)
+        engine.bundle = bundle
+        if drafter:
+            report(f"opening the drafter ({drafter})", 0.8)
+            engine.use_drafter(drafter, draft_length)
+        report("loaded", 1.0)
+        return engine
+
     def use_drafter(self, drafter: "str | Drafter | None", draft_length: int | str = "adaptive", *,
                     dtype: str = "float32") -> None:
         """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None)."""
+        if isinstance(drafter, str) and drafter in ("bundle", "builtin") and self.bundle is not None:
+            drafter = bundle_drafter(self.bundle, self.tokenizer, self.max_context)  # the bundle's own drafter
+        elif drafter == "bundle":
+            raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; load a bundle folder")
         if isinstance(drafter, str):  # a draft never reaches past the context: steps are capped by the budget
             drafter = make_drafter(drafter, self.model, self.cache, self.tokenizer, max_len=self.max_context,
                                    dtype=dtype)
@@ -146,10 +176,10 @@ class Engine:
         if self.model.rowwise is not None and self.draft_length.longest + 1 > self.model.rowwise_max_rows:
             # a verify pass of k + 1 tokens must take the same batch-invariant path as a 1-token decode step
             self.model.use_rowwise_matmul(self.model.rowwise, self.draft_length.longest + 1)
-        if drafter is not None and self.model.embed.weight.dtype != torch.float32:
+        if drafter is not None and self.model.dtype != torch.float32:
             log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "
-                        "exact output", str(self.model.embed.weight.dtype).removeprefix("torch."))
+                        "exact output", str(self.model.dtype).removeprefix("torch."))
 
     def memory_footprint(self) -> dict[str, int]:
         """Bytes the engine holds: target weights, its KV cache, and what the drafter adds (weights, caches)."""

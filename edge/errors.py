@@ -29,3 +29,7 @@ class PromptError(EdgeError, ValueError):
 
 class SamplingError(EdgeError, ValueError):
     """A sampling parameter is out of range."""
+
+
+class BundleError(CheckpointError):
+    """An exported bundle is incomplete, tampered with, truncated, or from a newer format version."""

@@ -167,6 +167,15 @@ class Transformer(nn.Module):
         return sum(t.nbytes for t in self.state_dict().values())
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of activations and of the KV cache (the weights')."""
+        return self.embed.weight.dtype
+
+    def new_cache(self, max_len: int) -> KVCache:
+        """A KV cache for `max_len` positions in this model's dtype and device."""
+        return KVCache.for_model(self.config, max_len, dtype=self.dtype, device=self.device)
+
+    @property
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight  # (V, D)
 

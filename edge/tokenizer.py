@@ -9,6 +9,7 @@ to print as they arrive.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Iterable
@@ -261,8 +262,9 @@ class Tokenizer:
         self._backend = backend
         self.special_tokens = dict(special_tokens or {})
         self.clean_up_tokenization_spaces = clean_up_tokenization_spaces
+        self._template_sources = {name: source for name, source in (chat_templates or {}).items() if source.strip()}
         self._templates = {name: ChatTemplate(source, self.special_tokens)
-                           for name, source in (chat_templates or {}).items() if source.strip()}
+                           for name, source in self._template_sources.items()}
         self._extra_eos_ids = set(extra_eos_token_ids)
         self._fallback_bos_id = fallback_bos_token_id
 
@@ -365,6 +367,14 @@ class Tokenizer:
         cleanup = self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None \
             else clean_up_tokenization_spaces
         return clean_up_tokenization(text) if cleanup else text
+
+    def fingerprint(self) -> dict[str, str]:
+        """sha256 of the vocabulary (token -> id, added tokens included) and of the chat templates' sources: two
+        tokenizers with the same vocabulary hash produce the same ids, which is what a drafter must share."""
+        vocab = json.dumps(self._backend.get_vocab(with_added_tokens=True), sort_keys=True)
+        templates = json.dumps(self._template_sources, sort_keys=True)
+        return {"vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest(),
+                "chat_template_sha256": hashlib.sha256(templates.encode()).hexdigest()}
 
     # -- chat -------------------------------------------------------------------------------------------------
 

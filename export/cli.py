@@ -1,23 +1,131 @@
-"""edge-export command line. The exporter is planned (issue "Step 6 of 7") and not built yet."""
+"""edge-export: package a Hugging Face checkpoint into a validated edge bundle for the ONNX Runtime backend."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from edge.errors import EdgeError
+
+DESCRIPTION = """\
+Package a checkpoint into an edge bundle: the target as an ONNX graph with the KV cache as explicit inputs and
+outputs (so edge's runtime owns the cache, rolls it back and verifies drafts in one pass), weights in the chosen
+format, an optional drafter whose head keeps only the tokens the target produces (VocabTrim), and a manifest with
+the sha256 of every file. The graphs are checked against eager edge before the bundle is moved into place; a failed
+or interrupted export leaves nothing behind. Run the result with: edge-chat BUNDLE  (add --drafter bundle)."""
+
+EPILOG = """\
+examples:
+  edge-export edge/models/default -o default.bundle --weights int4 --drafter builtin
+  edge-export ./my-llama -o my-llama.bundle --weights int8
+  edge-export ./my-llama -o my-llama.bundle --weights fp32 --drafter ./my-llama-draft --no-vocab-trim"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-export", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", nargs="?",
+                        help="Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json); "
+                             "default: the built-in model")
+    parser.add_argument("-o", "--output", required=True, type=Path,
+                        help="bundle folder to create (must not exist, unless --overwrite)")
+    parser.add_argument("--format", choices=["onnx"], default="onnx",
+                        help="target format: onnx (run by ONNX Runtime; the only format this version writes)")
+    parser.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"], default="int8",
+                        help="weight format: int8/int4 = weight-only group quantization run by MatMulNBits "
+                             "(smallest and fastest on a CPU); fp16 = half-precision storage; fp32 = as trained "
+                             "(default: int8)")
+    parser.add_argument("--block-size", type=int, default=32,
+                        help="int8/int4: weights per quantization group along the input dimension; smaller is "
+                             "more accurate and larger (default: 32)")
+    parser.add_argument("--accuracy-level", type=int, default=4, choices=[0, 1, 2, 3, 4],
+                        help="int8/int4: MatMulNBits compute type. 4 (default) quantizes activations per row, "
+                             "so a verify pass computes each token exactly as a one-token step and speculation is "
+                             "token-identical; 0-3 compute in float and are not guaranteed identical")
+    parser.add_argument("--drafter", metavar="SPEC",
+                        help="also export a draft model: 'builtin' (the built-in drafter) or a checkpoint folder "
+                             "with the same tokenizer; default: none (ngram drafting needs no export)")
+    parser.add_argument("--vocab-coverage", type=float, default=0.99,
+                        help="VocabTrim: keep the drafter head rows of the most frequent tokens the target "
+                             "generates on calibration prompts, enough to cover this share of them "
+                             "(default: 0.99)")
+    parser.add_argument("--no-vocab-trim", action="store_true", help="keep the drafter's full head")
+    parser.add_argument("--calibration-text", type=Path, metavar="FILE",
+                        help="UTF-8 text of your domain whose tokens also count towards the kept vocabulary")
+    parser.add_argument("--calibration-tokens", type=int, default=96,
+                        help="tokens the target generates per calibration prompt (default: 96)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --output")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="edge-export",
-        description="Package a Hugging Face checkpoint into an edge bundle (quantized ONNX/TorchScript targets, "
-        "trimmed-vocabulary drafter, manifest). Not yet available in this version.",
-    )
-    parser.add_argument("checkpoint", nargs="?", help="checkpoint folder to export")
-    parser.add_argument("-o", "--output", help="bundle folder to write")
-    parser.parse_args(argv)
-    print("edge-export: not yet available in this version of edge; nothing was written. "
-          "Run checkpoints directly with edge-chat/edge-bench meanwhile.", file=sys.stderr)
-    return 2
+    args = build_parser().parse_args(argv)
+    try:
+        from export.bundle import ExportOptions, export_bundle
+        from export.quantize import QuantSettings
+    except ImportError as error:
+        print(f"edge-export: {error.name or error} is not installed; install the exporter with "
+              "pip install 'edge[export]'", file=sys.stderr)
+        return 2
+    try:
+        options = _options(args, ExportOptions, QuantSettings)
+        checkpoint = args.checkpoint or _builtin()
+        manifest = export_bundle(checkpoint, args.output, options, show_progress=not args.quiet)
+    except (EdgeError, ValueError) as error:
+        print(f"edge-export: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("edge-export: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    _summary(args.output, manifest)
+    return 0
+
+
+def _options(args, ExportOptions, QuantSettings):
+    if args.calibration_tokens < 1:
+        raise ValueError(f"--calibration-tokens must be at least 1, got {args.calibration_tokens}")
+    text = None
+    if args.calibration_text is not None:
+        try:
+            text = args.calibration_text.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"cannot read --calibration-text {args.calibration_text}: {error}") from None
+    quant = QuantSettings(args.weights, block_size=args.block_size, accuracy_level=args.accuracy_level)
+    coverage = None if args.no_vocab_trim else args.vocab_coverage
+    if coverage is not None and not 0.0 < coverage <= 1.0:
+        raise ValueError(f"--vocab-coverage must be in (0, 1], e.g. 0.99; got {coverage}")
+    return ExportOptions(quant=quant, drafter=args.drafter, vocab_coverage=coverage, calibration_text=text,
+                         calibration_tokens=args.calibration_tokens, overwrite=args.overwrite)
+
+
+def _builtin() -> Path:
+    from edge.builtin import builtin_model_path
+
+    path = builtin_model_path()
+    if path is None:
+        raise ValueError("no checkpoint given and this installation ships no built-in model; pass a folder")
+    return path
+
+
+def _summary(output: Path, manifest: dict) -> None:
+    validation = manifest["validation"]
+    sizes = sum(entry["bytes"] for entry in manifest["files"].values())
+    lines = [f"wrote {output} ({sizes / 2**20:.1f} MiB, weights {manifest['quantization']['weights']})",
+             f"  target logits vs eager: relative error {validation['target']['relative_error']:.2e}, "
+             f"top-1 agreement {validation['target']['top1_agreement']:.1%}"]
+    if "drafter" in validation:
+        lines.append(f"  drafter logits vs eager: relative error {validation['drafter']['relative_error']:.2e}")
+    if "vocab_trim" in manifest:
+        trim = manifest["vocab_trim"]
+        lines.append(f"  drafter vocabulary: {trim['kept']} of {trim['vocab_size']} tokens "
+                     f"({trim['covered_share']:.1%} of calibration tokens)")
+    spec = validation["speculative_equals_plain"]
+    lines.append(f"  greedy speculative ({spec['drafter']}) equals plain decoding on the bundle: "
+                 f"{'yes' if spec['identical'] else 'NO'}")
+    lines.append(f"run it: edge-chat {output}" + (" --drafter bundle" if manifest.get("drafter") else ""))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -71,27 +71,32 @@ def test_chat_defaults_to_the_builtin_model_and_drafter(capsys):
     assert "accepted" in capsys.readouterr().out  # speculative decoding with the built-in drafter is on
 
 
-def test_export_says_it_is_not_available(capsys):
+def test_export_missing_checkpoint_is_one_line(capsys, tmp_path):
     from export.cli import main as export_main
 
-    assert export_main(["somewhere", "-o", "bundle"]) == 2
-    assert "not yet available" in capsys.readouterr().err
+    assert export_main([str(tmp_path / "somewhere"), "-o", str(tmp_path / "bundle"), "--quiet"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "does not exist" in error and "\n" not in error
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_bench_ar_compares_with_transformers(llama_dir, tmp_path):
+def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
+    from export.cli import main as export_main
+
+    assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--weights", "fp32", "--quiet"]) == 0
     report_path = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--ar", "--peers", "--max-new-tokens", "12",
-         "--repeats", "1", "--json", str(report_path)],
+         "--repeats", "1", "--bundles", str(tmp_path / "b"), "--json", str(report_path)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(report_path.read_text())
-    assert [r["backend"] for r in report["results"]] == ["edge", "transformers"]
-    assert report["greedy_identical"] is True
+    assert [r["backend"] for r in report["results"]] == ["edge torch float32", "edge onnx fp32", "transformers"]
+    assert report["greedy_identical"] is True and report["identical_to_first"] == [True, True, True]
     assert all(r["new_tokens"] == 12 and r["decode_tokens_per_s"] > 0 and r["peak_rss_mib"] > 0
                for r in report["results"])
-    assert "| edge |" in done.stdout and "identical across backends: yes" in done.stdout
+    assert "| edge torch float32 |" in done.stdout and "| edge onnx fp32 |" in done.stdout
 
 
 def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_path):

@@ -150,4 +150,4 @@ def summarise(event: Event, drafter: str) -> dict:
 
 
 def _dtype_name(engine: Engine) -> str:
-    return str(engine.model.embed.weight.dtype).removeprefix("torch.")
+    return str(engine.model.dtype).removeprefix("torch.")

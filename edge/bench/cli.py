@@ -32,14 +32,16 @@ DEFAULT_PROMPT = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
+    parser.add_argument("model", nargs="?", help="checkpoint folder or edge-export bundle; default: the built-in "
+                        "model. With a bundle, the suite runs on ONNX Runtime and peers run its source checkpoint")
     parser.add_argument("--ar", action="store_true", help="plain decoding throughput on one prompt (not the suite)")
     parser.add_argument("--peers", action="store_true",
                         help="also run transformers: generate(), and in the suite its assisted generation with the "
                              "built-in drafter and its prompt lookup")
     parser.add_argument("--methods", default="ar,ngram,early-exit,adaptive,builtin",
                         help="suite: comma-separated methods: ar and drafter specs (ngram[:N], early-exit[:E], "
-                             "skip:L1,L2, adaptive, draft:PATH, builtin)")
+                             "skip:L1,L2, adaptive, draft:PATH (a checkpoint or a bundle), builtin; bundle for a "
+                             "bundle's own drafter)")
     parser.add_argument("--draft-lengths", default="adaptive",
                         help="suite: comma-separated draft lengths to try for every drafter: adaptive and/or numbers")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
@@ -49,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, help="--ar: timed repeats per backend; medians are reported")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--json", type=Path, help="--ar: write the results as JSON here")
+    parser.add_argument("--bundles", default="", metavar="B1,B2",
+                        help="--ar: also run these edge-export bundles of the model (ONNX Runtime), side by side")
     parser.add_argument("--plan", action="store_true",
                         help="print the memory plan for the first speculative method in --methods (JSON) and exit "
                              "without loading weights or benchmarking")
@@ -87,11 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     except EdgeError as error:
         print(f"edge-bench: error: {error}", file=sys.stderr)
         return 2
-    backends = ["edge"] + (["transformers"] if args.peers else [])
+    runs = [("edge", model)] + [("edge", Path(b)) for b in args.bundles.split(",") if b] \
+        + ([("transformers", model)] if args.peers else [])
     results = []
-    for backend in backends:
-        print(f"edge-bench: running {backend} ...", file=sys.stderr)
-        results.append(run_worker(backend, model, args, prompt_ids))
+    for backend, path in runs:
+        print(f"edge-bench: running {backend} on {path} ...", file=sys.stderr)
+        results.append(run_worker(backend, path, args, prompt_ids))
     report = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": machine_description(),
@@ -100,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "edge-bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "results": results,
         "greedy_identical": len({tuple(r["token_ids"]) for r in results}) == 1,
+        "identical_to_first": [r["token_ids"] == results[0]["token_ids"] for r in results],
     }
     print(markdown_table(report))
     if args.json:
@@ -159,16 +165,16 @@ def machine_description() -> str:
 
 def markdown_table(report: dict) -> str:
     rows = [
-        "| backend | decode tokens/s | prefill tokens/s | first token s | peak RSS MiB | load s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| backend | decode tokens/s | prefill tokens/s | first token s | peak RSS MiB | load s | same tokens |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     base = report["results"][0]["decode_tokens_per_s"]
-    for r in report["results"]:
+    for r, same in zip(report["results"], report["identical_to_first"]):
         rows.append(f"| {r['backend']} | {r['decode_tokens_per_s']:.1f} ({r['decode_tokens_per_s'] / base:.2f}x) | "
                     f"{r['prefill_tokens_per_s']:.0f} | {r['first_token_s']:.3f} | {r['peak_rss_mib']:.0f} | "
-                    f"{r['load_s']:.2f} |")
+                    f"{r['load_s']:.2f} | {'yes' if same else 'no'} |")
     rows.append("")
-    rows.append(f"greedy outputs identical across backends: {'yes' if report['greedy_identical'] else 'NO'}; "
+    rows.append(f"same tokens: greedy output equals the first row's (quantized weights may differ); "
                 f"{report['results'][0]['new_tokens']} new tokens, prompt {report['results'][0]['prompt_tokens']} "
                 f"tokens, {report['dtype']}, {report['machine']}")
     return "\n".join(rows)

@@ -47,6 +47,7 @@ def hf_runner(model: str, method: str, dtype: str) -> tuple[Runner, list[list[in
 
     from edge.tokenizer import Tokenizer
 
+    model = source_checkpoint(model)
     target = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
     extra: dict = {}
     if method.startswith("hf-assisted:"):
@@ -67,6 +68,13 @@ def hf_runner(model: str, method: str, dtype: str) -> tuple[Runner, list[list[in
         return out[0, len(prompt_ids):].tolist(), {}
 
     return run, prompts
+
+
+def source_checkpoint(model: str) -> str:
+    """A peer runs a bundle's source checkpoint (it cannot read edge's graphs): the same weights, unquantized."""
+    from edge.bundle import is_bundle, read_bundle
+
+    return read_bundle(model, verify=False).manifest["source"]["path"] if is_bundle(model) else model
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,7 +51,9 @@ def transformers_runner(model: str, dtype: str, prompt_ids: list[int], max_new_t
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
+    from edge.bench.suite_worker import source_checkpoint
+
+    hf = AutoModelForCausalLM.from_pretrained(source_checkpoint(model), dtype=getattr(torch, dtype)).eval()
     hf.generation_config.eos_token_id = None  # ignore end-of-sequence, like edge's ignore_eos
     pad = hf.config.pad_token_id if hf.config.pad_token_id is not None else 0
     input_ids = torch.tensor([prompt_ids])
@@ -63,6 +65,14 @@ def transformers_runner(model: str, dtype: str, prompt_ids: list[int], max_new_t
         return out[0, len(prompt_ids):].tolist()
 
     return run
+
+
+def edge_label(model: str, dtype: str) -> str:
+    from edge.bundle import is_bundle, read_bundle
+
+    if is_bundle(model):
+        return f"edge onnx {read_bundle(model, verify=False).manifest['quantization']['weights']}"
+    return f"edge torch {dtype}"
 
 
 RUNNERS = {"edge": edge_runner, "transformers": transformers_runner}
@@ -89,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     first_s, _ = timed(run, 1, args.repeats)
     total_s, ids = timed(run, args.max_new_tokens, args.repeats)
     result = {
-        "backend": args.backend,
+        "backend": args.backend if args.backend != "edge" else edge_label(args.model, args.dtype),
         "torch_threads": torch.get_num_threads(),
         "load_s": load_s,
         "prompt_tokens": len(prompt_ids),

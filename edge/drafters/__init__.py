@@ -6,7 +6,7 @@
     early-exit[:E]       the target's first E layers and its head (default: a third of the layers)
     skip:L1,L2,...       the target without the listed layers
     adaptive             picks among early exits and a skip set at run time from measured speed
-    draft:PATH | PATH    a separate small checkpoint with the same tokenizer
+    draft:PATH | PATH    a separate small checkpoint with the same tokenizer (or an edge-export bundle's drafter)
     builtin              the built-in drafter shipped with the built-in model
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edge.bundle import bundle_drafter, is_bundle
 from edge.drafters.base import Draft, Drafter, DraftSampler
 from edge.drafters.draft_model import DraftModelDrafter
 from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
@@ -31,6 +32,9 @@ DRAFTER_SPECS = "ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, draft:PATH
 def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Tokenizer, *, max_len: int,
                  dtype: str = "float32") -> Drafter:
     name, _, arg = spec.partition(":")
+    if name in ("early-exit", "skip", "adaptive") and not isinstance(model, Transformer):
+        raise SamplingError(f"the {name} drafter runs part of the target's layers, which needs the torch backend; "
+                            "with an exported bundle use its drafter ('bundle') or ngram")
     if name == "ngram":
         return NGramDrafter(max_ngram=_integers(spec, arg)[0] if arg else 4)
     if name == "early-exit":
@@ -48,7 +52,10 @@ def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Token
             raise SamplingError("this installation ships no built-in drafter; pass draft:PATH to a draft checkpoint")
         return load_draft_model(path, model, tokenizer, max_len=max_len, dtype=dtype)
     if name == "draft" or Path(spec).is_dir():
-        return load_draft_model(Path(arg if name == "draft" else spec), model, tokenizer, max_len=max_len, dtype=dtype)
+        path = Path(arg if name == "draft" else spec)
+        if is_bundle(path):  # an edge-export bundle: its drafter graph on the ONNX backend
+            return bundle_drafter(path, tokenizer, max_len)
+        return load_draft_model(path, model, tokenizer, max_len=max_len, dtype=dtype)
     raise SamplingError(f"unknown drafter {spec!r}; expected one of: {DRAFTER_SPECS}")
 
 

@@ -8,7 +8,7 @@ import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
 from edge.errors import TokenizerError
-from edge.kv_cache import KVCache, common_prefix
+from edge.kv_cache import common_prefix
 from edge.model import Transformer
 from edge.tokenizer import Tokenizer
 
@@ -21,7 +21,7 @@ class DraftModelDrafter:
     def __init__(self, model: Transformer, max_len: int) -> None:
         self.model = model
         self.device = model.device
-        self.cache = KVCache.for_model(model.config, max_len, dtype=model.embed.weight.dtype, device=self.device)
+        self.cache = model.new_cache(max_len)
         self._cached: list[int] = []  # tokens whose keys/values are in the drafter's cache
 
     @classmethod

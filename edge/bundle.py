@@ -1,0 +1,125 @@
+"""Reading an exported bundle (written by `edge-export`, see export/bundle.py): check it, then open its graphs.
+
+    bundle/
+      manifest.json            format version, hashes and sizes of every file, settings, memory needs
+      tokenizer.json ...       the tokenizer files (shared by target and drafter)
+      target/model.onnx        the target graph; target/config.json its Hugging Face config
+      drafter/model.onnx       optional: the draft model graph (trimmed head: drafter/vocab_map.json)
+
+Every file the manifest lists is checked against its size and sha256 before anything is loaded, so a truncated or
+edited bundle is refused with the name of the file rather than failing somewhere inside onnxruntime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from edge.config import ModelConfig
+from edge.errors import BundleError
+
+FORMAT = "edge-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def is_bundle(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Bundle:
+    root: Path
+    manifest: dict
+
+    @property
+    def target_path(self) -> Path:
+        return self.root / self.manifest["target"]["onnx"]
+
+    def target_config(self) -> ModelConfig:
+        return ModelConfig.from_dir(self.root / self.manifest["target"]["config_dir"])
+
+    @property
+    def has_drafter(self) -> bool:
+        return self.manifest.get("drafter") is not None
+
+    def drafter_config(self) -> ModelConfig:
+        return ModelConfig.from_dir(self.root / self.manifest["drafter"]["config_dir"])
+
+    def drafter_vocab_map(self) -> torch.Tensor | None:
+        """The full-vocabulary ids of the drafter's head rows (V',), or None for a full head."""
+        name = self.manifest["drafter"].get("vocab_map")
+        if name is None:
+            return None
+        ids = json.loads((self.root / name).read_text())["kept_ids"]
+        return torch.tensor(ids, dtype=torch.long)
+
+
+def read_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
+    """Parse and (by default) verify a bundle; raise BundleError naming what is wrong and how to fix it."""
+    root = Path(path)
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise BundleError(f"{root} has no {MANIFEST}; it is not an edge bundle (make one with edge-export)") from None
+    except (OSError, ValueError) as error:
+        raise BundleError(f"{root / MANIFEST} is unreadable ({error}); re-export the bundle with edge-export") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BundleError(f"{root / MANIFEST} is not an edge bundle manifest; re-export the bundle with edge-export")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise BundleError(f"{root} is bundle format {version}, newer than this edge reads ({FORMAT_VERSION}); "
+                          "upgrade edge, or re-export the bundle with this version's edge-export")
+    bundle = Bundle(root, manifest)
+    if verify:
+        verify_files(bundle)
+    drafter = manifest.get("drafter")
+    if drafter is not None and drafter.get("tokenizer_sha256") != manifest["tokenizer"]["sha256"]:
+        raise BundleError(f"the drafter in {root} was exported with a different tokenizer than the target; a "
+                          "drafter must share the target's tokenizer (re-export with a matching drafter)")
+    return bundle
+
+
+def verify_files(bundle: Bundle) -> None:
+    for name, expected in bundle.manifest.get("files", {}).items():
+        path = bundle.root / name
+        if not path.is_file():
+            raise BundleError(f"bundle file {name} is missing from {bundle.root}; re-export the bundle")
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise BundleError(f"bundle file {name} is {size} bytes, the manifest says {expected['bytes']} "
+                              "(truncated or replaced); re-export the bundle")
+        if sha256_file(path) != expected["sha256"]:
+            raise BundleError(f"bundle file {name} does not match its sha256 in the manifest (modified or "
+                              "corrupted); re-export the bundle")
+
+
+def bundle_drafter(path: "str | Path | Bundle", tokenizer, max_len: int):
+    """The drafter a bundle (a folder, or one already read) carries, as a DraftModelDrafter on the ONNX backend;
+    its tokenizer must be `tokenizer`'s."""
+    from edge.drafters.draft_model import DraftModelDrafter
+    from edge.onnx_backend import OnnxModel
+
+    bundle = path if isinstance(path, Bundle) else read_bundle(path)
+    path = bundle.root
+    if not bundle.has_drafter:
+        raise BundleError(f"the bundle {path} holds no drafter; export it with --drafter, or use ngram")
+    if bundle.manifest["drafter"]["tokenizer_sha256"] != tokenizer.fingerprint()["vocab_sha256"]:
+        raise BundleError(f"the drafter in {path} was exported with a different tokenizer than the target's; a "
+                          "drafter must share the target's tokenizer")
+    # one thread: the draft graph is small, and a second session's spinning workers would slow the target's
+    draft = OnnxModel(bundle.root / bundle.manifest["drafter"]["onnx"], bundle.drafter_config(),
+                      vocab_map=bundle.drafter_vocab_map(), threads=1)
+    return DraftModelDrafter(draft, max_len)

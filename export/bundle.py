@@ -1,0 +1,253 @@
+"""Writing a bundle: checkpoint -> ONNX graphs (quantized), trimmed drafter, validation, manifest, then move.
+
+    manifest = export_bundle("ckpt/", "ckpt.bundle", ExportOptions(quant=QuantSettings("int4"), drafter="builtin"))
+
+Everything is written into a temporary folder beside the output and moved into place (one rename) only after the
+graphs pass validation, so an interrupted or failed export leaves nothing half-written behind. See edge/bundle.py
+for the layout and for how the runtime checks it.
+
+Validation runs the exported graphs through the runtime (`Engine.load(bundle)`) and compares with eager edge:
+  - logits over a calibration conversation, one pass each: relative error ||onnx - eager|| / ||eager|| within the
+    tolerance of the weight format (TOLERANCE), and top-1 agreement reported;
+  - greedy text: eager edge against the bundle (required equal for fp32; reported for the others);
+  - speculation: greedy speculative decoding on the bundle equals greedy plain decoding on the bundle (required
+    whenever the weight format is row-invariant, which every default is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+import torch
+
+import edge
+from edge.bundle import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
+from edge.errors import BundleError
+from export.onnx_graph import build_graph
+from export.progress import StageProgress
+from export.quantize import QuantSettings, quantize
+from export.vocab_trim import CALIBRATION_PROMPTS, choose_vocabulary, count_generated, covered_share
+
+TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 6e-2, "int4": 0.3}  # max relative logits error per format
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model", "vocab.json", "merges.txt")
+CONFIG_FILES = ("config.json", "generation_config.json")
+VALIDATION_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    quant: QuantSettings = field(default_factory=QuantSettings)
+    drafter: str | None = None  # "builtin" or a draft checkpoint folder; None: no drafter in the bundle
+    vocab_coverage: float | None = 0.99  # VocabTrim: keep the drafter head rows covering this share; None: all
+    calibration_text: str | None = None  # extra text whose tokens count towards the kept vocabulary
+    calibration_tokens: int = 96  # tokens generated per calibration prompt
+    overwrite: bool = False
+
+
+def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOptions = ExportOptions(), *,
+                  show_progress: bool = True) -> dict:
+    """Export `checkpoint` to the bundle folder `output`; return the manifest. Raises EdgeError subclasses."""
+    from edge.engine import Engine
+
+    checkpoint, output = Path(checkpoint), Path(output)
+    _check_output(output, options.overwrite)
+    progress = StageProgress(6 if options.drafter else 4, enabled=show_progress)
+    progress.stage("reading the checkpoint")
+    engine = Engine.load(checkpoint)  # float32 eager: the reference the graphs are validated against
+    draft_engine = _load_drafter(options.drafter, engine) if options.drafter else None
+    workdir = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+    try:
+        manifest = _manifest_head(checkpoint, engine, options)
+        progress.stage(f"building the target graph ({options.quant.weights})")
+        _write_model(workdir / "target", engine.model, None, options.quant, checkpoint)
+        manifest["target"] = {"onnx": "target/model.onnx", "config_dir": "target",
+                              "parameters": _parameters(engine.model)}
+        _copy_files(checkpoint, workdir, TOKENIZER_FILES)
+        if draft_engine is not None:
+            kept = None
+            if options.vocab_coverage is not None:
+                progress.stage("calibrating the drafter's vocabulary (VocabTrim)")
+                kept, trim = _calibrate(engine, options, progress)
+                manifest["vocab_trim"] = trim
+            progress.stage("building the drafter graph")
+            source = Path(draft_engine["path"])
+            _write_model(workdir / "drafter", draft_engine["model"], kept, options.quant, source)
+            manifest["drafter"] = {"onnx": "drafter/model.onnx", "config_dir": "drafter", "source": str(source),
+                                   "parameters": _parameters(draft_engine["model"]),
+                                   "tokenizer_sha256": draft_engine["tokenizer"].fingerprint()["vocab_sha256"],
+                                   "vocab_map": None}
+            if kept is not None:
+                (workdir / "drafter" / "vocab_map.json").write_text(json.dumps({"kept_ids": kept}))
+                manifest["drafter"]["vocab_map"] = "drafter/vocab_map.json"
+        progress.stage("validating the graphs against eager edge")
+        manifest["memory"] = _memory(workdir, engine, draft_engine)
+        manifest["files"] = _file_table(workdir)
+        (workdir / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        manifest["validation"] = validate(workdir, engine, draft_engine["model"] if draft_engine else None, options)
+        progress.stage("writing the manifest and moving the bundle into place")
+        manifest["files"] = _file_table(workdir)
+        _write_json_atomic(workdir / MANIFEST, manifest)
+        if output.exists():
+            shutil.rmtree(output)  # only reached with overwrite=True (checked before any work)
+        os.replace(workdir, output)
+    finally:
+        progress.close()
+        if workdir.exists():
+            shutil.rmtree(workdir, ignore_errors=True)
+    return manifest
+
+
+def _check_output(output: Path, overwrite: bool) -> None:
+    if not output.parent.is_dir():
+        raise BundleError(f"the output's parent folder {output.parent} does not exist; create it first")
+    if output.exists() and not overwrite:
+        raise BundleError(f"{output} already exists; pick another output folder or pass --overwrite")
+    if output.exists() and not (output / MANIFEST).is_file():
+        raise BundleError(f"{output} exists and is not an edge bundle; refusing to overwrite it (pick another "
+                          "output folder)")
+
+
+def _load_drafter(spec: str, engine) -> dict:
+    """The draft checkpoint named by `spec` ("builtin", "draft:PATH" or a folder), checked against the target."""
+    from edge.drafters import load_draft_model
+    from edge.planning import drafter_folder, drafter_kind
+    from edge.tokenizer import Tokenizer
+
+    if drafter_kind(spec) != "model":
+        raise BundleError(f"--drafter {spec!r} is not a draft model; a bundle carries a separate draft checkpoint "
+                          "('builtin' or a folder). ngram needs no export, and layer-skip drafters run on the "
+                          "torch backend")
+    path = drafter_folder(spec)
+    drafter = load_draft_model(path, engine.model, engine.tokenizer, max_len=64)
+    return {"model": drafter.model, "path": path, "tokenizer": Tokenizer.from_dir(path)}
+
+
+def _manifest_head(checkpoint: Path, engine, options: ExportOptions) -> dict:
+    fingerprint = engine.tokenizer.fingerprint()
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "created_by": f"edge-export {edge.__version__}",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": {"path": str(checkpoint.resolve()),
+                   "files": {p.name: sha256_file(p) for p in sorted(checkpoint.iterdir()) if p.is_file()}},
+        "tokenizer": {"sha256": fingerprint["vocab_sha256"], "chat_template_sha256": fingerprint["chat_template_sha256"]},
+        "quantization": options.quant.describe(),
+        "row_invariant": options.quant.row_invariant,
+        "backend": "onnxruntime",
+    }
+
+
+def _write_model(folder: Path, model, head_rows: list[int] | None, settings: QuantSettings, source: Path) -> None:
+    folder.mkdir(parents=True)
+    rows = torch.tensor(head_rows, dtype=torch.long) if head_rows is not None else None
+    graph = quantize(build_graph(model, head_rows=rows), settings)
+    onnx.save(graph, str(folder / "model.onnx"))
+    _copy_files(source, folder, CONFIG_FILES)
+
+
+def _copy_files(source: Path, destination: Path, names: tuple[str, ...]) -> None:
+    for name in names:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, destination / name)
+
+
+def _calibrate(engine, options: ExportOptions, progress: StageProgress) -> tuple[list[int], dict]:
+    counts = count_generated(engine, CALIBRATION_PROMPTS, max_new_tokens=options.calibration_tokens,
+                             extra_text=options.calibration_text,
+                             progress=lambda done, total: progress.update(done / total))
+    always = engine.tokenizer.special_token_ids | set(engine.eos_token_ids)
+    kept = choose_vocabulary(counts, options.vocab_coverage, always)
+    trim = {"coverage_target": options.vocab_coverage, "kept": len(kept), "vocab_size": engine.model.config.vocab_size,
+            "calibration_prompts": len(CALIBRATION_PROMPTS), "calibration_tokens": sum(counts.values()),
+            "covered_share": round(covered_share(counts, kept), 4),
+            "user_text": options.calibration_text is not None}
+    return kept, trim
+
+
+def _parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _memory(workdir: Path, engine, draft_engine: dict | None) -> dict:
+    """What the planner needs: bytes of each graph and KV cache bytes per position (float32 cache)."""
+    def kv_per_token(config) -> int:
+        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
+
+    memory = {"target_weights_bytes": (workdir / "target" / "model.onnx").stat().st_size,
+              "target_kv_bytes_per_token": kv_per_token(engine.model.config),
+              "max_context": engine.model.config.max_position_embeddings}
+    if draft_engine is not None:
+        memory["drafter_weights_bytes"] = (workdir / "drafter" / "model.onnx").stat().st_size
+        memory["drafter_kv_bytes_per_token"] = kv_per_token(draft_engine["model"].config)
+    return memory
+
+
+def _file_table(root: Path) -> dict:
+    return {str(path.relative_to(root)): {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+            for path in sorted(root.rglob("*")) if path.is_file() and path.name != MANIFEST}
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(data, indent=1))
+    os.replace(temporary, path)
+
+
+def validate(bundle_dir: Path, engine, draft_model, options: ExportOptions) -> dict:
+    """Compare the bundle with eager edge (see the module docstring); raise BundleError when out of tolerance."""
+    from edge.engine import Engine
+
+    weights = options.quant.weights
+    messages = [{"role": "user", "content": CALIBRATION_PROMPTS[0]}]
+    reference_text = "".join(e.text for e in engine.chat(messages, max_new_tokens=VALIDATION_TOKENS, speculate=False))
+    sequence = engine.history  # prompt + greedy reply: the teacher-forced validation sequence
+    engine.reset()
+    drafter = "bundle" if draft_model is not None else "ngram"
+    bundled = Engine.load(bundle_dir, max_context=len(sequence) + VALIDATION_TOKENS + 16, drafter=drafter)
+    report = {"sequence_tokens": len(sequence), "tolerance": TOLERANCE[weights]}
+    report["target"] = _compare_logits(engine.model, bundled.model, sequence, TOLERANCE[weights], "target")
+    if draft_model is not None:
+        report["drafter"] = _compare_logits(draft_model, bundled.drafter.model, sequence, TOLERANCE[weights],
+                                            "drafter")
+    plain_text = "".join(e.text for e in bundled.chat(messages, max_new_tokens=VALIDATION_TOKENS, speculate=False))
+    plain_history = bundled.history
+    report["greedy_text_identical"] = plain_text == reference_text
+    if weights == "fp32" and not report["greedy_text_identical"]:
+        raise BundleError("validation failed: the fp32 graph's greedy text differs from eager edge's; nothing was "
+                          "written (please report this as a bug)")
+    bundled.reset()
+    speculative_text = "".join(e.text for e in bundled.chat(messages, max_new_tokens=VALIDATION_TOKENS))
+    identical = bundled.history == plain_history and speculative_text == plain_text
+    report["speculative_equals_plain"] = {"drafter": drafter, "identical": identical}
+    if options.quant.row_invariant and not identical:
+        raise BundleError("validation failed: greedy speculative decoding on the bundle differs from plain decoding "
+                          "on it; nothing was written (please report this as a bug)")
+    return report
+
+
+def _compare_logits(eager, exported, sequence: list[int], tolerance: float, part: str) -> dict:
+    tokens = torch.tensor([sequence])  # (1, S)
+    with torch.inference_mode():
+        expected = eager.logits(eager(tokens, 0, eager.new_cache(len(sequence))))[0]  # (S, V)
+        got = exported.logits(exported(tokens, 0, exported.new_cache(len(sequence))))[0]  # (S, V)
+    vocab_map = getattr(exported, "vocab_map", None)
+    if vocab_map is not None:  # a trimmed head: compare the rows it kept
+        expected, got = expected[:, vocab_map], got[:, vocab_map]
+    error = float((got - expected).norm() / expected.norm())
+    agreement = float((got.argmax(-1) == expected.argmax(-1)).float().mean())
+    result = {"relative_error": float(f"{error:.3g}"), "top1_agreement": round(agreement, 4),
+              "max_abs_diff": float(f"{float((got - expected).abs().max()):.3g}")}
+    if not error <= tolerance:
+        raise BundleError(f"validation failed: the {part} graph's logits differ from eager edge by {error:.4f} "
+                          f"(relative), above the {tolerance} allowed for these weights; nothing was written "
+                          "(try a smaller --block-size or int8)")
+    return result

@@ -1,0 +1,87 @@
+"""VocabTrim: keep only the head rows of the tokens the target actually produces, for a cheaper drafter.
+
+    counts = count_generated(engine, CALIBRATION_PROMPTS, max_new_tokens=96, extra_text=user_text)
+    kept = choose_vocabulary(counts, coverage=0.99, always=tokenizer.special_token_ids)   # sorted ids (V',)
+
+The drafter's head is rebuilt with those rows only (export/onnx_graph.py `head_rows`) and the kept ids are stored
+with it; the runtime maps each drafted position back to the full vocabulary (edge.onnx_backend: `vocab_map`), with
+the dropped tokens impossible for the drafter. The target still verifies over the full vocabulary, so output is
+unchanged: a token outside the kept set is simply never drafted, and the target produces it itself.
+
+The calibration prompts below are general requests of the kind a chat model answers; they are deliberately not the
+benchmark's prompts (edge/bench/prompts.py), so benchmark figures are not fitted to the calibration.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Sequence
+
+CALIBRATION_PROMPTS = (
+    "How do I read a text file line by line in Python?",
+    "Write a function that returns the n-th Fibonacci number.",
+    "What does the `os.path` module provide?",
+    "Explain what a list comprehension is, with an example.",
+    "Write a Python class for a simple stack with push and pop.",
+    "What is the difference between a tuple and a list?",
+    "How do I sort a dictionary by its values?",
+    "Write a function that checks whether a number is prime.",
+    "What is `itertools.chain` used for?",
+    "Explain exceptions and the `try` statement.",
+    "Write a function that counts the words in a string.",
+    "How do I parse command line arguments with argparse?",
+    "What does the `re` module do?",
+    "Write a generator that yields the lines of a file without their newline.",
+    "How do I measure how long a piece of code takes to run?",
+    "What is a decorator? Show a small one.",
+    "Write a function that merges two sorted lists.",
+    "How can I run a shell command and capture its output?",
+    "What is the `datetime` module for?",
+    "Write a context manager that changes the working directory and restores it.",
+    "Summarize what the `collections` module offers.",
+    "Translate this loop into a list comprehension: result = []; for x in data: result.append(x * 2)",
+    "Write a function that flattens a nested list.",
+    "What does `functools.lru_cache` do?",
+)
+
+
+def count_generated(engine, prompts: Sequence[str] = CALIBRATION_PROMPTS, *, max_new_tokens: int = 96,
+                    extra_text: str | None = None, progress=None) -> Counter:
+    """How often the target emits each token id: greedy replies to `prompts`, plus every token of `extra_text`."""
+    counts: Counter = Counter()
+    for index, prompt in enumerate(prompts):
+        for event in engine.chat([{"role": "user", "content": prompt}], max_new_tokens=max_new_tokens,
+                                 speculate=False):
+            counts.update(event.token_ids)
+        engine.reset()
+        if progress is not None:
+            progress(index + 1, len(prompts))
+    if extra_text:
+        counts.update(engine.tokenizer.encode(extra_text, add_special_tokens=False))
+    return counts
+
+
+def choose_vocabulary(counts: Counter, coverage: float, always: Iterable[int] = (), *,
+                      minimum: int = 64) -> list[int]:
+    """The fewest most frequent ids covering `coverage` of all counted tokens, plus `always` (special tokens)
+    and at least `minimum` ids; sorted. Ties are broken by id, so the choice is deterministic."""
+    if not 0.0 < coverage <= 1.0:
+        raise ValueError(f"coverage must be in (0, 1], got {coverage}")
+    total = sum(counts.values())
+    if total == 0:
+        raise ValueError("no calibration tokens were counted; give prompts the target can answer")
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    kept, covered = [], 0
+    for token, count in ranked:
+        if covered >= coverage * total and len(kept) >= minimum:
+            break
+        kept.append(token)
+        covered += count
+    return sorted(set(kept) | set(always))
+
+
+def covered_share(counts: Counter, kept: Iterable[int]) -> float:
+    """Share of the counted tokens that fall inside `kept`."""
+    kept = set(kept)
+    total = sum(counts.values())
+    return sum(count for token, count in counts.items() if token in kept) / total if total else 0.0

@@ -1,0 +1,222 @@
+"""edge-export: checkpoint -> validated bundle -> Engine on ONNX Runtime, for every weight format and family.
+
+The core checks are the project's invariant on this backend: greedy speculative decoding (draft model, trimmed
+drafter, n-gram) equals greedy plain decoding on the same bundle; and the fp32 graph reproduces eager edge."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnx")
+
+from edge.bundle import read_bundle  # noqa: E402
+from edge.engine import Engine  # noqa: E402
+from edge.errors import BundleError, EdgeError  # noqa: E402
+from export.bundle import ExportOptions, export_bundle  # noqa: E402
+from export.cli import main as export_main  # noqa: E402
+from export.quantize import QuantSettings  # noqa: E402
+from export.vocab_trim import choose_vocabulary, covered_share  # noqa: E402
+from tests.conftest import build_checkpoint  # noqa: E402
+
+PROMPTS = ["The quick brown fox", "import os\nfor name in", "Speculative decoding drafts"]
+
+
+def export(checkpoint: Path, output: Path, weights: str = "fp32", **options) -> dict:
+    settings = ExportOptions(quant=QuantSettings(weights), calibration_tokens=16, **options)
+    return export_bundle(checkpoint, output, settings, show_progress=False)
+
+
+def greedy(engine: Engine, prompt: str, tokens: int = 40, **options) -> list[int]:
+    engine.reset()
+    list(engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True, **options))
+    return engine.history
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    return build_checkpoint(tmp_path_factory.mktemp("export-drafter"), "llama3", tokenizer_dir, seed=5,
+                            num_hidden_layers=1)
+
+
+@pytest.mark.parametrize("family", ["llama3", "llama_bias_linear_rope", "smollm", "qwen2", "qwen3", "mistral"])
+def test_fp32_graph_reproduces_eager_edge(family, checkpoint_factory, tmp_path):
+    checkpoint = checkpoint_factory(family)
+    manifest = export(checkpoint, tmp_path / "bundle")
+    assert manifest["validation"]["target"]["relative_error"] < 1e-4
+    eager = Engine.load(checkpoint, max_context=256)
+    bundled = Engine.load(tmp_path / "bundle", max_context=256)
+    for prompt in PROMPTS:  # mistral: 40 + prompt tokens cross its 24-token sliding window
+        assert greedy(bundled, prompt) == greedy(eager, prompt)
+
+
+@pytest.mark.parametrize("weights", ["fp32", "fp16", "int8", "int4"])
+def test_speculation_on_the_bundle_equals_plain_decoding(weights, llama_dir, drafter_dir, tmp_path):
+    manifest = export(llama_dir, tmp_path / "bundle", weights, drafter=str(drafter_dir))
+    assert manifest["validation"]["speculative_equals_plain"]["identical"]
+    assert manifest["drafter"]["vocab_map"] == "drafter/vocab_map.json"  # VocabTrim is on by default
+    plain = Engine.load(tmp_path / "bundle", max_context=512)
+    for drafter in ("bundle", "ngram"):
+        for length in ("adaptive", 3):
+            fast = Engine.load(tmp_path / "bundle", max_context=512, drafter=drafter, draft_length=length)
+            for prompt in PROMPTS:
+                assert greedy(fast, prompt, 96) == greedy(plain, prompt, 96), (drafter, length, prompt)
+
+
+def test_trimmed_drafter_never_drafts_a_dropped_token(llama_dir, drafter_dir, tmp_path):
+    export(llama_dir, tmp_path / "bundle", drafter=str(drafter_dir), vocab_coverage=0.5)
+    engine = Engine.load(tmp_path / "bundle", max_context=256, drafter="bundle", draft_length=4)
+    kept = set(engine.bundle.drafter_vocab_map().tolist())
+    assert len(kept) < engine.model.config.vocab_size
+    logits = engine.drafter.model.logits(engine.drafter.model(torch.tensor([[1, 2, 3]]), 0,
+                                                              engine.drafter.model.new_cache(8)))  # (1, 3, V)
+    dropped = torch.tensor(sorted(set(range(logits.shape[-1])) - kept))
+    assert torch.isinf(logits[..., dropped]).all() and not torch.isinf(logits[..., sorted(kept)]).any()
+
+
+def test_stochastic_speculation_runs_on_the_bundle(llama_dir, drafter_dir, tmp_path):
+    export(llama_dir, tmp_path / "bundle", "int8", drafter=str(drafter_dir))
+    engine = Engine.load(tmp_path / "bundle", max_context=256, drafter="bundle")
+    events = list(engine.generate("The quick", max_new_tokens=32, temperature=0.8, top_p=0.9, seed=3,
+                                  ignore_eos=True))
+    assert sum(len(e.token_ids) for e in events) == 32 and events[-1].stats.drafted > 0
+
+
+def test_manifest_lists_hashes_settings_and_memory(llama_dir, drafter_dir, tmp_path):
+    manifest = export(llama_dir, tmp_path / "bundle", "int4", drafter=str(drafter_dir))
+    on_disk = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert on_disk == manifest
+    assert manifest["format_version"] == 1 and manifest["quantization"] == {
+        "weights": "int4", "block_size": 32, "accuracy_level": 4}
+    assert set(manifest["files"]) >= {"target/model.onnx", "drafter/model.onnx", "drafter/vocab_map.json",
+                                      "tokenizer.json", "target/config.json"}
+    assert "model.safetensors" in manifest["source"]["files"]
+    assert manifest["drafter"]["tokenizer_sha256"] == manifest["tokenizer"]["sha256"]
+    assert manifest["memory"]["target_kv_bytes_per_token"] == 2 * 3 * 2 * 16 * 4  # layers, kv heads, head_dim
+    assert manifest["memory"]["target_weights_bytes"] == manifest["files"]["target/model.onnx"]["bytes"]
+
+
+def test_cli_exports_and_reports(llama_dir, tmp_path, capsys):
+    assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--weights", "int8", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and "equals plain decoding on the bundle: yes" in out
+    assert read_bundle(tmp_path / "b").manifest["quantization"]["weights"] == "int8"
+
+
+# -- bad input -------------------------------------------------------------------------------------------------
+
+
+def test_existing_output_is_refused_and_kept(llama_dir, tmp_path, capsys):
+    output = tmp_path / "taken"
+    output.mkdir()
+    (output / "notes.txt").write_text("mine")
+    assert export_main([str(llama_dir), "-o", str(output), "--quiet"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert export_main([str(llama_dir), "-o", str(output), "--quiet", "--overwrite"]) == 2
+    assert "not an edge bundle" in capsys.readouterr().err
+    assert (output / "notes.txt").read_text() == "mine"
+
+
+def test_failed_export_leaves_nothing_behind(llama_dir, tmp_path, monkeypatch):
+    import export.bundle as bundle_module
+
+    def broken(*args, **kwargs):
+        raise KeyboardInterrupt  # as if the user pressed Ctrl+C while validating
+
+    monkeypatch.setattr(bundle_module, "validate", broken)
+    with pytest.raises(KeyboardInterrupt):
+        export(llama_dir, tmp_path / "bundle")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unsupported_architecture_is_one_clear_line(tmp_path, llama_dir, capsys):
+    import shutil
+
+    checkpoint = tmp_path / "gpt2ish"
+    shutil.copytree(llama_dir, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    assert export_main([str(checkpoint), "-o", str(tmp_path / "b"), "--quiet"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("edge-export:") and "\n" not in error and "gpt2" in error.lower()
+    assert not (tmp_path / "b").exists()
+
+
+def test_bad_options_are_refused(llama_dir, tmp_path, capsys):
+    assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--weights", "int4", "--block-size", "24"]) == 2
+    assert "block size" in capsys.readouterr().err
+    assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--vocab-coverage", "1.5"]) == 2
+    assert "--vocab-coverage" in capsys.readouterr().err
+    assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--drafter", "ngram"]) == 2
+    assert "not a draft model" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def small_bundle(tmp_path_factory, llama_dir, drafter_dir) -> Path:
+    folder = tmp_path_factory.mktemp("small") / "bundle"
+    export(llama_dir, folder, "int8", drafter=str(drafter_dir))
+    return folder
+
+
+def _copy(bundle: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(bundle, tmp_path / "copy"))
+
+
+def test_tampered_file_is_refused(small_bundle, tmp_path):
+    bundle = _copy(small_bundle, tmp_path)
+    data = bytearray((bundle / "target" / "model.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (bundle / "target" / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="target/model.onnx does not match its sha256"):
+        Engine.load(bundle)
+
+
+def test_truncated_file_is_refused(small_bundle, tmp_path):
+    bundle = _copy(small_bundle, tmp_path)
+    path = bundle / "drafter" / "model.onnx"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(BundleError, match="drafter/model.onnx is 1000 bytes"):
+        Engine.load(bundle, drafter="bundle")
+
+
+def test_newer_format_version_is_refused(small_bundle, tmp_path):
+    bundle = _copy(small_bundle, tmp_path)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="format 99, newer than this edge reads"):
+        Engine.load(bundle)
+
+
+def test_drafter_with_another_tokenizer_is_refused(small_bundle, tmp_path):
+    bundle = _copy(small_bundle, tmp_path)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["drafter"]["tokenizer_sha256"] = "0" * 64
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="different tokenizer"):
+        Engine.load(bundle, drafter="bundle")
+
+
+def test_layer_skip_drafters_need_the_torch_backend(small_bundle):
+    with pytest.raises(EdgeError, match="needs the torch backend"):
+        Engine.load(small_bundle, drafter="early-exit:1")
+
+
+# -- VocabTrim selection ---------------------------------------------------------------------------------------
+
+
+def test_choose_vocabulary_covers_the_share_with_the_fewest_tokens():
+    counts = Counter({5: 50, 7: 30, 9: 15, 11: 5})
+    assert choose_vocabulary(counts, 0.8, minimum=1) == [5, 7]
+    assert choose_vocabulary(counts, 0.95, always=[0], minimum=1) == [0, 5, 7, 9]
+    assert choose_vocabulary(counts, 1.0, minimum=1) == [5, 7, 9, 11]
+    assert covered_share(counts, [5, 9]) == pytest.approx(0.65)
+    with pytest.raises(ValueError, match="coverage"):
+        choose_vocabulary(counts, 0.0)

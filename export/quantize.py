@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
 WEIGHT_FORMATS = ("fp32", "fp16", "int8", "int4")
 ROW_INVARIANT_ACCURACY_LEVEL = 4
@@ -54,9 +55,6 @@ def quantize(model: onnx.ModelProto, settings: QuantSettings) -> onnx.ModelProto
         return model
     if settings.weights == "fp16":
         return store_half(model, _is_weight)
-    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
-                                                                 MatMulNBitsQuantizer)
-
     config = DefaultWeightOnlyQuantConfig(block_size=settings.block_size, is_symmetric=True,
                                           accuracy_level=settings.accuracy_level,
                                           bits=8 if settings.weights == "int8" else 4)

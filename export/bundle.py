@@ -46,7 +46,8 @@ VALIDATION_TOKENS = 32
 class ExportOptions:
     quant: QuantSettings = field(default_factory=QuantSettings)
     drafter: str | None = None  # "builtin" or a draft checkpoint folder; None: no drafter in the bundle
-    vocab_coverage: float | None = 0.99  # VocabTrim: keep the drafter head rows covering this share; None: all
+    vocab_trim: str = "auto"  # VocabTrim: "on", "off", or "auto" (on when the head outweighs the drafter's layers)
+    vocab_coverage: float = 0.99  # keep the drafter head rows of the most frequent tokens covering this share
     calibration_text: str | None = None  # extra text whose tokens count towards the kept vocabulary
     calibration_tokens: int = 96  # tokens generated per calibration prompt
     overwrite: bool = False
@@ -73,7 +74,7 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
         _copy_files(checkpoint, workdir, TOKENIZER_FILES)
         if draft_engine is not None:
             kept = None
-            if options.vocab_coverage is not None:
+            if _should_trim(options.vocab_trim, draft_engine["model"]):
                 progress.stage("calibrating the drafter's vocabulary (VocabTrim)")
                 kept, trim = _calibrate(engine, options, progress)
                 manifest["vocab_trim"] = trim
@@ -171,6 +172,18 @@ def _calibrate(engine, options: ExportOptions, progress: StageProgress) -> tuple
             "covered_share": round(covered_share(counts, kept), 4),
             "user_text": options.calibration_text is not None}
     return kept, trim
+
+
+def _should_trim(setting: str, drafter) -> bool:
+    """auto: trim when the head has more parameters than the drafter's layers. Below that, a drafter step is mostly
+    its layers and call overhead, and the rows a trim drops cost acceptance for little speed (measured on the
+    built-in pair: docs/benchmarks.md)."""
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"vocabulary trim must be auto, on or off, got {setting!r}")
+    if setting != "auto":
+        return setting == "on"
+    head = drafter.head_weight.numel()
+    return head > sum(p.numel() for p in drafter.layers.parameters())
 
 
 def _parameters(model) -> int:

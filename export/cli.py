@@ -19,7 +19,7 @@ EPILOG = """\
 examples:
   edge-export edge/models/default -o default.bundle --weights int4 --drafter builtin
   edge-export ./my-llama -o my-llama.bundle --weights int8
-  edge-export ./my-llama -o my-llama.bundle --weights fp32 --drafter ./my-llama-draft --no-vocab-trim"""
+  edge-export ./my-llama -o my-llama.bundle --weights fp32 --drafter ./my-llama-draft --vocab-trim on"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,11 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafter", metavar="SPEC",
                         help="also export a draft model: 'builtin' (the built-in drafter) or a checkpoint folder "
                              "with the same tokenizer; default: none (ngram drafting needs no export)")
+    parser.add_argument("--vocab-trim", choices=["auto", "on", "off"], default="auto",
+                        help="VocabTrim: rebuild the drafter's head with only the tokens the target generates on "
+                             "calibration prompts. auto (default) trims when the head has more parameters than "
+                             "the drafter's layers (large vocabularies), where it pays")
     parser.add_argument("--vocab-coverage", type=float, default=0.99,
-                        help="VocabTrim: keep the drafter head rows of the most frequent tokens the target "
-                             "generates on calibration prompts, enough to cover this share of them "
+                        help="VocabTrim: keep the most frequent generated tokens covering this share of them "
                              "(default: 0.99)")
-    parser.add_argument("--no-vocab-trim", action="store_true", help="keep the drafter's full head")
     parser.add_argument("--calibration-text", type=Path, metavar="FILE",
                         help="UTF-8 text of your domain whose tokens also count towards the kept vocabulary")
     parser.add_argument("--calibration-tokens", type=int, default=96,
@@ -93,10 +95,10 @@ def _options(args, ExportOptions, QuantSettings):
         except (OSError, UnicodeDecodeError) as error:
             raise ValueError(f"cannot read --calibration-text {args.calibration_text}: {error}") from None
     quant = QuantSettings(args.weights, block_size=args.block_size, accuracy_level=args.accuracy_level)
-    coverage = None if args.no_vocab_trim else args.vocab_coverage
-    if coverage is not None and not 0.0 < coverage <= 1.0:
-        raise ValueError(f"--vocab-coverage must be in (0, 1], e.g. 0.99; got {coverage}")
-    return ExportOptions(quant=quant, drafter=args.drafter, vocab_coverage=coverage, calibration_text=text,
+    if not 0.0 < args.vocab_coverage <= 1.0:
+        raise ValueError(f"--vocab-coverage must be in (0, 1], e.g. 0.99; got {args.vocab_coverage}")
+    return ExportOptions(quant=quant, drafter=args.drafter, vocab_trim=args.vocab_trim,
+                         vocab_coverage=args.vocab_coverage, calibration_text=text,
                          calibration_tokens=args.calibration_tokens, overwrite=args.overwrite)
 
 

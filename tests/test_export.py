@@ -56,9 +56,9 @@ def test_fp32_graph_reproduces_eager_edge(family, checkpoint_factory, tmp_path):
 
 @pytest.mark.parametrize("weights", ["fp32", "fp16", "int8", "int4"])
 def test_speculation_on_the_bundle_equals_plain_decoding(weights, llama_dir, drafter_dir, tmp_path):
-    manifest = export(llama_dir, tmp_path / "bundle", weights, drafter=str(drafter_dir))
+    manifest = export(llama_dir, tmp_path / "bundle", weights, drafter=str(drafter_dir), vocab_trim="on")
     assert manifest["validation"]["speculative_equals_plain"]["identical"]
-    assert manifest["drafter"]["vocab_map"] == "drafter/vocab_map.json"  # VocabTrim is on by default
+    assert manifest["drafter"]["vocab_map"] == "drafter/vocab_map.json"
     plain = Engine.load(tmp_path / "bundle", max_context=512)
     for drafter in ("bundle", "ngram"):
         for length in ("adaptive", 3):
@@ -68,7 +68,7 @@ def test_speculation_on_the_bundle_equals_plain_decoding(weights, llama_dir, dra
 
 
 def test_trimmed_drafter_never_drafts_a_dropped_token(llama_dir, drafter_dir, tmp_path):
-    export(llama_dir, tmp_path / "bundle", drafter=str(drafter_dir), vocab_coverage=0.5)
+    export(llama_dir, tmp_path / "bundle", drafter=str(drafter_dir), vocab_trim="on", vocab_coverage=0.5)
     engine = Engine.load(tmp_path / "bundle", max_context=256, drafter="bundle", draft_length=4)
     kept = set(engine.bundle.drafter_vocab_map().tolist())
     assert len(kept) < engine.model.config.vocab_size
@@ -76,6 +76,16 @@ def test_trimmed_drafter_never_drafts_a_dropped_token(llama_dir, drafter_dir, tm
                                                               engine.drafter.model.new_cache(8)))  # (1, 3, V)
     dropped = torch.tensor(sorted(set(range(logits.shape[-1])) - kept))
     assert torch.isinf(logits[..., dropped]).all() and not torch.isinf(logits[..., sorted(kept)]).any()
+
+
+def test_auto_trims_only_a_head_that_outweighs_the_drafter_layers(llama_dir, drafter_dir, tmp_path):
+    from edge.loading import load_model
+    from export.bundle import _should_trim
+
+    drafter = load_model(drafter_dir)  # 1 layer of width 64 (~41k weights) against a 320 x 64 head (~20k)
+    assert not _should_trim("auto", drafter) and _should_trim("on", drafter) and not _should_trim("off", drafter)
+    manifest = export(llama_dir, tmp_path / "bundle", drafter=str(drafter_dir))
+    assert manifest["drafter"]["vocab_map"] is None and "vocab_trim" not in manifest
 
 
 def test_stochastic_speculation_runs_on_the_bundle(llama_dir, drafter_dir, tmp_path):
@@ -87,7 +97,7 @@ def test_stochastic_speculation_runs_on_the_bundle(llama_dir, drafter_dir, tmp_p
 
 
 def test_manifest_lists_hashes_settings_and_memory(llama_dir, drafter_dir, tmp_path):
-    manifest = export(llama_dir, tmp_path / "bundle", "int4", drafter=str(drafter_dir))
+    manifest = export(llama_dir, tmp_path / "bundle", "int4", drafter=str(drafter_dir), vocab_trim="on")
     on_disk = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert on_disk == manifest
     assert manifest["format_version"] == 1 and manifest["quantization"] == {

@@ -378,3 +378,25 @@ def test_a_chat_that_fills_the_context_keeps_going_without_its_oldest_turns(tiny
             assert "context full" in str(screen.query_one("#status").render())
             assert len(screen.session.conversation.messages) == 12  # the saved chat keeps every turn
     asyncio.run(scenario())
+
+
+def test_the_app_chats_on_an_exported_bundle_with_its_drafter(make_app, tiny_model, tmp_path):
+    pytest.importorskip("onnx")
+    from export.bundle import ExportOptions, export_bundle
+    from export.quantize import QuantSettings
+
+    bundle = tmp_path / "tiny.bundle"
+    export_bundle(tiny_model, bundle, ExportOptions(quant=QuantSettings("int8"), drafter=str(tiny_model)),
+                  show_progress=False)
+
+    async def scenario():
+        app = make_app(bundle, drafter="bundle")
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await ready(app, pilot)
+            await send(app, pilot, "hello there")
+            views = list(screen.query(MessageView))
+            expected = reference_reply(bundle, [{"role": "user", "content": "hello there"}], 24)
+            assert views[1].text == expected and expected
+            stats = screen.query_one(StatsPanel).figures.stats
+            assert stats.generated_tokens == 24 and stats.drafted > 0
+    asyncio.run(scenario())

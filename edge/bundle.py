@@ -3,8 +3,9 @@
     bundle/
       manifest.json            format version, hashes and sizes of every file, settings, memory needs
       tokenizer.json ...       the tokenizer files (shared by target and drafter)
-      target/model.onnx        the target graph; target/config.json its Hugging Face config
-      drafter/model.onnx       optional: the draft model graph (trimmed head: drafter/vocab_map.json)
+      target/model.onnx        the target graph (ONNX Runtime); target/config.json its Hugging Face config
+      target/model.ts, .pt2    optional: TorchScript and torch.export programs of the same step
+      drafter/...              optional: the draft model, the same way (trimmed head: drafter/vocab_map.json)
 
 Every file the manifest lists is checked against its size and sha256 before anything is loaded, so a truncated or
 edited bundle is refused with the name of the file rather than failing somewhere inside onnxruntime.
@@ -39,24 +40,34 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+# backend name -> the manifest key of its file, in order of preference when none is asked for
+BACKENDS = {"onnx": "onnx", "torchscript": "torchscript", "torch-export": "torch_export"}
+
+
 @dataclass(frozen=True)
 class Bundle:
     root: Path
     manifest: dict
 
     @property
-    def target_path(self) -> Path:
-        return self.root / self.manifest["target"]["onnx"]
-
-    def target_config(self) -> ModelConfig:
-        return ModelConfig.from_dir(self.root / self.manifest["target"]["config_dir"])
-
-    @property
     def has_drafter(self) -> bool:
         return self.manifest.get("drafter") is not None
 
-    def drafter_config(self) -> ModelConfig:
-        return ModelConfig.from_dir(self.root / self.manifest["drafter"]["config_dir"])
+    def backends(self, part: str = "target") -> list[str]:
+        """The backends this bundle has files for (part: "target" or "drafter")."""
+        return [name for name, key in BACKENDS.items() if self.manifest[part].get(key)]
+
+    def pick_backend(self, requested: str | None) -> str:
+        available = self.backends()
+        if requested is None:
+            return available[0]
+        if requested not in available:
+            raise BundleError(f"the bundle {self.root} has no {requested} target (it has: {', '.join(available)}); "
+                              f"re-export with --format, or pick one of those")
+        return requested
+
+    def config(self, part: str = "target") -> ModelConfig:
+        return ModelConfig.from_dir(self.root / self.manifest[part]["config_dir"])
 
     def drafter_vocab_map(self) -> torch.Tensor | None:
         """The full-vocabulary ids of the drafter's head rows (V',), or None for a full head."""
@@ -65,6 +76,18 @@ class Bundle:
             return None
         ids = json.loads((self.root / name).read_text())["kept_ids"]
         return torch.tensor(ids, dtype=torch.long)
+
+    def open_model(self, part: str, backend: str, *, threads: int | None = None):
+        """The exported `part` ("target" or "drafter") on `backend`, with the Transformer calls of exported models."""
+        path = self.root / self.manifest[part][BACKENDS[backend]]
+        vocab_map = self.drafter_vocab_map() if part == "drafter" else None
+        if backend == "onnx":
+            from edge.onnx_backend import OnnxModel
+
+            return OnnxModel(path, self.config(part), vocab_map=vocab_map, threads=threads)
+        from edge.torch_step_backend import TorchStepModel
+
+        return TorchStepModel(path, self.config(part), vocab_map=vocab_map)
 
 
 def read_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
@@ -106,20 +129,18 @@ def verify_files(bundle: Bundle) -> None:
                               "corrupted); re-export the bundle")
 
 
-def bundle_drafter(path: "str | Path | Bundle", tokenizer, max_len: int):
-    """The drafter a bundle (a folder, or one already read) carries, as a DraftModelDrafter on the ONNX backend;
-    its tokenizer must be `tokenizer`'s."""
+def bundle_drafter(path: "str | Path | Bundle", tokenizer, max_len: int, backend: str = "onnx"):
+    """The drafter a bundle (a folder, or one already read) carries, as a DraftModelDrafter on `backend`; its
+    tokenizer must be `tokenizer`'s."""
     from edge.drafters.draft_model import DraftModelDrafter
-    from edge.onnx_backend import OnnxModel
 
     bundle = path if isinstance(path, Bundle) else read_bundle(path)
-    path = bundle.root
     if not bundle.has_drafter:
-        raise BundleError(f"the bundle {path} holds no drafter; export it with --drafter, or use ngram")
+        raise BundleError(f"the bundle {bundle.root} holds no drafter; export it with --drafter, or use ngram")
     if bundle.manifest["drafter"]["tokenizer_sha256"] != tokenizer.fingerprint()["vocab_sha256"]:
-        raise BundleError(f"the drafter in {path} was exported with a different tokenizer than the target's; a "
-                          "drafter must share the target's tokenizer")
+        raise BundleError(f"the drafter in {bundle.root} was exported with a different tokenizer than the target's; "
+                          "a drafter must share the target's tokenizer")
+    if backend not in bundle.backends("drafter"):
+        backend = bundle.backends("drafter")[0]
     # one thread: the draft graph is small, and a second session's spinning workers would slow the target's
-    draft = OnnxModel(bundle.root / bundle.manifest["drafter"]["onnx"], bundle.drafter_config(),
-                      vocab_map=bundle.drafter_vocab_map(), threads=1)
-    return DraftModelDrafter(draft, max_len)
+    return DraftModelDrafter(bundle.open_model("drafter", backend, threads=1), max_len)

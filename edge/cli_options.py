@@ -10,12 +10,16 @@ from edge.errors import CheckpointError
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
-    help_text = "checkpoint folder (Hugging Face layout: config.json, *.safetensors, tokenizer.json)"
+    help_text = ("checkpoint folder (Hugging Face layout: config.json, *.safetensors, tokenizer.json) or an "
+                 "edge-export bundle")
     if positional:
         parser.add_argument("model", nargs="?", help=help_text + "; default: the built-in model")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="weight and KV-cache dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--backend", choices=["onnx", "torchscript", "torch-export"], default=None,
+                        help="for a bundle: which exported target to run (default: the first it has, ONNX "
+                             "Runtime when exported); a checkpoint folder always runs on torch")
     parser.add_argument("--max-context", type=int, default=DEFAULT_MAX_CONTEXT,
                         help=f"tokens the preallocated KV cache holds (default: {DEFAULT_MAX_CONTEXT})")
     parser.add_argument("--memory-budget", metavar="SIZE",

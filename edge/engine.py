@@ -89,6 +89,7 @@ class Engine:
         self.draft_length = DraftLength()
         self.plan = None  # the memory plan this engine was sized by (Engine.load with a memory_budget)
         self.bundle = None  # the edge-export bundle this engine runs, when loaded from one
+        self.backend = "torch"  # or the bundle's backend: onnx, torchscript, torch-export
 
     @classmethod
     def load(
@@ -102,6 +103,7 @@ class Engine:
         draft_length: int | str = "adaptive",
         progress: Callable[[str, float], None] | None = None,
         memory_budget: str | int | None = None,
+        backend: str | None = None,
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
 
@@ -109,7 +111,9 @@ class Engine:
         `draft_length` is "adaptive" or a fixed number of drafted tokens per step. `progress(stage, fraction)`,
         if given, is called as each loading stage starts (for a loading screen). With `memory_budget` ("6GiB" or
         bytes) the memory planner sizes the context and may step the drafter down to fit; `engine.plan` says
-        what it chose and why. Without one, what is requested is allocated as asked."""
+        what it chose and why. Without one, what is requested is allocated as asked. `path` may also be an edge-export
+        bundle: it then runs on `backend` ("onnx", "torchscript" or "torch-export"; default: the first the bundle
+        has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
@@ -121,7 +125,10 @@ class Engine:
                 raise BundleError("--memory-budget plans checkpoint folders; a bundle's memory needs are in its "
                                   "manifest.json (load the source checkpoint folder to plan against a budget)")
             return cls._load_bundle(path, max_context=max_context, drafter=drafter, draft_length=draft_length,
-                                    report=report)
+                                    report=report, backend=backend)
+        if backend not in (None, "torch"):
+            raise CheckpointError(f"backend {backend!r} runs exported bundles; {path} is a checkpoint folder (run it "
+                                  "on torch, or export it with edge-export)")
         plan = None
         if memory_budget is not None:
             from edge.planning import plan_for, planned_drafter
@@ -144,17 +151,16 @@ class Engine:
 
     @classmethod
     def _load_bundle(cls, path: str | Path, *, max_context: int, drafter: str | None, draft_length: int | str,
-                     report: Callable[[str, float], None]) -> "Engine":
-        """An edge-export bundle on the ONNX Runtime backend; drafter "bundle" (or "builtin") is the bundle's own."""
-        from edge.onnx_backend import OnnxModel
-
+                     report: Callable[[str, float], None], backend: str | None) -> "Engine":
+        """An edge-export bundle on one of its backends; drafter "bundle" (or "builtin") is the bundle's own."""
         report("checking the bundle's files", 0.0)
         bundle = read_bundle(path)
+        backend = bundle.pick_backend(backend)
         report("reading the tokenizer", 0.3)
         tokenizer = Tokenizer.from_dir(path)
-        report("opening the target graph", 0.4)
-        engine = cls(OnnxModel(bundle.target_path, bundle.target_config()), tokenizer, max_context=max_context)
-        engine.bundle = bundle
+        report(f"opening the target ({backend})", 0.4)
+        engine = cls(bundle.open_model("target", backend), tokenizer, max_context=max_context)
+        engine.bundle, engine.backend = bundle, backend
         if drafter:
             report(f"opening the drafter ({drafter})", 0.8)
             engine.use_drafter(drafter, draft_length)
@@ -165,7 +171,7 @@ class Engine:
                     dtype: str = "float32") -> None:
         """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None)."""
         if isinstance(drafter, str) and drafter in ("bundle", "builtin") and self.bundle is not None:
-            drafter = bundle_drafter(self.bundle, self.tokenizer, self.max_context)  # the bundle's own drafter
+            drafter = bundle_drafter(self.bundle, self.tokenizer, self.max_context, self.backend)  # the bundle's own
         elif drafter == "bundle":
             raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; load a bundle folder")
         if isinstance(drafter, str):  # a draft never reaches past the context: steps are capped by the budget

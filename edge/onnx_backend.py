@@ -5,22 +5,20 @@
     out = model(tokens, start, cache)             # tokens (1, T) at [start, start + T) -> handle (1, T, V')
     logits = model.logits(out)                    # (1, T, V): a trimmed head's logits put back in the full vocabulary
 
-The graph takes the cache's valid prefix as inputs and returns the new keys/values, which are written into the
-cache here; so rollback is moving a length, exactly as for the torch model, and the decoding strategies and
-drafters run unchanged. There are no hidden states on this backend: a forward returns the logits, and `logits()`
-only maps them to the full vocabulary.
+(the calls every exported backend shares: edge/exported_model.py). The graph takes the cache's valid prefix as
+inputs and returns the new keys/values, which are written into the cache here; so rollback is moving a length,
+exactly as for the torch model, and the decoding strategies and drafters run unchanged.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
 
 from edge.config import ModelConfig
-from edge.errors import UnsupportedModelError
+from edge.exported_model import ExportedModel
 from edge.kv_cache import KVCache
 
 
@@ -40,12 +38,8 @@ class OnnxKVCache(KVCache):
         raise NotImplementedError("the ONNX backend writes its cache through OnnxModel")
 
 
-class OnnxModel:
-    """One exported graph in an onnxruntime session, with the `Transformer` calls the engine and drafters use."""
-
-    rowwise = None  # the batch-invariant torch kernel does not apply: onnxruntime's kernels are row-invariant here
-    dtype = torch.float32  # activations and KV cache (weights may be quantized inside the graph)
-    device = torch.device("cpu")
+class OnnxModel(ExportedModel):
+    """One exported graph in an onnxruntime session (fp32 activations; weights may be quantized in the graph)."""
 
     def __init__(self, path: str | Path, config: ModelConfig, *, vocab_map: torch.Tensor | None = None,
                  threads: int | None = None) -> None:
@@ -53,41 +47,26 @@ class OnnxModel:
         and a second session's worker threads would spin-wait against the target's on a machine with few cores."""
         import onnxruntime as ort
 
+        super().__init__(path, config, vocab_map)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3  # errors only: no notices about unused initializers
-        self.path = Path(path)
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.config = config
-        self.vocab_map = vocab_map  # (V',) full-vocabulary id of each kept head row, or None for a full head
-        self._outputs = [output.name for output in self.session.get_outputs()]
+        outputs = [output.name for output in self.session.get_outputs()]
         layers = range(config.num_layers)
         self._past_names = [(f"past_key.{i}", f"past_value.{i}") for i in layers]
-        self._new = [(self._outputs.index(f"key.{i}"), self._outputs.index(f"value.{i}")) for i in layers]
-        self._logits = self._outputs.index("logits")
+        self._new = [(outputs.index(f"key.{i}"), outputs.index(f"value.{i}")) for i in layers]
+        self._logits = outputs.index("logits")
 
     def new_cache(self, max_len: int) -> OnnxKVCache:
         config = self.config
         return OnnxKVCache(config.num_layers, config.num_kv_heads, config.head_dim, max_len)
 
-    def weight_bytes(self) -> int:
-        return self.path.stat().st_size
-
-    def __call__(self, tokens: torch.Tensor, start: int, cache: OnnxKVCache,
-                 layers: Iterable[int] | None = None) -> torch.Tensor:
-        """tokens (1, T) at positions [start, start + T) -> logits (1, T, V'); writes the cache, like Transformer."""
-        if layers is not None:
-            raise UnsupportedModelError("layer-skip and early-exit drafters need the torch backend; with an ONNX "
-                                        "bundle use its drafter, ngram, or load the checkpoint folder instead")
-        if start > cache.length:
-            raise ValueError(f"a forward at position {start} would leave a gap after cache length {cache.length}")
-        steps = tokens.shape[1]
-        end = start + steps
-        if end > cache.max_len:
-            raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {end} does not fit")
-        feeds = {"input_ids": tokens[0].numpy().astype(np.int64, copy=False), "start": np.array(start, np.int64)}
+    def _step(self, tokens: torch.Tensor, start: int, cache: OnnxKVCache) -> torch.Tensor:
+        end = start + tokens.shape[0]
+        feeds = {"input_ids": tokens.numpy().astype(np.int64, copy=False), "start": np.array(start, np.int64)}
         for layer, (key_name, value_name) in enumerate(self._past_names):
             feeds[key_name] = cache.key_arrays[layer, :start]  # (start, Hkv, Dh), a view
             feeds[value_name] = cache.value_arrays[layer, :start]
@@ -95,13 +74,4 @@ class OnnxModel:
         for layer, (key_index, value_index) in enumerate(self._new):
             cache.key_arrays[layer, start:end] = outputs[key_index]  # (T, Hkv, Dh)
             cache.value_arrays[layer, start:end] = outputs[value_index]
-        cache.length = end
-        return torch.from_numpy(outputs[self._logits])[None]  # (1, T, V')
-
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """The forward's logits (B, T, V') -> (B, T, V); rows a trimmed head dropped are -inf (never drafted)."""
-        if self.vocab_map is None:
-            return out
-        full = out.new_full((*out.shape[:-1], self.config.vocab_size), float("-inf"))  # (B, T, V)
-        full[..., self.vocab_map] = out
-        return full
+        return torch.from_numpy(outputs[self._logits])  # (T, V')

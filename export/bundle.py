@@ -6,12 +6,14 @@ Everything is written into a temporary folder beside the output and moved into p
 graphs pass validation, so an interrupted or failed export leaves nothing half-written behind. See edge/bundle.py
 for the layout and for how the runtime checks it.
 
-Validation runs the exported graphs through the runtime (`Engine.load(bundle)`) and compares with eager edge:
+Validation runs every exported backend through the runtime (`Engine.load(bundle, backend=...)`) and compares with
+eager edge:
   - logits over a calibration conversation, one pass each: relative error ||onnx - eager|| / ||eager|| within the
     tolerance of the weight format (TOLERANCE), and top-1 agreement reported;
   - greedy text: eager edge against the bundle (required equal for fp32; reported for the others);
-  - speculation: greedy speculative decoding on the bundle equals greedy plain decoding on the bundle (required
-    whenever the weight format is row-invariant, which every default is).
+  - speculation: greedy speculative decoding on the bundle equals greedy plain decoding on the bundle (required on
+    ONNX whenever the weight format is row-invariant, which every default is; reported for the torch targets,
+    whose matmul is not batch-invariant).
 """
 
 from __future__ import annotations
@@ -42,9 +44,13 @@ CONFIG_FILES = ("config.json", "generation_config.json")
 VALIDATION_TOKENS = 32
 
 
+FORMATS = ("onnx", "torchscript")  # torchscript also writes the torch.export program of the same step
+
+
 @dataclass(frozen=True)
 class ExportOptions:
-    quant: QuantSettings = field(default_factory=QuantSettings)
+    formats: tuple[str, ...] = ("onnx",)  # FORMATS
+    quant: QuantSettings = field(default_factory=QuantSettings)  # the ONNX target's weights
     drafter: str | None = None  # "builtin" or a draft checkpoint folder; None: no drafter in the bundle
     vocab_trim: str = "auto"  # VocabTrim: "on", "off", or "auto" (on when the head outweighs the drafter's layers)
     vocab_coverage: float = 0.99  # keep the drafter head rows of the most frequent tokens covering this share
@@ -60,6 +66,7 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
 
     checkpoint, output = Path(checkpoint), Path(output)
     _check_output(output, options.overwrite)
+    _check_formats(options)
     progress = StageProgress(6 if options.drafter else 4, enabled=show_progress)
     progress.stage("reading the checkpoint")
     engine = Engine.load(checkpoint)  # float32 eager: the reference the graphs are validated against
@@ -67,10 +74,9 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
     workdir = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
     try:
         manifest = _manifest_head(checkpoint, engine, options)
-        progress.stage(f"building the target graph ({options.quant.weights})")
-        _write_model(workdir / "target", engine.model, None, options.quant, checkpoint)
-        manifest["target"] = {"onnx": "target/model.onnx", "config_dir": "target",
-                              "parameters": _parameters(engine.model)}
+        progress.stage(f"building the target ({', '.join(options.formats)}; onnx weights {options.quant.weights})")
+        files = _write_model(workdir, "target", engine.model, None, options, checkpoint)
+        manifest["target"] = {**files, "config_dir": "target", "parameters": _parameters(engine.model)}
         _copy_files(checkpoint, workdir, TOKENIZER_FILES)
         if draft_engine is not None:
             kept = None
@@ -78,10 +84,10 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
                 progress.stage("calibrating the drafter's vocabulary (VocabTrim)")
                 kept, trim = _calibrate(engine, options, progress)
                 manifest["vocab_trim"] = trim
-            progress.stage("building the drafter graph")
+            progress.stage("building the drafter")
             source = Path(draft_engine["path"])
-            _write_model(workdir / "drafter", draft_engine["model"], kept, options.quant, source)
-            manifest["drafter"] = {"onnx": "drafter/model.onnx", "config_dir": "drafter", "source": str(source),
+            files = _write_model(workdir, "drafter", draft_engine["model"], kept, options, source)
+            manifest["drafter"] = {**files, "config_dir": "drafter", "source": str(source),
                                    "parameters": _parameters(draft_engine["model"]),
                                    "tokenizer_sha256": draft_engine["tokenizer"].fingerprint()["vocab_sha256"],
                                    "vocab_map": None}
@@ -89,7 +95,7 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
                 (workdir / "drafter" / "vocab_map.json").write_text(json.dumps({"kept_ids": kept}))
                 manifest["drafter"]["vocab_map"] = "drafter/vocab_map.json"
         progress.stage("validating the graphs against eager edge")
-        manifest["memory"] = _memory(workdir, engine, draft_engine)
+        manifest["memory"] = _memory(workdir, manifest, engine, draft_engine)
         manifest["files"] = _file_table(workdir)
         (workdir / MANIFEST).write_text(json.dumps(manifest, indent=1))
         manifest["validation"] = validate(workdir, engine, draft_engine["model"] if draft_engine else None, options)
@@ -147,12 +153,34 @@ def _manifest_head(checkpoint: Path, engine, options: ExportOptions) -> dict:
     }
 
 
-def _write_model(folder: Path, model, head_rows: list[int] | None, settings: QuantSettings, source: Path) -> None:
+def _check_formats(options: ExportOptions) -> None:
+    unknown = [name for name in options.formats if name not in FORMATS]
+    if unknown or not options.formats:
+        raise ValueError(f"unknown target format {unknown[0] if unknown else ''!r}; choose from {', '.join(FORMATS)}")
+    if "onnx" not in options.formats and options.quant.weights != "fp32":
+        raise ValueError(f"--weights {options.quant.weights} applies to the ONNX target; the TorchScript target "
+                         "stores float32 (use --format both, or --weights fp32)")
+
+
+def _write_model(root: Path, part: str, model, head_rows: list[int] | None, options: ExportOptions,
+                 source: Path) -> dict:
+    """Write `part` ("target" or "drafter") in every requested format; return its manifest entries."""
+    from export.torch_targets import KVStep, save_exported, save_torchscript
+
+    folder = root / part
     folder.mkdir(parents=True)
     rows = torch.tensor(head_rows, dtype=torch.long) if head_rows is not None else None
-    graph = quantize(build_graph(model, head_rows=rows), settings)
-    onnx.save(graph, str(folder / "model.onnx"))
+    files = {}
+    if "onnx" in options.formats:
+        onnx.save(quantize(build_graph(model, head_rows=rows), options.quant), str(folder / "model.onnx"))
+        files["onnx"] = f"{part}/model.onnx"
+    if "torchscript" in options.formats:
+        step = KVStep(model, head_rows=rows).eval()
+        save_torchscript(step, folder / "model.ts")
+        save_exported(step, folder / "model.pt2")
+        files.update(torchscript=f"{part}/model.ts", torch_export=f"{part}/model.pt2")
     _copy_files(source, folder, CONFIG_FILES)
+    return files
 
 
 def _copy_files(source: Path, destination: Path, names: tuple[str, ...]) -> None:
@@ -190,16 +218,21 @@ def _parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _memory(workdir: Path, engine, draft_engine: dict | None) -> dict:
-    """What the planner needs: bytes of each graph and KV cache bytes per position (float32 cache)."""
+def _memory(workdir: Path, manifest: dict, engine, draft_engine: dict | None) -> dict:
+    """What the planner needs: bytes of each part's weights file (the default backend's) and KV cache bytes per
+    position (float32 cache)."""
     def kv_per_token(config) -> int:
         return 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
 
-    memory = {"target_weights_bytes": (workdir / "target" / "model.onnx").stat().st_size,
+    def weights_file(part: str) -> int:
+        entry = manifest[part]
+        return (workdir / (entry.get("onnx") or entry["torchscript"])).stat().st_size
+
+    memory = {"target_weights_bytes": weights_file("target"),
               "target_kv_bytes_per_token": kv_per_token(engine.model.config),
               "max_context": engine.model.config.max_position_embeddings}
     if draft_engine is not None:
-        memory["drafter_weights_bytes"] = (workdir / "drafter" / "model.onnx").stat().st_size
+        memory["drafter_weights_bytes"] = weights_file("drafter")
         memory["drafter_kv_bytes_per_token"] = kv_per_token(draft_engine["model"].config)
     return memory
 
@@ -216,34 +249,49 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 
 def validate(bundle_dir: Path, engine, draft_model, options: ExportOptions) -> dict:
-    """Compare the bundle with eager edge (see the module docstring); raise BundleError when out of tolerance."""
-    from edge.engine import Engine
+    """Compare every backend of the bundle with eager edge (see the module docstring); raise BundleError when one
+    is out of tolerance. Returns {"sequence_tokens": n, backend: {...}} for each backend."""
+    from edge.bundle import read_bundle
 
-    weights = options.quant.weights
     messages = [{"role": "user", "content": CALIBRATION_PROMPTS[0]}]
     reference_text = "".join(e.text for e in engine.chat(messages, max_new_tokens=VALIDATION_TOKENS, speculate=False))
     sequence = engine.history  # prompt + greedy reply: the teacher-forced validation sequence
     engine.reset()
+    report: dict = {"sequence_tokens": len(sequence)}
+    for backend in read_bundle(bundle_dir, verify=False).backends():
+        weights = options.quant.weights if backend == "onnx" else "fp32"
+        exact = options.quant.row_invariant if backend == "onnx" else False  # torch's matmul: not batch-invariant
+        report[backend] = _validate_backend(bundle_dir, backend, engine, draft_model, messages, sequence,
+                                            reference_text, weights, exact)
+    return report
+
+
+def _validate_backend(bundle_dir: Path, backend: str, engine, draft_model, messages: list[dict],
+                      sequence: list[int], reference_text: str, weights: str, exact: bool) -> dict:
+    from edge.engine import Engine
+
     drafter = "bundle" if draft_model is not None else "ngram"
-    bundled = Engine.load(bundle_dir, max_context=len(sequence) + VALIDATION_TOKENS + 16, drafter=drafter)
-    report = {"sequence_tokens": len(sequence), "tolerance": TOLERANCE[weights]}
-    report["target"] = _compare_logits(engine.model, bundled.model, sequence, TOLERANCE[weights], "target")
+    bundled = Engine.load(bundle_dir, max_context=len(sequence) + VALIDATION_TOKENS + 16, drafter=drafter,
+                          backend=backend)
+    tolerance = TOLERANCE[weights]
+    report = {"weights": weights, "tolerance": tolerance,
+              "target": _compare_logits(engine.model, bundled.model, sequence, tolerance, f"{backend} target")}
     if draft_model is not None:
-        report["drafter"] = _compare_logits(draft_model, bundled.drafter.model, sequence, TOLERANCE[weights],
-                                            "drafter")
+        report["drafter"] = _compare_logits(draft_model, bundled.drafter.model, sequence, tolerance,
+                                            f"{backend} drafter")
     plain_text = "".join(e.text for e in bundled.chat(messages, max_new_tokens=VALIDATION_TOKENS, speculate=False))
     plain_history = bundled.history
     report["greedy_text_identical"] = plain_text == reference_text
     if weights == "fp32" and not report["greedy_text_identical"]:
-        raise BundleError("validation failed: the fp32 graph's greedy text differs from eager edge's; nothing was "
-                          "written (please report this as a bug)")
+        raise BundleError(f"validation failed: the {backend} target's greedy text differs from eager edge's; nothing "
+                          "was written (please report this as a bug)")
     bundled.reset()
     speculative_text = "".join(e.text for e in bundled.chat(messages, max_new_tokens=VALIDATION_TOKENS))
     identical = bundled.history == plain_history and speculative_text == plain_text
-    report["speculative_equals_plain"] = {"drafter": drafter, "identical": identical}
-    if options.quant.row_invariant and not identical:
-        raise BundleError("validation failed: greedy speculative decoding on the bundle differs from plain decoding "
-                          "on it; nothing was written (please report this as a bug)")
+    report["speculative_equals_plain"] = {"drafter": drafter, "identical": identical, "guaranteed": exact}
+    if exact and not identical:
+        raise BundleError(f"validation failed: greedy speculative decoding on the {backend} target differs from plain "
+                          "decoding on it; nothing was written (please report this as a bug)")
     return report
 
 

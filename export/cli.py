@@ -30,10 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "default: the built-in model")
     parser.add_argument("-o", "--output", required=True, type=Path,
                         help="bundle folder to create (must not exist, unless --overwrite)")
-    parser.add_argument("--format", choices=["onnx"], default="onnx",
-                        help="target format: onnx (run by ONNX Runtime; the only format this version writes)")
+    parser.add_argument("--format", choices=["onnx", "torchscript", "both"], default="onnx",
+                        help="target format: onnx (run by ONNX Runtime; quantized weights; default), torchscript "
+                             "(a TorchScript module plus the same step as a torch.export program, .pt2, both "
+                             "float32; TorchScript is deprecated in torch 2.13, prefer the .pt2 for new "
+                             "embeddings), or both")
     parser.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"], default="int8",
-                        help="weight format: int8/int4 = weight-only group quantization run by MatMulNBits "
+                        help="ONNX weight format: int8/int4 = weight-only group quantization run by MatMulNBits "
                              "(smallest and fastest on a CPU); fp16 = half-precision storage; fp32 = as trained "
                              "(default: int8)")
     parser.add_argument("--block-size", type=int, default=32,
@@ -97,7 +100,8 @@ def _options(args, ExportOptions, QuantSettings):
     quant = QuantSettings(args.weights, block_size=args.block_size, accuracy_level=args.accuracy_level)
     if not 0.0 < args.vocab_coverage <= 1.0:
         raise ValueError(f"--vocab-coverage must be in (0, 1], e.g. 0.99; got {args.vocab_coverage}")
-    return ExportOptions(quant=quant, drafter=args.drafter, vocab_trim=args.vocab_trim,
+    formats = ("onnx", "torchscript") if args.format == "both" else (args.format,)
+    return ExportOptions(formats=formats, quant=quant, drafter=args.drafter, vocab_trim=args.vocab_trim,
                          vocab_coverage=args.vocab_coverage, calibration_text=text,
                          calibration_tokens=args.calibration_tokens, overwrite=args.overwrite)
 
@@ -114,18 +118,18 @@ def _builtin() -> Path:
 def _summary(output: Path, manifest: dict) -> None:
     validation = manifest["validation"]
     sizes = sum(entry["bytes"] for entry in manifest["files"].values())
-    lines = [f"wrote {output} ({sizes / 2**20:.1f} MiB, weights {manifest['quantization']['weights']})",
-             f"  target logits vs eager: relative error {validation['target']['relative_error']:.2e}, "
-             f"top-1 agreement {validation['target']['top1_agreement']:.1%}"]
-    if "drafter" in validation:
-        lines.append(f"  drafter logits vs eager: relative error {validation['drafter']['relative_error']:.2e}")
+    lines = [f"wrote {output} ({sizes / 2**20:.1f} MiB)"]
+    for backend in (name for name in ("onnx", "torchscript", "torch-export") if name in validation):
+        report = validation[backend]
+        spec = report["speculative_equals_plain"]
+        lines.append(f"  {backend} ({report['weights']}): target logits vs eager relative error "
+                     f"{report['target']['relative_error']:.2e}, top-1 agreement {report['target']['top1_agreement']:.1%}"
+                     + (f"; drafter {report['drafter']['relative_error']:.2e}" if "drafter" in report else "")
+                     + f"; greedy speculative ({spec['drafter']}) equals plain: {'yes' if spec['identical'] else 'NO'}")
     if "vocab_trim" in manifest:
         trim = manifest["vocab_trim"]
         lines.append(f"  drafter vocabulary: {trim['kept']} of {trim['vocab_size']} tokens "
                      f"({trim['covered_share']:.1%} of calibration tokens)")
-    spec = validation["speculative_equals_plain"]
-    lines.append(f"  greedy speculative ({spec['drafter']}) equals plain decoding on the bundle: "
-                 f"{'yes' if spec['identical'] else 'NO'}")
     lines.append(f"run it: edge-chat {output}" + (" --drafter bundle" if manifest.get("drafter") else ""))
     print("\n".join(lines))
 

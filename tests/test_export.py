@@ -47,7 +47,7 @@ def drafter_dir(tmp_path_factory, tokenizer_dir) -> Path:
 def test_fp32_graph_reproduces_eager_edge(family, checkpoint_factory, tmp_path):
     checkpoint = checkpoint_factory(family)
     manifest = export(checkpoint, tmp_path / "bundle")
-    assert manifest["validation"]["target"]["relative_error"] < 1e-4
+    assert manifest["validation"]["onnx"]["target"]["relative_error"] < 1e-4
     eager = Engine.load(checkpoint, max_context=256)
     bundled = Engine.load(tmp_path / "bundle", max_context=256)
     for prompt in PROMPTS:  # mistral: 40 + prompt tokens cross its 24-token sliding window
@@ -57,7 +57,7 @@ def test_fp32_graph_reproduces_eager_edge(family, checkpoint_factory, tmp_path):
 @pytest.mark.parametrize("weights", ["fp32", "fp16", "int8", "int4"])
 def test_speculation_on_the_bundle_equals_plain_decoding(weights, llama_dir, drafter_dir, tmp_path):
     manifest = export(llama_dir, tmp_path / "bundle", weights, drafter=str(drafter_dir), vocab_trim="on")
-    assert manifest["validation"]["speculative_equals_plain"]["identical"]
+    assert manifest["validation"]["onnx"]["speculative_equals_plain"]["identical"]
     assert manifest["drafter"]["vocab_map"] == "drafter/vocab_map.json"
     plain = Engine.load(tmp_path / "bundle", max_context=512)
     for drafter in ("bundle", "ngram"):
@@ -65,6 +65,38 @@ def test_speculation_on_the_bundle_equals_plain_decoding(weights, llama_dir, dra
             fast = Engine.load(tmp_path / "bundle", max_context=512, drafter=drafter, draft_length=length)
             for prompt in PROMPTS:
                 assert greedy(fast, prompt, 96) == greedy(plain, prompt, 96), (drafter, length, prompt)
+
+
+@pytest.fixture(scope="module")
+def torch_bundle(tmp_path_factory, llama_dir, drafter_dir) -> Path:
+    folder = tmp_path_factory.mktemp("torch-targets") / "bundle"
+    manifest = export(llama_dir, folder, "int8", formats=("onnx", "torchscript"), drafter=str(drafter_dir),
+                      vocab_trim="on")
+    assert set(manifest["validation"]) == {"sequence_tokens", "onnx", "torchscript", "torch-export"}
+    assert manifest["validation"]["torchscript"]["weights"] == "fp32"
+    return folder
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "torch-export"])
+def test_torch_targets_reproduce_eager_edge_and_speculate_exactly(backend, torch_bundle, llama_dir):
+    eager = Engine.load(llama_dir, max_context=512)
+    plain = Engine.load(torch_bundle, max_context=512, backend=backend)
+    assert plain.backend == backend and plain.bundle.backends() == ["onnx", "torchscript", "torch-export"]
+    for drafter in ("bundle", "ngram"):
+        fast = Engine.load(torch_bundle, max_context=512, drafter=drafter, backend=backend)
+        for prompt in PROMPTS:
+            reference = greedy(plain, prompt, 64)
+            assert reference == greedy(eager, prompt, 64)  # float32 weights: eager edge's tokens
+            assert greedy(fast, prompt, 64) == reference, (drafter, prompt)
+
+
+def test_backend_choice_errors(torch_bundle, small_bundle, llama_dir, capsys):
+    with pytest.raises(BundleError, match="has no torchscript target"):
+        Engine.load(small_bundle, backend="torchscript")
+    with pytest.raises(EdgeError, match="runs exported bundles"):
+        Engine.load(llama_dir, backend="onnx")
+    assert export_main([str(llama_dir), "-o", "unused", "--format", "torchscript", "--weights", "int8"]) == 2
+    assert "applies to the ONNX target" in capsys.readouterr().err
 
 
 def test_trimmed_drafter_never_drafts_a_dropped_token(llama_dir, drafter_dir, tmp_path):
@@ -113,7 +145,7 @@ def test_manifest_lists_hashes_settings_and_memory(llama_dir, drafter_dir, tmp_p
 def test_cli_exports_and_reports(llama_dir, tmp_path, capsys):
     assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--weights", "int8", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "wrote" in out and "equals plain decoding on the bundle: yes" in out
+    assert "wrote" in out and "onnx (int8)" in out and "equals plain: yes" in out
     assert read_bundle(tmp_path / "b").manifest["quantization"]["weights"] == "int8"
 
 

@@ -25,6 +25,7 @@ class SessionLoader:
     max_context: int = DEFAULT_MAX_CONTEXT
     measure_baseline: bool = True
     memory_budget: str | None = None  # plan for this budget (the plan's step-downs are shown in the chat)
+    backend: str | None = None  # for a bundle: onnx, torchscript or torch-export (default: its first)
 
     @property
     def name(self) -> str:
@@ -35,7 +36,7 @@ class SessionLoader:
         engine = Engine.load(self.model_path, dtype=self.dtype, device=self.device, max_context=self.max_context,
                              drafter=drafter, draft_length=self.settings.draft_length,
                              progress=lambda stage, fraction: progress(stage, 0.8 * fraction),
-                             memory_budget=self.memory_budget)
+                             memory_budget=self.memory_budget, backend=self.backend)
         settings = self.settings
         if engine.plan is not None:  # the plan may have stepped the drafter down
             from edge.planning import planned_drafter

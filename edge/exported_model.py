@@ -1,0 +1,65 @@
+"""What every exported backend shares: the `Transformer` calls the engine and drafters make, over a step function
+that takes the cache's valid prefix and returns the logits and the new keys/values.
+
+    model(tokens, start, cache)   tokens (1, T) at [start, start + T) -> handle (1, T, V'); writes the cache
+    model.logits(handle)          (1, T, V): a trimmed head's logits put back in the full vocabulary
+    model.new_cache(max_len)      the cache this backend reads
+
+Backends: edge.onnx_backend.OnnxModel (ONNX Runtime), edge.torch_step_backend.TorchStepModel (TorchScript and
+torch.export programs). There are no hidden states on these backends: a forward returns the logits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from edge.config import ModelConfig
+from edge.errors import UnsupportedModelError
+from edge.kv_cache import KVCache
+
+
+class ExportedModel:
+    rowwise = None  # edge's batch-invariant torch kernel belongs to the eager model
+    dtype = torch.float32  # activations and KV cache (weights may be quantized inside the graph)
+    device = torch.device("cpu")
+
+    def __init__(self, path: str | Path, config: ModelConfig, vocab_map: torch.Tensor | None = None) -> None:
+        self.path = Path(path)
+        self.config = config
+        self.vocab_map = vocab_map  # (V',) full-vocabulary id of each kept head row, or None for a full head
+
+    def weight_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    def new_cache(self, max_len: int) -> KVCache:
+        return KVCache.for_model(self.config, max_len, dtype=torch.float32)  # (L, 1, Hkv, S, Dh)
+
+    def __call__(self, tokens: torch.Tensor, start: int, cache: KVCache,
+                 layers: Iterable[int] | None = None) -> torch.Tensor:
+        """tokens (1, T) at positions [start, start + T) -> logits (1, T, V'); writes the cache, like Transformer."""
+        if layers is not None:
+            raise UnsupportedModelError("layer-skip and early-exit drafters need the torch backend; with an exported "
+                                        "bundle use its drafter, ngram, or load the checkpoint folder instead")
+        if start > cache.length:
+            raise ValueError(f"a forward at position {start} would leave a gap after cache length {cache.length}")
+        end = start + tokens.shape[1]
+        if end > cache.max_len:
+            raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {end} does not fit")
+        logits = self._step(tokens[0], start, cache)  # (T, V')
+        cache.length = end
+        return logits[None]
+
+    def _step(self, tokens: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+        """Run tokens (T,) at [start, start + T) over cache slots [0, start); write their keys/values; logits."""
+        raise NotImplementedError
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """The forward's logits (B, T, V') -> (B, T, V); rows a trimmed head dropped are -inf (never drafted)."""
+        if self.vocab_map is None:
+            return out
+        full = out.new_full((*out.shape[:-1], self.config.vocab_size), float("-inf"))  # (B, T, V)
+        full[..., self.vocab_map] = out
+        return full

@@ -79,7 +79,12 @@ class Bundle:
 
     def open_model(self, part: str, backend: str, *, threads: int | None = None):
         """The exported `part` ("target" or "drafter") on `backend`, with the Transformer calls of exported models."""
-        path = self.root / self.manifest[part][BACKENDS[backend]]
+        entry = self.manifest[part]
+        path = self.root / entry[BACKENDS[backend]]
+        if entry.get("graph") == "optimum":  # an architecture edge's model file does not cover
+            from edge.optimum_backend import OptimumOnnxModel
+
+            return OptimumOnnxModel(path, self.root / entry["config_dir"], threads=threads)
         vocab_map = self.drafter_vocab_map() if part == "drafter" else None
         if backend == "onnx":
             from edge.onnx_backend import OnnxModel

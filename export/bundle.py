@@ -31,7 +31,7 @@ import torch
 
 import edge
 from edge.bundle import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
-from edge.errors import BundleError
+from edge.errors import BundleError, UnsupportedModelError
 from export.onnx_graph import build_graph
 from export.progress import StageProgress
 from export.quantize import QuantSettings, quantize
@@ -62,43 +62,20 @@ class ExportOptions:
 def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOptions = ExportOptions(), *,
                   show_progress: bool = True) -> dict:
     """Export `checkpoint` to the bundle folder `output`; return the manifest. Raises EdgeError subclasses."""
-    from edge.engine import Engine
-
     checkpoint, output = Path(checkpoint), Path(output)
     _check_output(output, options.overwrite)
     _check_formats(options)
-    progress = StageProgress(6 if options.drafter else 4, enabled=show_progress)
-    progress.stage("reading the checkpoint")
-    engine = Engine.load(checkpoint)  # float32 eager: the reference the graphs are validated against
-    draft_engine = _load_drafter(options.drafter, engine) if options.drafter else None
+    unsupported = _unsupported_by_edge(checkpoint)
+    stages = 4 + (2 if options.drafter else 0) if unsupported is None else 4
+    progress = StageProgress(stages, enabled=show_progress)
     workdir = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
     try:
-        manifest = _manifest_head(checkpoint, engine, options)
-        progress.stage(f"building the target ({', '.join(options.formats)}; onnx weights {options.quant.weights})")
-        files = _write_model(workdir, "target", engine.model, None, options, checkpoint)
-        manifest["target"] = {**files, "config_dir": "target", "parameters": _parameters(engine.model)}
-        _copy_files(checkpoint, workdir, TOKENIZER_FILES)
-        if draft_engine is not None:
-            kept = None
-            if _should_trim(options.vocab_trim, draft_engine["model"]):
-                progress.stage("calibrating the drafter's vocabulary (VocabTrim)")
-                kept, trim = _calibrate(engine, options, progress)
-                manifest["vocab_trim"] = trim
-            progress.stage("building the drafter")
-            source = Path(draft_engine["path"])
-            files = _write_model(workdir, "drafter", draft_engine["model"], kept, options, source)
-            manifest["drafter"] = {**files, "config_dir": "drafter", "source": str(source),
-                                   "parameters": _parameters(draft_engine["model"]),
-                                   "tokenizer_sha256": draft_engine["tokenizer"].fingerprint()["vocab_sha256"],
-                                   "vocab_map": None}
-            if kept is not None:
-                (workdir / "drafter" / "vocab_map.json").write_text(json.dumps({"kept_ids": kept}))
-                manifest["drafter"]["vocab_map"] = "drafter/vocab_map.json"
-        progress.stage("validating the graphs against eager edge")
-        manifest["memory"] = _memory(workdir, manifest, engine, draft_engine)
-        manifest["files"] = _file_table(workdir)
-        (workdir / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        manifest["validation"] = validate(workdir, engine, draft_engine["model"] if draft_engine else None, options)
+        if unsupported is None:
+            manifest = _export_edge_graphs(checkpoint, workdir, options, progress)
+        else:
+            from export.optimum_export import export_with_optimum
+
+            manifest = export_with_optimum(checkpoint, workdir, options, progress, unsupported)
         progress.stage("writing the manifest and moving the bundle into place")
         manifest["files"] = _file_table(workdir)
         _write_json_atomic(workdir / MANIFEST, manifest)
@@ -109,6 +86,55 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
         progress.close()
         if workdir.exists():
             shutil.rmtree(workdir, ignore_errors=True)
+    return manifest
+
+
+def _unsupported_by_edge(checkpoint: Path) -> UnsupportedModelError | None:
+    """None when edge's model file covers the checkpoint; else the error saying why (optimum may export it)."""
+    from edge.config import ModelConfig
+
+    if not checkpoint.is_dir():
+        raise BundleError(f"checkpoint folder {checkpoint} does not exist; pass the folder holding config.json")
+    try:
+        ModelConfig.from_dir(checkpoint)
+    except UnsupportedModelError as error:
+        return error
+    return None
+
+
+def _export_edge_graphs(checkpoint: Path, workdir: Path, options: ExportOptions, progress: StageProgress) -> dict:
+    """Graphs built from edge's own model (export/onnx_graph.py, export/torch_targets.py), validated against it."""
+    from edge.engine import Engine
+
+    progress.stage("reading the checkpoint")
+    engine = Engine.load(checkpoint)  # float32 eager: the reference the graphs are validated against
+    draft_engine = _load_drafter(options.drafter, engine) if options.drafter else None
+    manifest = _manifest_head(checkpoint, engine.tokenizer, options)
+    progress.stage(f"building the target ({', '.join(options.formats)}; onnx weights {options.quant.weights})")
+    files = _write_model(workdir, "target", engine.model, None, options, checkpoint)
+    manifest["target"] = {**files, "config_dir": "target", "parameters": _parameters(engine.model)}
+    _copy_files(checkpoint, workdir, TOKENIZER_FILES)
+    if draft_engine is not None:
+        kept = None
+        if _should_trim(options.vocab_trim, draft_engine["model"]):
+            progress.stage("calibrating the drafter's vocabulary (VocabTrim)")
+            kept, trim = _calibrate(engine, options, progress)
+            manifest["vocab_trim"] = trim
+        progress.stage("building the drafter")
+        source = Path(draft_engine["path"])
+        files = _write_model(workdir, "drafter", draft_engine["model"], kept, options, source)
+        manifest["drafter"] = {**files, "config_dir": "drafter", "source": str(source),
+                               "parameters": _parameters(draft_engine["model"]),
+                               "tokenizer_sha256": draft_engine["tokenizer"].fingerprint()["vocab_sha256"],
+                               "vocab_map": None}
+        if kept is not None:
+            (workdir / "drafter" / "vocab_map.json").write_text(json.dumps({"kept_ids": kept}))
+            manifest["drafter"]["vocab_map"] = "drafter/vocab_map.json"
+    progress.stage("validating the graphs against eager edge")
+    manifest["memory"] = _memory(workdir, manifest, engine, draft_engine)
+    manifest["files"] = _file_table(workdir)
+    (workdir / MANIFEST).write_text(json.dumps(manifest, indent=1))  # read by the validating engine
+    manifest["validation"] = validate(workdir, engine, draft_engine["model"] if draft_engine else None, options)
     return manifest
 
 
@@ -137,8 +163,8 @@ def _load_drafter(spec: str, engine) -> dict:
     return {"model": drafter.model, "path": path, "tokenizer": Tokenizer.from_dir(path)}
 
 
-def _manifest_head(checkpoint: Path, engine, options: ExportOptions) -> dict:
-    fingerprint = engine.tokenizer.fingerprint()
+def _manifest_head(checkpoint: Path, tokenizer, options: ExportOptions) -> dict:
+    fingerprint = tokenizer.fingerprint()
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -175,18 +175,58 @@ def test_failed_export_leaves_nothing_behind(llama_dir, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unsupported_architecture_is_one_clear_line(tmp_path, llama_dir, capsys):
+def test_unknown_architecture_is_one_clear_line(tmp_path, llama_dir, capsys):
     import shutil
 
-    checkpoint = tmp_path / "gpt2ish"
+    checkpoint = tmp_path / "unknown"
     shutil.copytree(llama_dir, checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
-    config.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    config.update(model_type="nosuchmodel", architectures=["NoSuchModelForCausalLM"])
     (checkpoint / "config.json").write_text(json.dumps(config))
     assert export_main([str(checkpoint), "-o", str(tmp_path / "b"), "--quiet"]) == 2
     error = capsys.readouterr().err.strip()
-    assert error.startswith("edge-export:") and "\n" not in error and "gpt2" in error.lower()
-    assert not (tmp_path / "b").exists()
+    assert error.startswith("edge-export:") and "\n" not in error and "nosuchmodel" in error.lower()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unknown"]  # no bundle, no partial folder
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    """GPT-2: an architecture edge's model file does not cover (learned positions, LayerNorm, GELU)."""
+    import shutil
+
+    import transformers
+
+    from edge.tokenizer import Tokenizer
+
+    folder = tmp_path_factory.mktemp("gpt2")
+    vocab = Tokenizer.from_dir(tokenizer_dir).vocab_size
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=256, n_embd=64, n_layer=2, n_head=4,
+                                     eos_token_id=vocab - 1, bos_token_id=vocab - 1)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy(item, folder / item.name)
+    return folder
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_uncovered_architecture_exports_through_optimum(weights, gpt2_dir, tmp_path):
+    pytest.importorskip("optimum.exporters.onnx")
+    manifest = export(gpt2_dir, tmp_path / "bundle", weights)
+    assert manifest["target"]["graph"] == "optimum" and manifest["target"]["architecture"] == "gpt2"
+    assert manifest["validation"]["onnx"]["speculative_equals_plain"]["identical"]
+    plain = Engine.load(tmp_path / "bundle", max_context=256)
+    fast = Engine.load(tmp_path / "bundle", max_context=256, drafter="ngram", draft_length=4)
+    for prompt in PROMPTS:
+        assert greedy(fast, prompt, 64) == greedy(plain, prompt, 64)
+    if weights == "fp32":  # equal to transformers' own greedy decoding
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(gpt2_dir).eval()
+        ids = plain.tokenizer.encode(PROMPTS[0], add_special_tokens=True)
+        expected = hf.generate(torch.tensor([ids]), max_new_tokens=40, min_new_tokens=40, do_sample=False,
+                               pad_token_id=0)[0].tolist()
+        assert greedy(plain, PROMPTS[0]) == expected
 
 
 def test_bad_options_are_refused(llama_dir, tmp_path, capsys):

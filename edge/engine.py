@@ -104,6 +104,7 @@ class Engine:
         progress: Callable[[str, float], None] | None = None,
         memory_budget: str | int | None = None,
         backend: str | None = None,
+        draft_vocab: "str | Path | torch.Tensor | None" = None,
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
 
@@ -113,7 +114,8 @@ class Engine:
         bytes) the memory planner sizes the context and may step the drafter down to fit; `engine.plan` says
         what it chose and why. Without one, what is requested is allocated as asked. `path` may also be an edge-export
         bundle: it then runs on `backend` ("onnx", "torchscript" or "torch-export"; default: the first the bundle
-        has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own."""
+        has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own. `draft_vocab` (token ids, or a
+        JSON file from `python -m export.vocab_trim`) trims a model drafter's head to those tokens (VocabTrim)."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
@@ -125,7 +127,7 @@ class Engine:
                 raise BundleError("--memory-budget plans checkpoint folders; a bundle's memory needs are in its "
                                   "manifest.json (load the source checkpoint folder to plan against a budget)")
             return cls._load_bundle(path, max_context=max_context, drafter=drafter, draft_length=draft_length,
-                                    report=report, backend=backend)
+                                    report=report, backend=backend, draft_vocab=draft_vocab)
         if backend not in (None, "torch"):
             raise CheckpointError(f"backend {backend!r} runs exported bundles; {path} is a checkpoint folder (run it "
                                   "on torch, or export it with edge-export)")
@@ -144,14 +146,15 @@ class Engine:
         engine = cls(model, tokenizer, max_context=max_context)
         if drafter:
             report(f"loading the drafter ({drafter})", 0.8)
-            engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."))
+            engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."), draft_vocab=draft_vocab)
         engine.plan = plan
         report("loaded", 1.0)
         return engine
 
     @classmethod
     def _load_bundle(cls, path: str | Path, *, max_context: int, drafter: str | None, draft_length: int | str,
-                     report: Callable[[str, float], None], backend: str | None) -> "Engine":
+                     report: Callable[[str, float], None], backend: str | None,
+                     draft_vocab: "str | Path | torch.Tensor | None") -> "Engine":
         """An edge-export bundle on one of its backends; drafter "bundle" (or "builtin") is the bundle's own."""
         report("checking the bundle's files", 0.0)
         bundle = read_bundle(path)
@@ -163,13 +166,16 @@ class Engine:
         engine.bundle, engine.backend = bundle, backend
         if drafter:
             report(f"opening the drafter ({drafter})", 0.8)
-            engine.use_drafter(drafter, draft_length)
+            engine.use_drafter(drafter, draft_length, draft_vocab=draft_vocab)
         report("loaded", 1.0)
         return engine
 
     def use_drafter(self, drafter: "str | Drafter | None", draft_length: int | str = "adaptive", *,
-                    dtype: str = "float32") -> None:
-        """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None)."""
+                    dtype: str = "float32", draft_vocab: "str | Path | torch.Tensor | None" = None) -> None:
+        """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None).
+        `draft_vocab` trims a model drafter's head to those token ids (or a JSON file of them)."""
+        if isinstance(drafter, str) and "@" in drafter:  # SPEC@VOCAB.json: VocabTrim the drafter's head
+            drafter, _, draft_vocab = drafter.rpartition("@")
         if isinstance(drafter, str) and drafter in ("bundle", "builtin") and self.bundle is not None:
             drafter = bundle_drafter(self.bundle, self.tokenizer, self.max_context, self.backend)  # the bundle's own
         elif drafter == "bundle":
@@ -177,6 +183,8 @@ class Engine:
         if isinstance(drafter, str):  # a draft never reaches past the context: steps are capped by the budget
             drafter = make_drafter(drafter, self.model, self.cache, self.tokenizer, max_len=self.max_context,
                                    dtype=dtype)
+        if draft_vocab is not None and drafter is not None:
+            _trim_drafter(drafter, draft_vocab)
         self.drafter = drafter
         self.draft_length = _draft_length(draft_length)
         if self.model.rowwise is not None and self.draft_length.longest + 1 > self.model.rowwise_max_rows:
@@ -395,3 +403,12 @@ def _draft_length(value: int | str | DraftLength) -> DraftLength:
     if not isinstance(value, int) or isinstance(value, bool):
         raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {value!r}")
     return DraftLength.fixed(value)
+
+
+def _trim_drafter(drafter: Drafter, vocab: "str | Path | torch.Tensor") -> None:
+    from edge.drafters.trimmed_head import read_vocabulary
+
+    if not hasattr(drafter, "trim_vocabulary"):
+        raise SamplingError(f"the {drafter.name} drafter has no head to trim; a draft vocabulary applies to draft "
+                            "models and layer-skip drafters")
+    drafter.trim_vocabulary(vocab if isinstance(vocab, torch.Tensor) else read_vocabulary(vocab))

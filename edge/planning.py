@@ -19,6 +19,7 @@ def drafter_kind(spec: str | None) -> str:
     """What the planner counts for a drafter spec: none, ngram, self (shares the target's memory) or model."""
     if not spec or spec == "none":
         return "none"
+    spec = without_vocabulary(spec)
     name = spec.partition(":")[0]
     if name in PLAN_DRAFTERS:
         return PLAN_DRAFTERS[name]
@@ -27,8 +28,13 @@ def drafter_kind(spec: str | None) -> str:
     raise SamplingError(f"unknown drafter {spec!r}; expected one of: {DRAFTER_SPECS}")
 
 
+def without_vocabulary(spec: str) -> str:
+    """The drafter spec without its VocabTrim suffix ("early-exit:3@vocab.json" -> "early-exit:3")."""
+    return spec.rpartition("@")[0] if "@" in spec else spec
+
+
 def drafter_folder(spec: str) -> Path:
-    name, _, arg = spec.partition(":")
+    name, _, arg = without_vocabulary(spec).partition(":")
     if name == "builtin":
         from edge.builtin import builtin_drafter_path
 

@@ -3,6 +3,8 @@
     counts = count_generated(engine, CALIBRATION_PROMPTS, max_new_tokens=96, extra_text=user_text)
     kept = choose_vocabulary(counts, coverage=0.99, always=tokenizer.special_token_ids)   # sorted ids (V',)
 
+    python -m export.vocab_trim CHECKPOINT -o vocab.json     # the same, for torch drafters: --drafter SPEC@vocab.json
+
 The drafter's head is rebuilt with those rows only (export/onnx_graph.py `head_rows`) and the kept ids are stored
 with it; the runtime maps each drafted position back to the full vocabulary (edge.onnx_backend: `vocab_map`), with
 the dropped tokens impossible for the drafter. The target still verifies over the full vocabulary, so output is
@@ -14,7 +16,11 @@ benchmark's prompts (edge/bench/prompts.py), so benchmark figures are not fitted
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Iterable, Sequence
 
 CALIBRATION_PROMPTS = (
@@ -85,3 +91,40 @@ def covered_share(counts: Counter, kept: Iterable[int]) -> float:
     kept = set(kept)
     total = sum(counts.values())
     return sum(count for token, count in counts.items() if token in kept) / total if total else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m export.vocab_trim",
+                                     description="Count the tokens a checkpoint generates on calibration prompts and "
+                                                 "write the most frequent ones, for a trimmed drafter head: "
+                                                 "edge-chat CHECKPOINT --drafter early-exit:3@vocab.json")
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("-o", "--output", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--coverage", type=float, default=0.99, help="share of generated tokens to cover")
+    parser.add_argument("--calibration-text", type=Path, help="UTF-8 text whose tokens also count")
+    parser.add_argument("--calibration-tokens", type=int, default=96, help="tokens generated per prompt")
+    args = parser.parse_args(argv)
+    from edge.engine import Engine
+    from edge.errors import EdgeError
+
+    try:
+        text = args.calibration_text.read_text(encoding="utf-8") if args.calibration_text else None
+        engine = Engine.load(args.checkpoint)
+        counts = count_generated(engine, max_new_tokens=args.calibration_tokens, extra_text=text)
+        kept = choose_vocabulary(counts, args.coverage, engine.tokenizer.special_token_ids | set(engine.eos_token_ids))
+    except (EdgeError, OSError, ValueError) as error:
+        print(f"vocab_trim: {error}", file=sys.stderr)
+        return 2
+    report = {"kept_ids": kept, "kept": len(kept), "vocab_size": engine.model.config.vocab_size,
+              "coverage_target": args.coverage, "covered_share": round(covered_share(counts, kept), 4),
+              "calibration_tokens": sum(counts.values())}
+    temporary = args.output.with_suffix(args.output.suffix + ".tmp")
+    temporary.write_text(json.dumps(report))
+    temporary.replace(args.output)
+    print(f"wrote {args.output}: {len(kept)} of {report['vocab_size']} tokens cover "
+          f"{report['covered_share']:.1%} of {report['calibration_tokens']} calibration tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,8 +15,10 @@ import torch
 pytest.importorskip("onnx")
 
 from edge.bundle import read_bundle  # noqa: E402
+from edge.drafters import DraftSampler  # noqa: E402
 from edge.engine import Engine  # noqa: E402
 from edge.errors import BundleError, EdgeError  # noqa: E402
+from edge.sampling import SamplingParams  # noqa: E402
 from export.bundle import ExportOptions, export_bundle  # noqa: E402
 from export.cli import main as export_main  # noqa: E402
 from export.quantize import QuantSettings  # noqa: E402
@@ -302,3 +304,40 @@ def test_choose_vocabulary_covers_the_share_with_the_fewest_tokens():
     assert covered_share(counts, [5, 9]) == pytest.approx(0.65)
     with pytest.raises(ValueError, match="coverage"):
         choose_vocabulary(counts, 0.0)
+
+
+@pytest.fixture(scope="module")
+def vocab_file(llama_dir, tmp_path_factory) -> Path:
+    from export.vocab_trim import main as vocab_main
+
+    path = tmp_path_factory.mktemp("vocab") / "vocab.json"
+    assert vocab_main([str(llama_dir), "-o", str(path), "--coverage", "0.6", "--calibration-tokens", "16"]) == 0
+    return path
+
+
+@pytest.mark.parametrize("spec", ["early-exit:2", "skip:1", "adaptive", "draft"])
+def test_trimmed_torch_drafters_stay_lossless(spec, vocab_file, llama_dir, drafter_dir):
+    spec = f"draft:{drafter_dir}" if spec == "draft" else spec
+    plain = Engine.load(llama_dir, max_context=512)
+    trimmed = Engine.load(llama_dir, max_context=512, drafter=f"{spec}@{vocab_file}", draft_length=3)
+    kept = set(json.loads(vocab_file.read_text())["kept_ids"])
+    assert 0 < len(kept) < plain.model.config.vocab_size
+    for prompt in PROMPTS:
+        assert greedy(trimmed, prompt, 64) == greedy(plain, prompt, 64), (spec, prompt)
+    sampler = DraftSampler(SamplingParams(), torch.Generator())
+    draft = trimmed.drafter.propose(plain.tokenizer.encode(PROMPTS[0]), 4, sampler)
+    assert draft.tokens and set(draft.tokens) <= kept  # drafts come from the kept tokens only
+    assert trimmed.memory_footprint()["drafter"] > 0
+
+
+def test_bad_draft_vocabularies_are_refused(llama_dir, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kept_ids": [1, 2, 999999]}')
+    with pytest.raises(EdgeError, match="token ids in 0"):
+        Engine.load(llama_dir, drafter=f"early-exit:1@{bad}")
+    with pytest.raises(EdgeError, match="cannot read the draft vocabulary"):
+        Engine.load(llama_dir, drafter=f"early-exit:1@{tmp_path / 'missing.json'}")
+    good = tmp_path / "good.json"
+    good.write_text("[1, 2, 3]")
+    with pytest.raises(EdgeError, match="has no head to trim"):
+        Engine.load(llama_dir, drafter=f"ngram@{good}")

@@ -8,6 +8,8 @@
     adaptive             picks among early exits and a skip set at run time from measured speed
     draft:PATH | PATH    a separate small checkpoint with the same tokenizer (or an edge-export bundle's drafter)
     builtin              the built-in drafter shipped with the built-in model
+    SPEC@VOCAB.json      any model drafter above with its head trimmed to the token ids in VOCAB.json (VocabTrim;
+                         make one with `python -m export.vocab_trim`) (handled by Engine.use_drafter)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from edge.tokenizer import Tokenizer
 
 __all__ = ["Draft", "Drafter", "DraftSampler", "DraftModelDrafter", "LayerSkipDrafter", "AdaptiveLayerSkipDrafter",
            "NGramDrafter", "make_drafter", "DRAFTER_SPECS"]
-DRAFTER_SPECS = "ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, draft:PATH, builtin"
+DRAFTER_SPECS = "ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, draft:PATH, builtin (+ @VOCAB.json)"
 
 
 def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Tokenizer, *, max_len: int,

@@ -7,7 +7,8 @@ import logging
 import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
-from edge.errors import TokenizerError
+from edge.drafters.trimmed_head import TrimmedHead
+from edge.errors import SamplingError, TokenizerError
 from edge.kv_cache import common_prefix
 from edge.model import Transformer
 from edge.tokenizer import Tokenizer
@@ -22,6 +23,7 @@ class DraftModelDrafter:
         self.model = model
         self.device = model.device
         self.cache = model.new_cache(max_len)
+        self.head: TrimmedHead | None = None  # VocabTrim on the torch backend (bundles trim inside the graph)
         self._cached: list[int] = []  # tokens whose keys/values are in the drafter's cache
 
     @classmethod
@@ -52,7 +54,14 @@ class DraftModelDrafter:
 
     def _step(self, feed: list[int], start: int) -> torch.Tensor:
         hidden = self.model(torch.tensor([feed], device=self.device), start, self.cache)  # (1, T, D)
+        if self.head is not None:
+            return self.head.logits(hidden)  # (V,), dropped tokens -inf
         return self.model.logits(hidden[:, -1:])[0, -1]  # (V,)
+
+    def trim_vocabulary(self, kept: torch.Tensor) -> None:
+        if not isinstance(self.model, Transformer):
+            raise SamplingError("a bundle's drafter is trimmed when it is exported (edge-export --vocab-trim on)")
+        self.head = TrimmedHead(self.model, kept)
 
     def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
         pass  # the next propose() rolls the cache back to the common prefix
@@ -62,7 +71,7 @@ class DraftModelDrafter:
         self._cached = []
 
     def memory_bytes(self) -> int:
-        return self.model.weight_bytes() + self.cache.nbytes
+        return self.model.weight_bytes() + self.cache.nbytes + (self.head.nbytes if self.head is not None else 0)
 
 
 def _parameters(model: Transformer) -> int:

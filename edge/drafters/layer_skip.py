@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
+from edge.drafters.trimmed_head import TrimmedHead
 from edge.errors import SamplingError
 from edge.kv_cache import KVCache
 from edge.model import Transformer
@@ -50,6 +51,10 @@ class LayerSkipDrafter:
     def __init__(self, model: Transformer, cache: KVCache, layers: list[int], name: str) -> None:
         self.model, self.cache, self.layers, self.name = model, cache, list(layers), name
         self.device = model.device
+        self.head: TrimmedHead | None = None  # VocabTrim: draft over the kept tokens only
+
+    def trim_vocabulary(self, kept: torch.Tensor) -> None:
+        self.head = TrimmedHead(self.model, kept)
 
     @classmethod
     def early_exit(cls, model: Transformer, cache: KVCache, exit_layer: int) -> "LayerSkipDrafter":
@@ -66,6 +71,8 @@ class LayerSkipDrafter:
 
     def _step(self, feed: list[int], start: int) -> torch.Tensor:
         hidden = self.model(torch.tensor([feed], device=self.device), start, self.cache, layers=self.layers)
+        if self.head is not None:
+            return self.head.logits(hidden)  # (V,), dropped tokens -inf
         return self.model.logits(hidden[:, -1:])[0, -1]  # (V,)
 
     def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
@@ -75,7 +82,7 @@ class LayerSkipDrafter:
         pass
 
     def memory_bytes(self) -> int:
-        return 0  # the target's weights and cache
+        return self.head.nbytes if self.head is not None else 0  # otherwise the target's weights and cache
 
 
 @dataclass
@@ -145,7 +152,12 @@ class AdaptiveLayerSkipDrafter:
         self.save()
 
     def memory_bytes(self) -> int:
-        return 0
+        return sum(candidate.memory_bytes() for candidate in self.candidates.values())
+
+    def trim_vocabulary(self, kept: torch.Tensor) -> None:
+        head = TrimmedHead(next(iter(self.candidates.values())).model, kept)
+        for candidate in self.candidates.values():
+            candidate.head = head  # one trimmed copy shared by every candidate layer set
 
     def save(self) -> None:
         """Write what was learnt per task to `memory_path` (atomically), if one was given."""

@@ -1,0 +1,51 @@
+"""VocabTrim on the torch backend: a drafter head over only the kept token ids, logits back in the full vocabulary.
+
+    head = TrimmedHead(model, kept)        # kept (V',) token ids, e.g. from `python -m export.vocab_trim`
+    logits = head.logits(hidden)           # hidden (1, T, D) -> (V,) for the last position; dropped ids are -inf
+
+The kept rows are copied once (V' x D); the target keeps its full head, so verification is over every token and a
+token the drafter cannot propose is simply produced by the target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from edge.errors import SamplingError
+from edge.model import linear
+
+
+class TrimmedHead:
+    def __init__(self, model, kept: torch.Tensor) -> None:
+        vocab = model.config.vocab_size
+        if kept.numel() == 0 or int(kept.min()) < 0 or int(kept.max()) >= vocab:
+            raise SamplingError(f"the draft vocabulary must hold token ids in 0..{vocab - 1}; check the file")
+        self.model, self.kept = model, kept
+        self.weight = model.head_weight.index_select(0, kept).contiguous()  # (V', D)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (1, T, D) -> logits (V,) of the last position over the full vocabulary."""
+        last = hidden[0, -1:]  # (1, D)
+        part = linear(last, self.weight, None, self.model.rowwise, self.model.rowwise_max_rows)[0]  # (V',)
+        full = part.new_full((self.model.config.vocab_size,), float("-inf"))  # (V,)
+        full[self.kept] = part
+        return full
+
+
+def read_vocabulary(path: str | Path) -> torch.Tensor:
+    """Kept token ids from a JSON file: {"kept_ids": [...]} (edge-export, export.vocab_trim) or a plain list."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise SamplingError(f"cannot read the draft vocabulary {path}: {error}") from None
+    ids = data.get("kept_ids") if isinstance(data, dict) else data
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise SamplingError(f"{path} is not a draft vocabulary: expected {{\"kept_ids\": [token ids]}}")
+    return torch.tensor(sorted(set(ids)), dtype=torch.long)

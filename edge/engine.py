@@ -105,6 +105,7 @@ class Engine:
         memory_budget: str | int | None = None,
         backend: str | None = None,
         draft_vocab: "str | Path | torch.Tensor | None" = None,
+        draft_context: int | None = None,
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
 
@@ -115,7 +116,9 @@ class Engine:
         what it chose and why. Without one, what is requested is allocated as asked. `path` may also be an edge-export
         bundle: it then runs on `backend` ("onnx", "torchscript" or "torch-export"; default: the first the bundle
         has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own. `draft_vocab` (token ids, or a
-        JSON file from `python -m export.vocab_trim`) trims a model drafter's head to those tokens (VocabTrim)."""
+        JSON file from `python -m export.vocab_trim`) trims a model drafter's head to those tokens (VocabTrim);
+        `draft_context` gives a separate draft model a shorter cache than the target's (it then drafts from a window of
+        the newest tokens)."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
@@ -127,7 +130,8 @@ class Engine:
                 raise BundleError("--memory-budget plans checkpoint folders; a bundle's memory needs are in its "
                                   "manifest.json (load the source checkpoint folder to plan against a budget)")
             return cls._load_bundle(path, max_context=max_context, drafter=drafter, draft_length=draft_length,
-                                    report=report, backend=backend, draft_vocab=draft_vocab)
+                                    report=report, backend=backend, draft_vocab=draft_vocab,
+                                    draft_context=draft_context)
         if backend not in (None, "torch"):
             raise CheckpointError(f"backend {backend!r} runs exported bundles; {path} is a checkpoint folder (run it "
                                   "on torch, or export it with edge-export)")
@@ -136,8 +140,10 @@ class Engine:
             from edge.planning import plan_for, planned_drafter
 
             plan = plan_for(path, budget=memory_budget, device=device, dtype=str(dtype).removeprefix("torch."),
-                            max_context=max_context, drafter=drafter, draft_length=draft_length)
+                            max_context=max_context, drafter=drafter, draft_length=draft_length,
+                            draft_context=draft_context)
             max_context, drafter = plan.max_context, planned_drafter(drafter, plan)
+            draft_context = plan.draft_context
         report("reading the tokenizer", 0.0)
         tokenizer = Tokenizer.from_dir(path)
         report("mapping the weights", 0.1)
@@ -146,7 +152,8 @@ class Engine:
         engine = cls(model, tokenizer, max_context=max_context)
         if drafter:
             report(f"loading the drafter ({drafter})", 0.8)
-            engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."), draft_vocab=draft_vocab)
+            engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."), draft_vocab=draft_vocab,
+                               draft_context=draft_context)
         engine.plan = plan
         report("loaded", 1.0)
         return engine
@@ -154,7 +161,7 @@ class Engine:
     @classmethod
     def _load_bundle(cls, path: str | Path, *, max_context: int, drafter: str | None, draft_length: int | str,
                      report: Callable[[str, float], None], backend: str | None,
-                     draft_vocab: "str | Path | torch.Tensor | None") -> "Engine":
+                     draft_vocab: "str | Path | torch.Tensor | None", draft_context: int | None) -> "Engine":
         """An edge-export bundle on one of its backends; drafter "bundle" (or "builtin") is the bundle's own."""
         report("checking the bundle's files", 0.0)
         bundle = read_bundle(path)
@@ -166,27 +173,31 @@ class Engine:
         engine.bundle, engine.backend = bundle, backend
         if drafter:
             report(f"opening the drafter ({drafter})", 0.8)
-            engine.use_drafter(drafter, draft_length, draft_vocab=draft_vocab)
+            engine.use_drafter(drafter, draft_length, draft_vocab=draft_vocab, draft_context=draft_context)
         report("loaded", 1.0)
         return engine
 
     def use_drafter(self, drafter: "str | Drafter | None", draft_length: int | str = "adaptive", *,
-                    dtype: str = "float32", draft_vocab: "str | Path | torch.Tensor | None" = None) -> None:
+                    dtype: str = "float32", draft_vocab: "str | Path | torch.Tensor | None" = None,
+                    draft_context: int | None = None) -> None:
         """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None).
-        `draft_vocab` trims a model drafter's head to those token ids (or a JSON file of them)."""
+        `draft_vocab` trims a model drafter's head to those token ids (or a JSON file of them); `draft_context`
+        sizes a separate draft model's cache (default: the engine's context)."""
+        length = _draft_length(draft_length)
+        draft_max_len = self._draft_context(draft_context, length)
         if isinstance(drafter, str) and "@" in drafter:  # SPEC@VOCAB.json: VocabTrim the drafter's head
             drafter, _, draft_vocab = drafter.rpartition("@")
         if isinstance(drafter, str) and drafter in ("bundle", "builtin") and self.bundle is not None:
-            drafter = bundle_drafter(self.bundle, self.tokenizer, self.max_context, self.backend)  # the bundle's own
+            drafter = bundle_drafter(self.bundle, self.tokenizer, draft_max_len, self.backend)  # the bundle's own
         elif drafter == "bundle":
             raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; load a bundle folder")
         if isinstance(drafter, str):  # a draft never reaches past the context: steps are capped by the budget
-            drafter = make_drafter(drafter, self.model, self.cache, self.tokenizer, max_len=self.max_context,
+            drafter = make_drafter(drafter, self.model, self.cache, self.tokenizer, max_len=draft_max_len,
                                    dtype=dtype)
         if draft_vocab is not None and drafter is not None:
             _trim_drafter(drafter, draft_vocab)
         self.drafter = drafter
-        self.draft_length = _draft_length(draft_length)
+        self.draft_length = length
         if self.model.rowwise is not None and self.draft_length.longest + 1 > self.model.rowwise_max_rows:
             # a verify pass of k + 1 tokens must take the same batch-invariant path as a 1-token decode step
             self.model.use_rowwise_matmul(self.model.rowwise, self.draft_length.longest + 1)
@@ -194,6 +205,15 @@ class Engine:
             log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "
                         "exact output", str(self.model.dtype).removeprefix("torch."))
+
+    def _draft_context(self, requested: int | None, length: DraftLength) -> int:
+        if requested is None:
+            return self.max_context
+        least = 2 * (length.longest + 1)  # a window restart keeps half, and a draft must fit after it
+        if not isinstance(requested, int) or not least <= requested:
+            raise SamplingError(f"draft context must be a whole number of at least {least} tokens (twice the longest "
+                                f"draft plus one), got {requested!r}")
+        return min(requested, self.max_context)
 
     def memory_footprint(self) -> dict[str, int]:
         """Bytes the engine holds: target weights, its KV cache, and what the drafter adds (weights, caches)."""

@@ -46,19 +46,39 @@ def drafter_folder(spec: str) -> Path:
 
 
 def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu", dtype: str = "float32",
-             max_context: int, drafter: str | None = None, draft_length: int | str = "adaptive") -> Plan:
+             max_context: int, drafter: str | None = None, draft_length: int | str = "adaptive",
+             draft_context: int | None = None) -> Plan:
     """The plan for serving `model` with `drafter` in the budget (None: what the device has free)."""
     config = ModelConfig.from_dir(model)
     kind = drafter_kind(drafter)
-    drafter_shape = ModelConfig.from_dir(drafter_folder(drafter)).shape() if kind == "model" else None
+    drafter_shape, drafter_dtype = drafter_description(drafter, str(dtype)) if kind == "model" else (None, None)
     if str(draft_length) != "adaptive" and not str(draft_length).isdigit():
         raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {draft_length!r}")
     longest = DraftLength().max_k if str(draft_length) == "adaptive" else int(draft_length)
     context = min(max_context, config.max_position_embeddings)
     request = PlanRequest(target=config.shape(), context=context, drafter=kind, drafter_shape=drafter_shape,
                           draft_length=longest, weight_dtype=str(dtype), kv_dtype=str(dtype),
-                          min_context=min(256, context))
+                          min_context=min(256, context), draft_context=draft_context,
+                          min_draft_context=max(2 * (longest + 1), min(256, context)),
+                          drafter_weight_dtype=drafter_dtype)
     return make_plan(request, probe(device, budget).budget)
+
+
+BUNDLE_WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
+
+
+def drafter_description(spec: str, dtype: str):
+    """The shape and weight dtype of a draft model: a checkpoint folder loads in `dtype`; an edge-export bundle's
+    drafter keeps the weight format it was exported with."""
+    from edge.bundle import is_bundle, read_bundle
+
+    folder = drafter_folder(spec)
+    if is_bundle(folder):
+        bundle = read_bundle(folder, verify=False)
+        if not bundle.has_drafter:
+            raise SamplingError(f"the bundle {folder} holds no drafter; export it with --drafter, or use ngram")
+        return bundle.config("drafter").shape(), BUNDLE_WEIGHT_DTYPES[bundle.manifest["quantization"]["weights"]]
+    return ModelConfig.from_dir(folder).shape(), dtype
 
 
 def planned_drafter(requested: str | None, plan: Plan) -> str | None:

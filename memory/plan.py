@@ -6,14 +6,16 @@
 
 When the request does not fit, the planner steps down in this order, recording each step and its reason:
 
-    1. a separate draft model -> the n-gram drafter (no weights, no cache), if the draft model does not fit even
+    1. a shorter draft context: the draft model's cache holds `min_draft_context` tokens (it drafts from a window
+       of the newest tokens), not the whole context
+    2. a separate draft model -> the n-gram drafter (no weights, no cache), if the draft model does not fit even
        with the shortest context
-    2. speculation off (no verify buffers), if speculation does not fit even with the shortest context
-    3. a shorter context (halved until it fits, down to `min_context`)
+    3. speculation off (no verify buffers), if speculation does not fit even with the shortest context
+    4. a shorter context (halved until it fits, down to `min_context`)
 
 Speculation is what edge is for, so it is kept at the cost of context as long as it fits at all.
 
-(The design's other steps - quantized and shorter draft KV, offloading layers - join the order as the engine
+(The design's other steps - quantized draft KV, offloading layers - join the order as the engine
 learns them; a plan only ever asks for what the engine can allocate.) Below `minimum` - the plain model at
 `min_context` - nothing fits, and `make_plan` raises a BudgetError naming that minimum. `lower_bound` is the least
 memory that still keeps the requested speculation on at `min_context`.
@@ -39,6 +41,9 @@ class PlanRequest:
     weight_dtype: str = "float32"
     kv_dtype: str = "float32"
     min_context: int = 256
+    draft_context: int | None = None  # a draft model's own cache length (None: the target's context)
+    min_draft_context: int = 256  # the shortest draft context the planner steps down to
+    drafter_weight_dtype: str | None = None  # a quantized (exported) drafter's weights (None: weight_dtype)
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -59,6 +64,7 @@ class Plan:
     minimum: int  # the plain model at min_context: below this nothing runs
     lower_bound: int  # the requested speculation at min_context: below this speculation is switched off
     steps: list[str] = field(default_factory=list)  # the step-downs taken, each with its reason
+    draft_context: int | None = None  # a draft model's cache length when shorter than max_context
 
     @property
     def fits(self) -> bool:
@@ -81,6 +87,8 @@ def _footprint(request: PlanRequest, context: int) -> Footprint:
     drafting = request.drafter != "none"
     return footprint(request.target, context, weight_dtype=request.weight_dtype, kv_dtype=request.kv_dtype,
                      drafter=request.drafter_shape if request.drafter == "model" else None,
+                     drafter_weight_dtype=request.drafter_weight_dtype,
+                     draft_context=min(request.draft_context or context, context),
                      draft_length=request.draft_length if drafting else 0)
 
 
@@ -97,6 +105,11 @@ def make_plan(request: PlanRequest, budget: int) -> Plan:
     def needs(candidate: PlanRequest, tokens: int) -> int:
         return _footprint(candidate, tokens).total
 
+    window = min(request.min_draft_context, context)
+    if current.drafter == "model" and needs(current, context) > budget and (current.draft_context or context) > window:
+        steps.append(f"draft context {current.draft_context or context} -> {window} tokens: the draft model's cache "
+                     f"for the whole context makes {format_size(needs(current, context))}")
+        current = replace(current, draft_context=window)
     if needs(current, request.min_context) > budget and current.drafter == "model":
         steps.append(f"draft model -> n-gram drafter: with the draft model's weights and cache even a "
                      f"{request.min_context}-token context needs {format_size(needs(current, request.min_context))}")
@@ -110,7 +123,10 @@ def make_plan(request: PlanRequest, budget: int) -> Plan:
         steps.append(f"context {context} -> {shorter} tokens: {format_size(needs(current, context))} needed with "
                      f"{context}")
         context = shorter
+    draft_context = (min(current.draft_context, context) if current.drafter == "model" and current.draft_context
+                     else None)
     plan = Plan(budget, context, current.drafter, current.draft_length if current.drafter != "none" else 0,
-                request.weight_dtype, request.kv_dtype, _footprint(current, context), minimum, lower_bound, steps)
+                request.weight_dtype, request.kv_dtype, _footprint(current, context), minimum, lower_bound, steps,
+                draft_context)
     assert plan.fits, "minimum was checked above"
     return plan

@@ -44,11 +44,32 @@ def test_step_downs_come_in_order_with_reasons(shapes):
     ngram_floor = make_plan(request(shapes, drafter="ngram", drafter_shape=None), 1 << 30).lower_bound
     plan = make_plan(request(shapes), full.minimum + (ngram_floor - full.minimum) // 2)
     assert plan.drafter == "none" and plan.max_context < 512
-    assert [step.split(":")[0] for step in plan.steps][:2] == ["draft model -> n-gram drafter", "speculation off"]
-    assert all("context" in step for step in plan.steps[2:])
+    assert [step.split(":")[0] for step in plan.steps][:3] == [
+        "draft context 512 -> 256 tokens", "draft model -> n-gram drafter", "speculation off"]
+    assert all("context" in step for step in plan.steps[3:])
     # just above the requested speculation's lower bound: speculation stays, the context shrinks
     kept = make_plan(request(shapes), full.lower_bound + 1)
     assert kept.drafter == "model" and kept.max_context == 64 and kept.footprint.total <= full.lower_bound + 1
+
+
+def test_a_shorter_draft_context_comes_first(shapes):
+    full = make_plan(request(shapes), 1 << 30)
+    windowed = make_plan(request(shapes, draft_context=256), 1 << 30)
+    assert windowed.footprint.draft_kv == full.footprint.draft_kv // 2
+    plan = make_plan(request(shapes), windowed.footprint.total)  # fits only with the draft model's window
+    assert (plan.drafter, plan.max_context, plan.draft_context) == ("model", 512, 256)
+    assert [step.split(":")[0] for step in plan.steps] == ["draft context 512 -> 256 tokens"]
+
+
+def test_the_engine_keeps_the_draft_window_the_plan_chose(shapes, checkpoint_factory):
+    target, draft, draft_dir = shapes
+    model_dir = checkpoint_factory("llama3")
+    roomy = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=1 << 30)
+    budget = roomy.plan.footprint.total - roomy.plan.footprint.draft_kv // 4  # the draft cache must shrink
+    engine = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=budget)
+    assert engine.plan.draft_context == 256 and engine.drafter.cache.max_len == 256
+    assert engine.memory_footprint()["drafter"] == engine.plan.footprint.drafter_weights + engine.plan.footprint.draft_kv
+    assert engine.memory_footprint()["total"] <= budget
 
 
 def test_a_budget_below_the_minimum_names_it(shapes):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import build_checkpoint
-from edge import Engine, SamplingError, TokenizerError
+from edge import EdgeError, Engine, SamplingError, TokenizerError
 from edge.events import FINISH_MAX_TOKENS
 
 PROMPTS = [
@@ -189,3 +189,21 @@ def test_adaptive_draft_length_grows_by_two_on_full_acceptance_and_shrinks_by_on
     fixed = DraftLength.fixed(5)
     fixed.update(0, 5)
     assert fixed.k == 5
+
+
+def test_a_draft_model_with_a_short_window_stays_lossless(checkpoints):
+    """The drafter's cache holds 24 positions while the sequence grows past 100: it restarts its window (at
+    shifted positions) several times, and the output is still the target's own."""
+    plain = Engine.load(checkpoints["target"], max_context=512)
+    windowed = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec("self", checkpoints),
+                           draft_length=3, draft_context=24)  # the target as its own drafter, but short-sighted
+    assert windowed.drafter.cache.max_len == 24
+    for prompt in PROMPTS[:2]:
+        plain.reset(), windowed.reset()
+        expected = [t for e in plain.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids]
+        events = list(windowed.generate(prompt, max_new_tokens=100, ignore_eos=True))
+        assert [t for e in events for t in e.token_ids] == expected
+        assert events[-1].stats.accepted > 0
+    with pytest.raises(EdgeError, match="draft context must be"):
+        Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec("small", checkpoints),
+                    draft_length=3, draft_context=6)

@@ -1,6 +1,8 @@
 """The memory plan against measured peak resident memory, one fresh process per method.
 
-    python -m edge.bench.memory [MODEL] [--methods ar,ngram,early-exit:3,builtin] [--max-context 2048]
+    python -m edge.bench.memory [MODEL] [--methods ar,ngram,early-exit:3,builtin,builtin+ctx256] [--max-context 2048]
+
+A method is a drafter spec (or `ar`), optionally with `+ctxN`: a draft model with its own N-token cache.
 
 For each method a worker measures the process's resident memory once torch and edge are loaded and warmed up (the
 runtime's own overhead), plans with a roomy budget, loads, answers five bench prompts, and reports its peak
@@ -25,13 +27,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-context", type=int, default=2048)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--json", help="write the measurements here")
+    parser.add_argument("--naive", default="builtin",
+                        help="the method the generation-memory table compares with (SpecMemo's naive allocation: "
+                             "a full-precision draft model with a full-context cache and full-vocabulary buffers)")
     args = parser.parse_args(argv)
     model = resolve_model_path(args.model)
     rows = []
     for method in args.methods.split(","):
-        rows.append(run_child("edge.bench.memory_worker", ["--model", str(model), "--method", method,
+        spec, _, window = method.partition("+ctx")
+        extra = ["--draft-context", window] if window else []
+        rows.append(run_child("edge.bench.memory_worker", ["--model", str(model), "--method", spec,
                                                            "--max-context", str(args.max_context),
-                                                           "--max-new-tokens", str(args.max_new_tokens)], method))
+                                                           "--max-new-tokens", str(args.max_new_tokens), *extra],
+                              method))
     print("| method | runtime MiB | plan MiB (weights + KV + speculation) | predicted peak MiB | measured peak MiB "
           "| measured / predicted | tokens/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -41,10 +49,30 @@ def main(argv: list[str] | None = None) -> int:
               f"({plan['target_weights'] / MiB:.1f} + {plan['target_kv'] / MiB:.1f} + {plan['speculation'] / MiB:.1f})"
               f" | {row['predicted'] / MiB:.0f} | {row['peak_rss'] / MiB:.0f} | {row['peak_rss'] / row['predicted']:.3f}"
               f" | {row['tokens_per_s']:.0f} |")
+    print()
+    print(generation_table(rows, args.naive))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=1)
     return 0
+
+
+def generation_table(rows: list[dict], naive: str) -> str:
+    """Speculation's own memory (beyond the target's weights and KV) per method, against the naive method's."""
+    base = next((row for row in rows if row["method"] == naive), None)
+    plain = next((row for row in rows if row["method"] == "ar"), None)
+    lines = ["| method | generation memory MiB (plan) | drafter allocated MiB | peak over ar MiB | tokens/s "
+             f"| saved vs {naive} | tokens/s vs {naive} |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        if row["method"] == "ar":
+            continue
+        speculation = row["footprint"]["speculation"]
+        over = f"{(row['peak_rss'] - plain['peak_rss']) / MiB:.1f}" if plain else "-"
+        memory = f"{1 - speculation / base['footprint']['speculation']:.0%}" if base else "-"
+        speed = f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
+        lines.append(f"| {row['method']} | {speculation / MiB:.2f} | {row['allocated']['drafter'] / MiB:.2f} | {over} "
+                     f"| {row['tokens_per_s']:.0f} | {memory} | {speed} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,16 @@ class DraftModelDrafter:
     name = "draft-model"
 
     def __init__(self, model: Transformer, max_len: int) -> None:
+        """`max_len`: the drafter's own context. Below the target's (a memory plan's "shorter draft context"), the
+        drafter sees a window of the newest tokens: when a draft would run past it, it starts again from the newest
+        half, at positions from 0. Rotary attention depends only on distances, so the shift costs only the
+        context left out; the target still verifies every token, so output is unchanged."""
         self.model = model
         self.device = model.device
         self.cache = model.new_cache(max_len)
         self.head: TrimmedHead | None = None  # VocabTrim on the torch backend (bundles trim inside the graph)
-        self._cached: list[int] = []  # tokens whose keys/values are in the drafter's cache
+        self._base = 0  # index in the sequence of the token at the drafter's position 0
+        self._cached: list[int] = []  # tokens (from _base on) whose keys/values are in the drafter's cache
 
     @classmethod
     def check_compatible(cls, target: Transformer, target_tokenizer: Tokenizer, draft: Transformer,
@@ -46,10 +51,15 @@ class DraftModelDrafter:
                         "will be slower than plain decoding", _parameters(draft), _parameters(target))
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
-        reuse = common_prefix(self._cached, tokens[:-1])  # at least the last token is fed
+        limit = self.cache.max_len
+        if len(tokens) < self._base or len(tokens) - self._base + k > limit:  # restart the window
+            self._base = max(0, len(tokens) - limit // 2) if len(tokens) + k > limit else 0
+            self._cached = []
+        window = tokens[self._base:]
+        reuse = common_prefix(self._cached, window[:-1])  # at least the last token is fed
         self.cache.rollback(min(reuse, self.cache.length))
-        draft = draft_autoregressively(self._step, tokens, tokens[reuse:], reuse, k, sampler)
-        self._cached = tokens + draft.tokens[:-1]
+        draft = draft_autoregressively(self._step, window, window[reuse:], reuse, k, sampler)
+        self._cached = window + draft.tokens[:-1]
         return draft
 
     def _step(self, feed: list[int], start: int) -> torch.Tensor:
@@ -68,7 +78,7 @@ class DraftModelDrafter:
 
     def reset(self) -> None:
         self.cache.reset()
-        self._cached = []
+        self._base, self._cached = 0, []
 
     def memory_bytes(self) -> int:
         return self.model.weight_bytes() + self.cache.nbytes + (self.head.nbytes if self.head is not None else 0)

@@ -52,6 +52,12 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
                             "built-in model, plain decoding for other checkpoints")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
                        help="tokens drafted per step: 'adaptive' (default) or a fixed number")
+    group.add_argument("--draft-context", type=int, default=None, metavar="N",
+                       help="a separate draft model's own cache length: it drafts from a window of the newest N "
+                            "tokens (less memory; default: the whole context)")
+    group.add_argument("--draft-weights", choices=["float32", "bfloat16"], default=None,
+                       help="store a separate draft model's weights in bfloat16 while computing in float32 (half its "
+                            "weight memory; default: --dtype)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int = 256) -> None:

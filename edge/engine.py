@@ -106,6 +106,7 @@ class Engine:
         backend: str | None = None,
         draft_vocab: "str | Path | torch.Tensor | None" = None,
         draft_context: int | None = None,
+        draft_weights: str | None = None,
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
 
@@ -118,7 +119,7 @@ class Engine:
         has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own. `draft_vocab` (token ids, or a
         JSON file from `python -m export.vocab_trim`) trims a model drafter's head to those tokens (VocabTrim);
         `draft_context` gives a separate draft model a shorter cache than the target's (it then drafts from a window of
-        the newest tokens)."""
+        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
@@ -141,9 +142,9 @@ class Engine:
 
             plan = plan_for(path, budget=memory_budget, device=device, dtype=str(dtype).removeprefix("torch."),
                             max_context=max_context, drafter=drafter, draft_length=draft_length,
-                            draft_context=draft_context)
+                            draft_context=draft_context, draft_weights=draft_weights)
             max_context, drafter = plan.max_context, planned_drafter(drafter, plan)
-            draft_context = plan.draft_context
+            draft_context, draft_weights = plan.draft_context, plan.drafter_weights
         report("reading the tokenizer", 0.0)
         tokenizer = Tokenizer.from_dir(path)
         report("mapping the weights", 0.1)
@@ -153,7 +154,7 @@ class Engine:
         if drafter:
             report(f"loading the drafter ({drafter})", 0.8)
             engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."), draft_vocab=draft_vocab,
-                               draft_context=draft_context)
+                               draft_context=draft_context, draft_weights=draft_weights)
         engine.plan = plan
         report("loaded", 1.0)
         return engine
@@ -179,10 +180,11 @@ class Engine:
 
     def use_drafter(self, drafter: "str | Drafter | None", draft_length: int | str = "adaptive", *,
                     dtype: str = "float32", draft_vocab: "str | Path | torch.Tensor | None" = None,
-                    draft_context: int | None = None) -> None:
+                    draft_context: int | None = None, draft_weights: str | None = None) -> None:
         """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None).
         `draft_vocab` trims a model drafter's head to those token ids (or a JSON file of them); `draft_context`
-        sizes a separate draft model's cache (default: the engine's context)."""
+        sizes a separate draft model's cache (default: the engine's context); `draft_weights` ("bfloat16") stores
+        a separate draft model's matrices narrower than `dtype`."""
         length = _draft_length(draft_length)
         draft_max_len = self._draft_context(draft_context, length)
         if isinstance(drafter, str) and "@" in drafter:  # SPEC@VOCAB.json: VocabTrim the drafter's head
@@ -193,7 +195,7 @@ class Engine:
             raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; load a bundle folder")
         if isinstance(drafter, str):  # a draft never reaches past the context: steps are capped by the budget
             drafter = make_drafter(drafter, self.model, self.cache, self.tokenizer, max_len=draft_max_len,
-                                   dtype=dtype)
+                                   dtype=dtype, weights=draft_weights)
         if draft_vocab is not None and drafter is not None:
             _trim_drafter(drafter, draft_vocab)
         self.drafter = drafter

@@ -51,6 +51,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, row
     rows = x.numel() // x.shape[-1]
     if rowwise is not None and rows <= max_rows and x.dtype == torch.float32:
         return rowwise(x, weight, bias)
+    if weight.dtype != x.dtype:  # weights stored in bfloat16 for float32 compute: widen for this call only
+        weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)
 
 
@@ -157,6 +159,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", inverse_frequencies(config).to(device), persistent=False)  # (Dh/2,)
         self.rowwise = None  # the batch-invariant matmul, when use_rowwise_matmul() set one
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
+        self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
 
     @property
     def device(self) -> torch.device:
@@ -168,8 +171,20 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of activations and of the KV cache (the weights')."""
-        return self.embed.weight.dtype
+        """The dtype of activations and of the KV cache (the weights', unless store_weights() narrowed them)."""
+        return self.compute_dtype or self.embed.weight.dtype
+
+    def store_weights(self, dtype: torch.dtype) -> None:
+        """Keep every weight (matrices, embedding, norms; not biases) in `dtype` (bfloat16) while computing in the
+        current dtype: half the weight memory. Small calls read the narrow matrices directly (the batch-invariant
+        kernel widens them in registers); larger ones widen a copy per call; norms promote to the compute dtype."""
+        self.compute_dtype = self.dtype
+        for module in self.modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, nn.Parameter):
+                module.weight = nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+        if self.rowwise is not None:
+            self.use_rowwise_matmul(self.rowwise, self.rowwise_max_rows)  # re-check the kernel supports them
 
     def new_cache(self, max_len: int) -> KVCache:
         """A KV cache for `max_len` positions in this model's dtype and device."""
@@ -196,7 +211,7 @@ class Transformer(nn.Module):
         full = layers is None
         if full and start > cache.length:
             raise ValueError(f"a full forward at position {start} would leave a gap after cache length {cache.length}")
-        x = self.embed(tokens)  # (B, T, D)
+        x = self.embed(tokens).to(self.dtype)  # (B, T, D); a no-op unless weights are stored narrower
         rope = self._rope(start, end, x.dtype)
         mask = self._mask(start, steps)
         for layer in range(self.config.num_layers) if full else layers:

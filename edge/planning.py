@@ -47,11 +47,12 @@ def drafter_folder(spec: str) -> Path:
 
 def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu", dtype: str = "float32",
              max_context: int, drafter: str | None = None, draft_length: int | str = "adaptive",
-             draft_context: int | None = None) -> Plan:
+             draft_context: int | None = None, draft_weights: str | None = None) -> Plan:
     """The plan for serving `model` with `drafter` in the budget (None: what the device has free)."""
     config = ModelConfig.from_dir(model)
     kind = drafter_kind(drafter)
-    drafter_shape, drafter_dtype = drafter_description(drafter, str(dtype)) if kind == "model" else (None, None)
+    drafter_shape, drafter_dtype = (drafter_description(drafter, draft_weights or str(dtype)) if kind == "model"
+                                    else (None, None))
     if str(draft_length) != "adaptive" and not str(draft_length).isdigit():
         raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {draft_length!r}")
     longest = DraftLength().max_k if str(draft_length) == "adaptive" else int(draft_length)
@@ -60,7 +61,8 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
                           draft_length=longest, weight_dtype=str(dtype), kv_dtype=str(dtype),
                           min_context=min(256, context), draft_context=draft_context,
                           min_draft_context=max(2 * (longest + 1), min(256, context)),
-                          drafter_weight_dtype=drafter_dtype)
+                          drafter_weight_dtype=drafter_dtype, narrow_drafter=drafter_dtype == str(dtype) == "float32"
+                          and not is_bundle_spec(drafter))
     return make_plan(request, probe(device, budget).budget)
 
 
@@ -79,6 +81,12 @@ def drafter_description(spec: str, dtype: str):
             raise SamplingError(f"the bundle {folder} holds no drafter; export it with --drafter, or use ngram")
         return bundle.config("drafter").shape(), BUNDLE_WEIGHT_DTYPES[bundle.manifest["quantization"]["weights"]]
     return ModelConfig.from_dir(folder).shape(), dtype
+
+
+def is_bundle_spec(spec: str | None) -> bool:
+    from edge.bundle import is_bundle
+
+    return drafter_kind(spec) == "model" and is_bundle(drafter_folder(spec))
 
 
 def planned_drafter(requested: str | None, plan: Plan) -> str | None:

@@ -6,12 +6,13 @@
 
 When the request does not fit, the planner steps down in this order, recording each step and its reason:
 
-    1. a shorter draft context: the draft model's cache holds `min_draft_context` tokens (it drafts from a window
+    1. the draft model's weights stored in bfloat16 (computing in float32): half its weight memory
+    2. a shorter draft context: the draft model's cache holds `min_draft_context` tokens (it drafts from a window
        of the newest tokens), not the whole context
-    2. a separate draft model -> the n-gram drafter (no weights, no cache), if the draft model does not fit even
+    3. a separate draft model -> the n-gram drafter (no weights, no cache), if the draft model does not fit even
        with the shortest context
-    3. speculation off (no verify buffers), if speculation does not fit even with the shortest context
-    4. a shorter context (halved until it fits, down to `min_context`)
+    4. speculation off (no verify buffers), if speculation does not fit even with the shortest context
+    5. a shorter context (halved until it fits, down to `min_context`)
 
 Speculation is what edge is for, so it is kept at the cost of context as long as it fits at all.
 
@@ -44,6 +45,7 @@ class PlanRequest:
     draft_context: int | None = None  # a draft model's own cache length (None: the target's context)
     min_draft_context: int = 256  # the shortest draft context the planner steps down to
     drafter_weight_dtype: str | None = None  # a quantized (exported) drafter's weights (None: weight_dtype)
+    narrow_drafter: bool = False  # whether the engine can store this drafter's weights in bfloat16 (a step-down)
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -65,6 +67,7 @@ class Plan:
     lower_bound: int  # the requested speculation at min_context: below this speculation is switched off
     steps: list[str] = field(default_factory=list)  # the step-downs taken, each with its reason
     draft_context: int | None = None  # a draft model's cache length when shorter than max_context
+    drafter_weights: str | None = None  # a draft model's weight storage when narrower than weight_dtype
 
     @property
     def fits(self) -> bool:
@@ -105,6 +108,10 @@ def make_plan(request: PlanRequest, budget: int) -> Plan:
     def needs(candidate: PlanRequest, tokens: int) -> int:
         return _footprint(candidate, tokens).total
 
+    if current.drafter == "model" and needs(current, context) > budget and current.narrow_drafter:
+        steps.append(f"draft model weights float32 -> bfloat16: with float32 weights speculation makes "
+                     f"{format_size(needs(current, context))}")
+        current = replace(current, drafter_weight_dtype="bfloat16", narrow_drafter=False)
     window = min(request.min_draft_context, context)
     if current.drafter == "model" and needs(current, context) > budget and (current.draft_context or context) > window:
         steps.append(f"draft context {current.draft_context or context} -> {window} tokens: the draft model's cache "
@@ -125,8 +132,9 @@ def make_plan(request: PlanRequest, budget: int) -> Plan:
         context = shorter
     draft_context = (min(current.draft_context, context) if current.drafter == "model" and current.draft_context
                      else None)
+    narrowed = current.drafter == "model" and current.drafter_weight_dtype == "bfloat16" != request.weight_dtype
     plan = Plan(budget, context, current.drafter, current.draft_length if current.drafter != "none" else 0,
                 request.weight_dtype, request.kv_dtype, _footprint(current, context), minimum, lower_bound, steps,
-                draft_context)
+                draft_context, "bfloat16" if narrowed else None)
     assert plan.fits, "minimum was checked above"
     return plan

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from edge import Engine
 from edge.config import ModelConfig
@@ -61,15 +62,30 @@ def test_a_shorter_draft_context_comes_first(shapes):
     assert [step.split(":")[0] for step in plan.steps] == ["draft context 512 -> 256 tokens"]
 
 
-def test_the_engine_keeps_the_draft_window_the_plan_chose(shapes, checkpoint_factory):
+def test_the_engine_applies_the_drafter_step_downs(shapes, checkpoint_factory):
     target, draft, draft_dir = shapes
     model_dir = checkpoint_factory("llama3")
     roomy = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=1 << 30)
-    budget = roomy.plan.footprint.total - roomy.plan.footprint.draft_kv // 4  # the draft cache must shrink
-    engine = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=budget)
-    assert engine.plan.draft_context == 256 and engine.drafter.cache.max_len == 256
-    assert engine.memory_footprint()["drafter"] == engine.plan.footprint.drafter_weights + engine.plan.footprint.draft_kv
-    assert engine.memory_footprint()["total"] <= budget
+    plan = roomy.plan.footprint
+    narrow = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=plan.total - 1)
+    assert [step.split(":")[0] for step in narrow.plan.steps] == ["draft model weights float32 -> bfloat16"]
+    assert narrow.drafter.model.embed.weight.dtype == torch.bfloat16 and narrow.drafter.model.dtype == torch.float32
+    budget = plan.total - plan.drafter_weights // 2 - plan.draft_kv // 4  # the draft cache must shrink too
+    windowed = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=budget)
+    assert [step.split(":")[0] for step in windowed.plan.steps] == ["draft model weights float32 -> bfloat16",
+                                                                    "draft context 512 -> 256 tokens"]
+    assert windowed.plan.draft_context == 256 and windowed.drafter.cache.max_len == 256
+    for engine in (narrow, windowed):  # what was allocated is what was planned, within the budget
+        footprint = engine.plan.footprint
+        assert engine.memory_footprint()["drafter"] == footprint.drafter_weights + footprint.draft_kv
+        assert engine.memory_footprint()["total"] <= engine.plan.budget
+    plain = Engine.load(model_dir, max_context=512)
+    for engine in (narrow, windowed):  # lossless whatever the drafter's precision and window
+        plain.reset(), engine.reset()
+        expected = [t for e in plain.generate("The quick brown", max_new_tokens=64, ignore_eos=True)
+                    for t in e.token_ids]
+        assert [t for e in engine.generate("The quick brown", max_new_tokens=64, ignore_eos=True)
+                for t in e.token_ids] == expected
 
 
 def test_a_budget_below_the_minimum_names_it(shapes):

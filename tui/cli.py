@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.load(resolve_model_path(args.model), dtype=args.dtype, device=args.device,
                              max_context=args.max_context, drafter=default_drafter(args),
                              draft_length=args.draft_length, memory_budget=args.memory_budget,
-                             backend=args.backend)
+                             backend=args.backend, draft_context=args.draft_context,
+                             draft_weights=args.draft_weights)
         for step in engine.plan.steps if engine.plan else ():
             print(f"edge-chat: memory plan: {step}", file=sys.stderr)
         if args.prompt is None and not sys.stdin.isatty():
@@ -94,7 +95,8 @@ def run_app(args: argparse.Namespace) -> int:
     drafters = [choice for choice in DRAFTER_CHOICES if choice[1] != "builtin" or args.model is None]
     loader = SessionLoader(path, settings, ConversationStore(), dtype=args.dtype, device=args.device,
                            max_context=args.max_context, measure_baseline=not args.no_baseline,
-                           memory_budget=args.memory_budget, backend=args.backend)
+                           memory_budget=args.memory_budget, backend=args.backend,
+                           draft_context=args.draft_context, draft_weights=args.draft_weights)
     app = EdgeChatApp(loader, drafters=drafters)
     app.run()
     if app.load_error:

@@ -26,6 +26,8 @@ class SessionLoader:
     measure_baseline: bool = True
     memory_budget: str | None = None  # plan for this budget (the plan's step-downs are shown in the chat)
     backend: str | None = None  # for a bundle: onnx, torchscript or torch-export (default: its first)
+    draft_context: int | None = None  # a draft model's own cache length (default: the context)
+    draft_weights: str | None = None  # "bfloat16": store a draft model's weights narrower
 
     @property
     def name(self) -> str:
@@ -36,7 +38,8 @@ class SessionLoader:
         engine = Engine.load(self.model_path, dtype=self.dtype, device=self.device, max_context=self.max_context,
                              drafter=drafter, draft_length=self.settings.draft_length,
                              progress=lambda stage, fraction: progress(stage, 0.8 * fraction),
-                             memory_budget=self.memory_budget, backend=self.backend)
+                             memory_budget=self.memory_budget, backend=self.backend,
+                             draft_context=self.draft_context, draft_weights=self.draft_weights)
         settings = self.settings
         if engine.plan is not None:  # the plan may have stepped the drafter down
             from edge.planning import planned_drafter

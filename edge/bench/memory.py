@@ -2,7 +2,8 @@
 
     python -m edge.bench.memory [MODEL] [--methods ar,ngram,early-exit:3,builtin,builtin+ctx256] [--max-context 2048]
 
-A method is a drafter spec (or `ar`), optionally with `+ctxN`: a draft model with its own N-token cache.
+A method is a drafter spec (or `ar`), optionally with `+ctxN` (a draft model with its own N-token cache) and
+`+bf16` (its weights stored in bfloat16).
 
 For each method a worker measures the process's resident memory once torch and edge are loaded and warmed up (the
 runtime's own overhead), plans with a roomy budget, loads, answers five bench prompts, and reports its peak
@@ -34,8 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     model = resolve_model_path(args.model)
     rows = []
     for method in args.methods.split(","):
-        spec, _, window = method.partition("+ctx")
-        extra = ["--draft-context", window] if window else []
+        spec, *options = method.split("+")
+        extra = []
+        for option in options:
+            if option.startswith("ctx"):
+                extra += ["--draft-context", option[3:]]
+            elif option == "bf16":
+                extra += ["--draft-weights", "bfloat16"]
+            else:
+                parser.error(f"unknown method option +{option} in {method}; expected +ctxN or +bf16")
         rows.append(run_child("edge.bench.memory_worker", ["--model", str(model), "--method", spec,
                                                            "--max-context", str(args.max_context),
                                                            "--max-new-tokens", str(args.max_new_tokens), *extra],

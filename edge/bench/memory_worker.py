@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--budget", default=str(1 << 40))
     parser.add_argument("--draft-context", type=int, help="a draft model's own cache length (default: the context)")
+    parser.add_argument("--draft-weights", help="bfloat16: store a draft model's weights narrower")
     args = parser.parse_args()
 
     import torch  # noqa: F401 - measured as part of the runtime's overhead
@@ -50,7 +51,7 @@ def main() -> None:
     runtime = psutil.Process().memory_info().rss  # interpreter, torch and its math libraries, edge, the kernel
     drafter = None if args.method == "ar" else args.method
     engine = Engine.load(args.model, max_context=args.max_context, drafter=drafter, memory_budget=int(args.budget),
-                         draft_context=args.draft_context)
+                         draft_context=args.draft_context, draft_weights=args.draft_weights)
     started = time.perf_counter()
     tokens = 0
     for prompt in PROMPTS[:5]:
@@ -59,7 +60,9 @@ def main() -> None:
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     plan = engine.plan
-    label = args.method + (f" (draft context {args.draft_context})" if args.draft_context else "")
+    notes = [f"draft context {args.draft_context}"] * bool(args.draft_context) + \
+        [f"{args.draft_weights} drafter weights"] * bool(args.draft_weights)
+    label = args.method + (f" ({', '.join(notes)})" if notes else "")
     print(json.dumps({"method": label, "runtime_rss": runtime, "predicted": runtime + plan.footprint.total,
                       "peak_rss": peak, "footprint": plan.footprint.to_dict(), "allocated": engine.memory_footprint(),
                       "tokens_per_s": tokens / seconds, "max_context": plan.max_context}))

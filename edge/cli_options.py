@@ -38,7 +38,9 @@ def print_plan(args: argparse.Namespace, drafter: str | None) -> None:
     from edge.planning import plan_for
 
     plan = plan_for(resolve_model_path(args.model), budget=args.memory_budget, device=args.device, dtype=args.dtype,
-                    max_context=args.max_context, drafter=drafter, draft_length=args.draft_length)
+                    max_context=args.max_context, drafter=drafter, draft_length=args.draft_length,
+                    draft_context=getattr(args, "draft_context", None),
+                    draft_weights=getattr(args, "draft_weights", None))
     print(json.dumps(plan.to_dict(), indent=1))
     print(plan.summary(), file=__import__("sys").stderr)
 

@@ -27,6 +27,7 @@ import torch
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
 from edge.drafters import Drafter, make_drafter
+from edge.drafters.hybrid import HybridDrafter
 from edge.bundle import bundle_drafter, is_bundle, read_bundle
 from edge.errors import BundleError, CheckpointError, PromptError, SamplingError
 from edge.events import Event, Stats
@@ -189,13 +190,11 @@ class Engine:
         draft_max_len = self._draft_context(draft_context, length)
         if isinstance(drafter, str) and "@" in drafter:  # SPEC@VOCAB.json: VocabTrim the drafter's head
             drafter, _, draft_vocab = drafter.rpartition("@")
-        if isinstance(drafter, str) and drafter in ("bundle", "builtin") and self.bundle is not None:
-            drafter = bundle_drafter(self.bundle, self.tokenizer, draft_max_len, self.backend)  # the bundle's own
-        elif drafter == "bundle":
-            raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; load a bundle folder")
-        if isinstance(drafter, str):  # a draft never reaches past the context: steps are capped by the budget
-            drafter = make_drafter(drafter, self.model, self.cache, self.tokenizer, max_len=draft_max_len,
-                                   dtype=dtype, weights=draft_weights)
+        if isinstance(drafter, str):
+            hybrid = drafter.startswith("hybrid:")
+            drafter = self._build_drafter(drafter.removeprefix("hybrid:"), draft_max_len, dtype, draft_weights)
+            if hybrid:
+                drafter = HybridDrafter(drafter)
         if draft_vocab is not None and drafter is not None:
             _trim_drafter(drafter, draft_vocab)
         self.drafter = drafter
@@ -207,6 +206,15 @@ class Engine:
             log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "
                         "exact output", str(self.model.dtype).removeprefix("torch."))
+
+    def _build_drafter(self, spec: str, max_len: int, dtype: str, weights: str | None) -> Drafter:
+        if spec in ("bundle", "builtin") and self.bundle is not None:
+            return bundle_drafter(self.bundle, self.tokenizer, max_len, self.backend)  # the bundle's own
+        if spec == "bundle":
+            raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; load a bundle folder")
+        # a draft never reaches past the context: steps are capped by the budget
+        return make_drafter(spec, self.model, self.cache, self.tokenizer, max_len=max_len, dtype=dtype,
+                            weights=weights)
 
     def _draft_context(self, requested: int | None, length: DraftLength) -> int:
         if requested is None:

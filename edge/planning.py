@@ -19,7 +19,7 @@ def drafter_kind(spec: str | None) -> str:
     """What the planner counts for a drafter spec: none, ngram, self (shares the target's memory) or model."""
     if not spec or spec == "none":
         return "none"
-    spec = without_vocabulary(spec)
+    spec = without_vocabulary(spec).removeprefix("hybrid:")
     name = spec.partition(":")[0]
     if name in PLAN_DRAFTERS:
         return PLAN_DRAFTERS[name]
@@ -34,7 +34,7 @@ def without_vocabulary(spec: str) -> str:
 
 
 def drafter_folder(spec: str) -> Path:
-    name, _, arg = without_vocabulary(spec).partition(":")
+    name, _, arg = without_vocabulary(spec).removeprefix("hybrid:").partition(":")
     if name == "builtin":
         from edge.builtin import builtin_drafter_path
 

@@ -18,7 +18,8 @@ PROMPTS = [
     "import os\nfor name in os.listdir('.'):\n    print(name",
     "Speculative decoding drafts several tokens",
 ]
-DRAFTERS = ["ngram", "ngram:2", "early-exit:1", "early-exit:2", "skip:1", "adaptive", "self", "small"]
+DRAFTERS = ["ngram", "ngram:2", "early-exit:1", "early-exit:2", "skip:1", "adaptive", "self", "small",
+            "hybrid:small", "hybrid:early-exit:1"]
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,8 @@ def drafter_spec(name: str, checkpoints) -> str:
         return f"draft:{checkpoints['target']}"
     if name == "small":
         return f"draft:{checkpoints['small']}"
+    if name.startswith("hybrid:"):
+        return "hybrid:" + drafter_spec(name.removeprefix("hybrid:"), checkpoints)
     return name
 
 
@@ -207,3 +210,12 @@ def test_a_draft_model_with_a_short_window_stays_lossless(checkpoints):
     with pytest.raises(EdgeError, match="draft context must be"):
         Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec("small", checkpoints),
                     draft_length=3, draft_context=6)
+
+
+def test_hybrid_drafter_uses_lookup_where_text_repeats_and_the_model_elsewhere(checkpoints, reference):
+    engine = Engine.load(checkpoints["target"], max_context=512, drafter=f"hybrid:draft:{checkpoints['target']}")
+    assert engine.drafter.name == "hybrid:draft-model"
+    for prompt in PROMPTS:
+        engine.reset()
+        assert ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True)) == reference[prompt]
+    assert engine.drafter.lookups > 0 and engine.drafter.model_drafts > 0

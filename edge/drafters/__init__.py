@@ -8,6 +8,8 @@
     adaptive             picks among early exits and a skip set at run time from measured speed
     draft:PATH | PATH    a separate small checkpoint with the same tokenizer (or an edge-export bundle's drafter)
     builtin              the built-in drafter shipped with the built-in model
+    hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
+                         (handled by Engine.use_drafter)
     SPEC@VOCAB.json      any model drafter above with its head trimmed to the token ids in VOCAB.json (VocabTrim;
                          make one with `python -m export.vocab_trim`) (handled by Engine.use_drafter)
 """
@@ -28,7 +30,8 @@ from edge.tokenizer import Tokenizer
 
 __all__ = ["Draft", "Drafter", "DraftSampler", "DraftModelDrafter", "LayerSkipDrafter", "AdaptiveLayerSkipDrafter",
            "NGramDrafter", "make_drafter", "DRAFTER_SPECS"]
-DRAFTER_SPECS = "ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, draft:PATH, builtin (+ @VOCAB.json)"
+DRAFTER_SPECS = ("ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, draft:PATH, builtin, hybrid:SPEC "
+                 "(+ @VOCAB.json)")
 
 
 def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Tokenizer, *, max_len: int,

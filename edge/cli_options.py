@@ -17,6 +17,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="weight and KV-cache dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--kv-cache", default=None, choices=["float32", "int8", "int8-int4", "hierarchical"],
+                        help="store the KV cache quantized: int8, int8-int4 (int8 keys, int4 values) or "
+                             "hierarchical (QuantSpec's int4+int4; --drafter quantspec selects it); default: --dtype")
     parser.add_argument("--backend", choices=["onnx", "torchscript", "torch-export"], default=None,
                         help="for a bundle: which exported target to run (default: the first it has, ONNX "
                              "Runtime when exported); a checkpoint folder always runs on torch")

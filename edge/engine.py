@@ -77,13 +77,24 @@ class GenerationOptions:
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, max_context: int = DEFAULT_MAX_CONTEXT) -> None:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, max_context: int = DEFAULT_MAX_CONTEXT,
+                 kv_cache: str = "float32") -> None:
         self.model = model
         self.tokenizer = tokenizer
         config = model.config
         self.max_context = min(max_context, config.max_position_embeddings)
         self.device = model.device
-        self.cache = model.new_cache(self.max_context)
+        self.kv_cache = kv_cache
+        if kv_cache in (None, "float32") or kv_cache == str(model.dtype).removeprefix("torch."):
+            self.cache = model.new_cache(self.max_context)
+        elif isinstance(model, Transformer):
+            from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
+
+            keys, values = kv_formats(kv_cache)
+            self.cache = QuantizedKVCache.for_model(config, self.max_context, key_format=keys, value_format=values,
+                                                    device=self.device)
+        else:
+            raise SamplingError("a quantized KV cache runs on the torch backend; load the checkpoint folder")
         self._history: list[int] = []  # prompt + generated tokens of the last call; the cache holds a prefix of it
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.drafter: Drafter | None = None
@@ -108,6 +119,7 @@ class Engine:
         draft_vocab: "str | Path | torch.Tensor | None" = None,
         draft_context: int | None = None,
         draft_weights: str | None = None,
+        kv_cache: str | None = None,
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
 
@@ -120,7 +132,9 @@ class Engine:
         has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own. `draft_vocab` (token ids, or a
         JSON file from `python -m export.vocab_trim`) trims a model drafter's head to those tokens (VocabTrim);
         `draft_context` gives a separate draft model a shorter cache than the target's (it then drafts from a window of
-        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16."""
+        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16. `kv_cache` stores the KV
+        cache quantized: "int8", "int8-int4" (int8 keys, int4 values) or "hierarchical" (QuantSpec's int4+int4,
+        which drafter "quantspec" needs and selects by default)."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
@@ -151,7 +165,9 @@ class Engine:
         report("mapping the weights", 0.1)
         model = load_model(path, dtype=dtype, device=device)
         report("allocating the KV cache", 0.7)
-        engine = cls(model, tokenizer, max_context=max_context)
+        if kv_cache is None and drafter and drafter.startswith("quantspec"):
+            kv_cache = "hierarchical"  # what the QuantSpec draft reads
+        engine = cls(model, tokenizer, max_context=max_context, kv_cache=kv_cache or "float32")
         if drafter:
             report(f"loading the drafter ({drafter})", 0.8)
             engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."), draft_vocab=draft_vocab,

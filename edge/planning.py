@@ -11,7 +11,8 @@ from edge.speculative import DraftLength
 from memory.device import probe
 from memory.plan import Plan, PlanRequest, make_plan
 
-PLAN_DRAFTERS = {"ngram": "ngram", "early-exit": "self", "skip": "self", "adaptive": "self", "builtin": "model",
+PLAN_DRAFTERS = {"ngram": "ngram", "early-exit": "self", "skip": "self", "adaptive": "self", "quantspec": "self",
+                 "builtin": "model",
                  "draft": "model"}
 
 

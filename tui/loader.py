@@ -28,6 +28,7 @@ class SessionLoader:
     backend: str | None = None  # for a bundle: onnx, torchscript or torch-export (default: its first)
     draft_context: int | None = None  # a draft model's own cache length (default: the context)
     draft_weights: str | None = None  # "bfloat16": store a draft model's weights narrower
+    kv_cache: str | None = None  # a quantized KV cache format (int8, int8-int4, hierarchical)
 
     @property
     def name(self) -> str:
@@ -39,7 +40,8 @@ class SessionLoader:
                              drafter=drafter, draft_length=self.settings.draft_length,
                              progress=lambda stage, fraction: progress(stage, 0.8 * fraction),
                              memory_budget=self.memory_budget, backend=self.backend,
-                             draft_context=self.draft_context, draft_weights=self.draft_weights)
+                             draft_context=self.draft_context, draft_weights=self.draft_weights,
+                             kv_cache=self.kv_cache)
         settings = self.settings
         if engine.plan is not None:  # the plan may have stepped the drafter down
             from edge.planning import planned_drafter

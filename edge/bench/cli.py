@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="--ar: timed repeats per backend; medians are reported")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--kv-cache", default="float32", choices=["float32", "int8", "int8-int4", "hierarchical"],
+                        help="suite: KV cache format for every edge method, the plain-decoding baseline included "
+                             "(hierarchical: QuantSpec's int4+int4, which the quantspec drafter reads)")
     parser.add_argument("--json", type=Path, help="--ar: write the results as JSON here")
     parser.add_argument("--bundles", default="", metavar="B1,B2",
                         help="--ar: also run these edge-export bundles of the model (ONNX Runtime), side by side")
@@ -134,7 +137,8 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     results = []
     for method, length in runs:
         print(f"edge-bench: {suite.label(method, length or 'adaptive')} ...", file=sys.stderr)
-        results.append(suite.run_method(model, method, length or "adaptive", args.max_new_tokens, args.dtype))
+        results.append(suite.run_method(model, method, length or "adaptive", args.max_new_tokens, args.dtype,
+                                        args.kv_cache))
     rows = [suite.summarise(result, results[0]) for result in results]
     table = suite.markdown(rows)
     args.out.mkdir(parents=True, exist_ok=True)

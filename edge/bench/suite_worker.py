@@ -22,10 +22,11 @@ from edge.bench.worker import peak_rss_mib
 Runner = Callable[[list[int], int], tuple[list[int], dict]]
 
 
-def edge_runner(model: str, method: str, draft_length: str, dtype: str) -> tuple[Runner, list[list[int]]]:
+def edge_runner(model: str, method: str, draft_length: str, dtype: str,
+                kv_cache: str = "float32") -> tuple[Runner, list[list[int]]]:
     from edge.engine import Engine
 
-    engine = Engine.load(model, dtype=dtype, max_context=2048)
+    engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache)
     if method != "ar":
         engine.use_drafter(method, draft_length, dtype=dtype)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
@@ -84,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-length", default="adaptive")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kv-cache", default="float32")
     args = parser.parse_args(argv)
 
     if args.method.startswith("hf"):
         run, prompts = hf_runner(args.model, args.method, args.dtype)
     else:
-        run, prompts = edge_runner(args.model, args.method, args.draft_length, args.dtype)
+        run, prompts = edge_runner(args.model, args.method, args.draft_length, args.dtype, args.kv_cache)
     run(prompts[0], 16)  # warm-up
     results = []
     for prompt, ids in zip(PROMPTS, prompts):

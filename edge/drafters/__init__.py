@@ -8,6 +8,8 @@
     adaptive             picks among early exits and a skip set at run time from measured speed
     draft:PATH | PATH    a separate small checkpoint with the same tokenizer (or an edge-export bundle's drafter)
     builtin              the built-in drafter shipped with the built-in model
+    quantspec[:B]        the target with B-bit weights (4 or 8; default 4) reading the upper 4 bits of its
+                         hierarchical KV cache (QuantSpec; needs kv_cache="hierarchical")
     hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
                          (handled by Engine.use_drafter)
     SPEC@VOCAB.json      any model drafter above with its head trimmed to the token ids in VOCAB.json (VocabTrim;
@@ -30,16 +32,20 @@ from edge.tokenizer import Tokenizer
 
 __all__ = ["Draft", "Drafter", "DraftSampler", "DraftModelDrafter", "LayerSkipDrafter", "AdaptiveLayerSkipDrafter",
            "NGramDrafter", "make_drafter", "DRAFTER_SPECS"]
-DRAFTER_SPECS = ("ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, draft:PATH, builtin, hybrid:SPEC "
+DRAFTER_SPECS = ("ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, quantspec[:B], draft:PATH, builtin, hybrid:SPEC "
                  "(+ @VOCAB.json)")
 
 
 def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Tokenizer, *, max_len: int,
                  dtype: str = "float32", weights: str | None = None) -> Drafter:
     name, _, arg = spec.partition(":")
-    if name in ("early-exit", "skip", "adaptive") and not isinstance(model, Transformer):
+    if name in ("early-exit", "skip", "adaptive", "quantspec") and not isinstance(model, Transformer):
         raise SamplingError(f"the {name} drafter runs part of the target's layers, which needs the torch backend; "
                             "with an exported bundle use its drafter ('bundle') or ngram")
+    if name == "quantspec":
+        from edge.drafters.quantspec import QuantSpecDrafter
+
+        return QuantSpecDrafter(model, cache, bits=_integers(spec, arg)[0] if arg else 4)
     if name == "ngram":
         return NGramDrafter(max_ngram=_integers(spec, arg)[0] if arg else 4)
     if name == "early-exit":

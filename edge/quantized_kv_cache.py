@@ -1,0 +1,109 @@
+"""QuantizedKVCache: the KV cache stored quantized (kernels/kv_quant.py), quantized once as each token is appended.
+
+    cache = QuantizedKVCache.for_model(config, max_len, key_format="int8", value_format="int4")   # KV-AdaQuant
+    cache = QuantizedKVCache.for_model(config, max_len, key_format="hierarchical", value_format="hierarchical")
+    keys, values = cache.write(layer, start, k, v)     # quantize rows [start, start+T); dequantized [0, start+T)
+    with cache.drafting(): ...                         # reads see the draft's view (upper 4 bits: QuantSpec)
+
+Same interface as KVCache (length, rollback, reset, nbytes, write), so the model and every strategy run unchanged.
+This is the reference path: reads dequantize the whole prefix each call. Keys may take more bits than values
+(KV-AdaQuant: keys are more sensitive).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from edge.config import ModelConfig
+from edge.kv_cache import KVCache
+from kernels.kv_quant import KV_FORMATS, PackedVectors, dequantize, quantize
+
+KV_CACHE_CHOICES = ("float32", "int8", "int8-int4", "hierarchical")  # int8-int4: int8 keys, int4 values
+
+
+def kv_formats(choice: str) -> tuple[str, str]:
+    if choice not in KV_CACHE_CHOICES[1:]:
+        raise ValueError(f"unknown KV cache format {choice!r}; choose one of {', '.join(KV_CACHE_CHOICES)}")
+    return {"int8": ("int8", "int8"), "int8-int4": ("int8", "int4"),
+            "hierarchical": ("hierarchical", "hierarchical")}[choice]
+
+
+class _Store:
+    """Preallocated planes for one of keys/values: (layers, batch, heads, max_len, ...) each."""
+
+    def __init__(self, kind: str, shape: tuple[int, ...], head_dim: int, device) -> None:
+        if kind not in KV_FORMATS:
+            raise ValueError(f"unknown KV format {kind!r}; expected one of {', '.join(KV_FORMATS)}")
+        if kind in ("int4", "hierarchical") and head_dim % 2:
+            raise ValueError(f"{kind} packs two values per byte, so head_dim must be even, got {head_dim}")
+        self.kind = kind
+        if kind == "int8":
+            self.planes = (torch.zeros((*shape, head_dim), dtype=torch.int8, device=device),)
+        elif kind == "int4":
+            self.planes = (torch.zeros((*shape, head_dim // 2), dtype=torch.uint8, device=device),)
+        else:
+            self.planes = tuple(torch.zeros((*shape, head_dim // 2), dtype=torch.uint8, device=device)
+                                for _ in range(2))
+        self.scale = torch.zeros((*shape, 1), dtype=torch.float16, device=device)
+        self.low = torch.zeros((*shape, 1), dtype=torch.float16, device=device) if kind == "hierarchical" else None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.planes) + self.scale.nbytes + (self.low.nbytes if self.low is not None else 0)
+
+    def write(self, layer: int, start: int, end: int, x: torch.Tensor) -> None:
+        packed = quantize(x, self.kind)
+        for plane, new in zip(self.planes, packed.planes):
+            plane[layer, :, :, start:end] = new
+        self.scale[layer, :, :, start:end] = packed.scale
+        if self.low is not None:
+            self.low[layer, :, :, start:end] = packed.low
+
+    def read(self, layer: int, end: int, draft: bool) -> torch.Tensor:
+        packed = PackedVectors(self.kind, tuple(p[layer, :, :, :end] for p in self.planes),
+                               self.scale[layer, :, :, :end],
+                               self.low[layer, :, :, :end] if self.low is not None else None)
+        return dequantize(packed, draft=draft).contiguous()  # (B, H, end, Dh) float32
+
+
+class QuantizedKVCache(KVCache):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, *, key_format: str = "int8",
+                 value_format: str = "int8", batch: int = 1, device: torch.device | str = "cpu") -> None:
+        shape = (num_layers, batch, num_kv_heads, max_len)
+        self.keys_store = _Store(key_format, shape, head_dim, device)
+        self.values_store = _Store(value_format, shape, head_dim, device)
+        self.formats = (key_format, value_format)
+        self.max_len = max_len
+        self.length = 0
+        self.draft_view = False  # True while a QuantSpec draft runs: reads use the upper 4 bits only
+
+    @classmethod
+    def for_model(cls, config: ModelConfig, max_len: int, **kwargs) -> "QuantizedKVCache":
+        return cls(config.num_layers, config.num_kv_heads, config.head_dim, max_len, **kwargs)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys_store.nbytes + self.values_store.nbytes
+
+    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantize keys/values (B, H, T, D) into positions [start, start+T); return slots [0, start+T) dequantized
+        (the draft's view inside `drafting()`)."""
+        end = start + keys.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; writing up to {end} does not fit")
+        self.keys_store.write(layer, start, end, keys)
+        self.values_store.write(layer, start, end, values)
+        return (self.keys_store.read(layer, end, self.draft_view),
+                self.values_store.read(layer, end, self.draft_view))
+
+    @contextmanager
+    def drafting(self):
+        """Reads inside see the draft's view of a hierarchical cache (its upper 4 bits)."""
+        previous, self.draft_view = self.draft_view, True
+        try:
+            yield self
+        finally:
+            self.draft_view = previous

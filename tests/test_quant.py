@@ -1,0 +1,121 @@
+"""Weight and KV-cache quantization (the reference paths) and QuantSpec self-drafting on them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edge import EdgeError, Engine
+from edge.quantized_kv_cache import QuantizedKVCache
+from kernels.kv_quant import dequantize, quantize
+from kernels.quant import QuantizedLinear, load_quantized, quantize_weight, save_quantized
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "import os\nfor name in"]
+
+
+@pytest.mark.parametrize("bits, tolerance", [(8, 0.01), (4, 0.15)])
+def test_weight_quantization_round_trips_within_its_precision(bits, tolerance):
+    torch.manual_seed(0)
+    weight = torch.randn(48, 64)
+    quantized = quantize_weight(weight, bits=bits, group_size=32)
+    error = (quantized.dequantize() - weight).norm() / weight.norm()
+    assert error < tolerance
+    assert quantized.scales.shape == (48, 2) and quantized.codes.shape == (48, 64 if bits == 8 else 32)
+    codes = quantized.signed_codes()
+    assert codes.min() >= -(2 ** (bits - 1)) and codes.max() <= 2 ** (bits - 1) - 1
+    x = torch.randn(3, 64)
+    layer = QuantizedLinear(quantized, bias=torch.ones(48))
+    assert torch.allclose(layer(x), x @ quantized.dequantize().T + 1, atol=1e-5)
+
+
+def test_group_sizes_that_do_not_divide_are_refused():
+    with pytest.raises(ValueError, match="does not divide the input dimension 64"):
+        quantize_weight(torch.randn(8, 64), bits=4, group_size=24)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        quantize_weight(torch.randn(8, 64), bits=3)
+
+
+def test_saved_format_describes_itself(tmp_path):
+    torch.manual_seed(1)
+    quantized = quantize_weight(torch.randn(16, 32), bits=4, group_size=16)
+    save_quantized({"layer.weight": quantized, "norm.weight": torch.ones(32)}, tmp_path / "q.safetensors",
+                   bits=4, group_size=16)
+    loaded = load_quantized(tmp_path / "q.safetensors")
+    assert torch.equal(loaded["layer.weight"].dequantize(), quantized.dequantize())
+    assert torch.equal(loaded["norm.weight"], torch.ones(32))
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(2)}, str(tmp_path / "plain.safetensors"))
+    with pytest.raises(ValueError, match="not written by edge's quantizer"):
+        load_quantized(tmp_path / "plain.safetensors")
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "hierarchical"])
+def test_kv_vectors_are_quantized_each_on_its_own(kind):
+    torch.manual_seed(2)
+    x = torch.randn(1, 2, 5, 16)  # (B, H, T, Dh)
+    together = dequantize(quantize(x, kind))
+    one_by_one = torch.cat([dequantize(quantize(x[:, :, t:t + 1], kind)) for t in range(5)], dim=2)
+    assert torch.equal(together, one_by_one)  # a verify pass stores what single steps store
+    bound = {"int8": 0.01, "int4": 0.2, "hierarchical": 0.01}[kind]
+    assert (together - x).norm() / x.norm() < bound
+
+
+def test_hierarchical_draft_view_is_the_upper_four_bits():
+    torch.manual_seed(3)
+    x = torch.randn(4, 64)
+    packed = quantize(x, "hierarchical")
+    target, draft = dequantize(packed), dequantize(packed, draft=True)
+    assert (target - x).norm() / x.norm() < 0.01
+    assert 0.01 < (draft - x).norm() / x.norm() < 0.1  # a 4-bit view of the same memory
+    assert packed.planes[0].shape == (4, 32) and packed.planes[1].shape == (4, 32)
+
+
+def test_quantized_cache_writes_once_and_reads_its_prefix():
+    cache = QuantizedKVCache(2, 2, 16, 32, key_format="int8", value_format="int4")
+    k, v = torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16)
+    keys, values = cache.write(1, 0, k, v)
+    assert keys.shape == (1, 2, 3, 16) and (keys - k).abs().max() < 0.05 and (values - v).abs().max() < 0.5
+    # int8 keys (16 bytes + scale) and int4 values (8 bytes + scale) for 2 layers x 2 heads x 32 positions
+    assert cache.nbytes == 2 * 2 * 32 * ((16 + 2) + (8 + 2))
+
+
+@pytest.fixture(scope="module")
+def target(checkpoint_factory):
+    return checkpoint_factory("llama3")
+
+
+def greedy(engine: Engine, prompt: str, tokens: int = 96) -> list[int]:
+    engine.reset()
+    return [t for e in engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True) for t in e.token_ids]
+
+
+@pytest.mark.parametrize("kv_cache", ["int8", "int8-int4", "hierarchical"])
+def test_speculation_over_a_quantized_cache_equals_plain_decoding_over_it(kv_cache, target):
+    plain = Engine.load(target, max_context=256, kv_cache=kv_cache)
+    for drafter in ("ngram", "early-exit:1"):
+        fast = Engine.load(target, max_context=256, kv_cache=kv_cache, drafter=drafter, draft_length=3)
+        for prompt in PROMPTS:
+            assert greedy(fast, prompt) == greedy(plain, prompt), (kv_cache, drafter, prompt)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("length", ["adaptive", 2, 5])
+def test_quantspec_is_lossless(bits, length, target):
+    plain = Engine.load(target, max_context=256, kv_cache="hierarchical")
+    fast = Engine.load(target, max_context=256, drafter=f"quantspec:{bits}", draft_length=length)
+    assert fast.kv_cache == "hierarchical"  # selected for the QuantSpec draft
+    for prompt in PROMPTS:
+        assert greedy(fast, prompt) == greedy(plain, prompt), (bits, length, prompt)
+    stats = list(fast.generate(PROMPTS[0], max_new_tokens=32, ignore_eos=True))[-1].stats
+    assert stats.drafted > 0 and stats.accepted > 0
+    assert 0 < fast.drafter.memory_bytes() < fast.model.weight_bytes() * (0.5 if bits == 4 else 0.6)
+
+
+def test_quantspec_samples_and_refuses_a_plain_cache(target):
+    engine = Engine.load(target, max_context=256, drafter="quantspec")
+    events = list(engine.generate(PROMPTS[0], max_new_tokens=24, temperature=0.8, seed=1, ignore_eos=True))
+    assert sum(len(e.token_ids) for e in events) == 24
+    plain = Engine.load(target, max_context=256)
+    with pytest.raises(EdgeError, match="hierarchical KV cache"):
+        plain.use_drafter("quantspec")

@@ -43,7 +43,7 @@ def print_plan(args: argparse.Namespace, drafter: str | None) -> None:
     plan = plan_for(resolve_model_path(args.model), budget=args.memory_budget, device=args.device, dtype=args.dtype,
                     max_context=args.max_context, drafter=drafter, draft_length=args.draft_length,
                     draft_context=getattr(args, "draft_context", None),
-                    draft_weights=getattr(args, "draft_weights", None))
+                    draft_weights=getattr(args, "draft_weights", None), draft_kv=getattr(args, "draft_kv", None))
     print(json.dumps(plan.to_dict(), indent=1))
     print(plan.summary(), file=__import__("sys").stderr)
 
@@ -63,6 +63,8 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-weights", choices=["float32", "bfloat16"], default=None,
                        help="store a separate draft model's weights in bfloat16 while computing in float32 (half its "
                             "weight memory; default: --dtype)")
+    group.add_argument("--draft-kv", choices=["float32", "int8", "int8-int4"], default=None,
+                       help="store a separate draft model's own KV cache quantized (default: float32)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int = 256) -> None:

@@ -120,6 +120,7 @@ class Engine:
         draft_context: int | None = None,
         draft_weights: str | None = None,
         kv_cache: str | None = None,
+        draft_kv: str | None = None,
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
 
@@ -134,7 +135,8 @@ class Engine:
         `draft_context` gives a separate draft model a shorter cache than the target's (it then drafts from a window of
         the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16. `kv_cache` stores the KV
         cache quantized: "int8", "int8-int4" (int8 keys, int4 values) or "hierarchical" (QuantSpec's int4+int4,
-        which drafter "quantspec" needs and selects by default)."""
+        which drafter "quantspec" needs and selects by default); `draft_kv` ("int8") does the same for a separate
+        draft model's own cache."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
@@ -157,9 +159,9 @@ class Engine:
 
             plan = plan_for(path, budget=memory_budget, device=device, dtype=str(dtype).removeprefix("torch."),
                             max_context=max_context, drafter=drafter, draft_length=draft_length,
-                            draft_context=draft_context, draft_weights=draft_weights)
+                            draft_context=draft_context, draft_weights=draft_weights, draft_kv=draft_kv)
             max_context, drafter = plan.max_context, planned_drafter(drafter, plan)
-            draft_context, draft_weights = plan.draft_context, plan.drafter_weights
+            draft_context, draft_weights, draft_kv = plan.draft_context, plan.drafter_weights, plan.draft_kv
         report("reading the tokenizer", 0.0)
         tokenizer = Tokenizer.from_dir(path)
         report("mapping the weights", 0.1)
@@ -171,7 +173,7 @@ class Engine:
         if drafter:
             report(f"loading the drafter ({drafter})", 0.8)
             engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."), draft_vocab=draft_vocab,
-                               draft_context=draft_context, draft_weights=draft_weights)
+                               draft_context=draft_context, draft_weights=draft_weights, draft_kv=draft_kv)
         engine.plan = plan
         report("loaded", 1.0)
         return engine
@@ -197,7 +199,8 @@ class Engine:
 
     def use_drafter(self, drafter: "str | Drafter | None", draft_length: int | str = "adaptive", *,
                     dtype: str = "float32", draft_vocab: "str | Path | torch.Tensor | None" = None,
-                    draft_context: int | None = None, draft_weights: str | None = None) -> None:
+                    draft_context: int | None = None, draft_weights: str | None = None,
+                    draft_kv: str | None = None) -> None:
         """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None).
         `draft_vocab` trims a model drafter's head to those token ids (or a JSON file of them); `draft_context`
         sizes a separate draft model's cache (default: the engine's context); `draft_weights` ("bfloat16") stores
@@ -208,7 +211,8 @@ class Engine:
             drafter, _, draft_vocab = drafter.rpartition("@")
         if isinstance(drafter, str):
             hybrid = drafter.startswith("hybrid:")
-            drafter = self._build_drafter(drafter.removeprefix("hybrid:"), draft_max_len, dtype, draft_weights)
+            drafter = self._build_drafter(drafter.removeprefix("hybrid:"), draft_max_len, dtype, draft_weights,
+                                          draft_kv)
             if hybrid:
                 drafter = HybridDrafter(drafter)
         if draft_vocab is not None and drafter is not None:
@@ -223,14 +227,15 @@ class Engine:
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "
                         "exact output", str(self.model.dtype).removeprefix("torch."))
 
-    def _build_drafter(self, spec: str, max_len: int, dtype: str, weights: str | None) -> Drafter:
+    def _build_drafter(self, spec: str, max_len: int, dtype: str, weights: str | None,
+                       kv_cache: str | None = None) -> Drafter:
         if spec in ("bundle", "builtin") and self.bundle is not None:
             return bundle_drafter(self.bundle, self.tokenizer, max_len, self.backend)  # the bundle's own
         if spec == "bundle":
             raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; load a bundle folder")
         # a draft never reaches past the context: steps are capped by the budget
         return make_drafter(spec, self.model, self.cache, self.tokenizer, max_len=max_len, dtype=dtype,
-                            weights=weights)
+                            weights=weights, kv_cache=kv_cache)
 
     def _draft_context(self, requested: int | None, length: DraftLength) -> int:
         if requested is None:

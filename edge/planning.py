@@ -48,7 +48,8 @@ def drafter_folder(spec: str) -> Path:
 
 def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu", dtype: str = "float32",
              max_context: int, drafter: str | None = None, draft_length: int | str = "adaptive",
-             draft_context: int | None = None, draft_weights: str | None = None) -> Plan:
+             draft_context: int | None = None, draft_weights: str | None = None,
+             draft_kv: str | None = None) -> Plan:
     """The plan for serving `model` with `drafter` in the budget (None: what the device has free)."""
     config = ModelConfig.from_dir(model)
     kind = drafter_kind(drafter)
@@ -63,7 +64,8 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
                           min_context=min(256, context), draft_context=draft_context,
                           min_draft_context=max(2 * (longest + 1), min(256, context)),
                           drafter_weight_dtype=drafter_dtype, narrow_drafter=drafter_dtype == str(dtype) == "float32"
-                          and not is_bundle_spec(drafter))
+                          and not is_bundle_spec(drafter), draft_kv_dtype=draft_kv,
+                          quantizable_draft_kv=kind == "model" and draft_kv is None and not is_bundle_spec(drafter))
     return make_plan(request, probe(device, budget).budget)
 
 

@@ -16,7 +16,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
-KV_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
+# KV formats: plain dtypes, and the quantized layouts of edge/quantized_kv_cache.py (one float16 scale per
+# vector of head_dim values; hierarchical adds a float16 minimum); "int8-int4" is int8 keys with int4 values
+KV_FORMATS = ("float32", "bfloat16", "float16", "int8", "int4", "hierarchical", "int8-int4")
+
+
+def kv_vector_bytes(kind: str, head_dim: int) -> int:
+    """Stored bytes of one cached vector (one token, one KV head)."""
+    plain = {"float32": 4, "bfloat16": 2, "float16": 2}
+    if kind in plain:
+        return plain[kind] * head_dim
+    return {"int8": head_dim + 2, "int4": head_dim // 2 + 2, "hierarchical": head_dim + 4}[kind]
 ACTIVATION_BYTES = 4  # activations, scores and logits are float32 on the CPU paths
 
 
@@ -65,9 +75,12 @@ class ModelShape:
         return int(matrices * WEIGHT_BYTES[dtype] + matrices / group_size * 2 + rest * 2)
 
     def kv_bytes(self, context: int, dtype: str = "float32") -> int:
-        if dtype not in KV_BYTES:
-            raise ValueError(f"unknown KV dtype {dtype!r}; expected one of {', '.join(KV_BYTES)}")
-        return int(2 * self.num_layers * self.num_kv_heads * context * self.head_dim * KV_BYTES[dtype])
+        """Keys and values of every layer for `context` positions, stored as `dtype` (any of KV_FORMATS)."""
+        if dtype not in KV_FORMATS:
+            raise ValueError(f"unknown KV dtype {dtype!r}; expected one of {', '.join(KV_FORMATS)}")
+        keys, values = ("int8", "int4") if dtype == "int8-int4" else (dtype, dtype)
+        vectors = self.num_layers * self.num_kv_heads * context
+        return vectors * (kv_vector_bytes(keys, self.head_dim) + kv_vector_bytes(values, self.head_dim))
 
     def verify_buffer_bytes(self, tokens: int, context: int, vocab: int | None = None) -> int:
         """Peak transient bytes of one pass over `tokens` tokens: the residual stream and a normed copy, the widest

@@ -7,16 +7,17 @@
 When the request does not fit, the planner steps down in this order, recording each step and its reason:
 
     1. the draft model's weights stored in bfloat16 (computing in float32): half its weight memory
-    2. a shorter draft context: the draft model's cache holds `min_draft_context` tokens (it drafts from a window
+    2. the draft model's own KV cache stored as int8 (a float16 scale per vector): about a quarter
+    3. a shorter draft context: the draft model's cache holds `min_draft_context` tokens (it drafts from a window
        of the newest tokens), not the whole context
-    3. a separate draft model -> the n-gram drafter (no weights, no cache), if the draft model does not fit even
+    4. a separate draft model -> the n-gram drafter (no weights, no cache), if the draft model does not fit even
        with the shortest context
-    4. speculation off (no verify buffers), if speculation does not fit even with the shortest context
-    5. a shorter context (halved until it fits, down to `min_context`)
+    5. speculation off (no verify buffers), if speculation does not fit even with the shortest context
+    6. a shorter context (halved until it fits, down to `min_context`)
 
 Speculation is what edge is for, so it is kept at the cost of context as long as it fits at all.
 
-(The design's other steps - quantized draft KV, offloading layers - join the order as the engine
+(The design's last step - offloading layers to the CPU, on a GPU - joins the order as the engine
 learns them; a plan only ever asks for what the engine can allocate.) Below `minimum` - the plain model at
 `min_context` - nothing fits, and `make_plan` raises a BudgetError naming that minimum. `lower_bound` is the least
 memory that still keeps the requested speculation on at `min_context`.
@@ -46,6 +47,8 @@ class PlanRequest:
     min_draft_context: int = 256  # the shortest draft context the planner steps down to
     drafter_weight_dtype: str | None = None  # a quantized (exported) drafter's weights (None: weight_dtype)
     narrow_drafter: bool = False  # whether the engine can store this drafter's weights in bfloat16 (a step-down)
+    draft_kv_dtype: str | None = None  # the draft model's cache format (None: kv_dtype)
+    quantizable_draft_kv: bool = False  # whether the engine can store the draft model's cache as int8 (a step-down)
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -68,6 +71,7 @@ class Plan:
     steps: list[str] = field(default_factory=list)  # the step-downs taken, each with its reason
     draft_context: int | None = None  # a draft model's cache length when shorter than max_context
     drafter_weights: str | None = None  # a draft model's weight storage when narrower than weight_dtype
+    draft_kv: str | None = None  # a draft model's cache format when quantized
 
     @property
     def fits(self) -> bool:
@@ -90,7 +94,7 @@ def _footprint(request: PlanRequest, context: int) -> Footprint:
     drafting = request.drafter != "none"
     return footprint(request.target, context, weight_dtype=request.weight_dtype, kv_dtype=request.kv_dtype,
                      drafter=request.drafter_shape if request.drafter == "model" else None,
-                     drafter_weight_dtype=request.drafter_weight_dtype,
+                     drafter_weight_dtype=request.drafter_weight_dtype, draft_kv_dtype=request.draft_kv_dtype,
                      draft_context=min(request.draft_context or context, context),
                      draft_length=request.draft_length if drafting else 0)
 
@@ -112,6 +116,10 @@ def make_plan(request: PlanRequest, budget: int) -> Plan:
         steps.append(f"draft model weights float32 -> bfloat16: with float32 weights speculation makes "
                      f"{format_size(needs(current, context))}")
         current = replace(current, drafter_weight_dtype="bfloat16", narrow_drafter=False)
+    if current.drafter == "model" and needs(current, context) > budget and current.quantizable_draft_kv:
+        steps.append(f"draft KV cache {current.kv_dtype} -> int8: with it speculation makes "
+                     f"{format_size(needs(current, context))}")
+        current = replace(current, draft_kv_dtype="int8", quantizable_draft_kv=False)
     window = min(request.min_draft_context, context)
     if current.drafter == "model" and needs(current, context) > budget and (current.draft_context or context) > window:
         steps.append(f"draft context {current.draft_context or context} -> {window} tokens: the draft model's cache "
@@ -135,6 +143,7 @@ def make_plan(request: PlanRequest, budget: int) -> Plan:
     narrowed = current.drafter == "model" and current.drafter_weight_dtype == "bfloat16" != request.weight_dtype
     plan = Plan(budget, context, current.drafter, current.draft_length if current.drafter != "none" else 0,
                 request.weight_dtype, request.kv_dtype, _footprint(current, context), minimum, lower_bound, steps,
-                draft_context, "bfloat16" if narrowed else None)
+                draft_context, "bfloat16" if narrowed else None,
+                current.draft_kv_dtype if current.drafter == "model" else None)
     assert plan.fits, "minimum was checked above"
     return plan

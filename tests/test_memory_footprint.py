@@ -39,11 +39,18 @@ def test_a_draft_model_holds_its_weights_and_its_own_cache(checkpoint_factory, t
     assert planned.target_weights + planned.target_kv == engine.memory_footprint()["weights"] + engine.cache.nbytes
 
 
+@pytest.mark.parametrize("kv_cache", ["int8", "int8-int4", "hierarchical"])
+def test_quantized_kv_matches_what_the_engine_allocates(llama_dir, kv_cache):
+    engine = Engine.load(llama_dir, max_context=96, kv_cache=kv_cache)
+    assert engine.model.config.shape().kv_bytes(96, kv_cache) == engine.memory_footprint()["kv_cache"]
+
+
 def test_quantized_and_half_precision_kv_scale_as_expected(llama_dir):
-    shape = Engine.load(llama_dir, max_context=32).model.config.shape()
+    shape = Engine.load(llama_dir, max_context=32).model.config.shape()  # head_dim 16
     full = shape.kv_bytes(1000, "float32")
-    assert (shape.kv_bytes(1000, "bfloat16"), shape.kv_bytes(1000, "int8"), shape.kv_bytes(1000, "int4")) == (
-        full // 2, full // 4, full // 8)
+    assert shape.kv_bytes(1000, "bfloat16") == full // 2
+    assert shape.kv_bytes(1000, "int8") == full * (16 + 2) // 64  # codes plus a float16 scale per vector
+    assert shape.kv_bytes(1000, "int4") == full * (8 + 2) // 64
     assert shape.weight_bytes("int4") < shape.weight_bytes("int8") < shape.weight_bytes("bfloat16")
     with pytest.raises(ValueError, match="unknown KV dtype"):
         shape.kv_bytes(10, "float8")

@@ -71,16 +71,22 @@ def test_the_engine_applies_the_drafter_step_downs(shapes, checkpoint_factory):
     assert [step.split(":")[0] for step in narrow.plan.steps] == ["draft model weights float32 -> bfloat16"]
     assert narrow.drafter.model.embed.weight.dtype == torch.bfloat16 and narrow.drafter.model.dtype == torch.float32
     budget = plan.total - plan.drafter_weights // 2 - plan.draft_kv // 4  # the draft cache must shrink too
+    quantized = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=budget)
+    assert [step.split(":")[0] for step in quantized.plan.steps] == ["draft model weights float32 -> bfloat16",
+                                                                     "draft KV cache float32 -> int8"]
+    assert quantized.plan.draft_kv == "int8" and quantized.drafter.cache.formats == ("int8", "int8")
+    budget = plan.total - plan.drafter_weights // 2 - plan.draft_kv * 4 // 5  # and be shorter
     windowed = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=budget)
     assert [step.split(":")[0] for step in windowed.plan.steps] == ["draft model weights float32 -> bfloat16",
+                                                                    "draft KV cache float32 -> int8",
                                                                     "draft context 512 -> 256 tokens"]
     assert windowed.plan.draft_context == 256 and windowed.drafter.cache.max_len == 256
-    for engine in (narrow, windowed):  # what was allocated is what was planned, within the budget
+    for engine in (narrow, quantized, windowed):  # what was allocated is what was planned, within the budget
         footprint = engine.plan.footprint
         assert engine.memory_footprint()["drafter"] == footprint.drafter_weights + footprint.draft_kv
         assert engine.memory_footprint()["total"] <= engine.plan.budget
     plain = Engine.load(model_dir, max_context=512)
-    for engine in (narrow, windowed):  # lossless whatever the drafter's precision and window
+    for engine in (narrow, quantized, windowed):  # lossless whatever the drafter's precision and window
         plain.reset(), engine.reset()
         expected = [t for e in plain.generate("The quick brown", max_new_tokens=64, ignore_eos=True)
                     for t in e.token_ids]

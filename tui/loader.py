@@ -29,6 +29,7 @@ class SessionLoader:
     draft_context: int | None = None  # a draft model's own cache length (default: the context)
     draft_weights: str | None = None  # "bfloat16": store a draft model's weights narrower
     kv_cache: str | None = None  # a quantized KV cache format (int8, int8-int4, hierarchical)
+    draft_kv: str | None = None  # a draft model's own cache format (int8, int8-int4)
 
     @property
     def name(self) -> str:
@@ -41,7 +42,7 @@ class SessionLoader:
                              progress=lambda stage, fraction: progress(stage, 0.8 * fraction),
                              memory_budget=self.memory_budget, backend=self.backend,
                              draft_context=self.draft_context, draft_weights=self.draft_weights,
-                             kv_cache=self.kv_cache)
+                             kv_cache=self.kv_cache, draft_kv=self.draft_kv)
         settings = self.settings
         if engine.plan is not None:  # the plan may have stepped the drafter down
             from edge.planning import planned_drafter

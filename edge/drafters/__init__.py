@@ -37,7 +37,7 @@ DRAFTER_SPECS = ("ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, quantspec
 
 
 def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Tokenizer, *, max_len: int,
-                 dtype: str = "float32", weights: str | None = None) -> Drafter:
+                 dtype: str = "float32", weights: str | None = None, kv_cache: str | None = None) -> Drafter:
     name, _, arg = spec.partition(":")
     if name in ("early-exit", "skip", "adaptive", "quantspec") and not isinstance(model, Transformer):
         raise SamplingError(f"the {name} drafter runs part of the target's layers, which needs the torch backend; "
@@ -61,12 +61,14 @@ def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Token
         path = builtin_drafter_path()
         if path is None:
             raise SamplingError("this installation ships no built-in drafter; pass draft:PATH to a draft checkpoint")
-        return load_draft_model(path, model, tokenizer, max_len=max_len, dtype=dtype, weights=weights)
+        return load_draft_model(path, model, tokenizer, max_len=max_len, dtype=dtype, weights=weights,
+                                kv_cache=kv_cache)
     if name == "draft" or Path(spec).is_dir():
         path = Path(arg if name == "draft" else spec)
         if is_bundle(path):  # an edge-export bundle: its drafter graph on the ONNX backend
             return bundle_drafter(path, tokenizer, max_len)
-        return load_draft_model(path, model, tokenizer, max_len=max_len, dtype=dtype, weights=weights)
+        return load_draft_model(path, model, tokenizer, max_len=max_len, dtype=dtype, weights=weights,
+                                kv_cache=kv_cache)
     raise SamplingError(f"unknown drafter {spec!r}; expected one of: {DRAFTER_SPECS}")
 
 
@@ -78,7 +80,8 @@ def _integers(spec: str, text: str) -> list[int]:
 
 
 def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, max_len: int,
-                     dtype: str = "float32", weights: str | None = None) -> DraftModelDrafter:
+                     dtype: str = "float32", weights: str | None = None,
+                     kv_cache: str | None = None) -> DraftModelDrafter:
     """A draft checkpoint computing in `dtype`; `weights="bfloat16"` stores its matrices in bfloat16 (half the
     memory; the target still verifies in its own precision, so output is unchanged)."""
     from edge.loading import load_model, parse_dtype
@@ -88,4 +91,4 @@ def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, m
     DraftModelDrafter.check_compatible(target, tokenizer, draft, draft_tokenizer)
     if weights is not None and parse_dtype(weights) != draft.dtype:
         draft.store_weights(parse_dtype(weights))
-    return DraftModelDrafter(draft, max_len)
+    return DraftModelDrafter(draft, max_len, kv_cache)

@@ -19,14 +19,24 @@ log = logging.getLogger(__name__)
 class DraftModelDrafter:
     name = "draft-model"
 
-    def __init__(self, model: Transformer, max_len: int) -> None:
+    def __init__(self, model: Transformer, max_len: int, kv_cache: str | None = None) -> None:
         """`max_len`: the drafter's own context. Below the target's (a memory plan's "shorter draft context"), the
         drafter sees a window of the newest tokens: when a draft would run past it, it starts again from the newest
         half, at positions from 0. Rotary attention depends only on distances, so the shift costs only the
-        context left out; the target still verifies every token, so output is unchanged."""
+        context left out; the target still verifies every token, so output is unchanged. `kv_cache` ("int8",
+        "int8-int4") stores the drafter's own cache quantized."""
         self.model = model
         self.device = model.device
-        self.cache = model.new_cache(max_len)
+        if kv_cache in (None, "float32"):
+            self.cache = model.new_cache(max_len)
+        elif isinstance(model, Transformer):
+            from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
+
+            keys, values = kv_formats(kv_cache)
+            self.cache = QuantizedKVCache.for_model(model.config, max_len, key_format=keys, value_format=values,
+                                                    device=self.device)
+        else:
+            raise SamplingError("a quantized draft KV cache needs a torch draft model, not an exported one")
         self.head: TrimmedHead | None = None  # VocabTrim on the torch backend (bundles trim inside the graph)
         self._base = 0  # index in the sequence of the token at the drafter's position 0
         self._cached: list[int] = []  # tokens (from _base on) whose keys/values are in the drafter's cache

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 FORMAT_VERSION = 1
@@ -93,7 +92,9 @@ class QuantizedLinear(nn.Module):
         return cls(quantize_weight(linear.weight, bits, group_size), linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.quantized.dequantize().to(x.dtype), self.bias)
+        from kernels.dispatch import quantized_linear
+
+        return quantized_linear(x, self.quantized, self.bias)  # Triton on a capable GPU, else the reference
 
 
 def save_quantized(tensors: dict[str, torch.Tensor | QuantizedWeight], path: str | Path, *, bits: int,

@@ -1,0 +1,71 @@
+"""The Triton kernels against their torch references, on fresh random inputs, through Triton's CPU interpreter.
+
+TRITON_INTERPRET=1 must be set before triton compiles the kernels, so this module sets it at import; the
+dispatcher only routes CPU tensors to Triton when a test also sets EDGE_TRITON_ON_CPU=1."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+from kernels import triton_kernels as tk  # noqa: E402
+from kernels.kv_quant import dequantize, quantize  # noqa: E402
+from kernels.quant import QuantizedLinear, quantize_weight  # noqa: E402
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows, n, k, group", [(1, 48, 64, 32), (5, 40, 96, 16), (3, 33, 128, 64)])
+def test_quantized_matmul_matches_the_reference(bits, rows, n, k, group):
+    generator = torch.Generator().manual_seed(rows * n + k + bits)
+    weight = quantize_weight(torch.randn(n, k, generator=generator), bits=bits, group_size=group)
+    x = torch.randn(rows, k, generator=generator)
+    expected = x @ weight.dequantize().T  # (rows, n)
+    assert torch.allclose(tk.quantized_matmul(x, weight), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["int8", "hierarchical"])
+@pytest.mark.parametrize("dims", [16, 64, 24])
+def test_quantize_on_append_writes_the_reference_codes(kind, dims):
+    x = torch.randn(3, 5, dims, generator=torch.Generator().manual_seed(dims))
+    got, expected = tk.quantize_vectors(x, kind), quantize(x, kind)
+    for plane, reference in zip(got.planes, expected.planes):
+        assert torch.equal(plane, reference)
+    assert torch.equal(got.scale, expected.scale)
+    if kind == "hierarchical":
+        assert torch.equal(got.low, expected.low)
+    assert torch.equal(dequantize(got), dequantize(expected))
+
+
+@pytest.mark.parametrize("kind, draft", [("int8", False), ("hierarchical", False), ("hierarchical", True)])
+@pytest.mark.parametrize("heads, kv_heads, length", [(4, 2, 37), (2, 2, 5), (6, 3, 64)])
+def test_decode_attention_over_a_quantized_cache(kind, draft, heads, kv_heads, length):
+    generator = torch.Generator().manual_seed(heads + length)
+    dims, max_len = 32, 80
+    keys = quantize(torch.randn(kv_heads, max_len, dims, generator=generator), kind)
+    values = quantize(torch.randn(kv_heads, max_len, dims, generator=generator), kind)
+    q = torch.randn(heads, dims, generator=generator)
+    k = dequantize(keys, draft=draft)[:, :length]  # (Hkv, S, D)
+    v = dequantize(values, draft=draft)[:, :length]
+    group = heads // kv_heads
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)  # (H, S, D)
+    weights = torch.softmax((k @ q[:, :, None])[..., 0] * dims ** -0.5, dim=-1)  # (H, S)
+    expected = (weights[:, None, :] @ v)[:, 0]  # (H, D)
+    got = tk.quantized_decode_attention(q, keys, values, length, draft=draft, block_s=16)
+    assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_dispatcher_routes_cpu_tensors_only_when_asked(monkeypatch):
+    from kernels.dispatch import use_triton
+
+    layer = QuantizedLinear(quantize_weight(torch.randn(16, 32), bits=4, group_size=16), bias=torch.ones(16))
+    x = torch.randn(2, 32)
+    reference = layer(x)
+    assert not use_triton(x)
+    monkeypatch.setenv("EDGE_TRITON_ON_CPU", "1")
+    assert use_triton(x)
+    assert torch.allclose(layer(x), reference, atol=1e-5)

@@ -102,16 +102,20 @@ class Attention(nn.Module):
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-        keys, values = cache.write(layer, start, k, v)  # (B, Hkv, start+T, Dh) each
-        rowwise = self.wqkv.rowwise
-        if rowwise is not None and batch == 1 and steps <= self.wqkv.max_rows and q.dtype == torch.float32:
-            out = rowwise.attention(q, keys, values, start, self.sliding_window)  # (1, H, T, Dh), batch-invariant
-        else:
-            causal_prefill = mask is None and steps > 1  # start == 0, no window: plain causal mask
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, is_causal=causal_prefill,
-                enable_gqa=self.num_kv_heads != self.num_heads,
-            )  # (B, H, T, Dh)
+        # a quantized cache may append and attend in place with a kernel: (1, H, T, Dh), each query computed alone
+        fused = getattr(cache, "fused_attention", None)
+        out = fused(layer, start, q, k, v, self.sliding_window) if fused is not None else None
+        if out is None:
+            keys, values = cache.write(layer, start, k, v)  # (B, Hkv, start+T, Dh) each
+            rowwise = self.wqkv.rowwise
+            if rowwise is not None and batch == 1 and steps <= self.wqkv.max_rows and q.dtype == torch.float32:
+                out = rowwise.attention(q, keys, values, start, self.sliding_window)  # (1, H, T, Dh), batch-invariant
+            else:
+                causal_prefill = mask is None and steps > 1  # start == 0, no window: plain causal mask
+                out = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=mask, is_causal=causal_prefill,
+                    enable_gqa=self.num_kv_heads != self.num_heads,
+                )  # (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(batch, steps, self.q_size)  # (B, T, H*Dh)
         return self.wo(out)
 

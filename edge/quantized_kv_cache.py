@@ -61,6 +61,11 @@ class _Store:
         if self.low is not None:
             self.low[layer, :, :, start:end] = packed.low
 
+    def packed(self, layer: int) -> PackedVectors:
+        """Layer `layer`'s storage (batch 0) as PackedVectors over (Hkv, max_len, ...), for the fused kernels."""
+        return PackedVectors(self.kind, tuple(p[layer, 0] for p in self.planes), self.scale[layer, 0],
+                             self.low[layer, 0] if self.low is not None else None)
+
     def read(self, layer: int, end: int, draft: bool) -> torch.Tensor:
         packed = PackedVectors(self.kind, tuple(p[layer, :, :, :end] for p in self.planes),
                                self.scale[layer, :, :, :end],
@@ -98,6 +103,33 @@ class QuantizedKVCache(KVCache):
         self.values_store.write(layer, start, end, values)
         return (self.keys_store.read(layer, end, self.draft_view),
                 self.values_store.read(layer, end, self.draft_view))
+
+    def fused_attention(self, layer: int, start: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                        window: int | None) -> torch.Tensor | None:
+        """Quantize-on-append and attention straight from the packed cache with the Triton kernels (a capable GPU,
+        or the interpreter when asked; see kernels/dispatch.py): q (1, H, T, Dh), keys/values (1, Hkv, T, Dh) ->
+        (1, H, T, Dh). None where they do not apply (then write() and the model's attention run)."""
+        from kernels.dispatch import use_triton
+
+        kind = self.formats[0]
+        if (window or q.shape[0] != 1 or self.formats[1] != kind or kind not in ("int8", "hierarchical")
+                or not use_triton(q)):
+            return None
+        from kernels.triton_kernels import quantize_vectors, quantized_decode_attention
+
+        end = start + keys.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; writing up to {end} does not fit")
+        for store, new in ((self.keys_store, keys), (self.values_store, values)):
+            packed = quantize_vectors(new[0], kind)  # (Hkv, T, ...)
+            for plane, rows in zip(store.planes, packed.planes):
+                plane[layer, 0, :, start:end] = rows
+            store.scale[layer, 0, :, start:end] = packed.scale
+            if store.low is not None:
+                store.low[layer, 0, :, start:end] = packed.low
+        out = quantized_decode_attention(q[0].transpose(0, 1), self.keys_store.packed(layer),
+                                         self.values_store.packed(layer), start, draft=self.draft_view)  # (T, H, Dh)
+        return out.transpose(0, 1)[None]  # (1, H, T, Dh)
 
     @contextmanager
     def drafting(self):

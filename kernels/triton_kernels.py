@@ -4,7 +4,7 @@ TRITON_INTERPRET=1 at small shapes).
 
     quantized_matmul(x, qweight)                     x (M, K) @ dequant(qweight).T -> (M, N); int4 or int8 codes
     quantize_vectors(x, kind)                        quantize-on-append: (R, D) -> PackedVectors (int8/hierarchical)
-    quantized_decode_attention(q, keys, values, ...) one query per head over an int8 or hierarchical KV prefix
+    quantized_decode_attention(q, keys, values, start)  queries (causal) over an int8 or hierarchical KV prefix
 
 Layouts are the references': int4 codes two per byte (low nibble first, value + 8), one float16 scale per group
 along K; KV vectors with one float16 scale (and for hierarchical, a float16 minimum) each, nibble planes packed two
@@ -153,13 +153,17 @@ def _load_vectors(first_ptr, second_ptr, scale_ptr, low_ptr, base, rows, row_ok,
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, k1, k2, k_scale, k_low, v1, v2, v_scale, v_low, out_ptr, S, S_MAX, D, GROUP,
-                             sm_scale, KIND: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One head h: softmax(q . K^T * sm_scale) V over the S cached positions of its KV head (online softmax)."""
+def _decode_attention_kernel(q_ptr, k1, k2, k_scale, k_low, v1, v2, v_scale, v_low, out_ptr, START, H, S_MAX, D,
+                             GROUP, sm_scale, KIND: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Head h, query t (at position START + t): softmax(q . K^T * sm_scale) V over cached positions [0, START + t]
+    of its KV head, with an online softmax. Every (h, t) is computed alone and in the same order, so a verify pass
+    of T queries gives each query exactly what a one-query step gives it."""
     h = tl.program_id(0)
+    t = tl.program_id(1)
+    S = START + t + 1
     kv_base = (h // GROUP) * S_MAX  # vector index of position 0 of this head's KV head
     d = tl.arange(0, BLOCK_D)
-    q = tl.load(q_ptr + h * D + d, mask=d < D, other=0.0)
+    q = tl.load(q_ptr + (t * H + h) * D + d, mask=d < D, other=0.0)
     best = tl.max(tl.full((BLOCK_S,), -float("inf"), tl.float32), 0)  # running max (a scalar tensor)
     total = tl.sum(tl.zeros((BLOCK_S,), dtype=tl.float32), 0)  # running sum of weights
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -175,14 +179,15 @@ def _decode_attention_kernel(q_ptr, k1, k2, k_scale, k_low, v1, v2, v_scale, v_l
         acc = acc * correction + tl.sum(weights[:, None] * values, axis=0)
         total = total * correction + tl.sum(weights, 0)
         best = new_best
-    tl.store(out_ptr + h * D + d, acc / total, mask=d < D)
+    tl.store(out_ptr + (t * H + h) * D + d, acc / total, mask=d < D)
 
 
-def quantized_decode_attention(q: torch.Tensor, keys: PackedVectors, values: PackedVectors, length: int, *,
+def quantized_decode_attention(q: torch.Tensor, keys: PackedVectors, values: PackedVectors, start: int, *,
                                draft: bool = False, block_s: int = 32) -> torch.Tensor:
-    """q (H, D) one query per head over positions [0, length) of keys/values stored (Hkv, S_max, ...) as int8 or
-    hierarchical PackedVectors -> (H, D). `draft` reads a hierarchical cache's upper 4 bits only."""
-    heads, dims = q.shape
+    """q (T, H, D): queries at positions [start, start + T), each over cached positions up to its own (causal), of
+    keys/values stored (Hkv, S_max, ...) as int8 or hierarchical PackedVectors -> (T, H, D). `draft` reads a
+    hierarchical cache's upper 4 bits only."""
+    steps, heads, dims = q.shape
     kv_heads, max_len = keys.scale.shape[0], keys.scale.shape[1]
     if keys.kind != values.kind or keys.kind not in ("int8", "hierarchical"):
         raise ValueError(f"quantized attention reads int8 or hierarchical caches, got {keys.kind}/{values.kind}")
@@ -194,8 +199,8 @@ def quantized_decode_attention(q: torch.Tensor, keys: PackedVectors, values: Pac
         low = packed.low if packed.low is not None else packed.scale
         return first, second, packed.scale, low
 
-    out = torch.empty((heads, dims), dtype=torch.float32, device=q.device)
-    _decode_attention_kernel[(heads,)](q.float().contiguous(), *planes(keys), *planes(values), out, length, max_len,
-                                       dims, heads // kv_heads, dims ** -0.5, KIND=kind, BLOCK_S=block_s,
-                                       BLOCK_D=triton.next_power_of_2(dims))
+    out = torch.empty((steps, heads, dims), dtype=torch.float32, device=q.device)
+    _decode_attention_kernel[(heads, steps)](q.float().contiguous(), *planes(keys), *planes(values), out, start,
+                                             heads, max_len, dims, heads // kv_heads, dims ** -0.5, KIND=kind,
+                                             BLOCK_S=block_s, BLOCK_D=triton.next_power_of_2(dims))
     return out

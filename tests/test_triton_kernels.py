@@ -42,21 +42,26 @@ def test_quantize_on_append_writes_the_reference_codes(kind, dims):
 
 
 @pytest.mark.parametrize("kind, draft", [("int8", False), ("hierarchical", False), ("hierarchical", True)])
-@pytest.mark.parametrize("heads, kv_heads, length", [(4, 2, 37), (2, 2, 5), (6, 3, 64)])
-def test_decode_attention_over_a_quantized_cache(kind, draft, heads, kv_heads, length):
-    generator = torch.Generator().manual_seed(heads + length)
+@pytest.mark.parametrize("heads, kv_heads, start, steps", [(4, 2, 36, 1), (2, 2, 4, 1), (6, 3, 60, 4)])
+def test_decode_attention_over_a_quantized_cache(kind, draft, heads, kv_heads, start, steps):
+    generator = torch.Generator().manual_seed(heads + start)
     dims, max_len = 32, 80
     keys = quantize(torch.randn(kv_heads, max_len, dims, generator=generator), kind)
     values = quantize(torch.randn(kv_heads, max_len, dims, generator=generator), kind)
-    q = torch.randn(heads, dims, generator=generator)
-    k = dequantize(keys, draft=draft)[:, :length]  # (Hkv, S, D)
-    v = dequantize(values, draft=draft)[:, :length]
+    q = torch.randn(steps, heads, dims, generator=generator)
     group = heads // kv_heads
-    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)  # (H, S, D)
-    weights = torch.softmax((k @ q[:, :, None])[..., 0] * dims ** -0.5, dim=-1)  # (H, S)
-    expected = (weights[:, None, :] @ v)[:, 0]  # (H, D)
-    got = tk.quantized_decode_attention(q, keys, values, length, draft=draft, block_s=16)
-    assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)
+    k = dequantize(keys, draft=draft).repeat_interleave(group, 0)  # (H, S_max, D)
+    v = dequantize(values, draft=draft).repeat_interleave(group, 0)
+    got = tk.quantized_decode_attention(q, keys, values, start, draft=draft, block_s=16)  # (T, H, D)
+    for t in range(steps):  # query t sees positions [0, start + t]
+        seen = start + t + 1
+        weights = torch.softmax((k[:, :seen] @ q[t][:, :, None])[..., 0] * dims ** -0.5, dim=-1)  # (H, S)
+        expected = (weights[:, None, :] @ v[:, :seen])[:, 0]  # (H, D)
+        assert torch.allclose(got[t], expected, atol=1e-4, rtol=1e-4)
+    # each query alone gives exactly its row of the multi-query pass (what makes speculation exact)
+    for t in range(steps):
+        alone = tk.quantized_decode_attention(q[t:t + 1], keys, values, start + t, draft=draft, block_s=16)
+        assert torch.equal(alone[0], got[t])
 
 
 def test_the_dispatcher_routes_cpu_tensors_only_when_asked(monkeypatch):
@@ -69,3 +74,22 @@ def test_the_dispatcher_routes_cpu_tensors_only_when_asked(monkeypatch):
     monkeypatch.setenv("EDGE_TRITON_ON_CPU", "1")
     assert use_triton(x)
     assert torch.allclose(layer(x), reference, atol=1e-5)
+
+
+def test_quantspec_through_the_kernels_equals_plain_decoding_through_them(monkeypatch, checkpoint_factory):
+    """The fused path end to end (what a GPU runs), through the interpreter: quantize-on-append, attention from
+    the packed cache (the draft's upper-nibble view and the target's 8 bits), int4 matmuls in the draft."""
+    from edge import Engine
+
+    monkeypatch.setenv("EDGE_TRITON_ON_CPU", "1")
+    target = checkpoint_factory("llama3")
+    reference = Engine.load(target, max_context=64, kv_cache="hierarchical")
+    prompt = "The quick brown fox"
+    plain = [t for e in reference.generate(prompt, max_new_tokens=12, ignore_eos=True) for t in e.token_ids]
+    fast = Engine.load(target, max_context=64, drafter="quantspec", draft_length=3)
+    events = list(fast.generate(prompt, max_new_tokens=12, ignore_eos=True))
+    assert [t for e in events for t in e.token_ids] == plain
+    assert events[-1].stats.drafted > 0
+    monkeypatch.delenv("EDGE_TRITON_ON_CPU")  # the reference path gives the same tokens here too
+    reference.reset()
+    assert [t for e in reference.generate(prompt, max_new_tokens=12, ignore_eos=True) for t in e.token_ids] == plain

@@ -121,6 +121,7 @@ class Engine:
         draft_weights: str | None = None,
         kv_cache: str | None = None,
         draft_kv: str | None = None,
+        offload_layers: list[int] | None = None,
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
 
@@ -136,7 +137,8 @@ class Engine:
         the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16. `kv_cache` stores the KV
         cache quantized: "int8", "int8-int4" (int8 keys, int4 values) or "hierarchical" (QuantSpec's int4+int4,
         which drafter "quantspec" needs and selects by default); `draft_kv` ("int8") does the same for a separate
-        draft model's own cache."""
+        draft model's own cache. `offload_layers` keeps those layers' weights in host memory, streamed in as they
+        run (edge/offload.py); on a GPU the memory planner chooses them when the model does not fit otherwise."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
@@ -160,12 +162,22 @@ class Engine:
             plan = plan_for(path, budget=memory_budget, device=device, dtype=str(dtype).removeprefix("torch."),
                             max_context=max_context, drafter=drafter, draft_length=draft_length,
                             draft_context=draft_context, draft_weights=draft_weights, draft_kv=draft_kv)
+            offload_layers = plan.offloaded_layers or offload_layers
             max_context, drafter = plan.max_context, planned_drafter(drafter, plan)
             draft_context, draft_weights, draft_kv = plan.draft_context, plan.drafter_weights, plan.draft_kv
         report("reading the tokenizer", 0.0)
         tokenizer = Tokenizer.from_dir(path)
         report("mapping the weights", 0.1)
-        model = load_model(path, dtype=dtype, device=device)
+        if offload_layers:  # split on the host, then move what stays to the device
+            from edge.offload import offload_layers as offload
+
+            model = load_model(path, dtype=dtype, device="cpu")
+            offload(model, list(offload_layers), device)
+            model = model.to(device)
+            if torch.device(device).type != "cpu":
+                model.use_rowwise_matmul(None)  # the batch-invariant kernel is the CPU's
+        else:
+            model = load_model(path, dtype=dtype, device=device)
         report("allocating the KV cache", 0.7)
         if kv_cache is None and drafter and drafter.startswith("quantspec"):
             kv_cache = "hierarchical"  # what the QuantSpec draft reads

@@ -65,7 +65,8 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
                           min_draft_context=max(2 * (longest + 1), min(256, context)),
                           drafter_weight_dtype=drafter_dtype, narrow_drafter=drafter_dtype == str(dtype) == "float32"
                           and not is_bundle_spec(drafter), draft_kv_dtype=draft_kv,
-                          quantizable_draft_kv=kind == "model" and draft_kv is None and not is_bundle_spec(drafter))
+                          quantizable_draft_kv=kind == "model" and draft_kv is None and not is_bundle_spec(drafter),
+                          can_offload=device.startswith("cuda"))
     return make_plan(request, probe(device, budget).budget)
 
 

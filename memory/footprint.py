@@ -53,14 +53,22 @@ class ModelShape:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def parameters(self) -> int:
-        """Every parameter, norms and biases included (what the checkpoint holds)."""
+    def layer_parameters(self) -> int:
+        """The parameters of one decoder layer (attention, MLP, norms, biases)."""
         d, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
         attention = d * (q + 2 * kv) + q * d + (q + 2 * kv if self.qkv_bias else 0) + (d if self.o_bias else 0)
         mlp = 3 * d * i + (2 * i + d if self.mlp_bias else 0)
         norms = 2 * d + (2 * self.head_dim if self.qk_norm else 0)
-        embeddings = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attention + mlp + norms) + embeddings + d  # + the final norm
+        return attention + mlp + norms
+
+    def parameters(self) -> int:
+        """Every parameter, norms and biases included (what the checkpoint holds)."""
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * self.layer_parameters() + embeddings + self.hidden_size  # + the final norm
+
+    def layer_bytes(self, dtype: str = "float32") -> int:
+        """One layer's weights in a float dtype (what offloading one layer moves off the device)."""
+        return int(self.layer_parameters() * WEIGHT_BYTES[dtype])
 
     def weight_bytes(self, dtype: str = "float32", group_size: int = 128) -> int:
         """Weights in `dtype`; int8/int4 store the projection matrices quantized with one float16 scale per group
@@ -97,6 +105,7 @@ class Footprint:
     drafter_weights: int
     draft_kv: int
     draft_buffers: int
+    host_weights: int = 0  # offloaded layers, in host memory (not counted against the device budget)
 
     @property
     def total(self) -> int:
@@ -114,11 +123,12 @@ class Footprint:
 def footprint(target: ModelShape, context: int, *, weight_dtype: str = "float32", kv_dtype: str = "float32",
               drafter: ModelShape | None = None, drafter_weight_dtype: str | None = None,
               draft_kv_dtype: str | None = None, draft_context: int | None = None, draft_length: int = 0,
-              drafter_vocab: int | None = None) -> Footprint:
+              drafter_vocab: int | None = None, offloaded_layers: int = 0) -> Footprint:
     """The bytes of target, its KV at `context`, and speculation with `draft_length` tokens per step.
 
     `drafter` is a separate draft model (None for self-drafts and n-gram, which hold no weights or cache of their
-    own); `drafter_vocab` is the size of a trimmed drafter head (VocabTrim)."""
+    own); `drafter_vocab` is the size of a trimmed drafter head (VocabTrim). `offloaded_layers` of the target's
+    layers live in host memory; the device holds the rest and two staging layers they stream through."""
     draft_weights = draft_kv = 0
     if drafter is not None:
         draft_weights = drafter.weight_bytes(drafter_weight_dtype or weight_dtype)
@@ -128,5 +138,7 @@ def footprint(target: ModelShape, context: int, *, weight_dtype: str = "float32"
         buffers = target.verify_buffer_bytes(draft_length + 1, context)
         if drafter is not None:  # the drafter's own 1-token passes, logits over its (trimmed) vocabulary
             buffers += drafter.verify_buffer_bytes(1, draft_context or context, drafter_vocab)
-    return Footprint(target.weight_bytes(weight_dtype), target.kv_bytes(context, kv_dtype), draft_weights, draft_kv,
-                     buffers)
+    host = offloaded_layers * target.layer_bytes(weight_dtype) if offloaded_layers else 0
+    staging = min(2, offloaded_layers) * target.layer_bytes(weight_dtype) if offloaded_layers else 0
+    return Footprint(target.weight_bytes(weight_dtype) - host + staging, target.kv_bytes(context, kv_dtype),
+                     draft_weights, draft_kv, buffers, host)

@@ -48,6 +48,7 @@ class PlanRequest:
     drafter_weight_dtype: str | None = None  # a quantized (exported) drafter's weights (None: weight_dtype)
     narrow_drafter: bool = False  # whether the engine can store this drafter's weights in bfloat16 (a step-down)
     draft_kv_dtype: str | None = None  # the draft model's cache format (None: kv_dtype)
+    can_offload: bool = False  # the device has a host to offload layers to (a GPU): the last step-down
     quantizable_draft_kv: bool = False  # whether the engine can store the draft model's cache as int8 (a step-down)
 
     def __post_init__(self) -> None:
@@ -72,6 +73,7 @@ class Plan:
     draft_context: int | None = None  # a draft model's cache length when shorter than max_context
     drafter_weights: str | None = None  # a draft model's weight storage when narrower than weight_dtype
     draft_kv: str | None = None  # a draft model's cache format when quantized
+    offloaded_layers: list[int] = field(default_factory=list)  # target layers streamed from host memory
 
     @property
     def fits(self) -> bool:
@@ -90,17 +92,19 @@ class Plan:
         return "\n".join(lines)
 
 
-def _footprint(request: PlanRequest, context: int) -> Footprint:
+def _footprint(request: PlanRequest, context: int, offloaded: int = 0) -> Footprint:
     drafting = request.drafter != "none"
     return footprint(request.target, context, weight_dtype=request.weight_dtype, kv_dtype=request.kv_dtype,
                      drafter=request.drafter_shape if request.drafter == "model" else None,
                      drafter_weight_dtype=request.drafter_weight_dtype, draft_kv_dtype=request.draft_kv_dtype,
                      draft_context=min(request.draft_context or context, context),
-                     draft_length=request.draft_length if drafting else 0)
+                     draft_length=request.draft_length if drafting else 0, offloaded_layers=offloaded)
 
 
 def make_plan(request: PlanRequest, budget: int) -> Plan:
     minimum = _footprint(replace(request, drafter="none"), request.min_context).total
+    if budget < minimum and request.can_offload:
+        return _offload_plan(request, budget, minimum)
     if budget < minimum:
         raise BudgetError(f"the memory budget {format_size(budget)} cannot hold the model: it needs at least "
                           f"{format_size(minimum)} ({minimum} bytes: weights and a {request.min_context}-token KV "
@@ -147,3 +151,26 @@ def make_plan(request: PlanRequest, budget: int) -> Plan:
                 current.draft_kv_dtype if current.drafter == "model" else None)
     assert plan.fits, "minimum was checked above"
     return plan
+
+
+def _offload_plan(request: PlanRequest, budget: int, minimum: int) -> Plan:
+    """The last step-down (a GPU): keep the drafter if possible, and stream the fewest last layers from host
+    memory at the shortest context; the first layers (where early exits draft) stay on the device."""
+    layers = request.target.num_layers
+    for drafter in dict.fromkeys([request.drafter, "ngram", "none"]):
+        candidate = replace(request, drafter=drafter, drafter_shape=request.drafter_shape if drafter == "model"
+                            else None)
+        for offloaded in range(1, layers + 1):
+            footprint = _footprint(candidate, request.min_context, offloaded)
+            if footprint.total <= budget:
+                steps = [] if drafter == request.drafter else [f"{request.drafter} drafter -> {drafter}: even with "
+                                                               "layers offloaded it does not fit"]
+                steps.append(f"offload {offloaded} of {layers} layers to host memory: the model at a "
+                             f"{request.min_context}-token context needs {format_size(minimum)} on the device")
+                return Plan(budget, request.min_context, drafter, request.draft_length if drafter != "none" else 0,
+                            request.weight_dtype, request.kv_dtype, footprint, minimum,
+                            _footprint(request, request.min_context).total, steps,
+                            offloaded_layers=list(range(layers - offloaded, layers)))
+    least = _footprint(replace(request, drafter="none"), request.min_context, layers).total
+    raise BudgetError(f"the memory budget {format_size(budget)} cannot hold the model even with every layer "
+                      f"offloaded: it needs at least {format_size(least)} on the device; raise the budget")

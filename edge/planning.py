@@ -67,7 +67,21 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
                           and not is_bundle_spec(drafter), draft_kv_dtype=draft_kv,
                           quantizable_draft_kv=kind == "model" and draft_kv is None and not is_bundle_spec(drafter),
                           can_offload=device.startswith("cuda"))
-    return make_plan(request, probe(device, budget).budget)
+    plan = make_plan(request, probe(device, budget).budget)
+    plan.runtime_overhead = runtime_overhead(device)
+    return plan
+
+
+def runtime_overhead(device: str) -> int:
+    """The runtime's own memory as the planner runs (imports done, no weights yet): the process's resident memory
+    on a CPU, the CUDA context and allocator reserve on a GPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.memory_reserved(torch.device(device))
+    import psutil
+
+    return psutil.Process().memory_info().rss
 
 
 BUNDLE_WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}

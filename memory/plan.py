@@ -74,6 +74,13 @@ class Plan:
     drafter_weights: str | None = None  # a draft model's weight storage when narrower than weight_dtype
     draft_kv: str | None = None  # a draft model's cache format when quantized
     offloaded_layers: list[int] = field(default_factory=list)  # target layers streamed from host memory
+    runtime_overhead: int = 0  # the runtime's own memory (interpreter, torch, kernels), measured when planning;
+    # reported beside the plan, not taken from the budget, which is for what the model allocates
+
+    @property
+    def expected_peak(self) -> int:
+        """What the process should peak at: the runtime's own memory plus everything the plan allocates."""
+        return self.runtime_overhead + self.footprint.total
 
     @property
     def fits(self) -> bool:
@@ -82,12 +89,16 @@ class Plan:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["footprint"] = self.footprint.to_dict()
+        data["expected_peak"] = self.expected_peak
         return data
 
     def summary(self) -> str:
         speculation = "off" if self.drafter == "none" else f"{self.drafter}, k <= {self.draft_length}"
         lines = [f"plan: {format_size(self.footprint.total)} of a {format_size(self.budget)} budget; context "
                  f"{self.max_context} tokens; speculation {speculation}"]
+        if self.runtime_overhead:
+            lines.append(f"  runtime: {format_size(self.runtime_overhead)} more for the interpreter and libraries "
+                         f"(expected peak {format_size(self.expected_peak)})")
         lines += [f"  step-down: {step}" for step in self.steps]
         return "\n".join(lines)
 

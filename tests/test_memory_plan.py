@@ -152,3 +152,13 @@ def test_planning_rejects_unknown_drafters_and_draft_lengths(checkpoint_factory)
     with pytest.raises(SamplingError, match="draft length must be 'adaptive' or a whole number"):
         plan_for(model_dir, budget="1GiB", max_context=128, drafter="ngram", draft_length="x")
     assert plan_for(model_dir, budget="1GiB", max_context=128, drafter="early-exit:1").drafter == "self"
+
+
+def test_the_plan_reports_the_runtime_beside_the_model(checkpoint_factory):
+    from edge.planning import plan_for
+
+    plan = plan_for(checkpoint_factory("llama3"), budget="1GiB", max_context=128, drafter="ngram")
+    assert plan.runtime_overhead > 50 * MiB  # the interpreter and torch, measured while planning
+    assert plan.expected_peak == plan.runtime_overhead + plan.footprint.total
+    assert json.loads(json.dumps(plan.to_dict()))["expected_peak"] == plan.expected_peak
+    assert "runtime:" in plan.summary()

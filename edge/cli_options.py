@@ -20,9 +20,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
     parser.add_argument("--kv-cache", default=None, choices=["float32", "int8", "int8-int4", "hierarchical"],
                         help="store the KV cache quantized: int8, int8-int4 (int8 keys, int4 values) or "
                              "hierarchical (QuantSpec's int4+int4; --drafter quantspec selects it); default: --dtype")
-    parser.add_argument("--backend", choices=["onnx", "torchscript", "torch-export"], default=None,
-                        help="for a bundle: which exported target to run (default: the first it has, ONNX "
-                             "Runtime when exported); a checkpoint folder always runs on torch")
+    parser.add_argument("--backend", choices=["torch", "onnx", "torchscript", "torch-export"], default=None,
+                        help="what runs the model. A checkpoint folder runs on torch by default; onnx exports it "
+                             "once (int8, cached in ~/.cache/edge/bundles; needs pip install 'edge[export]') and runs "
+                             "it on ONNX Runtime, several times faster on a CPU. A bundle runs its first target "
+                             "(ONNX when exported) unless one is named")
     parser.add_argument("--max-context", type=int, default=DEFAULT_MAX_CONTEXT,
                         help=f"tokens the preallocated KV cache holds (default: {DEFAULT_MAX_CONTEXT})")
     parser.add_argument("--memory-budget", metavar="SIZE",

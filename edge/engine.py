@@ -152,9 +152,19 @@ class Engine:
             return cls._load_bundle(path, max_context=max_context, drafter=drafter, draft_length=draft_length,
                                     report=report, backend=backend, draft_vocab=draft_vocab,
                                     draft_context=draft_context)
+        if backend == "onnx":  # a checkpoint on ONNX Runtime: export it once into the cache (int8), then run that
+            from edge.auto_export import cached_bundle
+            from edge.planning import drafter_kind
+
+            report("exporting to ONNX (once; cached)", 0.0)
+            model_drafter = bool(drafter) and drafter_kind(drafter) == "model"
+            bundle = cached_bundle(path, drafter=drafter if model_drafter else None)
+            return cls.load(bundle, max_context=max_context, drafter="bundle" if model_drafter else drafter,
+                            draft_length=draft_length, progress=progress, backend="onnx", draft_vocab=draft_vocab,
+                            draft_context=draft_context, memory_budget=memory_budget)
         if backend not in (None, "torch"):
             raise CheckpointError(f"backend {backend!r} runs exported bundles; {path} is a checkpoint folder (run it "
-                                  "on torch, or export it with edge-export)")
+                                  "on torch or onnx, or export it with edge-export --format torchscript)")
         plan = None
         if memory_budget is not None:
             from edge.planning import plan_for, planned_drafter

@@ -96,7 +96,7 @@ def test_backend_choice_errors(torch_bundle, small_bundle, llama_dir, capsys):
     with pytest.raises(BundleError, match="has no torchscript target"):
         Engine.load(small_bundle, backend="torchscript")
     with pytest.raises(EdgeError, match="runs exported bundles"):
-        Engine.load(llama_dir, backend="onnx")
+        Engine.load(llama_dir, backend="torchscript")
     assert export_main([str(llama_dir), "-o", "unused", "--format", "torchscript", "--weights", "int8"]) == 2
     assert "applies to the ONNX target" in capsys.readouterr().err
 
@@ -341,3 +341,23 @@ def test_bad_draft_vocabularies_are_refused(llama_dir, tmp_path):
     good.write_text("[1, 2, 3]")
     with pytest.raises(EdgeError, match="has no head to trim"):
         Engine.load(llama_dir, drafter=f"ngram@{good}")
+
+
+def test_a_checkpoint_runs_on_onnx_through_the_cache(llama_dir, drafter_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    engine = Engine.load(llama_dir, max_context=256, backend="onnx", drafter=f"draft:{drafter_dir}", draft_length=3)
+    assert engine.backend == "onnx" and engine.bundle.has_drafter and engine.drafter.name == "draft-model"
+    cached = list((tmp_path / "cache" / "bundles").iterdir())
+    assert len(cached) == 1 and engine.bundle.manifest["quantization"]["weights"] == "int8"
+    plain = Engine.load(cached[0], max_context=256)
+    for prompt in PROMPTS:
+        assert greedy(engine, prompt, 48) == greedy(plain, prompt, 48)
+
+    import export.bundle as bundle_module
+
+    def no_second_export(*args, **kwargs):
+        raise AssertionError("the cached bundle should have been reused")
+
+    monkeypatch.setattr(bundle_module, "export_bundle", no_second_export)
+    again = Engine.load(llama_dir, max_context=256, backend="onnx", drafter="ngram")
+    assert again.bundle.root == cached[0] and again.drafter.name == "ngram"

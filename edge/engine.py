@@ -171,7 +171,8 @@ class Engine:
 
             plan = plan_for(path, budget=memory_budget, device=device, dtype=str(dtype).removeprefix("torch."),
                             max_context=max_context, drafter=drafter, draft_length=draft_length,
-                            draft_context=draft_context, draft_weights=draft_weights, draft_kv=draft_kv)
+                            draft_context=draft_context, draft_weights=draft_weights, draft_kv=draft_kv,
+                            kv_cache=kv_cache)
             offload_layers = plan.offloaded_layers or offload_layers
             max_context, drafter = plan.max_context, planned_drafter(drafter, plan)
             draft_context, draft_weights, draft_kv = plan.draft_context, plan.drafter_weights, plan.draft_kv

@@ -11,7 +11,7 @@ from edge.speculative import DraftLength
 from memory.device import probe
 from memory.plan import Plan, PlanRequest, make_plan
 
-PLAN_DRAFTERS = {"ngram": "ngram", "early-exit": "self", "skip": "self", "adaptive": "self", "quantspec": "self",
+PLAN_DRAFTERS = {"ngram": "ngram", "early-exit": "self", "skip": "self", "adaptive": "self", "quantspec": "quantspec",
                  "builtin": "model",
                  "draft": "model"}
 
@@ -49,10 +49,13 @@ def drafter_folder(spec: str) -> Path:
 def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu", dtype: str = "float32",
              max_context: int, drafter: str | None = None, draft_length: int | str = "adaptive",
              draft_context: int | None = None, draft_weights: str | None = None,
-             draft_kv: str | None = None) -> Plan:
+             draft_kv: str | None = None, kv_cache: str | None = None) -> Plan:
     """The plan for serving `model` with `drafter` in the budget (None: what the device has free)."""
     config = ModelConfig.from_dir(model)
     kind = drafter_kind(drafter)
+    kv_dtype = kv_cache or ("hierarchical" if kind == "quantspec" else str(dtype))  # what the engine allocates
+    spec = without_vocabulary(drafter or "").removeprefix("hybrid:")
+    bits = int(spec.partition(":")[2] or 4) if kind == "quantspec" else 4
     drafter_shape, drafter_dtype = (drafter_description(drafter, draft_weights or str(dtype)) if kind == "model"
                                     else (None, None))
     if str(draft_length) != "adaptive" and not str(draft_length).isdigit():
@@ -60,7 +63,7 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
     longest = DraftLength().max_k if str(draft_length) == "adaptive" else int(draft_length)
     context = min(max_context, config.max_position_embeddings)
     request = PlanRequest(target=config.shape(), context=context, drafter=kind, drafter_shape=drafter_shape,
-                          draft_length=longest, weight_dtype=str(dtype), kv_dtype=str(dtype),
+                          draft_length=longest, weight_dtype=str(dtype), kv_dtype=kv_dtype, quantspec_bits=bits,
                           min_context=min(256, context), draft_context=draft_context,
                           min_draft_context=max(2 * (longest + 1), min(256, context)),
                           drafter_weight_dtype=drafter_dtype, narrow_drafter=drafter_dtype == str(dtype) == "float32"

@@ -66,6 +66,14 @@ class ModelShape:
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * self.layer_parameters() + embeddings + self.hidden_size  # + the final norm
 
+    def quantized_projection_bytes(self, bits: int, group_size: int = 32) -> int:
+        """Every layer's projection matrices quantized to `bits` with a float16 scale per `group_size` weights
+        (what a QuantSpec draft holds beside the target: kernels/quant.py's layout)."""
+        d, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
+        matrices = [(q + 2 * kv, d), (d, q), (2 * i, d), (d, i)]  # (N, K): qkv, o, gate+up, down
+        per_layer = sum(n * k * bits // 8 + n * (k // group_size) * 2 for n, k in matrices)
+        return self.num_layers * per_layer
+
     def layer_bytes(self, dtype: str = "float32") -> int:
         """One layer's weights in a float dtype (what offloading one layer moves off the device)."""
         return int(self.layer_parameters() * WEIGHT_BYTES[dtype])
@@ -123,13 +131,17 @@ class Footprint:
 def footprint(target: ModelShape, context: int, *, weight_dtype: str = "float32", kv_dtype: str = "float32",
               drafter: ModelShape | None = None, drafter_weight_dtype: str | None = None,
               draft_kv_dtype: str | None = None, draft_context: int | None = None, draft_length: int = 0,
-              drafter_vocab: int | None = None, offloaded_layers: int = 0) -> Footprint:
+              drafter_vocab: int | None = None, offloaded_layers: int = 0,
+              quantized_self_draft: int | None = None) -> Footprint:
     """The bytes of target, its KV at `context`, and speculation with `draft_length` tokens per step.
 
     `drafter` is a separate draft model (None for self-drafts and n-gram, which hold no weights or cache of their
     own); `drafter_vocab` is the size of a trimmed drafter head (VocabTrim). `offloaded_layers` of the target's
-    layers live in host memory; the device holds the rest and two staging layers they stream through."""
+    layers live in host memory; the device holds the rest and two staging layers they stream through.
+    `quantized_self_draft` (bits) is a QuantSpec draft: the target's projections quantized, nothing else."""
     draft_weights = draft_kv = 0
+    if quantized_self_draft:
+        draft_weights = target.quantized_projection_bytes(quantized_self_draft)
     if drafter is not None:
         draft_weights = drafter.weight_bytes(drafter_weight_dtype or weight_dtype)
         draft_kv = drafter.kv_bytes(draft_context or context, draft_kv_dtype or kv_dtype)

@@ -30,7 +30,9 @@ from dataclasses import asdict, dataclass, field, replace
 from memory.budget import BudgetError, format_size
 from memory.footprint import Footprint, ModelShape, footprint
 
-DRAFTERS = ("none", "ngram", "self", "model")  # self: early exit / layer skip, sharing the target's weights and KV
+# self: early exit / layer skip, sharing the target's weights and KV; quantspec: the same plus int4/int8 copies of
+# the projections, reading the target's (hierarchical) KV
+DRAFTERS = ("none", "ngram", "self", "quantspec", "model")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class PlanRequest:
     narrow_drafter: bool = False  # whether the engine can store this drafter's weights in bfloat16 (a step-down)
     draft_kv_dtype: str | None = None  # the draft model's cache format (None: kv_dtype)
     can_offload: bool = False  # the device has a host to offload layers to (a GPU): the last step-down
+    quantspec_bits: int = 4  # a quantspec drafter's weight bits
     quantizable_draft_kv: bool = False  # whether the engine can store the draft model's cache as int8 (a step-down)
 
     def __post_init__(self) -> None:
@@ -109,7 +112,8 @@ def _footprint(request: PlanRequest, context: int, offloaded: int = 0) -> Footpr
                      drafter=request.drafter_shape if request.drafter == "model" else None,
                      drafter_weight_dtype=request.drafter_weight_dtype, draft_kv_dtype=request.draft_kv_dtype,
                      draft_context=min(request.draft_context or context, context),
-                     draft_length=request.draft_length if drafting else 0, offloaded_layers=offloaded)
+                     draft_length=request.draft_length if drafting else 0, offloaded_layers=offloaded,
+                     quantized_self_draft=request.quantspec_bits if request.drafter == "quantspec" else None)
 
 
 def make_plan(request: PlanRequest, budget: int) -> Plan:

@@ -162,3 +162,11 @@ def test_the_plan_reports_the_runtime_beside_the_model(checkpoint_factory):
     assert plan.expected_peak == plan.runtime_overhead + plan.footprint.total
     assert json.loads(json.dumps(plan.to_dict()))["expected_peak"] == plan.expected_peak
     assert "runtime:" in plan.summary()
+
+
+def test_a_quantspec_plan_counts_its_quantized_projections_and_the_hierarchical_cache(checkpoint_factory):
+    engine = Engine.load(checkpoint_factory("llama3"), max_context=128, drafter="quantspec", memory_budget=1 << 30)
+    plan = engine.plan
+    assert plan.drafter == "quantspec" and plan.kv_dtype == "hierarchical"
+    assert plan.footprint.drafter_weights == engine.drafter.memory_bytes() > 0
+    assert plan.footprint.target_kv == engine.cache.nbytes and plan.footprint.draft_kv == 0

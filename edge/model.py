@@ -164,6 +164,7 @@ class Transformer(nn.Module):
         self.rowwise = None  # the batch-invariant matmul, when use_rowwise_matmul() set one
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
+        self._fused_weights = None  # per-layer weight pointers for the fused C layer (False: not fusable)
 
     @property
     def device(self) -> torch.device:
@@ -183,6 +184,7 @@ class Transformer(nn.Module):
         current dtype: half the weight memory. Small calls read the narrow matrices directly (the batch-invariant
         kernel widens them in registers); larger ones widen a copy per call; norms promote to the compute dtype."""
         self.compute_dtype = self.dtype
+        self._fused_weights = False  # narrow weights: the fused layer reads float32 only
         for module in self.modules():
             weight = getattr(module, "weight", None)
             if isinstance(weight, nn.Parameter):
@@ -217,9 +219,18 @@ class Transformer(nn.Module):
             raise ValueError(f"a full forward at position {start} would leave a gap after cache length {cache.length}")
         x = self.embed(tokens).to(self.dtype)  # (B, T, D); a no-op unless weights are stored narrower
         rope = self._rope(start, end, x.dtype)
-        mask = self._mask(start, steps)
-        for layer in range(self.config.num_layers) if full else layers:
-            x = self.layers[layer](x, layer, start, cache, rope, mask)
+        order = range(self.config.num_layers) if full else layers
+        if self._can_fuse(x, cache):  # decode steps and verify passes: one C call per layer
+            if end > cache.max_len:
+                raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {end} does not fit")
+            x = x[0].contiguous()  # (T, D), updated in place layer by layer
+            for layer in order:
+                self._fused_layer(x, layer, start, cache, rope)
+            x = x[None]  # (1, T, D)
+        else:
+            mask = self._mask(start, steps)
+            for layer in order:
+                x = self.layers[layer](x, layer, start, cache, rope, mask)
         if full:
             cache.length = end
         return self.norm(x)
@@ -233,6 +244,48 @@ class Transformer(nn.Module):
         flat = hidden.reshape(-1, hidden.shape[-1])  # (B*T, D)
         out = linear(flat, weight.contiguous(), None, self.rowwise, self.rowwise_max_rows)
         return out.view(*hidden.shape[:-1], weight.shape[0])
+
+    def _can_fuse(self, x: torch.Tensor, cache: KVCache) -> bool:
+        """Whether this pass can run each layer as one fused C call (the batch-invariant kernel's fused_layer): a
+        few rows of batch 1 in float32 with float32 weights, a plain float32 KV cache, every layer in place."""
+        if self.rowwise is None or x.shape[0] != 1 or x.shape[1] > self.rowwise_max_rows or x.dtype != torch.float32:
+            return False
+        if self._fused_weights is None:
+            self._fused_weights = self._fused_pointers()
+        return (self._fused_weights is not False and type(cache) is KVCache and cache.keys.dtype == torch.float32
+                and self.config.head_dim <= 512)
+
+    def _fused_pointers(self) -> "list[tuple] | bool":
+        """Each layer's 12 weight pointers for fused_layer_f32 (None where a tensor is absent), or False when some
+        layer cannot be fused (narrow or offloaded weights)."""
+        def pointer(tensor):
+            return None if tensor is None else tensor.data_ptr()
+
+        layers = []
+        for block in self.layers:
+            if not isinstance(block, Block) or self.compute_dtype is not None:
+                return False
+            attn, ffn = block.attn, block.ffn
+            if not all(isinstance(m, Linear) for m in (attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down)):
+                return False
+            tensors = [block.attn_norm.weight, attn.wqkv.weight, attn.wqkv.bias,
+                       attn.q_norm.weight if attn.q_norm is not None else None,
+                       attn.k_norm.weight if attn.k_norm is not None else None, attn.wo.weight, attn.wo.bias,
+                       block.ffn_norm.weight, ffn.w_gate_up.weight, ffn.w_gate_up.bias, ffn.w_down.weight,
+                       ffn.w_down.bias]
+            if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in tensors):
+                return False
+            layers.append(tuple(pointer(t) for t in tensors))
+        return layers
+
+    def _fused_layer(self, x: torch.Tensor, layer: int, start: int, cache: KVCache, rope) -> None:
+        config = self.config
+        cos, sin = rope
+        self.rowwise.layer(x, self._fused_weights[layer],
+                           (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+                            config.intermediate_size), cos, sin, cache.keys[layer, 0], cache.values[layer, 0],
+                           start, self.layers[layer].attn.sliding_window, config.rms_norm_eps,
+                           config.head_dim ** -0.5)
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""

@@ -42,6 +42,10 @@ class RowwiseMatmul:
         self._attention = library.rowwise_attention_f32
         self._attention.argtypes = [pointer] * 5 + [size] * 7 + [ctypes.c_float, ctypes.c_int]
         self._attention.restype = None
+        self._layer = library.fused_layer_f32
+        self._layer.argtypes = ([pointer, size, size, size, size, size, size] + [pointer] * 16 + [size, size, size]
+                                + [ctypes.c_float, ctypes.c_float, pointer, ctypes.c_int])
+        self._layer.restype = None
 
     @staticmethod
     @lru_cache(maxsize=1)
@@ -89,6 +93,21 @@ class RowwiseMatmul:
                         heads, keys.shape[1], steps, head_dim, keys.stride(1), start, window or 0,
                         head_dim ** -0.5, torch.get_num_threads())
         return out
+
+
+    def layer(self, x: torch.Tensor, weights: tuple, shape: tuple, cos: torch.Tensor, sin: torch.Tensor,
+              keys: torch.Tensor, values: torch.Tensor, start: int, window: int | None, eps: float,
+              scale: float) -> None:
+        """One decoder layer over x (T, D) in place, fused in C (see fused_layer_f32): `weights` holds its 12
+        pointers (None for absent tensors) and `shape` (D, H, Hkv, Dh, I); keys/values are the layer's (Hkv, S, Dh)."""
+        steps = x.shape[0]
+        dims, heads, kv_heads, head_dim, inner = shape
+        q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        scratch = torch.empty(steps * (dims + 2 * q_size + q_size + 2 * kv_size + 2 * inner)
+                              + heads * steps * (start + steps), dtype=torch.float32)
+        self._layer(x.data_ptr(), steps, dims, heads, kv_heads, head_dim, inner, *weights, cos.data_ptr(),
+                    sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[1], start, window or 0, eps,
+                    scale, scratch.data_ptr(), torch.get_num_threads())
 
 
 def _build() -> Path:

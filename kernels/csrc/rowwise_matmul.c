@@ -188,3 +188,86 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
         for (int64_t d = 0; d < D; d++) result[d] *= inverse;
     }
 }
+
+/* One decoder layer for a few rows (a decode step or a verify pass), fused: the same row-by-row operations as the
+ * dots and the attention above, so each row's result still does not depend on how many rows share the call.
+ *
+ *   x (T, D) in place: x += o(attention(rope(qkv(rmsnorm(x))))); x += down(silu(gate) * up)(rmsnorm(x))
+ *
+ * Keys/values of the T rows are written into the layer's cache (Hkv, S_max, Dh) at [start, start + T) before the
+ * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. Optional
+ * tensors are NULL when absent. scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
+static void rms_norm_rows(const float *x, const float *w, float *out, int64_t T, int64_t D, float eps) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = x + t * D;
+        float sum = 0.0f;
+        for (int64_t d = 0; d < D; d++) sum = fmaf(row[d], row[d], sum);
+        const float inverse = 1.0f / sqrtf(sum / (float)D + eps);
+        for (int64_t d = 0; d < D; d++) out[t * D + d] = w[d] * (row[d] * inverse);
+    }
+}
+
+static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t heads, int64_t Dh) {
+    const int64_t half = Dh / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *x = v + h * Dh;
+        float rotated[512];
+        for (int64_t d = 0; d < half; d++) {
+            rotated[d] = -x[d + half];
+            rotated[d + half] = x[d];
+        }
+        for (int64_t d = 0; d < Dh; d++) x[d] = x[d] * cos_t[d] + rotated[d] * sin_t[d];
+    }
+}
+
+void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
+                     const float *attn_norm, const float *wqkv, const float *qkv_bias, const float *q_norm,
+                     const float *k_norm, const float *wo, const float *o_bias, const float *ffn_norm,
+                     const float *w_gate_up, const float *gate_up_bias, const float *w_down, const float *down_bias,
+                     const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
+                     int64_t start, int64_t window, float eps, float scale, float *scratch, int threads) {
+    const int64_t Q = H * Dh, KV = Hkv * Dh, N = Q + 2 * KV;
+    float *normed = scratch;                /* (T, D) */
+    float *qkv = normed + T * D;            /* (T, N) */
+    float *attended = qkv + T * N;          /* (T, Q) as (H, T, Dh) blocks below */
+    float *q_heads = attended + T * Q;      /* (H, T, Dh) */
+    float *gate_up = q_heads + T * Q;       /* (T, 2I) */
+    float *scores = gate_up + T * 2 * I;    /* H * T * (start + T) */
+
+    rms_norm_rows(x, attn_norm, normed, T, D, eps);
+    rowwise_matmul_f32(normed, wqkv, qkv_bias, qkv, T, N, D, threads);
+    for (int64_t t = 0; t < T; t++) {
+        float *row = qkv + t * N;           /* q (H, Dh) | k (Hkv, Dh) | v (Hkv, Dh) */
+        if (q_norm) {
+            for (int64_t h = 0; h < H; h++) rms_norm_rows(row + h * Dh, q_norm, row + h * Dh, 1, Dh, eps);
+            for (int64_t h = 0; h < Hkv; h++) rms_norm_rows(row + Q + h * Dh, k_norm, row + Q + h * Dh, 1, Dh, eps);
+        }
+        rope_rows(row, cos_table + t * Dh, sin_table + t * Dh, H, Dh);
+        rope_rows(row + Q, cos_table + t * Dh, sin_table + t * Dh, Hkv, Dh);
+        for (int64_t h = 0; h < Hkv; h++) {
+            memcpy(keys + (h * S_max + start + t) * Dh, row + Q + h * Dh, Dh * sizeof(float));
+            memcpy(values + (h * S_max + start + t) * Dh, row + Q + KV + h * Dh, Dh * sizeof(float));
+        }
+        for (int64_t h = 0; h < H; h++) memcpy(q_heads + (h * T + t) * Dh, row + h * Dh, Dh * sizeof(float));
+    }
+    rowwise_attention_f32(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, scale,
+                          threads);
+    for (int64_t t = 0; t < T; t++)        /* (H, T, Dh) -> (T, H*Dh), reusing qkv as the row buffer */
+        for (int64_t h = 0; h < H; h++) memcpy(qkv + t * Q + h * Dh, attended + (h * T + t) * Dh, Dh * sizeof(float));
+    rowwise_matmul_f32(qkv, wo, o_bias, normed, T, D, Q, threads);
+    for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
+
+    rms_norm_rows(x, ffn_norm, normed, T, D, eps);
+    rowwise_matmul_f32(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, threads);
+    for (int64_t t = 0; t < T; t++) {
+        float *row = gate_up + t * 2 * I;
+        for (int64_t i = 0; i < I; i++) {
+            const float g = row[i];
+            row[i] = g / (1.0f + expf(-g)) * row[I + i];  /* silu(gate) * up, into the first half */
+        }
+    }
+    for (int64_t t = 0; t < T; t++)        /* compact the activations to (T, I) rows for the down projection */
+        memmove(gate_up + t * I, gate_up + t * 2 * I, I * sizeof(float));
+    rowwise_matmul_f32(gate_up, w_down, down_bias, normed, T, D, I, threads);
+    for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
+}

@@ -165,6 +165,7 @@ class Transformer(nn.Module):
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         self._fused_weights = None  # per-layer weight pointers for the fused C layer (False: not fusable)
+        self._fused_bf16 = False  # whether those weights are bfloat16
 
     @property
     def device(self) -> torch.device:
@@ -184,7 +185,7 @@ class Transformer(nn.Module):
         current dtype: half the weight memory. Small calls read the narrow matrices directly (the batch-invariant
         kernel widens them in registers); larger ones widen a copy per call; norms promote to the compute dtype."""
         self.compute_dtype = self.dtype
-        self._fused_weights = False  # narrow weights: the fused layer reads float32 only
+        self._fused_weights = None  # the pointers change: found again at the next forward
         for module in self.modules():
             weight = getattr(module, "weight", None)
             if isinstance(weight, nn.Parameter):
@@ -262,8 +263,12 @@ class Transformer(nn.Module):
             return None if tensor is None else tensor.data_ptr()
 
         layers = []
+        weight_dtype = self.layers[0].attn.wqkv.weight.dtype if isinstance(self.layers[0], Block) else None
+        if weight_dtype not in (torch.float32, torch.bfloat16):
+            return False
+        self._fused_bf16 = weight_dtype == torch.bfloat16  # stored narrow, computed in float32 (store_weights)
         for block in self.layers:
-            if not isinstance(block, Block) or self.compute_dtype is not None:
+            if not isinstance(block, Block):
                 return False
             attn, ffn = block.attn, block.ffn
             if not all(isinstance(m, Linear) for m in (attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down)):
@@ -273,7 +278,9 @@ class Transformer(nn.Module):
                        attn.k_norm.weight if attn.k_norm is not None else None, attn.wo.weight, attn.wo.bias,
                        block.ffn_norm.weight, ffn.w_gate_up.weight, ffn.w_gate_up.bias, ffn.w_down.weight,
                        ffn.w_down.bias]
-            if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in tensors):
+            biases = {2, 6, 9, 11}  # always float32
+            if any(t is not None and (t.dtype != (torch.float32 if i in biases else weight_dtype)
+                                      or not t.is_contiguous()) for i, t in enumerate(tensors)):
                 return False
             layers.append(tuple(pointer(t) for t in tensors))
         return layers
@@ -285,7 +292,7 @@ class Transformer(nn.Module):
                            (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
                             config.intermediate_size), cos, sin, cache.keys[layer, 0], cache.values[layer, 0],
                            start, self.layers[layer].attn.sliding_window, config.rms_norm_eps,
-                           config.head_dim ** -0.5)
+                           config.head_dim ** -0.5, self._fused_bf16)
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""

@@ -44,7 +44,7 @@ class RowwiseMatmul:
         self._attention.restype = None
         self._layer = library.fused_layer_f32
         self._layer.argtypes = ([pointer, size, size, size, size, size, size] + [pointer] * 16 + [size, size, size]
-                                + [ctypes.c_float, ctypes.c_float, pointer, ctypes.c_int])
+                                + [ctypes.c_float, ctypes.c_float, pointer, ctypes.c_int, ctypes.c_int])
         self._layer.restype = None
 
     @staticmethod
@@ -97,9 +97,10 @@ class RowwiseMatmul:
 
     def layer(self, x: torch.Tensor, weights: tuple, shape: tuple, cos: torch.Tensor, sin: torch.Tensor,
               keys: torch.Tensor, values: torch.Tensor, start: int, window: int | None, eps: float,
-              scale: float) -> None:
+              scale: float, bf16: bool = False) -> None:
         """One decoder layer over x (T, D) in place, fused in C (see fused_layer_f32): `weights` holds its 12
-        pointers (None for absent tensors) and `shape` (D, H, Hkv, Dh, I); keys/values are the layer's (Hkv, S, Dh)."""
+        pointers (None for absent tensors) and `shape` (D, H, Hkv, Dh, I); keys/values are the layer's (Hkv, S, Dh).
+        `bf16`: the weights (not the biases) are bfloat16, widened in registers."""
         steps = x.shape[0]
         dims, heads, kv_heads, head_dim, inner = shape
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
@@ -107,7 +108,7 @@ class RowwiseMatmul:
                               + heads * steps * (start + steps), dtype=torch.float32)
         self._layer(x.data_ptr(), steps, dims, heads, kv_heads, head_dim, inner, *weights, cos.data_ptr(),
                     sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[1], start, window or 0, eps,
-                    scale, scratch.data_ptr(), torch.get_num_threads())
+                    scale, scratch.data_ptr(), int(bf16), torch.get_num_threads())
 
 
 def _build() -> Path:

@@ -197,13 +197,26 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
  * Keys/values of the T rows are written into the layer's cache (Hkv, S_max, Dh) at [start, start + T) before the
  * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. Optional
  * tensors are NULL when absent. scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
-static void rms_norm_rows(const float *x, const float *w, float *out, int64_t T, int64_t D, float eps) {
+/* weights are float32, or bfloat16 (raw uint16) when bf16 is set: matrices and norms alike (biases are float32) */
+static inline float weight_at(const void *w, int64_t i, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+static void matmul_rows(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                        int bf16, int threads) {
+    if (bf16)
+        rowwise_matmul_bf16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
+    else
+        rowwise_matmul_f32(x, (const float *)w, bias, y, M, N, K, threads);
+}
+
+static void rms_norm_rows(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int bf16) {
     for (int64_t t = 0; t < T; t++) {
         const float *row = x + t * D;
         float sum = 0.0f;
         for (int64_t d = 0; d < D; d++) sum = fmaf(row[d], row[d], sum);
         const float inverse = 1.0f / sqrtf(sum / (float)D + eps);
-        for (int64_t d = 0; d < D; d++) out[t * D + d] = w[d] * (row[d] * inverse);
+        for (int64_t d = 0; d < D; d++) out[t * D + d] = weight_at(w, d, bf16) * (row[d] * inverse);
     }
 }
 
@@ -221,11 +234,11 @@ static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t 
 }
 
 void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
-                     const float *attn_norm, const float *wqkv, const float *qkv_bias, const float *q_norm,
-                     const float *k_norm, const float *wo, const float *o_bias, const float *ffn_norm,
-                     const float *w_gate_up, const float *gate_up_bias, const float *w_down, const float *down_bias,
+                     const void *attn_norm, const void *wqkv, const float *qkv_bias, const void *q_norm,
+                     const void *k_norm, const void *wo, const float *o_bias, const void *ffn_norm,
+                     const void *w_gate_up, const float *gate_up_bias, const void *w_down, const float *down_bias,
                      const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
-                     int64_t start, int64_t window, float eps, float scale, float *scratch, int threads) {
+                     int64_t start, int64_t window, float eps, float scale, float *scratch, int bf16, int threads) {
     const int64_t Q = H * Dh, KV = Hkv * Dh, N = Q + 2 * KV;
     float *normed = scratch;                /* (T, D) */
     float *qkv = normed + T * D;            /* (T, N) */
@@ -234,13 +247,14 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
     float *gate_up = q_heads + T * Q;       /* (T, 2I) */
     float *scores = gate_up + T * 2 * I;    /* H * T * (start + T) */
 
-    rms_norm_rows(x, attn_norm, normed, T, D, eps);
-    rowwise_matmul_f32(normed, wqkv, qkv_bias, qkv, T, N, D, threads);
+    rms_norm_rows(x, attn_norm, normed, T, D, eps, bf16);
+    matmul_rows(normed, wqkv, qkv_bias, qkv, T, N, D, bf16, threads);
     for (int64_t t = 0; t < T; t++) {
         float *row = qkv + t * N;           /* q (H, Dh) | k (Hkv, Dh) | v (Hkv, Dh) */
         if (q_norm) {
-            for (int64_t h = 0; h < H; h++) rms_norm_rows(row + h * Dh, q_norm, row + h * Dh, 1, Dh, eps);
-            for (int64_t h = 0; h < Hkv; h++) rms_norm_rows(row + Q + h * Dh, k_norm, row + Q + h * Dh, 1, Dh, eps);
+            for (int64_t h = 0; h < H; h++) rms_norm_rows(row + h * Dh, q_norm, row + h * Dh, 1, Dh, eps, bf16);
+            for (int64_t h = 0; h < Hkv; h++)
+                rms_norm_rows(row + Q + h * Dh, k_norm, row + Q + h * Dh, 1, Dh, eps, bf16);
         }
         rope_rows(row, cos_table + t * Dh, sin_table + t * Dh, H, Dh);
         rope_rows(row + Q, cos_table + t * Dh, sin_table + t * Dh, Hkv, Dh);
@@ -254,11 +268,11 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
                           threads);
     for (int64_t t = 0; t < T; t++)        /* (H, T, Dh) -> (T, H*Dh), reusing qkv as the row buffer */
         for (int64_t h = 0; h < H; h++) memcpy(qkv + t * Q + h * Dh, attended + (h * T + t) * Dh, Dh * sizeof(float));
-    rowwise_matmul_f32(qkv, wo, o_bias, normed, T, D, Q, threads);
+    matmul_rows(qkv, wo, o_bias, normed, T, D, Q, bf16, threads);
     for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
 
-    rms_norm_rows(x, ffn_norm, normed, T, D, eps);
-    rowwise_matmul_f32(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, threads);
+    rms_norm_rows(x, ffn_norm, normed, T, D, eps, bf16);
+    matmul_rows(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, bf16, threads);
     for (int64_t t = 0; t < T; t++) {
         float *row = gate_up + t * 2 * I;
         for (int64_t i = 0; i < I; i++) {
@@ -268,6 +282,6 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
     }
     for (int64_t t = 0; t < T; t++)        /* compact the activations to (T, I) rows for the down projection */
         memmove(gate_up + t * I, gate_up + t * 2 * I, I * sizeof(float));
-    rowwise_matmul_f32(gate_up, w_down, down_bias, normed, T, D, I, threads);
+    matmul_rows(gate_up, w_down, down_bias, normed, T, D, I, bf16, threads);
     for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
 }

@@ -251,8 +251,9 @@ class Transformer(nn.Module):
         few rows of batch 1 in float32 with float32 weights, a plain float32 KV cache, every layer in place."""
         if self.rowwise is None or x.shape[0] != 1 or x.shape[1] > self.rowwise_max_rows or x.dtype != torch.float32:
             return False
-        if self._fused_weights is None:
-            self._fused_weights = self._fused_pointers()
+        if self._fused_weights is None or (self._fused_weights is not False and isinstance(self.layers[-1], Block)
+                                           and self._fused_weights[-1][1] != self.layers[-1].attn.wqkv.weight.data_ptr()):
+            self._fused_weights = self._fused_pointers()  # first use, or the weights were replaced since
         return (self._fused_weights is not False and type(cache) is KVCache and cache.keys.dtype == torch.float32
                 and self.config.head_dim <= 512)
 

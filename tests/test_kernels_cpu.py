@@ -91,3 +91,23 @@ def test_without_a_compiler_edge_falls_back_to_torch(monkeypatch, tmp_path):
     assert RowwiseMatmul.load.__wrapped__() is None
     monkeypatch.setenv("EDGE_ROWWISE_MATMUL", "0")
     assert RowwiseMatmul.load.__wrapped__() is None
+
+
+def test_the_fused_layer_follows_replaced_weights(llama_dir):
+    """The fused layer caches weight pointers; loading new weights into the model must not leave them stale."""
+    import torch
+
+    from edge.loading import load_model
+    from edge.kv_cache import KVCache
+
+    model, other = load_model(llama_dir), load_model(llama_dir)
+    tokens = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        before = model.logits(model(tokens, 0, KVCache.for_model(model.config, 8)))
+        assert model._fused_weights  # the fused path ran
+        state = {name: tensor * 1.5 if tensor.ndim == 2 else tensor for name, tensor in other.state_dict().items()}
+        model.load_state_dict(state, assign=True)
+        after = model.logits(model(tokens, 0, KVCache.for_model(model.config, 8)))
+        other.load_state_dict(state, assign=True)
+        expected = other.logits(other(tokens, 0, KVCache.for_model(other.config, 8)))
+    assert not torch.equal(before, after) and torch.equal(after, expected)

@@ -60,6 +60,6 @@ class ExportedModel:
         """The forward's logits (B, T, V') -> (B, T, V); rows a trimmed head dropped are -inf (never drafted)."""
         if self.vocab_map is None:
             return out
-        full = out.new_full((*out.shape[:-1], self.config.vocab_size), float("-inf"))  # (B, T, V)
-        full[..., self.vocab_map] = out
-        return full
+        from edge.drafters.trimmed_head import expand_vocabulary
+
+        return expand_vocabulary(out, self.vocab_map, self.config.vocab_size)  # (B, T, V)

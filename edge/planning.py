@@ -56,6 +56,7 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
     kv_dtype = kv_cache or ("hierarchical" if kind == "quantspec" else str(dtype))  # what the engine allocates
     spec = without_vocabulary(drafter or "").removeprefix("hybrid:")
     bits = int(spec.partition(":")[2] or 4) if kind == "quantspec" else 4
+    torch_drafter = not is_bundle_spec(drafter)  # an exported drafter's weights and cache are fixed by its export
     drafter_shape, drafter_dtype = (drafter_description(drafter, draft_weights or str(dtype)) if kind == "model"
                                     else (None, None))
     if str(draft_length) != "adaptive" and not str(draft_length).isdigit():
@@ -67,8 +68,8 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
                           min_context=min(256, context), draft_context=draft_context,
                           min_draft_context=max(2 * (longest + 1), min(256, context)),
                           drafter_weight_dtype=drafter_dtype, narrow_drafter=drafter_dtype == str(dtype) == "float32"
-                          and not is_bundle_spec(drafter), draft_kv_dtype=draft_kv,
-                          quantizable_draft_kv=kind == "model" and draft_kv is None and not is_bundle_spec(drafter),
+                          and torch_drafter, draft_kv_dtype=draft_kv,
+                          quantizable_draft_kv=kind == "model" and draft_kv is None and torch_drafter,
                           can_offload=device.startswith("cuda"))
     plan = make_plan(request, probe(device, budget).budget)
     plan.runtime_overhead = runtime_overhead(device)

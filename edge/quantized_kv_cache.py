@@ -16,7 +16,6 @@ from contextlib import contextmanager
 
 import torch
 
-from edge.config import ModelConfig
 from edge.kv_cache import KVCache
 from kernels.kv_quant import KV_FORMATS, PackedVectors, dequantize, quantize
 
@@ -53,8 +52,10 @@ class _Store:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.planes) + self.scale.nbytes + (self.low.nbytes if self.low is not None else 0)
 
-    def write(self, layer: int, start: int, end: int, x: torch.Tensor) -> None:
-        packed = quantize(x, self.kind)
+    def write(self, layer: int, start: int, end: int, x: torch.Tensor, packer=quantize) -> None:
+        """Quantize x (B, H, T, Dh) into positions [start, end) of `layer` (`packer`: the reference, or the Triton
+        kernel with the same output)."""
+        packed = packer(x, self.kind)
         for plane, new in zip(self.planes, packed.planes):
             plane[layer, :, :, start:end] = new
         self.scale[layer, :, :, start:end] = packed.scale
@@ -83,10 +84,6 @@ class QuantizedKVCache(KVCache):
         self.max_len = max_len
         self.length = 0
         self.draft_view = False  # True while a QuantSpec draft runs: reads use the upper 4 bits only
-
-    @classmethod
-    def for_model(cls, config: ModelConfig, max_len: int, **kwargs) -> "QuantizedKVCache":
-        return cls(config.num_layers, config.num_kv_heads, config.head_dim, max_len, **kwargs)
 
     @property
     def nbytes(self) -> int:
@@ -120,13 +117,8 @@ class QuantizedKVCache(KVCache):
         end = start + keys.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; writing up to {end} does not fit")
-        for store, new in ((self.keys_store, keys), (self.values_store, values)):
-            packed = quantize_vectors(new[0], kind)  # (Hkv, T, ...)
-            for plane, rows in zip(store.planes, packed.planes):
-                plane[layer, 0, :, start:end] = rows
-            store.scale[layer, 0, :, start:end] = packed.scale
-            if store.low is not None:
-                store.low[layer, 0, :, start:end] = packed.low
+        self.keys_store.write(layer, start, end, keys, packer=quantize_vectors)
+        self.values_store.write(layer, start, end, values, packer=quantize_vectors)
         out = quantized_decode_attention(q[0].transpose(0, 1), self.keys_store.packed(layer),
                                          self.values_store.packed(layer), start, draft=self.draft_view)  # (T, H, Dh)
         return out.transpose(0, 1)[None]  # (1, H, T, Dh)

@@ -35,7 +35,7 @@ from edge.errors import BundleError, UnsupportedModelError
 from export.onnx_graph import build_graph
 from export.progress import StageProgress
 from export.quantize import QuantSettings, quantize
-from export.vocab_trim import CALIBRATION_PROMPTS, choose_vocabulary, count_generated, covered_share
+from export.vocab_trim import CALIBRATION_PROMPTS, calibrate
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 6e-2, "int4": 0.3}  # max relative logits error per format
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -118,7 +118,9 @@ def _export_edge_graphs(checkpoint: Path, workdir: Path, options: ExportOptions,
         kept = None
         if _should_trim(options.vocab_trim, draft_engine["model"]):
             progress.stage("calibrating the drafter's vocabulary (VocabTrim)")
-            kept, trim = _calibrate(engine, options, progress)
+            kept, trim = calibrate(engine, options.vocab_coverage, max_new_tokens=options.calibration_tokens,
+                                   extra_text=options.calibration_text,
+                                   progress=lambda done, total: progress.update(done / total))
             manifest["vocab_trim"] = trim
         progress.stage("building the drafter")
         source = Path(draft_engine["path"])
@@ -215,19 +217,6 @@ def _copy_files(source: Path, destination: Path, names: tuple[str, ...]) -> None
             shutil.copyfile(source / name, destination / name)
 
 
-def _calibrate(engine, options: ExportOptions, progress: StageProgress) -> tuple[list[int], dict]:
-    counts = count_generated(engine, CALIBRATION_PROMPTS, max_new_tokens=options.calibration_tokens,
-                             extra_text=options.calibration_text,
-                             progress=lambda done, total: progress.update(done / total))
-    always = engine.tokenizer.special_token_ids | set(engine.eos_token_ids)
-    kept = choose_vocabulary(counts, options.vocab_coverage, always)
-    trim = {"coverage_target": options.vocab_coverage, "kept": len(kept), "vocab_size": engine.model.config.vocab_size,
-            "calibration_prompts": len(CALIBRATION_PROMPTS), "calibration_tokens": sum(counts.values()),
-            "covered_share": round(covered_share(counts, kept), 4),
-            "user_text": options.calibration_text is not None}
-    return kept, trim
-
-
 def _should_trim(setting: str, drafter) -> bool:
     """auto: trim when the head has more parameters than the drafter's layers. Below that, a drafter step is mostly
     its layers and call overhead, and the rows a trim drops cost acceptance for little speed (measured on the
@@ -247,9 +236,6 @@ def _parameters(model) -> int:
 def _memory(workdir: Path, manifest: dict, engine, draft_engine: dict | None) -> dict:
     """What the planner needs: bytes of each part's weights file (the default backend's) and KV cache bytes per
     position (float32 cache)."""
-    def kv_per_token(config) -> int:
-        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
-
     def weights_file(part: str) -> int:
         entry = manifest[part]
         return (workdir / (entry.get("onnx") or entry["torchscript"])).stat().st_size
@@ -261,6 +247,11 @@ def _memory(workdir: Path, manifest: dict, engine, draft_engine: dict | None) ->
         memory["drafter_weights_bytes"] = weights_file("drafter")
         memory["drafter_kv_bytes_per_token"] = kv_per_token(draft_engine["model"].config)
     return memory
+
+
+def kv_per_token(config) -> int:
+    """Bytes of keys and values per position for a float32 cache (what the exported backends allocate)."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
 
 
 def _file_table(root: Path) -> dict:

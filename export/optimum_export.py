@@ -80,7 +80,7 @@ def export_with_optimum(checkpoint: Path, workdir: Path, options, progress: Stag
 
 def validate_optimum(bundle_dir: Path, reference, tokenizer: Tokenizer, options) -> tuple[dict, dict]:
     from edge.engine import Engine
-    from export.bundle import TOLERANCE
+    from export.bundle import TOLERANCE, kv_per_token
 
     prompt = tokenizer.encode(VALIDATION_PROMPT, add_special_tokens=True)
     with torch.inference_mode():
@@ -111,8 +111,7 @@ def validate_optimum(bundle_dir: Path, reference, tokenizer: Tokenizer, options)
                           "it (the graph is not row-invariant); export with --weights fp32, or run it without a "
                           "drafter")
     config = model.config
-    memory = {"target_weights_bytes": model.weight_bytes(),
-              "target_kv_bytes_per_token": 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4,
+    memory = {"target_weights_bytes": model.weight_bytes(), "target_kv_bytes_per_token": kv_per_token(config),
               "max_context": config.max_position_embeddings}
     return {"sequence_tokens": len(generated), "onnx": report}, memory
 

@@ -86,6 +86,19 @@ def choose_vocabulary(counts: Counter, coverage: float, always: Iterable[int] = 
     return sorted(set(kept) | set(always))
 
 
+def calibrate(engine, coverage: float, *, max_new_tokens: int = 96, extra_text: str | None = None,
+              progress=None) -> tuple[list[int], dict]:
+    """Count the target's tokens on CALIBRATION_PROMPTS (plus `extra_text`) and keep those covering `coverage` of
+    them, special and end-of-sequence tokens always; return the kept ids and a report of the choice."""
+    counts = count_generated(engine, CALIBRATION_PROMPTS, max_new_tokens=max_new_tokens, extra_text=extra_text,
+                             progress=progress)
+    kept = choose_vocabulary(counts, coverage, engine.tokenizer.special_token_ids | set(engine.eos_token_ids))
+    report = {"coverage_target": coverage, "kept": len(kept), "vocab_size": engine.model.config.vocab_size,
+              "calibration_prompts": len(CALIBRATION_PROMPTS), "calibration_tokens": sum(counts.values()),
+              "covered_share": round(covered_share(counts, kept), 4), "user_text": extra_text is not None}
+    return kept, report
+
+
 def covered_share(counts: Counter, kept: Iterable[int]) -> float:
     """Share of the counted tokens that fall inside `kept`."""
     kept = set(kept)
@@ -110,14 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         text = args.calibration_text.read_text(encoding="utf-8") if args.calibration_text else None
         engine = Engine.load(args.checkpoint)
-        counts = count_generated(engine, max_new_tokens=args.calibration_tokens, extra_text=text)
-        kept = choose_vocabulary(counts, args.coverage, engine.tokenizer.special_token_ids | set(engine.eos_token_ids))
+        kept, report = calibrate(engine, args.coverage, max_new_tokens=args.calibration_tokens, extra_text=text)
     except (EdgeError, OSError, ValueError) as error:
         print(f"vocab_trim: {error}", file=sys.stderr)
         return 2
-    report = {"kept_ids": kept, "kept": len(kept), "vocab_size": engine.model.config.vocab_size,
-              "coverage_target": args.coverage, "covered_share": round(covered_share(counts, kept), 4),
-              "calibration_tokens": sum(counts.values())}
+    report = {"kept_ids": kept, **report}
     temporary = args.output.with_suffix(args.output.suffix + ".tmp")
     temporary.write_text(json.dumps(report))
     temporary.replace(args.output)

@@ -12,9 +12,8 @@ target's (with its 8-bit KV cache) token for token.
 
 from __future__ import annotations
 
-import torch
-
-from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
+from edge.drafters.base import Draft, DraftSampler
+from edge.drafters.layer_skip import LayerSkipDrafter
 from edge.errors import SamplingError
 from edge.model import Linear, Transformer
 from kernels.quant import QuantizedLinear
@@ -33,31 +32,22 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
     return draft.eval().requires_grad_(False)
 
 
-class QuantSpecDrafter:
+class QuantSpecDrafter(LayerSkipDrafter):
+    """A layer-skip drafter that runs every layer of the quantized copy, reading the cache's draft view."""
+
     def __init__(self, target: Transformer, cache, bits: int = 4, group_size: int = 32) -> None:
         if getattr(cache, "formats", None) != ("hierarchical", "hierarchical"):
             raise SamplingError("the quantspec drafter reads the upper 4 bits of a hierarchical KV cache; load the "
                                 "model with kv_cache='hierarchical' (edge-chat --kv-cache hierarchical)")
-        self.name = f"quantspec:{bits}"
-        self.target, self.cache = target, cache
-        self.draft = quantized_copy(target, bits, group_size)
-        self.layers = list(range(target.config.num_layers))  # a partial pass: it does not advance cache.length
-        self.device = target.device
+        # all layers as a partial pass: it writes past the verified length and does not advance cache.length
+        super().__init__(quantized_copy(target, bits, group_size), cache, list(range(target.config.num_layers)),
+                         f"quantspec:{bits}")
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
         with self.cache.drafting():
-            return draft_autoregressively(self._step, tokens, [tokens[-1]], len(tokens) - 1, k, sampler)
-
-    def _step(self, feed: list[int], start: int) -> torch.Tensor:
-        hidden = self.draft(torch.tensor([feed], device=self.device), start, self.cache, layers=self.layers)
-        return self.draft.logits(hidden[:, -1:])[0, -1]  # (V,)
-
-    def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
+            return super().propose(tokens, k, sampler)
 
     def memory_bytes(self) -> int:
-        """The quantized projections (the rest is the target's)."""
-        return sum(m.quantized.nbytes for m in self.draft.modules() if isinstance(m, QuantizedLinear))
+        """The quantized projections (the rest is the target's), and a trimmed head if any."""
+        quantized = sum(m.quantized.nbytes for m in self.model.modules() if isinstance(m, QuantizedLinear))
+        return quantized + super().memory_bytes()

@@ -34,9 +34,14 @@ class TrimmedHead:
         """hidden (1, T, D) -> logits (V,) of the last position over the full vocabulary."""
         last = hidden[0, -1:]  # (1, D)
         part = linear(last, self.weight, None, self.model.rowwise, self.model.rowwise_max_rows)[0]  # (V',)
-        full = part.new_full((self.model.config.vocab_size,), float("-inf"))  # (V,)
-        full[self.kept] = part
-        return full
+        return expand_vocabulary(part, self.kept, self.model.config.vocab_size)  # (V,)
+
+
+def expand_vocabulary(logits: torch.Tensor, kept: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits (..., V') over the `kept` ids -> (..., V) over the full vocabulary, -inf for every dropped id."""
+    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))  # (..., V)
+    full[..., kept] = logits
+    return full
 
 
 def read_vocabulary(path: str | Path) -> torch.Tensor:

@@ -1,14 +1,15 @@
 /* Batch-invariant small-batch matmul for CPU decoding: y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]).
  *
  * Every output element is one dot product computed in the same order whatever the number of rows M, the row's
- * index or the thread count: LANES independent partial sums over k in order, a k % LANES tail, then a fixed
- * pairwise reduction. So a (k + 1)-row verify pass produces bit for bit the rows that k + 1 single-row decode steps
+ * index or the thread count: two 16-lane partial sums over k in order, a k % 32 tail, then a fixed pairwise
+ * reduction. So a (k + 1)-row verify pass produces bit for bit the rows that k + 1 single-row decode steps
  * produce, which makes greedy speculative decoding exactly equal to plain decoding (vendor BLAS picks different
  * kernels for 1 and for 5 rows, and they round differently).
  *
- * Weight rows are the outer loop and up to ROWS input rows are interleaved inside: each weight row is read from
- * memory once and used for all M inputs, so a 5-row verify pass costs little more than a 1-row decode step
- * (decoding is bound by weight reads). Interleaving changes nothing in any one dot product's order of operations.
+ * Blocks of weight rows are the outer loop and up to BLOCK_ROWS input rows are interleaved inside: each weight row is
+ * read from memory once and used for all M inputs, so a 5-row verify pass costs little more than a 1-row decode
+ * step (decoding is bound by weight reads). Interleaving changes nothing in any one dot product's order of
+ * operations.
  * Weights are float32 or bfloat16 (raw uint16, widened in registers); inputs and outputs are float32.
  *
  * The build passes -ffp-contract=off, so the compiler never fuses (or declines to fuse) a multiply and an add on its
@@ -21,7 +22,17 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ROWS 4
+/* A block: BLOCK_COLS weight rows against up to BLOCK_ROWS input rows, 2 * BLOCK_ROWS * BLOCK_COLS accumulators in
+ * registers (20 of AVX-512's 32; AVX2 holds a 16-lane vector in two of its 16 registers, so it takes fewer rows).
+ * The weight rows of a block are read side by side, a pattern this CPU's hardware prefetcher follows at about half
+ * the speed of one sequential stream; so each block prefetches the next one in address order as it goes (a prefetch
+ * past the end of the matrix does not fault), and a single input row reads the weight rows one after another. */
+#define BLOCK_COLS 2
+#if defined(__AVX512F__)
+#define BLOCK_ROWS 5
+#else
+#define BLOCK_ROWS 2
+#endif
 
 /* 16 floats in one vector (one AVX-512 register, two AVX2 registers); accumulators stay in registers. */
 typedef float v16 __attribute__((vector_size(64)));
@@ -85,58 +96,89 @@ static inline v16 multiply_add(v16 acc, v16 a, v16 b) {
 #endif
 }
 
-/* R input rows (x + r * K) against one weight row: out[r * N] = dot + b. R is a compile-time constant. Each dot:
- * two 16-lane partial sums over k in steps of 32 (multiply_add), a scalar tail for
- * k % 32, the fixed reduction, then + tail + bias. */
-#define DEFINE_DOTS(NAME, WTYPE, LOADV, LOADS)                                                           \
-    static inline __attribute__((always_inline)) void NAME(const float *x, const WTYPE *w, float b,       \
-                                                           float *out, int64_t N, int64_t K, const int R) { \
-        v16 even[ROWS], odd[ROWS];                                                                       \
-        float tail[ROWS];                                                                                \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                            \
-            even[r] = (v16){0};                                                                          \
-            odd[r] = (v16){0};                                                                           \
-            tail[r] = 0.0f;                                                                              \
-        }                                                                                                \
-        int64_t k = 0;                                                                                   \
-        for (; k + 32 <= K; k += 32) {                                                                   \
-            v16 w0 = LOADV(w + k), w1 = LOADV(w + k + 16);                                               \
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                        \
-                even[r] = multiply_add(even[r], load_f32(x + r * K + k), w0);                                                 \
-                odd[r] = multiply_add(odd[r], load_f32(x + r * K + k + 16), w1);                                             \
-            }                                                                                            \
-        }                                                                                                \
-        for (; k < K; k++) {                                                                             \
-            float wv = LOADS(w + k);                                                                     \
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) tail[r] += x[r * K + k] * wv;             \
-        }                                                                                                \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                              \
-            out[r * N] = (reduce(even[r], odd[r]) + tail[r]) + b;                                        \
+/* One block of outputs: R input rows (x + r * K) against G weight rows (w + (n0 + g) * K), R and G compile-time
+ * constants. Each output is one dot product: two 16-lane partial sums over k in steps of 32 (multiply_add), a scalar
+ * tail for k % 32, the fixed reduction, then + tail + bias -- the same operations in the same order for any R, G,
+ * row index or thread. Per 32 k: 2G weight loads and 2R input loads feed 2RG multiply-adds, so a 5-row verify pass
+ * is bound by the multiply-adds rather than by loads. */
+#define DEFINE_BLOCK(NAME, WTYPE, LOADV, LOADS)                                                                  \
+    static inline __attribute__((always_inline)) void NAME(const float *x, const WTYPE *w, const float *bias,    \
+                                                           float *y, int64_t n0, int64_t N, int64_t K, const int R, \
+                                                           const int G) {                                        \
+        v16 even[BLOCK_ROWS][BLOCK_COLS], odd[BLOCK_ROWS][BLOCK_COLS];                                           \
+        float tail[BLOCK_ROWS][BLOCK_COLS];                                                                      \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                      \
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                                                \
+                even[r][g] = odd[r][g] = (v16){0};                                                               \
+                tail[r][g] = 0.0f;                                                                               \
+            }                                                                                                    \
+        const WTYPE *rows = w + n0 * K;                                                                          \
+        const char *next = (const char *)(rows + G * K); /* the next block, prefetched in address order */       \
+        int64_t k = 0;                                                                                           \
+        for (; k + 32 <= K; k += 32) {                                                                           \
+            v16 w0[BLOCK_COLS], w1[BLOCK_COLS];                                                                  \
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                                                \
+                w0[g] = LOADV(rows + g * K + k);                                                                 \
+                w1[g] = LOADV(rows + g * K + k + 16);                                                            \
+                if (G > 1) {                                                                                     \
+                    __builtin_prefetch(next + (k * G + g * 32) * (int64_t)sizeof(WTYPE));                        \
+                    __builtin_prefetch(next + (k * G + g * 32 + 16) * (int64_t)sizeof(WTYPE));                   \
+                }                                                                                                \
+            }                                                                                                    \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                \
+                const v16 x0 = load_f32(x + r * K + k), x1 = load_f32(x + r * K + k + 16);                       \
+                _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                                            \
+                    even[r][g] = multiply_add(even[r][g], x0, w0[g]);                                            \
+                    odd[r][g] = multiply_add(odd[r][g], x1, w1[g]);                                              \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (; k < K; k++)                                                                                       \
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                                                \
+                const float wk = LOADS(rows + g * K + k);                                                        \
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) tail[r][g] += x[r * K + k] * wk;             \
+            }                                                                                                    \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                      \
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                                                  \
+                y[r * N + n0 + g] = (reduce(even[r][g], odd[r][g]) + tail[r][g]) + (bias ? bias[n0 + g] : 0.0f);  \
     }
 
-DEFINE_DOTS(dots_f32, float, load_f32, scalar_f32)
-DEFINE_DOTS(dots_bf16, uint16_t, load_bf16, scalar_bf16)
+DEFINE_BLOCK(block_f32, float, load_f32, scalar_f32)
+DEFINE_BLOCK(block_bf16, uint16_t, load_bf16, scalar_bf16)
 
-#define DEFINE_MATMUL(NAME, WTYPE, DOTS)                                                                        \
+/* Columns in blocks of BLOCK_COLS weight rows (split between the threads), rows in groups of at most BLOCK_ROWS; the
+ * last, narrower column block and row group use the same per-output operations. */
+#define BLOCK_CASE(BLOCK, R)                                                                                     \
+    case R:                                                                                                      \
+        if (R == 1) /* one input row: the weight rows one after another, a single sequential stream */          \
+            for (int g = 0; g < G; g++) BLOCK(x + m * K, w, bias, y + m * N, n0 + g, N, K, 1, 1);                 \
+        else if (G == BLOCK_COLS) BLOCK(x + m * K, w, bias, y + m * N, n0, N, K, R, BLOCK_COLS);                \
+        else BLOCK(x + m * K, w, bias, y + m * N, n0, N, K, R, 1);                                              \
+        break;
+
+#define DEFINE_MATMUL(NAME, WTYPE, BLOCK)                                                                       \
     void NAME(const float *x, const WTYPE *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,     \
               int threads) {                                                                                    \
+        const int64_t blocks = (N + BLOCK_COLS - 1) / BLOCK_COLS;                                              \
         _Pragma("omp parallel for schedule(static) num_threads(threads)")                                      \
-        for (int64_t n = 0; n < N; n++) {                                                                       \
-            const WTYPE *row = w + n * K;                                                                       \
-            float b = bias ? bias[n] : 0.0f;                                                                    \
-            int64_t m = 0;                                                                                      \
-            for (; m + 4 <= M; m += 4) DOTS(x + m * K, row, b, y + m * N + n, N, K, 4);                         \
-            switch (M - m) {                                                                                    \
-                case 3: DOTS(x + m * K, row, b, y + m * N + n, N, K, 3); break;                                 \
-                case 2: DOTS(x + m * K, row, b, y + m * N + n, N, K, 2); break;                                 \
-                case 1: DOTS(x + m * K, row, b, y + m * N + n, N, K, 1); break;                                 \
-                default: break;                                                                                 \
+        for (int64_t b = 0; b < blocks; b++) {                                                                  \
+            const int64_t n0 = b * BLOCK_COLS;                                                                  \
+            const int G = N - n0 < BLOCK_COLS ? (int)(N - n0) : BLOCK_COLS;                                     \
+            for (int64_t m = 0; m < M; m += BLOCK_ROWS) {                                                       \
+                switch (M - m < BLOCK_ROWS ? M - m : BLOCK_ROWS) {                                              \
+                    BLOCK_CASE(BLOCK, 1)                                                                        \
+                    BLOCK_CASE(BLOCK, 2)                                                                        \
+                    BLOCK_CASE(BLOCK, 3)                                                                        \
+                    BLOCK_CASE(BLOCK, 4)                                                                        \
+                    BLOCK_CASE(BLOCK, 5)                                                                        \
+                    default: break;                                                                             \
+                }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
     }
 
-DEFINE_MATMUL(rowwise_matmul_f32, float, dots_f32)
-DEFINE_MATMUL(rowwise_matmul_bf16, uint16_t, dots_bf16)
+DEFINE_MATMUL(rowwise_matmul_f32, float, block_f32)
+DEFINE_MATMUL(rowwise_matmul_bf16, uint16_t, block_bf16)
 
 /* Batch-invariant attention for a few queries at positions start .. start + T - 1 over a KV cache.
  *

@@ -71,3 +71,17 @@ def test_learning_rate_warms_up_then_decays():
     assert peak == preset.warmup - 1 and max(rates) == pytest.approx(preset.lr)
     assert all(x >= y for x, y in zip(rates[peak:], rates[peak + 1 :]))
     assert rates[-1] == pytest.approx(0.1 * preset.lr, rel=0.01)
+
+
+def test_token_stream_draws_examples_by_their_mixture_weight():
+    examples = [[1], [2, 2], [3, 3, 3]]
+    stream = TokenStream(examples, 2, 1, seed=0, weights=[0.0, 3.0, 0.5])
+    assert stream.total_tokens == round(2 * 3 + 3 * 0.5)
+    counts = [0, 0, 0]
+    for epoch in range(40):
+        tokens = stream._epoch_tokens(epoch).tolist()
+        assert 1 not in tokens and tokens.count(2) == 6  # weight 0: never; weight 3: three times every epoch
+        counts[2] += tokens.count(3) // 3
+    assert 10 <= counts[2] <= 30  # weight 0.5: in about half of the epochs
+    with pytest.raises(ValueError, match="one non-negative weight per example"):
+        TokenStream(examples, 2, 1, weights=[1.0, -1.0, 1.0])

@@ -13,24 +13,44 @@ def load_split(path: Path, tokenizer) -> list[list[int]]:
     """Token ids of every example of one split (chat turns rendered with the chat template, code + end-of-text)."""
     from train.tokenizer import encode_example
 
+    return [encode_example(example, tokenizer) for example in _read_examples(path)]
+
+
+def mixture_weights(path: Path, mix: dict[str, float]) -> list[float]:
+    """How often each example of a split is drawn per epoch: the weight of its kind in `mix` (1.0 if not named)."""
+    return [mix.get(example["kind"], 1.0) for example in _read_examples(path)]
+
+
+def _read_examples(path: Path) -> list[dict]:
     with path.open(encoding="utf-8") as handle:
-        return [encode_example(json.loads(line), tokenizer) for line in handle if line.strip()]
+        return [json.loads(line) for line in handle if line.strip()]
 
 
 class TokenStream:
-    """Examples shuffled per epoch (seeded), concatenated, and cut into consecutive windows of seq_len + 1."""
+    """Examples shuffled per epoch (seeded), concatenated, and cut into consecutive windows of seq_len + 1.
 
-    def __init__(self, examples: list[list[int]], seq_len: int, batch_size: int, seed: int = 0) -> None:
+    `weights` (one per example, default 1.0) set the data mixture: an example of weight 2.5 appears twice in every
+    epoch and a third time in half of them, one of weight 0.3 in about 30% of the epochs (seeded per epoch).
+    """
+
+    def __init__(self, examples: list[list[int]], seq_len: int, batch_size: int, seed: int = 0,
+                 weights: list[float] | None = None) -> None:
         if not examples:
             raise ValueError("no examples to train on")
+        if weights is not None and (len(weights) != len(examples) or min(weights) < 0):
+            raise ValueError("weights: one non-negative weight per example")
         self.examples, self.seq_len, self.batch_size, self.seed = examples, seq_len, batch_size, seed
-        self.total_tokens = sum(len(example) for example in examples)
+        self.weights = weights or [1.0] * len(examples)
+        self.total_tokens = round(sum(len(example) * weight  # expected tokens per epoch
+                                     for example, weight in zip(examples, self.weights)))
         self.epoch, self.offset = 0, 0
         self._tokens = self._epoch_tokens(0)
 
     def _epoch_tokens(self, epoch: int) -> torch.Tensor:
-        order = list(range(len(self.examples)))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        rng = random.Random(self.seed * 1_000_003 + epoch)
+        order = [index for index, weight in enumerate(self.weights)
+                 for _ in range(int(weight) + (weight % 1 > 0 and rng.random() < weight % 1))]
+        rng.shuffle(order)
         return torch.tensor([token for index in order for token in self.examples[index]], dtype=torch.long)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,11 +13,16 @@ import platform
 import sys
 from pathlib import Path
 
+# Chosen before the model they describe was trained: one question of each kind the corpus teaches, about items in
+# the training split, then two the model has not seen (a held-out module and a task outside the corpus).
 SAMPLE_PROMPTS = [
-    "What does the `json` module do?",
-    "Write a Python function `is_palindrome(text)` that returns True if text reads the same backwards.",
-    "Explain the `for` topic in Python.",
-    "What is `collections.OrderedDict` for?",
+    ("What does the `json` module do?", "module, training split"),
+    ("What is `collections.OrderedDict` for?", "class, training split"),
+    ("Describe `shutil.copyfileobj`.", "function, training split"),
+    ('Tell me about the "for" statement in Python.', "pydoc topic, training split"),
+    ("What does the `xmlrpc.server` module do?", "held-out module: not in the training data"),
+    ("Write a Python function `is_palindrome(text)` that returns True if text reads the same backwards.",
+     "a task outside the corpus"),
 ]
 
 
@@ -50,16 +55,17 @@ def plot_losses(logs: dict[str, list[dict]], out: Path) -> None:
     plt.close(figure)
 
 
-def sample_generations(model_dir: Path, max_new_tokens: int = 96) -> list[tuple[str, str]]:
+def sample_generations(model_dir: Path, max_new_tokens: int = 96) -> list[tuple[str, str, str]]:
+    """(prompt, what it asks about, greedy reply) for each sample prompt."""
     from edge.engine import Engine
 
     engine = Engine.load(model_dir, max_context=1024)
     samples = []
-    for prompt in SAMPLE_PROMPTS:
+    for prompt, about in SAMPLE_PROMPTS:
         engine.reset()
         reply = "".join(event.text for event in engine.chat([{"role": "user", "content": prompt}],
                                                             max_new_tokens=max_new_tokens))
-        samples.append((prompt, reply))
+        samples.append((prompt, about, reply))
     return samples
 
 
@@ -81,7 +87,8 @@ def size_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 1e6
 
 
-def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple[str, str]], folder: Path) -> str:
+def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple[str, str, str]],
+              folder: Path) -> str:
     start = info["start"]
     lines = [
         f"# edge built-in {name} model",
@@ -116,6 +123,7 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
         f"- {start['steps']} steps of {start['batch_size']} x {start['seq_len']} tokens "
         f"({info['tokens'] / 1e6:.2f}M tokens), AdamW, peak learning rate {start['lr']}, warm-up {start['warmup']}, "
         "cosine decay, seed " + str(start["seed"]),
+        *_mixture_lines(start.get("mix") or {}),
         f"- {info['minutes']:.1f} minutes on a 2-core CPU (no GPU), torch {_torch_version()}, forward pass in "
         + ("bfloat16 autocast (float32 master weights)" if start.get("precision", "float32") == "bfloat16"
            else "float32"),
@@ -139,11 +147,20 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
     for layer, ppl in enumerate(exits):
         label = f"{layer + 1} (full model)" if layer == len(exits) - 1 else str(layer + 1)
         lines.append(f"| {label} | {ppl:.2f} |")
-    lines += ["", "## Greedy samples (edge, float32, chat template)", ""]
-    for prompt, reply in samples:
-        lines += [f"**User:** {prompt}", "", "````", reply.strip(), "````", ""]  # replies may hold ``` fences
+    lines += ["", "## Greedy samples (edge, float32, chat template, 96 new tokens at most)", "",
+              "The prompts were fixed before training; each names what it asks about.", ""]
+    for prompt, about, reply in samples:
+        lines += [f"**User** ({about}): {prompt}", "", "````", reply.strip(), "````", ""]  # replies may hold ```
     lines += ["## Reproduce", "", "```bash", "pip install -e '.[train]' && python -m train.build_default", "```", ""]
     return "\n".join(lines)
+
+
+def _mixture_lines(mix: dict[str, float]) -> list[str]:
+    """The data mixture as one bullet: how many times per epoch each kind of example is drawn."""
+    if not mix:
+        return []
+    return ["- Data mixture, draws per epoch: " + ", ".join(f"{kind} {weight:g}" for kind, weight in mix.items())
+            + " (the explanatory turns several times, a fraction of the plain-code chunks)"]
 
 
 def _torch_version() -> str:

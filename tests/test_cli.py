@@ -114,3 +114,15 @@ def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_
     categories = {p["category"] for p in report["runs"][0]["prompts"]}
     assert {"multi-turn", "translation", "summarization", "qa", "math", "rag"} <= categories
     assert (tmp_path / "suite.md").read_text().startswith("| method |")
+
+
+def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
+    from edge.bench.calls import expected_tokens, main as calls_main
+
+    assert expected_tokens(0.5, 2) == 1.75 and expected_tokens(1.0, 4) == 5.0
+    assert calls_main([str(llama_dir), "--rows", "3", "--context", "4", "--repeats", "2",
+                       "--drafter", str(llama_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| rows | ms per call | cost c (x 1 row) |")
+    assert [line.split("|")[1].strip() for line in lines[2:4]] == ["1", "3"]
+    assert lines[2].split("|")[3].strip() == "1.00" and lines[-1].startswith("draft model step:")

@@ -1,0 +1,93 @@
+"""What one target call costs as the number of rows grows: the quantity that bounds speculative decoding.
+
+    python -m edge.bench.calls [MODEL] [--rows 1,2,3,5,8] [--context 64] [--drafter PATH] [--repeats 50]
+
+A verify pass over k drafted tokens feeds k + 1 rows. If it costs c times a 1-row decode step, a step must emit
+more than c tokens on average to gain anything, and a free drafter whose every token is accepted with probability a
+gains at most (1 - a^(k+1)) / (1 - a) / c. The table gives, per row count, the median time of one call (model +
+head, after `--context` tokens are in the cache), c, and that bound at a = 0.6, 0.8 and 0.9. `--drafter` also times
+one step of a separate draft model (as a fraction of the target's step).
+
+Each call is timed alone (the cache is rolled back after it); medians over `--repeats` calls, interleaved by row
+count so that drift in the machine's speed hits every row count alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from edge.cli_options import resolve_model_path
+
+ACCEPTANCE = (0.6, 0.8, 0.9)
+
+
+def expected_tokens(acceptance: float, drafted: int) -> float:
+    """Tokens one step emits on average: accepted drafts (each accepted with `acceptance`, stopping at the first
+    rejection) plus the target's own token."""
+    return sum(acceptance**i for i in range(drafted + 1))
+
+
+def time_calls(model, cache, rows: list[int], context: int, repeats: int) -> dict[int, float]:
+    """Median seconds of one `model(tokens)` + head call over n new rows at position `context`, per n."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (1, context), generator=generator)  # (1, context)
+    with torch.inference_mode():
+        model.logits(model(prompt, 0, cache))
+        samples: dict[int, list[float]] = {n: [] for n in rows}
+        for repeat in range(repeats + 3):  # the first rounds warm the caches up
+            for n in rows:
+                feed = torch.randint(0, vocab, (1, n), generator=generator)  # (1, n)
+                started = time.perf_counter()
+                model.logits(model(feed, context, cache))
+                elapsed = time.perf_counter() - started
+                cache.rollback(context)
+                if repeat >= 3:
+                    samples[n].append(elapsed)
+    return {n: statistics.median(values) for n, values in samples.items()}
+
+
+def load(path: str, max_context: int):
+    from edge.engine import Engine
+
+    engine = Engine.load(path, max_context=max_context)
+    return engine.model, engine.model.new_cache(max_context)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edge.bench.calls", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
+    parser.add_argument("--rows", default="1,2,3,5,8", help="row counts to time (1 is always included)")
+    parser.add_argument("--context", type=int, default=64, help="tokens already in the cache (default 64)")
+    parser.add_argument("--drafter", help="a draft model folder to time one step of (`builtin`: the built-in one)")
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args(argv)
+    rows = sorted({1, *(int(n) for n in args.rows.split(","))})
+    if rows[0] < 1 or args.context < 1 or args.repeats < 1:
+        parser.error("--rows, --context and --repeats need positive numbers")
+    model, cache = load(resolve_model_path(args.model), args.context + max(rows) + 1)
+    seconds = time_calls(model, cache, rows, args.context, args.repeats)
+    step = seconds[1]
+    bounds = " | ".join(f"bound a={a}" for a in ACCEPTANCE)
+    print(f"| rows | ms per call | cost c (x 1 row) | {bounds} |")
+    print("|---:|---:|---:|" + "---:|" * len(ACCEPTANCE))
+    for n in rows:
+        cost = seconds[n] / step
+        limits = " | ".join(f"{expected_tokens(a, n - 1) / cost:.2f}x" for a in ACCEPTANCE)
+        print(f"| {n} | {seconds[n] * 1e3:.3f} | {cost:.2f} | {limits} |")
+    if args.drafter:
+        from edge.builtin import builtin_drafter_path
+
+        path = str(builtin_drafter_path()) if args.drafter == "builtin" else args.drafter
+        draft_model, draft_cache = load(path, args.context + 2)
+        draft_step = time_calls(draft_model, draft_cache, [1], args.context, args.repeats)[1]
+        print(f"\ndraft model step: {draft_step * 1e3:.3f} ms = {draft_step / step:.2f} of a target step")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

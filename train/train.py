@@ -55,7 +55,7 @@ HELP_MIX = {"chat_module": 8.0, "chat_class": 4.0, "chat_docstring": 3.0, "chat_
             "code": 0.3}
 
 PRESETS = {
-    # about 77 minutes on 2 CPU cores with bfloat16 autocast (2.1 s per 4096-token LayerSkip step; 2.5 epochs)
+    # about 70 minutes on 2 CPU cores with bfloat16 autocast (1.9 s per 4096-token LayerSkip step; 2.5 epochs)
     "target": Preset(hidden_size=256, intermediate_size=768, num_layers=12, num_heads=4, num_kv_heads=2,
                      steps=2200, warmup=100, layerskip=True, mix=HELP_MIX),
     # about 11 minutes: distillation costs a teacher forward per step

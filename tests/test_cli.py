@@ -126,3 +126,12 @@ def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
     assert lines[0].startswith("| rows | ms per call | cost c (x 1 row) |")
     assert [line.split("|")[1].strip() for line in lines[2:4]] == ["1", "3"]
     assert lines[2].split("|")[3].strip() == "1.00" and lines[-1].startswith("draft model step:")
+
+
+def test_step_time_bench_reports_each_method(llama_dir, capsys):
+    from edge.bench.steps import main as steps_main
+
+    assert steps_main([str(llama_dir), "--methods", "ar,ngram:2", "--max-new-tokens", "3"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[1].strip() for row in rows] == ["ar", "ngram:2"]
+    assert float(rows[0][6]) == 1.0 and all(float(row[2]) > 0 for row in rows)

@@ -1,0 +1,59 @@
+"""Where a decoding step's time goes: drafting, the verify pass, and the rest, per method.
+
+    python -m edge.bench.steps [MODEL] [--methods ar,ngram:2,builtin:2] [--max-new-tokens 128]
+
+A method is `ar` or DRAFTER:K (K a fixed draft length or `adaptive`). Each runs the bench prompt set twice in this
+process and reports the second pass (the first warms up): tokens/s, milliseconds per step, the engine's own draft
+and verify times per step, and tokens per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from edge.bench.prompts import PROMPTS
+from edge.cli_options import resolve_model_path
+
+
+def measure(model: str, method: str, max_new_tokens: int) -> dict:
+    from edge.engine import Engine
+
+    engine = Engine.load(model, max_context=2048)
+    spec, _, length = method.rpartition(":") if method != "ar" else ("ar", "", "")
+    if spec != "ar":
+        engine.use_drafter(spec, length or "adaptive")
+    prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
+    for _ in range(2):  # the second pass is reported
+        seconds = draft_s = verify_s = 0.0
+        tokens = steps = 0
+        for ids in prompts:
+            engine.reset()
+            started = time.perf_counter()
+            events = list(engine.generate(ids, max_new_tokens=max_new_tokens, task=None))
+            seconds += time.perf_counter() - started
+            stats = events[-1].stats
+            tokens += sum(len(event.token_ids) for event in events)
+            steps, draft_s, verify_s = steps + stats.steps, draft_s + stats.draft_s, verify_s + stats.verify_s
+    return {"method": method, "tokens_per_s": tokens / seconds, "ms_per_step": seconds * 1e3 / steps,
+            "draft_ms": draft_s * 1e3 / steps, "verify_ms": verify_s * 1e3 / steps, "tokens_per_step": tokens / steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edge.bench.steps", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
+    parser.add_argument("--methods", default="ar,ngram:2,builtin:2")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    model = resolve_model_path(args.model)
+    print("| method | tokens/s | ms per step | draft ms | verify ms | tokens per step |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for method in args.methods.split(","):
+        row = measure(model, method, args.max_new_tokens)
+        print(f"| {row['method']} | {row['tokens_per_s']:.1f} | {row['ms_per_step']:.3f} | {row['draft_ms']:.3f} | "
+              f"{row['verify_ms']:.3f} | {row['tokens_per_step']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -225,8 +225,7 @@ class Transformer(nn.Module):
             if end > cache.max_len:
                 raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {end} does not fit")
             x = x[0].contiguous()  # (T, D), updated in place layer by layer
-            for layer in order:
-                self._fused_layer(x, layer, start, cache, rope)
+            self._fused_layers(x, order, start, cache, rope)
             x = x[None]  # (1, T, D)
         else:
             mask = self._mask(start, steps)
@@ -255,7 +254,7 @@ class Transformer(nn.Module):
                                            and self._fused_weights[-1][1] != self.layers[-1].attn.wqkv.weight.data_ptr()):
             self._fused_weights = self._fused_pointers()  # first use, or the weights were replaced since
         return (self._fused_weights is not False and type(cache) is KVCache and cache.keys.dtype == torch.float32
-                and self.config.head_dim <= 512)
+                and cache.keys.is_contiguous() and self.config.head_dim <= 512)
 
     def _fused_pointers(self) -> "list[tuple] | bool":
         """Each layer's 12 weight pointers for fused_layer_f32 (None where a tensor is absent), or False when some
@@ -284,16 +283,24 @@ class Transformer(nn.Module):
                                       or not t.is_contiguous()) for i, t in enumerate(tensors)):
                 return False
             layers.append(tuple(pointer(t) for t in tensors))
+        self._fused_table = torch.tensor([[p or 0 for p in row] for row in layers], dtype=torch.int64)  # (L, 12)
+        self._fused_windows = torch.tensor([block.attn.sliding_window or 0 for block in self.layers],
+                                           dtype=torch.int64)  # (L,)
+        self._all_layers = torch.arange(len(layers), dtype=torch.int64)  # (L,)
         return layers
 
-    def _fused_layer(self, x: torch.Tensor, layer: int, start: int, cache: KVCache, rope) -> None:
+    def _fused_layers(self, x: torch.Tensor, order, start: int, cache: KVCache, rope) -> None:
+        """Run the layers `order` over x (T, D) in place, in one C call."""
         config = self.config
         cos, sin = rope
-        self.rowwise.layer(x, self._fused_weights[layer],
-                           (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
-                            config.intermediate_size), cos, sin, cache.keys[layer, 0], cache.values[layer, 0],
-                           start, self.layers[layer].attn.sliding_window, config.rms_norm_eps,
-                           config.head_dim ** -0.5, self._fused_bf16)
+        if isinstance(order, range) and order == range(config.num_layers):
+            layers = self._all_layers  # (L,) int64, made once
+        else:
+            layers = torch.tensor(list(order), dtype=torch.int64)
+        self.rowwise.layers(x, layers, self._fused_table, self._fused_windows,
+                            (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+                             config.intermediate_size), cos, sin, cache.keys, cache.values, start,
+                            config.rms_norm_eps, config.head_dim ** -0.5, self._fused_bf16)
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""

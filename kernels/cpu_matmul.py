@@ -42,10 +42,11 @@ class RowwiseMatmul:
         self._attention = library.rowwise_attention_f32
         self._attention.argtypes = [pointer] * 5 + [size] * 7 + [ctypes.c_float, ctypes.c_int]
         self._attention.restype = None
-        self._layer = library.fused_layer_f32
-        self._layer.argtypes = ([pointer, size, size, size, size, size, size] + [pointer] * 16 + [size, size, size]
-                                + [ctypes.c_float, ctypes.c_float, pointer, ctypes.c_int, ctypes.c_int])
-        self._layer.restype = None
+        self._layers = library.fused_layers_f32
+        self._layers.argtypes = ([pointer, size, size, size, size, size, size, pointer, size, pointer, pointer,
+                                  pointer, pointer, pointer, pointer, size, size, size, ctypes.c_float,
+                                  ctypes.c_float, pointer, ctypes.c_int, ctypes.c_int])
+        self._layers.restype = None
 
     @staticmethod
     @lru_cache(maxsize=1)
@@ -95,20 +96,21 @@ class RowwiseMatmul:
         return out
 
 
-    def layer(self, x: torch.Tensor, weights: tuple, shape: tuple, cos: torch.Tensor, sin: torch.Tensor,
-              keys: torch.Tensor, values: torch.Tensor, start: int, window: int | None, eps: float,
-              scale: float, bf16: bool = False) -> None:
-        """One decoder layer over x (T, D) in place, fused in C (see fused_layer_f32): `weights` holds its 12
-        pointers (None for absent tensors) and `shape` (D, H, Hkv, Dh, I); keys/values are the layer's (Hkv, S, Dh).
-        `bf16`: the weights (not the biases) are bfloat16, widened in registers."""
+    def layers(self, x: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, windows: torch.Tensor,
+               shape: tuple, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               start: int, eps: float, scale: float, bf16: bool = False) -> None:
+        """Layers `order` (int64) over x (T, D) in place, in one C call (fused_layers_f32): `weights` is the int64
+        table (L, 12) of the layers' pointers (0 for absent tensors), `windows` (L,) int64 the sliding windows (0:
+        none), keys/values the whole cache (L, 1, Hkv, S, Dh), contiguous."""
         steps = x.shape[0]
         dims, heads, kv_heads, head_dim, inner = shape
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
         scratch = torch.empty(steps * (dims + 2 * q_size + q_size + 2 * kv_size + 2 * inner)
                               + heads * steps * (start + steps), dtype=torch.float32)
-        self._layer(x.data_ptr(), steps, dims, heads, kv_heads, head_dim, inner, *weights, cos.data_ptr(),
-                    sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[1], start, window or 0, eps,
-                    scale, scratch.data_ptr(), int(bf16), torch.get_num_threads())
+        self._layers(x.data_ptr(), steps, dims, heads, kv_heads, head_dim, inner, order.data_ptr(), order.numel(),
+                     weights.data_ptr(), windows.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+                     values.data_ptr(), keys.shape[3], keys.stride(0), start, eps, scale, scratch.data_ptr(),
+                     int(bf16), torch.get_num_threads())
 
 
 def _build() -> Path:

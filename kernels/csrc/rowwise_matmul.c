@@ -327,3 +327,24 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
     matmul_rows(gate_up, w_down, down_bias, normed, T, D, I, bf16, threads);
     for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
 }
+
+/* Several decoder layers in one call (a decode step or verify pass through the model, or a self-draft's subset):
+ * fused_layer_f32 for layer order[i], i = 0 .. count - 1, one after another on the same x. weights holds 12 pointers
+ * per model layer in fused_layer_f32's order (attn_norm, wqkv, qkv_bias, q_norm, k_norm, wo, o_bias, ffn_norm,
+ * w_gate_up, gate_up_bias, w_down, down_bias; NULL where absent); keys/values are the whole cache
+ * (L, Hkv, S_max, Dh), layer l at + l * layer_stride; windows[l] is layer l's sliding window (0: none). The same
+ * operations as calling fused_layer_f32 per layer, without a Python round trip between layers. */
+void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
+                      const int64_t *order, int64_t count, const void *const *weights, const int64_t *windows,
+                      const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
+                      int64_t layer_stride, int64_t start, float eps, float scale, float *scratch, int bf16,
+                      int threads) {
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t l = order[i];
+        const void *const *w = weights + 12 * l;
+        fused_layer_f32(x, T, D, H, Hkv, Dh, I, w[0], w[1], (const float *)w[2], w[3], w[4], w[5],
+                        (const float *)w[6], w[7], w[8], (const float *)w[9], w[10], (const float *)w[11], cos_table,
+                        sin_table, keys + l * layer_stride, values + l * layer_stride, S_max, start, windows[l], eps,
+                        scale, scratch, bf16, threads);
+    }
+}

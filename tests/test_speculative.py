@@ -175,14 +175,16 @@ def test_half_precision_speculation_warns_that_it_may_not_be_exact(checkpoints, 
     assert "not guaranteed token-identical" in caplog.text
 
 
-def test_adaptive_draft_length_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise():
+def test_adaptive_draft_length_grows_by_two_on_full_acceptance_and_drops_to_what_was_accepted_plus_one():
     from edge.speculative import DraftLength
 
     length = DraftLength()  # starts at k=4
     length.update(4, 4)
     assert length.k == 6
-    length.update(1, 6)
-    assert length.k == 5
+    length.update(4, 6)
+    assert length.k == 5  # one less than drafted, as 4 accepted + 1 is more
+    length.update(1, 5)
+    assert length.k == 2  # the accepted tokens + 1
     for _ in range(10):
         length.update(0, length.k)
     assert length.k == length.min_k == 1

@@ -67,16 +67,18 @@ static inline float bf16_to_f32(uint16_t bits) {
 static inline float scalar_f32(const float *p) { return *p; }
 static inline float scalar_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
 
-/* The fixed reduction: two 16-lane partial sums added lane-wise, then a pairwise tree over the 16 lanes (upper half
- * added onto lower half: 8, 4, 2, 1 lanes), in registers. */
-static inline float reduce(v16 a, v16 b) {
-    v16 sum = a + b;
+/* The fixed reduction of 16 lanes: a pairwise tree (upper half added onto lower half: 8, 4, 2, 1 lanes), in
+ * registers. */
+static inline float reduce_lanes(v16 sum) {
     v8 s8 = __builtin_shufflevector(sum, sum, 0, 1, 2, 3, 4, 5, 6, 7) +
             __builtin_shufflevector(sum, sum, 8, 9, 10, 11, 12, 13, 14, 15);
     v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
     v2 s2 = __builtin_shufflevector(s4, s4, 0, 1) + __builtin_shufflevector(s4, s4, 2, 3);
     return s2[0] + s2[1];
 }
+
+/* Two 16-lane partial sums added lane-wise, then the tree. */
+static inline float reduce(v16 a, v16 b) { return reduce_lanes(a + b); }
 
 /* acc + a * b, fused into one rounding where the CPU has FMA (the same instruction for every row count). */
 static inline v16 multiply_add(v16 acc, v16 a, v16 b) {
@@ -188,9 +190,19 @@ DEFINE_MATMUL(rowwise_matmul_bf16, uint16_t, block_bf16)
  * accumulated in key order), so its result does not depend on T or on the thread count. scratch holds
  * H * T * (start + T) floats for the scores.
  */
+/* a . b: 16 lane-wise fused multiply-adds over d in order, a scalar tail, then the pairwise tree over the lanes.
+ * With FMA hardware the lanes are one vector (multiply_add rounds once, as fmaf does, so both paths give the same
+ * bits); without it, the scalar loop keeps fmaf's single rounding. */
 static inline float dot_plain(const float *a, const float *b, int64_t D) {
-    float acc[16] = {0};
     int64_t d = 0;
+#if defined(__AVX512F__) || defined(__FMA__)
+    v16 lanes = (v16){0};
+    for (; d + 16 <= D; d += 16) lanes = multiply_add(lanes, load_f32(a + d), load_f32(b + d));
+    float tail = 0.0f;
+    for (; d < D; d++) tail = fmaf(a[d], b[d], tail);
+    return reduce_lanes(lanes) + tail;
+#else
+    float acc[16] = {0};
     for (; d + 16 <= D; d += 16)
         for (int l = 0; l < 16; l++) acc[l] = fmaf(a[d + l], b[d + l], acc[l]);
     float tail = 0.0f;
@@ -198,6 +210,20 @@ static inline float dot_plain(const float *a, const float *b, int64_t D) {
     for (int width = 8; width > 0; width /= 2)
         for (int l = 0; l < width; l++) acc[l] += acc[l + width];
     return acc[0] + tail;
+#endif
+}
+
+/* result += weight * row over D floats, one fused multiply-add per element (vectorised where FMA exists). */
+static inline void add_scaled(float *result, float weight, const float *row, int64_t D) {
+    int64_t d = 0;
+#if defined(__AVX512F__) || defined(__FMA__)
+    const v16 scale = (v16){0} + weight;
+    for (; d + 16 <= D; d += 16) {
+        const v16 sum = multiply_add(load_f32(result + d), scale, load_f32(row + d));
+        memcpy(result + d, &sum, sizeof sum);
+    }
+#endif
+    for (; d < D; d++) result[d] = fmaf(weight, row[d], result[d]);
 }
 
 void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
@@ -223,8 +249,7 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
         }
         for (int64_t d = 0; d < D; d++) result[d] = 0.0f;
         for (int64_t j = lo; j <= position; j++) {
-            const float weight = scores[j], *row = v + j * D;
-            for (int64_t d = 0; d < D; d++) result[d] = fmaf(weight, row[d], result[d]);
+            add_scaled(result, scores[j], v + j * D, D);
         }
         const float inverse = 1.0f / total;
         for (int64_t d = 0; d < D; d++) result[d] *= inverse;

@@ -92,7 +92,7 @@ def run_app(args: argparse.Namespace) -> int:
     except (EdgeError, BudgetError) as error:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
-    drafters = [choice for choice in DRAFTER_CHOICES if choice[1] != "builtin" or args.model is None]
+    drafters = [choice for choice in DRAFTER_CHOICES if "builtin" not in choice[1] or args.model is None]
     loader = SessionLoader(path, settings, ConversationStore(), dtype=args.dtype, device=args.device,
                            max_context=args.max_context, measure_baseline=not args.no_baseline,
                            memory_budget=args.memory_budget, backend=args.backend,
@@ -117,12 +117,13 @@ def app_settings(args: argparse.Namespace):
 
 
 def default_drafter(args: argparse.Namespace) -> str | None:
-    """The drafter asked for; with the built-in model and none asked for, the built-in drafter ("none": off)."""
+    """The drafter asked for; with the built-in model and none asked for, n-gram lookup backed by the built-in
+    drafter ("none": off), the fastest of the built-in pair's methods in docs/benchmarks.md."""
     from edge.builtin import builtin_drafter_path
 
     if args.drafter is not None:
         return None if args.drafter == "none" else args.drafter
-    return "builtin" if args.model is None and builtin_drafter_path() is not None else None
+    return "hybrid:builtin" if args.model is None and builtin_drafter_path() is not None else None
 
 
 class ConsoleChat:

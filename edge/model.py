@@ -286,17 +286,17 @@ class Transformer(nn.Module):
         self._fused_table = torch.tensor([[p or 0 for p in row] for row in layers], dtype=torch.int64)  # (L, 12)
         self._fused_windows = torch.tensor([block.attn.sliding_window or 0 for block in self.layers],
                                            dtype=torch.int64)  # (L,)
-        self._all_layers = torch.arange(len(layers), dtype=torch.int64)  # (L,)
+        self._layer_orders: dict[tuple[int, ...], torch.Tensor] = {}
         return layers
 
     def _fused_layers(self, x: torch.Tensor, order, start: int, cache: KVCache, rope) -> None:
         """Run the layers `order` over x (T, D) in place, in one C call."""
         config = self.config
         cos, sin = rope
-        if isinstance(order, range) and order == range(config.num_layers):
-            layers = self._all_layers  # (L,) int64, made once
-        else:
-            layers = torch.tensor(list(order), dtype=torch.int64)
+        key = tuple(order)
+        layers = self._layer_orders.get(key)
+        if layers is None:  # made once per layer set (all layers, or a self-draft's subset)
+            layers = self._layer_orders[key] = torch.tensor(key, dtype=torch.int64)  # (n,)
         self.rowwise.layers(x, layers, self._fused_table, self._fused_windows,
                             (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
                              config.intermediate_size), cos, sin, cache.keys, cache.values, start,

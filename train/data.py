@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 import torch
 
 
-def load_split(path: Path, tokenizer) -> list[list[int]]:
-    """Token ids of every example of one split (chat turns rendered with the chat template, code + end-of-text)."""
+def load_split(path: Path, tokenizer, mix: dict[str, float] | None = None) -> tuple[list[list[int]], list[float]]:
+    """Token ids of every example of one split (chat turns rendered with the chat template, code + end-of-text), and
+    how often each is drawn per epoch: the weight of its kind in `mix` (1.0 if not named)."""
+    from train.corpus import read_jsonl
     from train.tokenizer import encode_example
 
-    return [encode_example(example, tokenizer) for example in _read_examples(path)]
-
-
-def mixture_weights(path: Path, mix: dict[str, float]) -> list[float]:
-    """How often each example of a split is drawn per epoch: the weight of its kind in `mix` (1.0 if not named)."""
-    return [mix.get(example["kind"], 1.0) for example in _read_examples(path)]
-
-
-def _read_examples(path: Path) -> list[dict]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    examples = read_jsonl(path)
+    weights = [(mix or {}).get(example["kind"], 1.0) for example in examples]
+    return [encode_example(example, tokenizer) for example in examples], weights
 
 
 class TokenStream:

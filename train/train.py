@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from train.data import TokenStream, load_split, mixture_weights
+from train.data import TokenStream, load_split
 from train.layerskip import LayerSkipConfig, heldout_losses, layerskip_loss
 from train.progress import Progress
 
@@ -151,10 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     from train.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
-    train_path = args.corpus / "train.jsonl"
-    train_stream = TokenStream(load_split(train_path, tokenizer), preset.seq_len, preset.batch_size, seed=args.seed,
-                               weights=mixture_weights(train_path, preset.mix))
-    heldout = TokenStream(load_split(args.corpus / "heldout.jsonl", tokenizer), preset.seq_len, preset.batch_size,
+    train_ids, train_weights = load_split(args.corpus / "train.jsonl", tokenizer, preset.mix)
+    train_stream = TokenStream(train_ids, preset.seq_len, preset.batch_size, seed=args.seed, weights=train_weights)
+    heldout = TokenStream(load_split(args.corpus / "heldout.jsonl", tokenizer)[0], preset.seq_len, preset.batch_size,
                           seed=args.seed).fixed_batches(args.heldout_batches)
     model = build_model(preset, tokenizer, args.tokenizer)
     teacher = None

@@ -12,29 +12,23 @@ from __future__ import annotations
 import argparse
 import time
 
-from edge.bench.prompts import PROMPTS
 from edge.cli_options import resolve_model_path
 
 
 def measure(model: str, method: str, max_new_tokens: int) -> dict:
-    from edge.engine import Engine
+    from edge.bench.suite_worker import edge_runner
 
-    engine = Engine.load(model, max_context=2048)
     spec, _, length = method.rpartition(":") if method != "ar" else ("ar", "", "")
-    if spec != "ar":
-        engine.use_drafter(spec, length or "adaptive")
-    prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
+    run, prompts = edge_runner(model, spec, length or "adaptive", "float32")
     for _ in range(2):  # the second pass is reported
         seconds = draft_s = verify_s = 0.0
         tokens = steps = 0
         for ids in prompts:
-            engine.reset()
             started = time.perf_counter()
-            events = list(engine.generate(ids, max_new_tokens=max_new_tokens, task=None))
+            emitted, stats = run(ids, max_new_tokens)
             seconds += time.perf_counter() - started
-            stats = events[-1].stats
-            tokens += sum(len(event.token_ids) for event in events)
-            steps, draft_s, verify_s = steps + stats.steps, draft_s + stats.draft_s, verify_s + stats.verify_s
+            tokens, steps = tokens + len(emitted), steps + stats["steps"]
+            draft_s, verify_s = draft_s + stats["draft_s"], verify_s + stats["verify_s"]
     return {"method": method, "tokens_per_s": tokens / seconds, "ms_per_step": seconds * 1e3 / steps,
             "draft_ms": draft_s * 1e3 / steps, "verify_ms": verify_s * 1e3 / steps, "tokens_per_step": tokens / steps}
 

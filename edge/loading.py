@@ -106,12 +106,7 @@ def read_safetensors(path: Path, into: MappedTensors) -> None:
     try:
         with path.open("rb") as handle:
             size = path.stat().st_size
-            if size < 8:
-                raise CheckpointError(f"{path} is truncated ({size} bytes); download it again")
-            (header_len,) = struct.unpack("<Q", handle.read(8))
-            if header_len > min(MAX_HEADER_BYTES, size - 8):
-                raise CheckpointError(f"{path} is truncated or not a safetensors file (bad header length); download it again")
-            header = _parse_header(handle.read(header_len), path)
+            header_len, header = _read_header(handle, path, size)
             buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
     except OSError as exc:
         if isinstance(exc, CheckpointError):
@@ -123,6 +118,51 @@ def read_safetensors(path: Path, into: MappedTensors) -> None:
             continue
         tensor, begin = _tensor_view(buffer, data_start, name, info, path, size)
         into.add(name, tensor, buffer if begin is not None else None, begin or 0, (begin or 0) + tensor.nbytes)
+
+
+def _read_header(handle, path: Path, size: int) -> tuple[int, dict]:
+    if size < 8:
+        raise CheckpointError(f"{path} is truncated ({size} bytes); download it again")
+    (header_len,) = struct.unpack("<Q", handle.read(8))
+    if header_len > min(MAX_HEADER_BYTES, size - 8):
+        raise CheckpointError(f"{path} is truncated or not a safetensors file (bad header length); download it again")
+    return header_len, _parse_header(handle.read(header_len), path)
+
+
+def checkpoint_dtype(folder: str | Path) -> torch.dtype | None:
+    """The dtype of a checkpoint's matrices, from its first weight file's header (no data read); without weight
+    files (planning from config.json alone), the dtype config.json names."""
+    folder = Path(folder)
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.safetensors.index.json")):
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return DTYPES.get(str(config.get("torch_dtype") or config.get("dtype"))) if isinstance(config, dict) else None
+    path = weight_files(folder)[0]
+    try:
+        with path.open("rb") as handle:
+            _, header = _read_header(handle, path, path.stat().st_size)
+    except OSError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    for name, info in header.items():
+        if name != "__metadata__" and isinstance(info, dict) and len(info.get("shape", ())) == 2:
+            return SAFETENSORS_DTYPES.get(info.get("dtype"))
+    return None
+
+
+def storage_dtype(source: torch.dtype | None, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype weights are kept in: a 16-bit checkpoint computed in float32 on the CPU keeps its own precision
+    (the batch-invariant kernel widens it in registers, exactly: the same results, half the memory, and faster
+    because decoding is bound by weight reads); anything else is stored in the compute dtype."""
+    if dtype == torch.float32 and device.type == "cpu" and source in (torch.float16, torch.bfloat16):
+        from kernels.cpu_matmul import RowwiseMatmul
+
+        if RowwiseMatmul.load() is not None:  # without it every call would widen a copy of each matrix
+            return source
+    return dtype
 
 
 def _parse_header(raw: bytes, path: Path) -> dict:
@@ -196,9 +236,11 @@ def weight_recipe(config: ModelConfig) -> dict[str, list[str]]:
 
 
 def build_state(
-    mapped: "MappedTensors", config: ModelConfig, dtype: torch.dtype, device: torch.device
+    mapped: "MappedTensors", config: ModelConfig, dtype: torch.dtype, device: torch.device,
+    bias_dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The model's state dict from mapped checkpoint tensors, one tensor at a time.
+    """The model's state dict from mapped checkpoint tensors, one tensor at a time, in `dtype` (biases in
+    `bias_dtype` when given: the compute dtype, when the weights are stored narrower).
 
     A tensor that is already in the right dtype and device stays a view of the map. One that is fused or converted
     becomes a copy, and the pages of its sources are released right away, so peak memory stays near one copy of
@@ -217,7 +259,8 @@ def build_state(
                 f"tensor {name} would have shape {shape} but config.json implies {tuple(expected[name].shape)}; "
                 "the weights and config.json do not belong together"
             )
-        tensor = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(device=device, dtype=dtype)
+        wanted = bias_dtype if bias_dtype is not None and name.endswith(".bias") else dtype
+        tensor = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(device=device, dtype=wanted)
         for source, part in zip(sources, parts):
             if tensor.untyped_storage().data_ptr() != part.untyped_storage().data_ptr():
                 mapped.release(source)
@@ -228,17 +271,23 @@ def build_state(
 def load_model(
     folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
 ) -> Transformer:
-    """Build the model for `folder` and fill it with its weights, cast to `dtype` and moved to `device`."""
+    """Build the model for `folder` and fill it with its weights, computing in `dtype` on `device`. A float16 or
+    bfloat16 checkpoint computed in float32 on the CPU keeps its weights in their own precision (storage_dtype)."""
     folder = Path(folder)
     config = ModelConfig.from_dir(folder)
     dtype, device = parse_dtype(dtype), torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
-    state = build_state(load_hf_tensors(folder), config, dtype, device)
+    mapped = load_hf_tensors(folder)
+    source = mapped.tensors.get("model.embed_tokens.weight")
+    storage = storage_dtype(source.dtype if source is not None else None, dtype, device)
+    state = build_state(mapped, config, storage, device, bias_dtype=dtype if storage != dtype else None)
     # not `with torch.device("meta")`: that context imports torch._dynamo and sympy (about 70 MiB resident)
     model = Transformer(config, device="meta")
     model.load_state_dict(state, strict=True, assign=True)
     model.inv_freq = inverse_frequencies(config).to(device)  # the meta-device buffer held no data
+    if storage != dtype:
+        model.compute_dtype = dtype  # 16-bit weights, float32 activations and KV cache (see storage_dtype)
     if device.type == "cpu" and dtype == torch.float32:
         from kernels.cpu_matmul import RowwiseMatmul
 

@@ -165,7 +165,9 @@ class Transformer(nn.Module):
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         self._fused_weights = None  # per-layer weight pointers for the fused C layer (False: not fusable)
-        self._fused_bf16 = False  # whether those weights are bfloat16
+        self._fused_dtype = torch.float32  # those weights' dtype (16-bit ones are widened in the kernel)
+        self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
+        self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, Dh) each
 
     @property
     def device(self) -> torch.device:
@@ -207,18 +209,21 @@ class Transformer(nn.Module):
         start: int,
         cache: KVCache,
         layers: Iterable[int] | None = None,
+        inputs: torch.Tensor | None = None,  # (B, T, D): input vectors to use instead of embedding `tokens`
     ) -> torch.Tensor:
         """Run `layers` (default: all) over tokens at positions [start, start+T); return the normed hidden (B, T, D).
 
-        A full pass must continue the cache (start <= cache.length) and sets cache.length = start + T.
+        A full pass must continue the cache (start <= cache.length) and sets cache.length = start + T; with
+        keep_features() on, a full pass of batch 1 also stores its normed hidden states at those positions.
         A partial pass (a self-draft) may run ahead of cache.length; the verifying full pass rewrites its slots.
         """
-        steps = tokens.shape[1]
+        steps = tokens.shape[1] if inputs is None else inputs.shape[1]
         end = start + steps
         full = layers is None
         if full and start > cache.length:
             raise ValueError(f"a full forward at position {start} would leave a gap after cache length {cache.length}")
-        x = self.embed(tokens).to(self.dtype)  # (B, T, D); a no-op unless weights are stored narrower
+        # (B, T, D); the layers update x in place, so given inputs are copied
+        x = self.embed(tokens).to(self.dtype) if inputs is None else inputs.to(self.dtype, copy=True)
         rope = self._rope(start, end, x.dtype)
         order = range(self.config.num_layers) if full else layers
         if self._can_fuse(x, cache):  # decode steps and verify passes: one C call per layer
@@ -233,7 +238,18 @@ class Transformer(nn.Module):
                 x = self.layers[layer](x, layer, start, cache, rope, mask)
         if full:
             cache.length = end
-        return self.norm(x)
+        hidden = self.norm(x)  # (B, T, D)
+        if full and self.features is not None and hidden.shape[0] == 1 and end <= self.features.shape[0]:
+            self.features[start:end] = hidden[0]
+        return hidden
+
+    def keep_features(self, max_len: int) -> torch.Tensor:
+        """From now on store the normed hidden state of every position a full pass computes, in a (max_len, D)
+        buffer indexed by position (what a feature drafter drafts from). Like the KV cache, the slots of rejected
+        drafts are rewritten by the next full pass; positions below cache.length always hold this sequence's."""
+        if self.features is None or self.features.shape[0] < max_len:
+            self.features = torch.zeros(max_len, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        return self.features
 
     def logits(self, hidden: torch.Tensor, vocab_subset: torch.Tensor | None = None) -> torch.Tensor:
         """hidden (B, T, D) -> logits (B, T, V), or (B, T, len(vocab_subset)) over those token ids only."""
@@ -264,9 +280,9 @@ class Transformer(nn.Module):
 
         layers = []
         weight_dtype = self.layers[0].attn.wqkv.weight.dtype if isinstance(self.layers[0], Block) else None
-        if weight_dtype not in (torch.float32, torch.bfloat16):
+        if weight_dtype not in (torch.float32, torch.bfloat16, torch.float16):
             return False
-        self._fused_bf16 = weight_dtype == torch.bfloat16  # stored narrow, computed in float32 (store_weights)
+        self._fused_dtype = weight_dtype  # 16-bit: stored narrow, computed in float32 (store_weights)
         for block in self.layers:
             if not isinstance(block, Block):
                 return False
@@ -300,7 +316,7 @@ class Transformer(nn.Module):
         self.rowwise.layers(x, layers, self._fused_table, self._fused_windows,
                             (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
                              config.intermediate_size), cos, sin, cache.keys, cache.values, start,
-                            config.rms_norm_eps, config.head_dim ** -0.5, self._fused_bf16)
+                            config.rms_norm_eps, config.head_dim ** -0.5, self._fused_dtype)
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""
@@ -312,10 +328,17 @@ class Transformer(nn.Module):
         self.rowwise_max_rows = max_rows
 
     def _rope(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(start, end, device=self.inv_freq.device, dtype=torch.float32)  # (T,)
-        angles = positions[:, None] * self.inv_freq[None, :]  # (T, Dh/2)
-        angles = torch.cat((angles, angles), dim=-1)  # (T, Dh)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        """cos and sin (T, Dh) for positions [start, end), sliced from a table that grows as positions do (the
+        same elementwise float32 math as computing them per call, so the same values, without the small ops)."""
+        table = self._rope_tables.get(dtype)
+        if table is None or table[0].shape[0] < end or table[0].device != self.inv_freq.device:
+            size = max(end, 2 * table[0].shape[0] if table is not None else 256)
+            positions = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)  # (S,)
+            angles = positions[:, None] * self.inv_freq[None, :]  # (S, Dh/2)
+            angles = torch.cat((angles, angles), dim=-1)  # (S, Dh)
+            table = self._rope_tables[dtype] = (angles.cos().to(dtype), angles.sin().to(dtype))
+        cos, sin = table
+        return cos[start:end], sin[start:end]
 
     def _mask(self, start: int, steps: int) -> torch.Tensor | None:
         """Boolean (T, start+T) mask, True where a query may attend; None when plain causal attention is exact."""

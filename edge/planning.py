@@ -12,7 +12,7 @@ from memory.device import probe
 from memory.plan import Plan, PlanRequest, make_plan
 
 PLAN_DRAFTERS = {"ngram": "ngram", "early-exit": "self", "skip": "self", "adaptive": "self", "quantspec": "quantspec",
-                 "builtin": "model",
+                 "builtin": "model", "feature": "model",  # a feature drafter: one layer and its cache, counted alike
                  "draft": "model"}
 
 
@@ -36,6 +36,13 @@ def without_vocabulary(spec: str) -> str:
 
 def drafter_folder(spec: str) -> Path:
     name, _, arg = without_vocabulary(spec).removeprefix("hybrid:").partition(":")
+    if name == "feature" and not arg:
+        from edge.builtin import builtin_feature_drafter_path
+
+        path = builtin_feature_drafter_path()
+        if path is None:
+            raise SamplingError("this installation ships no built-in feature drafter; pass feature:PATH")
+        return path
     if name == "builtin":
         from edge.builtin import builtin_drafter_path
 
@@ -43,7 +50,7 @@ def drafter_folder(spec: str) -> Path:
         if path is None:
             raise SamplingError("this installation ships no built-in drafter; pass draft:PATH to a draft checkpoint")
         return path
-    return Path(arg if name == "draft" else spec)
+    return Path(arg if name in ("draft", "feature") else spec)
 
 
 def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu", dtype: str = "float32",
@@ -52,19 +59,21 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
              draft_kv: str | None = None, kv_cache: str | None = None) -> Plan:
     """The plan for serving `model` with `drafter` in the budget (None: what the device has free)."""
     config = ModelConfig.from_dir(model)
+    weight_dtype = kept_weight_dtype(model, dtype, device)  # what load_model will store the weights in
     kind = drafter_kind(drafter)
     kv_dtype = kv_cache or ("hierarchical" if kind == "quantspec" else str(dtype))  # what the engine allocates
     spec = without_vocabulary(drafter or "").removeprefix("hybrid:")
     bits = int(spec.partition(":")[2] or 4) if kind == "quantspec" else 4
-    torch_drafter = not is_bundle_spec(drafter)  # an exported drafter's weights and cache are fixed by its export
-    drafter_shape, drafter_dtype = (drafter_description(drafter, draft_weights or str(dtype)) if kind == "model"
+    # an exported drafter's weights and cache are fixed by its export; a feature drafter has no narrower forms
+    torch_drafter = not is_bundle_spec(drafter) and spec.partition(":")[0] != "feature"
+    drafter_shape, drafter_dtype = (drafter_description(drafter, draft_weights, str(dtype), device) if kind == "model"
                                     else (None, None))
     if str(draft_length) != "adaptive" and not str(draft_length).isdigit():
         raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {draft_length!r}")
     longest = DraftLength().max_k if str(draft_length) == "adaptive" else int(draft_length)
     context = min(max_context, config.max_position_embeddings)
     request = PlanRequest(target=config.shape(), context=context, drafter=kind, drafter_shape=drafter_shape,
-                          draft_length=longest, weight_dtype=str(dtype), kv_dtype=kv_dtype, quantspec_bits=bits,
+                          draft_length=longest, weight_dtype=weight_dtype, kv_dtype=kv_dtype, quantspec_bits=bits,
                           min_context=min(256, context), draft_context=draft_context,
                           min_draft_context=max(2 * (longest + 1), min(256, context)),
                           drafter_weight_dtype=drafter_dtype, narrow_drafter=drafter_dtype == str(dtype) == "float32"
@@ -91,9 +100,21 @@ def runtime_overhead(device: str) -> int:
 BUNDLE_WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
 
 
-def drafter_description(spec: str, dtype: str):
-    """The shape and weight dtype of a draft model: a checkpoint folder loads in `dtype`; an edge-export bundle's
-    drafter keeps the weight format it was exported with."""
+def kept_weight_dtype(folder: str | Path, dtype: str, device: str) -> str:
+    """The dtype load_model keeps a checkpoint's weights in when computing in `dtype` (edge.loading.storage_dtype:
+    a 16-bit checkpoint computed in float32 on the CPU stays 16-bit)."""
+    import torch
+
+    from edge.loading import checkpoint_dtype, parse_dtype, storage_dtype
+
+    kept = storage_dtype(checkpoint_dtype(folder), parse_dtype(dtype), torch.device(device))
+    return str(kept).removeprefix("torch.")
+
+
+def drafter_description(spec: str, weights: str | None, dtype: str = "float32", device: str = "cpu"):
+    """The shape and weight dtype of a draft model: a checkpoint folder is stored in `weights` when given, else as
+    load_model keeps it computing in `dtype`; an edge-export bundle's drafter keeps the weight format it was
+    exported with."""
     from edge.bundle import is_bundle, read_bundle
 
     folder = drafter_folder(spec)
@@ -102,7 +123,7 @@ def drafter_description(spec: str, dtype: str):
         if not bundle.has_drafter:
             raise SamplingError(f"the bundle {folder} holds no drafter; export it with --drafter, or use ngram")
         return bundle.config("drafter").shape(), BUNDLE_WEIGHT_DTYPES[bundle.manifest["quantization"]["weights"]]
-    return ModelConfig.from_dir(folder).shape(), dtype
+    return ModelConfig.from_dir(folder).shape(), weights or kept_weight_dtype(folder, dtype, device)
 
 
 def is_bundle_spec(spec: str | None) -> bool:

@@ -3,7 +3,7 @@ use, cached, and called through ctypes. `RowwiseMatmul.load()` returns None wher
 with OpenMP); callers then use torch's matmul, which is fast but not batch-invariant.
 
     matmul = RowwiseMatmul.load()
-    y = matmul(x, weight, bias)        # x (..., K) float32, weight (N, K) float32 or bfloat16 -> (..., N) float32
+    y = matmul(x, weight, bias)        # x (..., K) float32, weight (N, K) float32/bfloat16/float16 -> (..., N) float32
 
 The cache folder is $EDGE_CACHE_DIR/kernels (default: the platform's user cache folder, ~/.cache/edge/kernels);
 the library's name hashes the source, the compiler and the CPU's feature flags, so a changed source or another
@@ -28,13 +28,15 @@ import torch
 SOURCE = Path(__file__).with_name("csrc") / "rowwise_matmul.c"
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 log = logging.getLogger(__name__)
+WEIGHT_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the C side's WEIGHTS_F32 / BF16 / F16
 
 
 class RowwiseMatmul:
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer, size = ctypes.c_void_p, ctypes.c_int64
         self._kernels = {}
-        for dtype, name in ((torch.float32, "rowwise_matmul_f32"), (torch.bfloat16, "rowwise_matmul_bf16")):
+        for dtype, name in ((torch.float32, "rowwise_matmul_f32"), (torch.bfloat16, "rowwise_matmul_bf16"),
+                            (torch.float16, "rowwise_matmul_f16")):
             function = getattr(library, name)
             function.argtypes = [pointer, pointer, pointer, pointer, size, size, size, ctypes.c_int]
             function.restype = None
@@ -64,7 +66,7 @@ class RowwiseMatmul:
                 and (bias is None or bias.dtype == torch.float32))
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x (..., K) float32, weight (N, K) float32/bfloat16 contiguous, bias (N,) float32 -> (..., N) float32.
+        """x (..., K) float32, weight (N, K) float32/bfloat16/float16 contiguous, bias (N,) float32 -> (..., N) float32.
 
         The hot path of every decode step: no checks beyond what the caller (edge.model.linear) guarantees."""
         if x.dtype != torch.float32:
@@ -98,10 +100,11 @@ class RowwiseMatmul:
 
     def layers(self, x: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, windows: torch.Tensor,
                shape: tuple, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               start: int, eps: float, scale: float, bf16: bool = False) -> None:
+               start: int, eps: float, scale: float, weight_dtype: torch.dtype = torch.float32) -> None:
         """Layers `order` (int64) over x (T, D) in place, in one C call (fused_layers_f32): `weights` is the int64
         table (L, 12) of the layers' pointers (0 for absent tensors), `windows` (L,) int64 the sliding windows (0:
-        none), keys/values the whole cache (L, 1, Hkv, S, Dh), contiguous."""
+        none), keys/values the whole cache (L, 1, Hkv, S, Dh), contiguous; `weight_dtype` the layers' matrices and norms
+        (float32, or bfloat16 / float16 widened exactly in registers)."""
         steps = x.shape[0]
         dims, heads, kv_heads, head_dim, inner = shape
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
@@ -110,7 +113,7 @@ class RowwiseMatmul:
         self._layers(x.data_ptr(), steps, dims, heads, kv_heads, head_dim, inner, order.data_ptr(), order.numel(),
                      weights.data_ptr(), windows.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
                      values.data_ptr(), keys.shape[3], keys.stride(0), start, eps, scale, scratch.data_ptr(),
-                     int(bf16), torch.get_num_threads())
+                     WEIGHT_FORMATS[weight_dtype], torch.get_num_threads())
 
 
 def _build() -> Path:

@@ -174,3 +174,30 @@ def test_random_seed_changes_weights(tmp_path, tokenizer_dir):
     a = load_model(build_checkpoint(tmp_path / "a", "llama2", tokenizer_dir, seed=1))
     b = load_model(build_checkpoint(tmp_path / "b", "llama2", tokenizer_dir, seed=2))
     assert not torch.equal(a.embed.weight, b.embed.weight)
+
+
+def test_a_half_precision_checkpoint_keeps_its_precision_with_the_same_results(checkpoint_factory, tmp_path):
+    from edge import Engine
+    from edge.planning import plan_for
+
+    source = checkpoint_factory("llama3")
+    folders = {}
+    for name, dtype in (("half", torch.float16), ("widened", torch.float32)):
+        # the same float16 values, saved once as float16 and once widened to float32
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float16).to(dtype)
+        folders[name] = tmp_path / name
+        model.save_pretrained(folders[name])
+        for item in source.glob("tokenizer*"):
+            shutil.copy(item, folders[name] / item.name)
+    half, widened = (Engine.load(folders[name], max_context=256, drafter="early-exit:1") for name in folders)
+    assert half.model.layers[0].attn.wqkv.weight.dtype == torch.float16 and half.model.dtype == torch.float32
+    assert widened.model.layers[0].attn.wqkv.weight.dtype == torch.float32
+    assert half.model.weight_bytes() * 2 == widened.model.weight_bytes()
+    prompt = "The quick brown fox jumps over the lazy dog."
+    assert half.complete(prompt, max_new_tokens=40, ignore_eos=True) == \
+        widened.complete(prompt, max_new_tokens=40, ignore_eos=True)
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])  # a verify-sized pass: the kernel widens the weights exactly
+    logits = [engine.model.logits(engine.model(tokens, 0, engine.model.new_cache(8))) for engine in (half, widened)]
+    assert torch.equal(*logits)
+    plan = plan_for(folders["half"], budget=1 << 30, max_context=256)
+    assert plan.footprint.target_weights == half.model.weight_bytes()

@@ -10,7 +10,7 @@
  * read from memory once and used for all M inputs, so a 5-row verify pass costs little more than a 1-row decode
  * step (decoding is bound by weight reads). Interleaving changes nothing in any one dot product's order of
  * operations.
- * Weights are float32 or bfloat16 (raw uint16, widened in registers); inputs and outputs are float32.
+ * Weights are float32, bfloat16 or float16 (16-bit ones widened exactly in registers); inputs and outputs are float32.
  *
  * The build passes -ffp-contract=off, so the compiler never fuses (or declines to fuse) a multiply and an add on its
  * own, which it could do differently in the 4-row loop and the 1-row loop. Fusion is explicit instead: the dot
@@ -56,6 +56,17 @@ static inline v16 load_bf16(const uint16_t *p) {
     memcpy(&v, &wide, sizeof v);
     return v;
 }
+
+/* float16 -> float32 is exact: the hardware conversion (F16C / AVX-512) where the compiler has it, else libgcc's */
+typedef _Float16 f16x16 __attribute__((vector_size(32)));
+
+static inline v16 load_f16(const _Float16 *p) {
+    f16x16 half;
+    memcpy(&half, p, sizeof half);
+    return __builtin_convertvector(half, v16);
+}
+
+static inline float scalar_f16(const _Float16 *p) { return (float)*p; }
 
 static inline float bf16_to_f32(uint16_t bits) {
     uint32_t wide = (uint32_t)bits << 16;
@@ -147,6 +158,7 @@ static inline v16 multiply_add(v16 acc, v16 a, v16 b) {
 
 DEFINE_BLOCK(block_f32, float, load_f32, scalar_f32)
 DEFINE_BLOCK(block_bf16, uint16_t, load_bf16, scalar_bf16)
+DEFINE_BLOCK(block_f16, _Float16, load_f16, scalar_f16)
 
 /* Columns in blocks of BLOCK_COLS weight rows (split between the threads), rows in groups of at most BLOCK_ROWS; the
  * last, narrower column block and row group use the same per-output operations. */
@@ -181,6 +193,7 @@ DEFINE_BLOCK(block_bf16, uint16_t, load_bf16, scalar_bf16)
 
 DEFINE_MATMUL(rowwise_matmul_f32, float, block_f32)
 DEFINE_MATMUL(rowwise_matmul_bf16, uint16_t, block_bf16)
+DEFINE_MATMUL(rowwise_matmul_f16, _Float16, block_f16)
 
 /* Batch-invariant attention for a few queries at positions start .. start + T - 1 over a KV cache.
  *
@@ -264,26 +277,32 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
  * Keys/values of the T rows are written into the layer's cache (Hkv, S_max, Dh) at [start, start + T) before the
  * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. Optional
  * tensors are NULL when absent. scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
-/* weights are float32, or bfloat16 (raw uint16) when bf16 is set: matrices and norms alike (biases are float32) */
-static inline float weight_at(const void *w, int64_t i, int bf16) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+/* The weights' format: matrices and norms alike (biases are float32). */
+enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2 };
+
+static inline float weight_at(const void *w, int64_t i, int format) {
+    if (format == WEIGHTS_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    if (format == WEIGHTS_F16) return (float)((const _Float16 *)w)[i];
+    return ((const float *)w)[i];
 }
 
 static void matmul_rows(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                        int bf16, int threads) {
-    if (bf16)
+                        int format, int threads) {
+    if (format == WEIGHTS_BF16)
         rowwise_matmul_bf16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
+    else if (format == WEIGHTS_F16)
+        rowwise_matmul_f16(x, (const _Float16 *)w, bias, y, M, N, K, threads);
     else
         rowwise_matmul_f32(x, (const float *)w, bias, y, M, N, K, threads);
 }
 
-static void rms_norm_rows(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int bf16) {
+static void rms_norm_rows(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int format) {
     for (int64_t t = 0; t < T; t++) {
         const float *row = x + t * D;
         float sum = 0.0f;
         for (int64_t d = 0; d < D; d++) sum = fmaf(row[d], row[d], sum);
         const float inverse = 1.0f / sqrtf(sum / (float)D + eps);
-        for (int64_t d = 0; d < D; d++) out[t * D + d] = weight_at(w, d, bf16) * (row[d] * inverse);
+        for (int64_t d = 0; d < D; d++) out[t * D + d] = weight_at(w, d, format) * (row[d] * inverse);
     }
 }
 
@@ -305,7 +324,7 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
                      const void *k_norm, const void *wo, const float *o_bias, const void *ffn_norm,
                      const void *w_gate_up, const float *gate_up_bias, const void *w_down, const float *down_bias,
                      const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
-                     int64_t start, int64_t window, float eps, float scale, float *scratch, int bf16, int threads) {
+                     int64_t start, int64_t window, float eps, float scale, float *scratch, int format, int threads) {
     const int64_t Q = H * Dh, KV = Hkv * Dh, N = Q + 2 * KV;
     float *normed = scratch;                /* (T, D) */
     float *qkv = normed + T * D;            /* (T, N) */
@@ -314,14 +333,14 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
     float *gate_up = q_heads + T * Q;       /* (T, 2I) */
     float *scores = gate_up + T * 2 * I;    /* H * T * (start + T) */
 
-    rms_norm_rows(x, attn_norm, normed, T, D, eps, bf16);
-    matmul_rows(normed, wqkv, qkv_bias, qkv, T, N, D, bf16, threads);
+    rms_norm_rows(x, attn_norm, normed, T, D, eps, format);
+    matmul_rows(normed, wqkv, qkv_bias, qkv, T, N, D, format, threads);
     for (int64_t t = 0; t < T; t++) {
         float *row = qkv + t * N;           /* q (H, Dh) | k (Hkv, Dh) | v (Hkv, Dh) */
         if (q_norm) {
-            for (int64_t h = 0; h < H; h++) rms_norm_rows(row + h * Dh, q_norm, row + h * Dh, 1, Dh, eps, bf16);
+            for (int64_t h = 0; h < H; h++) rms_norm_rows(row + h * Dh, q_norm, row + h * Dh, 1, Dh, eps, format);
             for (int64_t h = 0; h < Hkv; h++)
-                rms_norm_rows(row + Q + h * Dh, k_norm, row + Q + h * Dh, 1, Dh, eps, bf16);
+                rms_norm_rows(row + Q + h * Dh, k_norm, row + Q + h * Dh, 1, Dh, eps, format);
         }
         rope_rows(row, cos_table + t * Dh, sin_table + t * Dh, H, Dh);
         rope_rows(row + Q, cos_table + t * Dh, sin_table + t * Dh, Hkv, Dh);
@@ -335,11 +354,11 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
                           threads);
     for (int64_t t = 0; t < T; t++)        /* (H, T, Dh) -> (T, H*Dh), reusing qkv as the row buffer */
         for (int64_t h = 0; h < H; h++) memcpy(qkv + t * Q + h * Dh, attended + (h * T + t) * Dh, Dh * sizeof(float));
-    matmul_rows(qkv, wo, o_bias, normed, T, D, Q, bf16, threads);
+    matmul_rows(qkv, wo, o_bias, normed, T, D, Q, format, threads);
     for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
 
-    rms_norm_rows(x, ffn_norm, normed, T, D, eps, bf16);
-    matmul_rows(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, bf16, threads);
+    rms_norm_rows(x, ffn_norm, normed, T, D, eps, format);
+    matmul_rows(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, format, threads);
     for (int64_t t = 0; t < T; t++) {
         float *row = gate_up + t * 2 * I;
         for (int64_t i = 0; i < I; i++) {
@@ -349,7 +368,7 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
     }
     for (int64_t t = 0; t < T; t++)        /* compact the activations to (T, I) rows for the down projection */
         memmove(gate_up + t * I, gate_up + t * 2 * I, I * sizeof(float));
-    matmul_rows(gate_up, w_down, down_bias, normed, T, D, I, bf16, threads);
+    matmul_rows(gate_up, w_down, down_bias, normed, T, D, I, format, threads);
     for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
 }
 
@@ -362,7 +381,7 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
 void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
                       const int64_t *order, int64_t count, const void *const *weights, const int64_t *windows,
                       const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
-                      int64_t layer_stride, int64_t start, float eps, float scale, float *scratch, int bf16,
+                      int64_t layer_stride, int64_t start, float eps, float scale, float *scratch, int format,
                       int threads) {
     for (int64_t i = 0; i < count; i++) {
         const int64_t l = order[i];
@@ -370,6 +389,6 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
         fused_layer_f32(x, T, D, H, Hkv, Dh, I, w[0], w[1], (const float *)w[2], w[3], w[4], w[5],
                         (const float *)w[6], w[7], w[8], (const float *)w[9], w[10], (const float *)w[11], cos_table,
                         sin_table, keys + l * layer_stride, values + l * layer_stride, S_max, start, windows[l], eps,
-                        scale, scratch, bf16, threads);
+                        scale, scratch, format, threads);
     }
 }

@@ -16,3 +16,9 @@ def builtin_drafter_path() -> Path | None:
     """The built-in draft checkpoint (same tokenizer as the built-in model), or None."""
     folder = BUILTIN_DIR.parent / "drafter"
     return folder if (folder / "config.json").is_file() else None
+
+
+def builtin_feature_drafter_path() -> Path | None:
+    """The built-in feature drafter (trained on the built-in model's hidden states), or None."""
+    folder = BUILTIN_DIR.parent / "feature"
+    return folder if (folder / "config.json").is_file() else None

@@ -19,7 +19,7 @@ PROMPTS = [
     "Speculative decoding drafts several tokens",
 ]
 DRAFTERS = ["ngram", "ngram:2", "early-exit:1", "early-exit:2", "skip:1", "adaptive", "self", "small",
-            "hybrid:small", "hybrid:early-exit:1"]
+            "hybrid:small", "hybrid:early-exit:1", "feature", "hybrid:feature"]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,26 @@ def checkpoints(checkpoint_factory, tmp_path_factory, tokenizer_dir):
     target = checkpoint_factory("llama3")
     small = build_checkpoint(tmp_path_factory.mktemp("small-drafter"), "llama3", tokenizer_dir, seed=5,
                              num_hidden_layers=1, vocab_size=336)  # vocabulary padded by 16 rows
-    return {"target": target, "small": small}
+    return {"target": target, "small": small,
+            "feature": build_feature_drafter(target, tmp_path_factory.mktemp("feature-drafter"))}
+
+
+def build_feature_drafter(target_dir, folder, seed: int = 3):
+    """A feature drafter for the target: initialised from its last layer, then perturbed (some drafts fail)."""
+    from transformers import AutoModelForCausalLM
+
+    from train.feature_drafter import FeatureDrafter
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    drafter = FeatureDrafter(target.config)
+    drafter.init_from_target(target)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, weight in drafter.named_parameters():
+            if weight.requires_grad and weight.dim() == 2:
+                weight.add_(torch.randn(weight.shape, generator=generator) * 0.02)
+    drafter.save(folder)
+    return folder
 
 
 def drafter_spec(name: str, checkpoints) -> str:
@@ -35,6 +54,8 @@ def drafter_spec(name: str, checkpoints) -> str:
         return f"draft:{checkpoints['target']}"
     if name == "small":
         return f"draft:{checkpoints['small']}"
+    if name == "feature":
+        return f"feature:{checkpoints['feature']}"
     if name.startswith("hybrid:"):
         return "hybrid:" + drafter_spec(name.removeprefix("hybrid:"), checkpoints)
     return name
@@ -106,7 +127,7 @@ def test_ngram_drafter_copies_repeated_text(checkpoints):
     assert drafter.propose([1, 2, 3], 4, sampler).tokens == []
 
 
-@pytest.mark.parametrize("name", ["early-exit:2", "small", "ngram"])
+@pytest.mark.parametrize("name", ["early-exit:2", "small", "ngram", "feature"])
 def test_seeded_speculative_sampling_is_reproducible(checkpoints, name):
     engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec(name, checkpoints))
     options = dict(max_new_tokens=30, ignore_eos=True, temperature=0.8, top_p=0.9, top_k=40, min_p=0.02,
@@ -167,6 +188,27 @@ def test_bad_speculation_settings_are_clear_errors(checkpoints, tmp_path, tokeni
         engine = Engine.load(target, drafter=f"draft:{bigger}")
     assert "not smaller" in caplog.text
     assert len(ids_of(engine.generate(PROMPTS[0], max_new_tokens=5, ignore_eos=True))) == 5
+
+
+def test_a_feature_drafter_must_belong_to_its_target(checkpoints, tmp_path, tokenizer_dir):
+    other_target = build_checkpoint(tmp_path / "other-target", "llama3", tokenizer_dir, seed=9)
+    foreign = build_feature_drafter(other_target, tmp_path / "foreign-feature")
+    for spec, needle in [(f"feature:{foreign}", "trained for another target"),
+                         (f"feature:{checkpoints['small']}", "not a feature drafter"),
+                         (f"feature:{tmp_path / 'missing'}", "does not exist")]:
+        with pytest.raises(EdgeError) as error:
+            Engine.load(checkpoints["target"], drafter=spec)
+        assert needle in str(error.value) and "\n" not in str(error.value), spec
+
+
+def test_the_target_keeps_the_features_of_every_position_it_computed(checkpoints):
+    engine = Engine.load(checkpoints["target"], max_context=128, drafter=f"feature:{checkpoints['feature']}")
+    tokens = ids_of(engine.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True))
+    history = engine.history
+    model = engine.model
+    kept = model.features[:len(history) - 1].clone()  # written by the prefill and the verify passes
+    hidden = model(torch.tensor([history[:-1]]), 0, model.new_cache(128))[0]  # (T, D): one pass over the same tokens
+    assert len(tokens) == 20 and torch.allclose(kept, hidden, atol=1e-4)
 
 
 def test_half_precision_speculation_warns_that_it_may_not_be_exact(checkpoints, caplog):

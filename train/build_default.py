@@ -2,7 +2,8 @@
 
     pip install -e '.[train]' && python -m train.build_default
 
-corpus -> tokenizer -> target (LayerSkip) -> drafter (distilled) -> half-precision copies in edge/models/
+corpus -> tokenizer -> target (LayerSkip) -> drafter (distilled) -> feature drafter (on the target's hidden states)
+-> half-precision copies in edge/models/
 -> model cards with the loss curve, held-out perplexities and samples -> the golden outputs CI checks. Each stage is skipped when its output
 exists, and training resumes from its last checkpoint, so an interrupted run continues where it stopped.
 """
@@ -34,6 +35,25 @@ def package_half_precision(final: Path, destination: Path) -> None:
     staging.rename(destination)  # a half-written model never replaces a good one
 
 
+def package_feature_drafter(final: Path, destination: Path) -> None:
+    """Save a trained feature drafter (train.feature_drafter) as float16 safetensors with its config."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = {name: tensor.to(torch.float16) if tensor.is_floating_point() else tensor
+               for name, tensor in load_file(final / "model.safetensors").items()}
+    config = json.loads((final / "config.json").read_text())
+    staging = destination.with_name(destination.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+    (staging / "config.json").write_text(json.dumps({**config, "torch_dtype": "float16"}, indent=2) + "\n")
+    shutil.rmtree(destination, ignore_errors=True)
+    staging.rename(destination)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.build_default", description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=REPO / "data", help="corpus, tokenizer and runs (default: data/)")
@@ -43,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus, tokenizer, runs = work / "corpus", work / "tokenizer", work / "runs"
 
     from train import corpus as corpus_cli
+    from train import feature_drafter as feature_cli
     from train import golden
     from train import model_card
     from train import tokenizer as tokenizer_cli
@@ -58,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (runs / "drafter" / "final" / "model.safetensors").is_file():
         train_cli.main(["--preset", "drafter", "--out", str(runs / "drafter"),
                         "--teacher", str(runs / "target" / "final"), *common])
+    if not (runs / "feature" / "final" / "model.safetensors").is_file():
+        feature_cli.main(["--target", str(runs / "target" / "final"), "--out", str(runs / "feature"), *common])
     package_half_precision(runs / "target" / "final", MODELS / "default")
     package_half_precision(runs / "drafter" / "final", MODELS / "drafter")
+    package_feature_drafter(runs / "feature" / "final", MODELS / "feature")
     model_card.main(["--runs", str(runs), "--corpus", str(corpus), "--models", str(MODELS)])
     golden.main()  # the greedy replies CI checks the shipped model against
     print(f"built-in models written to {MODELS}", file=sys.stderr)

@@ -155,6 +155,60 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
     return "\n".join(lines)
 
 
+def feature_card_text(log: list[dict], folder: Path) -> str:
+    """The feature drafter's card: what it is, how it was trained, and its held-out agreement with the target."""
+    start = next(r for r in log if r["event"] == "start")
+    evals = [r for r in log if r["event"] == "eval"]
+    done = next((r for r in log if r["event"] == "done"), None)
+    minutes = (done or evals[-1])["elapsed_s"] / 60
+    config = json.loads((folder / "config.json").read_text())
+    lines = [
+        "# edge built-in feature drafter",
+        "",
+        "An EAGLE-style drafter for the built-in target (`--drafter feature`): one Llama decoder layer that drafts",
+        "from the target's own final hidden states. The row for position p fuses the target's hidden state at p-1",
+        "with the embedding of token p (one linear layer, 2D -> D), runs the decoder layer and a norm, and predicts",
+        "the target's hidden state at p; the target's tied head turns it into the next token. Later drafts feed the",
+        "drafter's own predictions back as features.",
+        "",
+        "## Model",
+        "",
+        f"- 1 decoder layer, hidden {config['hidden_size']}, MLP {config['intermediate_size']}, "
+        f"{config['num_attention_heads']} heads / {config['num_key_value_heads']} KV heads, plus the fusion layer: "
+        f"{start['parameters'] / 1e6:.2f}M trained parameters, float16 safetensors ({size_mb(folder):.1f} MB)",
+        "- It uses the target's embedding and head; the file keeps a copy of the embedding only so that edge can",
+        "  check the drafter belongs to the target it is given (edge shares the target's at run time).",
+        "",
+        "## Training (`python -m train.feature_drafter`, part of `python -m train.build_default`)",
+        "",
+        f"- {start['steps']} steps of {start['batch_size']} x {start['seq_len']} tokens of the target's data "
+        f"mixture, target frozen, AdamW, peak learning rate {start['lr']}, seed {start['seed']}; "
+        f"{minutes:.1f} minutes on a 2-core CPU (no GPU), bfloat16 autocast",
+        f"- Loss: KL(target || drafter) on the next token + {start['feature_weight']:g} x SmoothL1 between the "
+        f"predicted and the true hidden state; a second pass per batch feeds the first pass's predictions back as "
+        f"features (weight {start['second_pass_weight']:g}), as later draft positions do",
+        "- Initialised from the target's last layer and final norm",
+        "",
+        "## Held-out agreement with the target",
+        "",
+        "How often the drafter's top token equals the target's on the held-out split, teacher-forced: from the",
+        "target's true features (the first draft of a step), and from the drafter's own predicted features (the",
+        "second pass: later drafts).",
+        "",
+        "| step | from true features | from its own features |",
+        "|---:|---:|---:|",
+        *[f"| {r['step']} | {r['heldout_agreement'][0]:.3f} | {r['heldout_agreement'][1]:.3f} |" for r in evals],
+        "",
+        "## Reproduce",
+        "",
+        "```bash",
+        "pip install -e '.[train]' && python -m train.build_default",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def _mixture_lines(mix: dict[str, float]) -> list[str]:
     """The data mixture as one bullet: how many times per epoch each kind of example is drawn."""
     if not mix:
@@ -191,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         card = card_text(name, role, summary(logs[name]), stats, samples, folder)
         (folder / "README.md").write_text(card)
         print(f"wrote {folder / 'README.md'}", file=sys.stderr)
+    feature_log, feature_folder = args.runs / "feature" / "log.jsonl", args.models / "feature"
+    if feature_log.is_file() and (feature_folder / "config.json").is_file():
+        (feature_folder / "README.md").write_text(feature_card_text(read_log(feature_log), feature_folder))
+        print(f"wrote {feature_folder / 'README.md'}", file=sys.stderr)
     return 0
 
 

@@ -8,6 +8,8 @@
     adaptive             picks among early exits and a skip set at run time from measured speed
     draft:PATH | PATH    a separate small checkpoint with the same tokenizer (or an edge-export bundle's drafter)
     builtin              the built-in drafter shipped with the built-in model
+    feature[:PATH]       a feature drafter (EAGLE-style: one layer over the target's hidden states) trained for
+                         this target (default: the built-in model's)
     quantspec[:B]        the target with B-bit weights (4 or 8; default 4) reading the upper 4 bits of its
                          hierarchical KV cache (QuantSpec; needs kv_cache="hierarchical")
     hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
@@ -32,8 +34,8 @@ from edge.tokenizer import Tokenizer
 
 __all__ = ["Draft", "Drafter", "DraftSampler", "DraftModelDrafter", "LayerSkipDrafter", "AdaptiveLayerSkipDrafter",
            "NGramDrafter", "make_drafter", "DRAFTER_SPECS"]
-DRAFTER_SPECS = ("ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, quantspec[:B], draft:PATH, builtin, hybrid:SPEC "
-                 "(+ @VOCAB.json)")
+DRAFTER_SPECS = ("ngram[:N], early-exit[:E], skip:L1,L2,..., adaptive, quantspec[:B], draft:PATH, builtin, "
+                 "feature[:PATH], hybrid:SPEC (+ @VOCAB.json)")
 
 
 def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Tokenizer, *, max_len: int,
@@ -55,6 +57,14 @@ def make_drafter(spec: str, model: Transformer, cache: KVCache, tokenizer: Token
         return LayerSkipDrafter.skipping(model, cache, _integers(spec, arg))
     if name == "adaptive":
         return AdaptiveLayerSkipDrafter(model, cache)
+    if name == "feature":
+        from edge.builtin import builtin_feature_drafter_path
+        from edge.drafters.feature import FeatureDrafter
+
+        path = Path(arg) if arg else builtin_feature_drafter_path()
+        if path is None:
+            raise SamplingError("this installation ships no built-in feature drafter; pass feature:PATH")
+        return FeatureDrafter.load(path, model, max_len)
     if name == "builtin":
         from edge.builtin import builtin_drafter_path
 

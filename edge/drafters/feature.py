@@ -1,0 +1,109 @@
+"""A feature drafter (EAGLE-style): one decoder layer that drafts from the target's own last hidden states.
+
+The row for position p fuses the target's normed hidden state at p-1 with the embedding of token p and runs one
+decoder layer (with its own small KV cache) and a norm; the result predicts the target's hidden state at p, and
+the target's head turns it into a guess for token p+1. The next row feeds that prediction back as the feature:
+
+    target features f[0 .. n-1]  (every full target pass stores them: Transformer.keep_features)
+    rows j = reuse .. n-1:  fc(cat(f[j], embed(x[j+1])))  -> layer -> norm -> g     (true features)
+    draft 1 = argmax head(g);  rows n, n+1, ...:  fc(cat(g, embed(draft)))  -> ...  (own predictions)
+
+It shares the target's embedding and head, so it adds one layer's weights (about a tenth of the built-in target)
+and a one-layer KV cache. Trained by `python -m train.feature_drafter` for one particular target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
+from edge.errors import CheckpointError, SamplingError
+from edge.kv_cache import common_prefix
+from edge.model import Linear, Transformer
+
+
+class FeatureDrafter:
+    name = "feature"
+
+    def __init__(self, target: Transformer, layer: Transformer, fc: Linear, max_len: int) -> None:
+        """`layer`: a one-layer Transformer whose embedding is the target's; `fc`: (2D -> D) fusion."""
+        self.target, self.layer, self.fc = target, layer, fc
+        self.device = target.device
+        target.keep_features(max_len)
+        self.cache = layer.new_cache(max_len)
+        self._seen: list[int] = []  # the tokens the cached rows were computed for
+        self._true_rows = 0  # rows of the drafter's cache computed from the target's own features
+        self._previous: torch.Tensor | None = None  # (1, D): the predicted feature the next row starts from
+
+    @classmethod
+    def load(cls, path: str | Path, target: Transformer, max_len: int) -> "FeatureDrafter":
+        from edge.loading import load_hf_tensors, load_model
+
+        path = Path(path)
+        if not isinstance(target, Transformer):
+            raise SamplingError("the feature drafter reads the target's hidden states, which needs the torch backend")
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise CheckpointError(f"feature drafter folder {path} does not exist or has no config.json; pass the "
+                                  "folder python -m train.feature_drafter wrote")
+        try:
+            kind = json.loads(config_file.read_text()).get("edge_drafter")
+        except (ValueError, AttributeError):
+            kind = None
+        if kind != "feature":
+            raise CheckpointError(f"{path} is not a feature drafter (its config.json lacks \"edge_drafter\": "
+                                  "\"feature\"); pass one written by python -m train.feature_drafter, or use draft:PATH")
+        layer = load_model(path, dtype=target.dtype, device=target.device)
+        config, wanted = layer.config, target.config
+        # the same target in another precision matches to rounding; another target's embedding does not match at all
+        if (config.hidden_size, config.vocab_size) != (wanted.hidden_size, wanted.vocab_size) or not torch.allclose(
+                layer.embed.weight.float(), target.embed.weight.float(), rtol=1e-3, atol=1e-3):
+            raise CheckpointError(f"the feature drafter in {path} was trained for another target model (its "
+                                  "embedding differs); train one for this target with python -m train.feature_drafter")
+        fc_weight = load_hf_tensors(path).tensors.get("fc.weight")
+        if fc_weight is None or tuple(fc_weight.shape) != (config.hidden_size, 2 * config.hidden_size):
+            raise CheckpointError(f"{path} lacks fc.weight of shape ({config.hidden_size}, {2 * config.hidden_size}); "
+                                  "the feature drafter is incomplete, write it again")
+        layer.embed = target.embed  # shared: the drafter keeps no second copy of the embedding
+        fc = Linear(2 * config.hidden_size, config.hidden_size, bias=False, device="meta")
+        fc.weight = torch.nn.Parameter(fc_weight.to(device=target.device, dtype=target.dtype).contiguous(),
+                                       requires_grad=False)
+        fc.rowwise, fc.max_rows = layer.rowwise, layer.rowwise_max_rows
+        return cls(target, layer, fc, max_len)
+
+    def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
+        last = len(tokens) - 1  # position of the last token; the target holds features for positions < last
+        if last < 1 or last + k > self.cache.max_len:
+            return Draft(tokens=[])
+        reuse = min(self._true_rows, max(common_prefix(self._seen, tokens) - 1, 0), last - 1)
+        self.cache.rollback(min(reuse, self.cache.length))
+        self._previous = None
+        draft = draft_autoregressively(self._step, tokens, tokens[reuse + 1:], reuse, k, sampler)
+        self._seen, self._true_rows = tokens, last
+        return draft
+
+    def _step(self, feed: list[int], start: int) -> torch.Tensor:
+        """Rows start .. start+len(feed)-1, fed the tokens `feed` and the features before them -> logits (V,)."""
+        if self._previous is None:  # the first call of a draft: the target's own features
+            features = self.target.features[start:start + len(feed)]  # (T, D)
+        else:
+            features = self._previous  # (1, D)
+        embeds = self.target.embed(torch.tensor(feed, device=self.device)).to(features.dtype)  # (T, D)
+        fused = self.fc(torch.cat((features, embeds), dim=-1))  # (T, D)
+        hidden = self.layer(None, start, self.cache, inputs=fused[None])  # (1, T, D)
+        self._previous = hidden[0, -1:]  # (1, D)
+        return self.target.logits(hidden[:, -1:])[0, -1]  # (V,)
+
+    def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
+        pass  # the next propose() recomputes the rows of accepted drafts from the target's features
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self._seen, self._true_rows, self._previous = [], 0, None
+
+    def memory_bytes(self) -> int:
+        layer = sum(t.nbytes for name, t in self.layer.state_dict().items() if not name.startswith("embed."))
+        return layer + self.fc.weight.nbytes + self.cache.nbytes + self.target.features.nbytes

@@ -1,0 +1,215 @@
+"""Train the built-in feature drafter (EAGLE-style): one decoder layer that drafts from the target's own features.
+
+    python -m train.feature_drafter --target data/runs/target/final --out data/runs/feature
+
+At position p the drafter sees the target's final (normed) hidden state at p-1 and the embedding of token p,
+fused by one linear layer, and runs them through one Llama decoder layer and a norm; its output predicts the
+target's hidden state at p, and the target's own (tied) head turns that into the next token. Drafting then
+continues from its own predicted features. The target stays frozen; the drafter learns
+
+    loss = KL(target's next-token distribution || drafter's) + feature_weight * SmoothL1(predicted, true feature)
+
+on the same data mixture as the target. To make later draft positions (which run on predicted features) accurate,
+a second pass per batch feeds the first pass's predictions back as features ("training-time test").
+Seeded and resumable like train.train; writes OUT/log.jsonl and OUT/final (config.json + model.safetensors in
+Hugging Face Llama names plus `fc.weight`; the embedding is the target's, stored so the folder loads alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from train.data import TokenStream, load_split
+from train.progress import Progress
+from train.train import HELP_MIX, Preset, learning_rate
+
+PRESET = Preset(hidden_size=0, intermediate_size=0, num_layers=1, num_heads=0, num_kv_heads=0, steps=1500,
+                batch_size=16, seq_len=256, lr=2e-3, warmup=50, mix=HELP_MIX)  # sizes come from the target
+FEATURE_WEIGHT = 1.0
+SECOND_PASS_WEIGHT = 0.5
+
+
+class FeatureDrafter(nn.Module):
+    """fc(cat(feature[p-1], embed(token[p]))) -> one Llama layer -> norm = predicted feature[p]."""
+
+    def __init__(self, target_config) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaModel
+
+        config = LlamaConfig(**{**target_config.to_dict(), "num_hidden_layers": 1})
+        config._attn_implementation = "sdpa"
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.body = LlamaModel(config)
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
+        """features, token_embeds (B, T, D) -> predicted next features (B, T, D)."""
+        fused = self.fc(torch.cat((features, token_embeds), dim=-1))  # (B, T, D)
+        return self.body(inputs_embeds=fused).last_hidden_state  # (B, T, D), causal (SDPA is_causal)
+
+    def init_from_target(self, target) -> None:
+        """Start from the target's last layer and final norm, and a fusion that passes the feature through."""
+        self.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
+        self.body.norm.load_state_dict(target.model.norm.state_dict())
+        self.body.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight.data)
+        self.body.embed_tokens.requires_grad_(False)
+        hidden = self.config.hidden_size
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.weight[:, :hidden].copy_(torch.eye(hidden))
+            self.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+
+    def save(self, folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {f"model.{name}": tensor.detach().contiguous() for name, tensor in self.body.state_dict().items()}
+        state["fc.weight"] = self.fc.weight.detach().contiguous()
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        # the drafter uses the target's head, whatever it is: no lm_head of its own
+        config = {**self.config.to_dict(), "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": True,
+                  "edge_drafter": "feature"}
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def drafter_losses(drafter: FeatureDrafter, target, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Both passes' losses over positions 1..T-1 of a (B, T) batch."""
+    with torch.no_grad():
+        features = target.model(tokens).last_hidden_state  # (B, T, D), after the final norm
+        target_logp = target.lm_head(features).float().log_softmax(-1)  # (B, T, V)
+    head = target.lm_head.weight  # (V, D), frozen
+    embeds = target.model.embed_tokens(tokens[:, 1:])  # (B, T-1, D)
+    wanted, wanted_logp = features[:, 1:], target_logp[:, 1:]  # what position p should predict
+    total, parts = 0.0, {}
+    inputs = features[:, :-1]  # (B, T-1, D): the true feature of the previous position
+    for index, weight in enumerate((1.0, SECOND_PASS_WEIGHT)):
+        predicted = drafter(inputs, embeds)  # (B, T-1, D)
+        logp = F.linear(predicted, head).float().log_softmax(-1)  # (B, T-1, V)
+        kl = F.kl_div(logp.flatten(0, 1), wanted_logp.flatten(0, 1), log_target=True, reduction="batchmean")
+        regression = F.smooth_l1_loss(predicted.float(), wanted.float())
+        total = total + weight * (kl + FEATURE_WEIGHT * regression)
+        agree = (logp.argmax(-1) == wanted_logp.argmax(-1)).float().mean().item()
+        parts.update({f"kl{index + 1}": kl.item(), f"reg{index + 1}": regression.item(), f"agree{index + 1}": agree})
+        # the second pass sees the first pass's predictions as the previous features, as later drafts do
+        inputs = torch.cat((features[:, :1], predicted[:, :-1]), dim=1)  # (B, T-1, D)
+    return total, parts
+
+
+@torch.no_grad()
+def heldout_agreement(drafter: FeatureDrafter, target, batches) -> list[float]:
+    """How often the drafter's top token equals the target's, from true features and from its own (two passes)."""
+    agree = [0.0, 0.0]
+    for tokens, _ in batches:
+        _, parts = drafter_losses(drafter, target, tokens)
+        agree[0] += parts["agree1"]
+        agree[1] += parts["agree2"]
+    return [value / len(batches) for value in agree]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.feature_drafter", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", type=Path, default=Path("data/runs/target/final"))
+    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=PRESET.steps)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--heldout-batches", type=int, default=8)
+    args = parser.parse_args(argv)
+    preset = Preset(**{**PRESET.__dict__, "steps": args.steps})
+
+    torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from transformers import AutoModelForCausalLM
+
+    from train.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32, attn_implementation="sdpa")
+    target.eval().requires_grad_(False)
+    train_ids, train_weights = load_split(args.corpus / "train.jsonl", tokenizer, preset.mix)
+    stream = TokenStream(train_ids, preset.seq_len, preset.batch_size, seed=args.seed, weights=train_weights)
+    heldout = TokenStream(load_split(args.corpus / "heldout.jsonl", tokenizer)[0], preset.seq_len, preset.batch_size,
+                          seed=args.seed).fixed_batches(args.heldout_batches)
+
+    drafter = FeatureDrafter(target.config)
+    drafter.init_from_target(target)
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    checkpoint_path, log_path = args.out / "checkpoint.pt", args.out / "log.jsonl"
+    step, elapsed_before = 0, 0.0
+    if checkpoint_path.is_file():
+        state = torch.load(checkpoint_path, weights_only=True)
+        drafter.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        stream.restore(state["stream"])
+        torch.set_rng_state(state["torch_rng"])
+        step, elapsed_before = state["step"], state["elapsed"]
+        print(f"resuming the feature drafter from step {step}", file=sys.stderr)
+    else:
+        log_path.write_text("")
+        _log(log_path, {"event": "start", "steps": preset.steps, "batch_size": preset.batch_size,
+                        "seq_len": preset.seq_len, "lr": preset.lr, "seed": args.seed,
+                        "feature_weight": FEATURE_WEIGHT, "second_pass_weight": SECOND_PASS_WEIGHT,
+                        "parameters": sum(p.numel() for p in trainable)})
+
+    progress = Progress(preset.steps, start=step, label="feature drafter")
+    started = time.perf_counter()
+    drafter.train()
+    while step < preset.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, preset)
+        tokens, _ = stream.next_batch()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, parts = drafter_losses(drafter, target, tokens)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, 1.0).item()
+        optimizer.step()
+        step += 1
+        elapsed = elapsed_before + time.perf_counter() - started
+        progress.update(step, loss=loss.item())
+        if step % 10 == 0 or step == preset.steps:
+            _log(log_path, {"event": "train", "step": step, "loss": loss.item(), "grad_norm": grad_norm,
+                            "lr": learning_rate(step - 1, preset), "elapsed_s": elapsed, **parts})
+        if step % args.eval_every == 0 or step == preset.steps:
+            drafter.eval()
+            agree = heldout_agreement(drafter, target, heldout)
+            drafter.train()
+            _log(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, "heldout_agreement": agree})
+            progress.note(f"held-out agreement {agree[0]:.3f} / {agree[1]:.3f}")
+        if step % args.save_every == 0 or step == preset.steps:
+            state = {"model": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                     "stream": stream.state(), "torch_rng": torch.get_rng_state(), "elapsed": elapsed}
+            torch.save(state, checkpoint_path.with_suffix(".tmp"))
+            checkpoint_path.with_suffix(".tmp").replace(checkpoint_path)
+    progress.close()
+    drafter.eval()
+    drafter.save(args.out / "final")
+    _log(log_path, {"event": "done", "step": step, "elapsed_s": elapsed_before + time.perf_counter() - started})
+    print(f"wrote {args.out / 'final'}", file=sys.stderr)
+    return 0
+
+
+def _log(path: Path, record: dict) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

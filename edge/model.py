@@ -318,6 +318,39 @@ class Transformer(nn.Module):
                              config.intermediate_size), cos, sin, cache.keys, cache.values, start,
                             config.rms_norm_eps, config.head_dim ** -0.5, self._fused_dtype)
 
+    def draft_greedy(self, tokens: list[int], start: int, cache: KVCache, k: int, *,
+                     head_model: "Transformer | None" = None, features: torch.Tensor | None = None,
+                     fc: torch.Tensor | None = None, vocab_size: int | None = None) -> list[int] | None:
+        """k greedy draft tokens in one C call, or None where that path is not available (then the caller drafts
+        step by step). Runs `tokens` at positions [start, start + T) through every layer, this model's norm, and
+        the head of `head_model` (default: this model) with argmax; each later step runs the token just drafted.
+        With `fc` (D, 2D) the rows are fc(cat(feature, embedding)) and the normed output feeds the next step as its
+        feature (a feature drafter; `features` (T, D) for the first rows). `vocab_size` limits the argmax to the
+        first rows of the head (a draft vocabulary padded beyond the target's). Sets cache.length like a full pass."""
+        head_model = head_model or self
+        end = start + len(tokens) + k - 1
+        probe = torch.empty(1, len(tokens), self.config.hidden_size)  # (1, T, D): what a forward would run
+        embed, head = head_model.embed.weight, head_model.head_weight  # (V, D) each
+        head = head[:vocab_size] if vocab_size is not None else head  # (V', D): leading rows stay contiguous
+        if (not self._can_fuse(probe, cache) or end > cache.max_len or start > cache.length
+                or self.norm.weight.dtype != self._fused_dtype or (fc is not None and fc.dtype != self._fused_dtype)
+                or embed.dtype != head.dtype or not (embed.is_contiguous() and head.is_contiguous())):
+            return None
+        config = self.config
+        key = tuple(range(config.num_layers))
+        order = self._layer_orders.get(key)
+        if order is None:
+            order = self._layer_orders[key] = torch.tensor(key, dtype=torch.int64)  # (L,)
+        cos, sin = self._rope(0, end, torch.float32)  # (end, Dh) each, from position 0
+        drafted = self.rowwise.draft_greedy(
+            torch.tensor(tokens, dtype=torch.int64), features, (config.hidden_size, config.num_heads,
+                                                                config.num_kv_heads, config.head_dim,
+                                                                config.intermediate_size),
+            order, self._fused_table, self._fused_windows, cos, sin, cache.keys, cache.values, start,
+            config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_dtype, embed, head, k)
+        cache.length = end
+        return drafted
+
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""
         linears = [module for module in self.modules() if isinstance(module, Linear)]

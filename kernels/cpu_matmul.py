@@ -49,6 +49,12 @@ class RowwiseMatmul:
                                   pointer, pointer, pointer, pointer, size, size, size, ctypes.c_float,
                                   ctypes.c_float, pointer, ctypes.c_int, ctypes.c_int])
         self._layers.restype = None
+        self._draft = library.draft_greedy_f32
+        self._draft.argtypes = ([pointer, pointer] + [size] * 6 + [pointer, size, pointer, pointer, pointer, pointer,
+                                pointer, pointer, size, size, size, ctypes.c_float, ctypes.c_float, pointer, pointer,
+                                ctypes.c_int, pointer, pointer, size, ctypes.c_int, size, pointer, pointer,
+                                ctypes.c_int])
+        self._draft.restype = None
 
     @staticmethod
     @lru_cache(maxsize=1)
@@ -114,6 +120,31 @@ class RowwiseMatmul:
                      weights.data_ptr(), windows.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
                      values.data_ptr(), keys.shape[3], keys.stride(0), start, eps, scale, scratch.data_ptr(),
                      WEIGHT_FORMATS[weight_dtype], torch.get_num_threads())
+
+
+    def draft_greedy(self, tokens: torch.Tensor, features: torch.Tensor | None, shape: tuple, order: torch.Tensor,
+                     weights: torch.Tensor, windows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     keys: torch.Tensor, values: torch.Tensor, start: int, eps: float, scale: float,
+                     norm: torch.Tensor, fc: torch.Tensor | None, weight_dtype: torch.dtype, embed: torch.Tensor,
+                     head: torch.Tensor, k: int) -> list[int]:
+        """k greedy draft tokens in one C call (draft_greedy_f32): `tokens` (T0,) int64 at positions [start, ...)
+        (with `features` (T0, D) float32 and the fusion `fc` (D, 2D) for a feature drafter), then one token per
+        step. cos/sin are whole rotary tables from position 0; `norm`, `fc` and the layers are in `weight_dtype`,
+        `embed` and `head` (V, D) in theirs; keys/values the drafter's cache (L, 1, Hkv, S, Dh), contiguous."""
+        steps = tokens.numel()
+        dims, heads, kv_heads, head_dim, inner = shape
+        q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        vocab = head.shape[0]
+        scratch = torch.empty(steps * (4 * dims + 3 * q_size + 2 * kv_size + 2 * inner)
+                              + heads * steps * (start + steps + k) + dims + vocab, dtype=torch.float32)
+        out = torch.empty(k, dtype=torch.int64)
+        self._draft(tokens.data_ptr(), features.data_ptr() if features is not None else None, steps, dims, heads,
+                    kv_heads, head_dim, inner, order.data_ptr(), order.numel(), weights.data_ptr(), windows.data_ptr(),
+                    cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[3],
+                    keys.stride(0), start, eps, scale, norm.data_ptr(), fc.data_ptr() if fc is not None else None,
+                    WEIGHT_FORMATS[weight_dtype], embed.data_ptr(), head.data_ptr(), vocab,
+                    WEIGHT_FORMATS[head.dtype], k, out.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+        return out.tolist()
 
 
 def _build() -> Path:

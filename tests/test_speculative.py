@@ -263,3 +263,30 @@ def test_hybrid_drafter_uses_lookup_where_text_repeats_and_the_model_elsewhere(c
         engine.reset()
         assert ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True)) == reference[prompt]
     assert engine.drafter.lookups > 0 and engine.drafter.model_drafts > 0
+
+
+@pytest.mark.parametrize("name", ["small", "feature"])
+def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpoints, name):
+    from edge.drafters.base import DraftSampler
+    from edge.sampling import SamplingParams
+
+    engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec(name, checkpoints),
+                         draft_length=4)
+    list(engine.generate(PROMPTS[1], max_new_tokens=30, ignore_eos=True))
+    tokens, vocab = engine.history, engine.model.config.vocab_size
+    one_call = DraftSampler(SamplingParams(), torch.Generator(), None, vocab)
+    step_by_step = DraftSampler(SamplingParams(), torch.Generator(), 0.0, vocab)  # a stop that never fires
+    assert one_call.plain_greedy and not step_by_step.plain_greedy
+    calls = {"fast": 0, "slow": 0}
+    original = engine.drafter.__class__._step
+    for end in range(len(tokens) - 12, len(tokens)):
+        drafts = {}
+        for path, sampler in (("fast", one_call), ("slow", step_by_step)):
+            engine.drafter.reset()
+            engine.drafter.propose(tokens[:end - 1], 1, step_by_step)  # caches the context, as a previous step
+            engine.drafter._step = lambda *args, _path=path, _self=engine.drafter: (
+                calls.__setitem__(_path, calls[_path] + 1), original(_self, *args))[1]
+            drafts[path] = engine.drafter.propose(tokens[:end], 5, sampler).tokens
+            del engine.drafter._step
+        assert drafts["fast"] == drafts["slow"] and len(drafts["fast"]) == 5, end
+    assert calls == {"fast": 0, "slow": 12 * 5}  # the one-call path never stepped from Python

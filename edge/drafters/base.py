@@ -35,6 +35,12 @@ class DraftSampler:
     stop_below: float | None = None  # stop drafting when the next token's probability is below this
     vocab_size: int | None = None  # the target's vocabulary size (draft probabilities are over it)
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Whether picking is a bare argmax (greedy, no repetition penalty, no confidence stop): what a drafter's
+        one-call greedy path (Transformer.draft_greedy) computes."""
+        return self.params.greedy and self.params.repetition_penalty == 1.0 and self.stop_below is None
+
     def pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None, float]:
         """From the drafter's logits (V,) choose a token; return it, the distribution (None if greedy), its prob."""
         logits = _fit_vocab(logits.float(), self.vocab_size)

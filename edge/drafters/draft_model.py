@@ -68,7 +68,12 @@ class DraftModelDrafter:
         window = tokens[self._base:]
         reuse = common_prefix(self._cached, window[:-1])  # at least the last token is fed
         self.cache.rollback(min(reuse, self.cache.length))
-        draft = draft_autoregressively(self._step, window, window[reuse:], reuse, k, sampler)
+        drafted = None
+        if sampler.plain_greedy and self.head is None and isinstance(self.model, Transformer):
+            drafted = self.model.draft_greedy(window[reuse:], reuse, self.cache, k,  # all k in one C call
+                                              vocab_size=sampler.vocab_size)
+        draft = (Draft(tokens=drafted, confidences=[1.0] * len(drafted)) if drafted is not None
+                 else draft_autoregressively(self._step, window, window[reuse:], reuse, k, sampler))
         self._cached = window + draft.tokens[:-1]
         return draft
 

@@ -69,7 +69,8 @@ class FeatureDrafter:
                                   "the feature drafter is incomplete, write it again")
         layer.embed = target.embed  # shared: the drafter keeps no second copy of the embedding
         fc = Linear(2 * config.hidden_size, config.hidden_size, bias=False, device="meta")
-        fc.weight = torch.nn.Parameter(fc_weight.to(device=target.device, dtype=target.dtype).contiguous(),
+        fc_dtype = layer.norm.weight.dtype  # stored like the drafter's layer (16-bit files stay 16-bit on the CPU)
+        fc.weight = torch.nn.Parameter(fc_weight.to(device=target.device, dtype=fc_dtype).contiguous(),
                                        requires_grad=False)
         fc.rowwise, fc.max_rows = layer.rowwise, layer.rowwise_max_rows
         return cls(target, layer, fc, max_len)
@@ -81,7 +82,13 @@ class FeatureDrafter:
         reuse = min(self._true_rows, max(common_prefix(self._seen, tokens) - 1, 0), last - 1)
         self.cache.rollback(min(reuse, self.cache.length))
         self._previous = None
-        draft = draft_autoregressively(self._step, tokens, tokens[reuse + 1:], reuse, k, sampler)
+        drafted = self.layer.draft_greedy(tokens[reuse + 1:], reuse, self.cache, k, head_model=self.target,
+                                          features=self.target.features[reuse:last], fc=self.fc.weight
+                                          ) if sampler.plain_greedy else None
+        if drafted is not None:  # all k drafts in one C call
+            draft = Draft(tokens=drafted, confidences=[1.0] * len(drafted))
+        else:
+            draft = draft_autoregressively(self._step, tokens, tokens[reuse + 1:], reuse, k, sampler)
         self._seen, self._true_rows = tokens, last
         return draft
 
@@ -92,7 +99,7 @@ class FeatureDrafter:
         else:
             features = self._previous  # (1, D)
         embeds = self.target.embed(torch.tensor(feed, device=self.device)).to(features.dtype)  # (T, D)
-        fused = self.fc(torch.cat((features, embeds), dim=-1))  # (T, D)
+        fused = self.fc(torch.cat((features, embeds), dim=-1)).to(features.dtype)  # (T, D)
         hidden = self.layer(None, start, self.cache, inputs=fused[None])  # (1, T, D)
         self._previous = hidden[0, -1:]  # (1, D)
         return self.target.logits(hidden[:, -1:])[0, -1]  # (V,)

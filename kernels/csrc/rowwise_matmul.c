@@ -57,16 +57,48 @@ static inline v16 load_bf16(const uint16_t *p) {
     return v;
 }
 
-/* float16 -> float32 is exact: the hardware conversion (F16C / AVX-512) where the compiler has it, else libgcc's */
-typedef _Float16 f16x16 __attribute__((vector_size(32)));
-
-static inline v16 load_f16(const _Float16 *p) {
-    f16x16 half;
-    memcpy(&half, p, sizeof half);
-    return __builtin_convertvector(half, v16);
+/* float16 -> float32 is exact: the hardware conversion where the CPU has it (AVX-512F / F16C), else bit arithmetic */
+static inline float f16_to_f32(uint16_t bits) {
+#if defined(__F16C__)
+    return _cvtsh_ss(bits);
+#else
+    const uint32_t sign = (uint32_t)(bits & 0x8000) << 16, exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+    uint32_t wide;
+    if (exponent == 0x1f) {
+        wide = sign | 0x7f800000u | (mantissa << 13);  /* inf, nan */
+    } else if (exponent != 0) {
+        wide = sign | ((exponent + 112) << 23) | (mantissa << 13);  /* normal: rebias 15 -> 127 */
+    } else if (mantissa == 0) {
+        wide = sign;  /* zero */
+    } else {  /* subnormal: mantissa * 2^-24, exact in float32 */
+        float value = (float)mantissa * 0x1p-24f;
+        memcpy(&wide, &value, sizeof wide);
+        wide |= sign;
+    }
+    float out;
+    memcpy(&out, &wide, sizeof out);
+    return out;
+#endif
 }
 
-static inline float scalar_f16(const _Float16 *p) { return (float)*p; }
+static inline v16 load_f16(const uint16_t *p) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__)
+    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+    v16 out;
+    memcpy(&out, &lo, 32);
+    memcpy((float *)&out + 8, &hi, 32);
+    return out;
+#else
+    v16 out;
+    for (int i = 0; i < 16; i++) out[i] = f16_to_f32(p[i]);
+    return out;
+#endif
+}
+
+static inline float scalar_f16(const uint16_t *p) { return f16_to_f32(*p); }
 
 static inline float bf16_to_f32(uint16_t bits) {
     uint32_t wide = (uint32_t)bits << 16;
@@ -158,7 +190,7 @@ static inline v16 multiply_add(v16 acc, v16 a, v16 b) {
 
 DEFINE_BLOCK(block_f32, float, load_f32, scalar_f32)
 DEFINE_BLOCK(block_bf16, uint16_t, load_bf16, scalar_bf16)
-DEFINE_BLOCK(block_f16, _Float16, load_f16, scalar_f16)
+DEFINE_BLOCK(block_f16, uint16_t, load_f16, scalar_f16)
 
 /* Columns in blocks of BLOCK_COLS weight rows (split between the threads), rows in groups of at most BLOCK_ROWS; the
  * last, narrower column block and row group use the same per-output operations. */
@@ -193,7 +225,7 @@ DEFINE_BLOCK(block_f16, _Float16, load_f16, scalar_f16)
 
 DEFINE_MATMUL(rowwise_matmul_f32, float, block_f32)
 DEFINE_MATMUL(rowwise_matmul_bf16, uint16_t, block_bf16)
-DEFINE_MATMUL(rowwise_matmul_f16, _Float16, block_f16)
+DEFINE_MATMUL(rowwise_matmul_f16, uint16_t, block_f16)
 
 /* Batch-invariant attention for a few queries at positions start .. start + T - 1 over a KV cache.
  *
@@ -282,7 +314,7 @@ enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2 };
 
 static inline float weight_at(const void *w, int64_t i, int format) {
     if (format == WEIGHTS_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
-    if (format == WEIGHTS_F16) return (float)((const _Float16 *)w)[i];
+    if (format == WEIGHTS_F16) return f16_to_f32(((const uint16_t *)w)[i]);
     return ((const float *)w)[i];
 }
 
@@ -291,7 +323,7 @@ static void matmul_rows(const float *x, const void *w, const float *bias, float 
     if (format == WEIGHTS_BF16)
         rowwise_matmul_bf16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
     else if (format == WEIGHTS_F16)
-        rowwise_matmul_f16(x, (const _Float16 *)w, bias, y, M, N, K, threads);
+        rowwise_matmul_f16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
     else
         rowwise_matmul_f32(x, (const float *)w, bias, y, M, N, K, threads);
 }
@@ -390,5 +422,51 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
                         (const float *)w[6], w[7], w[8], (const float *)w[9], w[10], (const float *)w[11], cos_table,
                         sin_table, keys + l * layer_stride, values + l * layer_stride, S_max, start, windows[l], eps,
                         scale, scratch, format, threads);
+    }
+}
+
+/* Greedy drafting, k tokens in one call: a draft model (embed -> layers -> norm -> head -> argmax) or a feature
+ * drafter (fc(feature | embed) -> its layer -> norm -> head -> argmax, its normed output becoming the next row's
+ * feature). The same per-row operations as the Python path's calls, without a Python round trip per token.
+ *
+ * The first step runs T0 rows at positions [start, start + T0): tokens[t] (and features[t] (T0, D) when fc is set);
+ * each later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are
+ * written into the drafter's cache as the layers run. embed/head (V, D) are in head_format, everything else of the
+ * drafter (layers, norm, fc (D, 2D)) in format. cos/sin are whole tables: row p is position p. scratch holds
+ * T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i. */
+void draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,
+                      int64_t Dh, int64_t I, const int64_t *order, int64_t count, const void *const *weights,
+                      const int64_t *windows, const float *cos_table, const float *sin_table, float *keys,
+                      float *values, int64_t S_max, int64_t layer_stride, int64_t start, float eps, float scale,
+                      const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
+                      int64_t V, int head_format, int64_t k, int64_t *out, float *scratch, int threads) {
+    float *x = scratch;                     /* (T0, D) the rows being run */
+    float *joined = x + T0 * D;             /* (T0, 2D) feature | embedding, the fc's input */
+    float *normed = joined + 2 * T0 * D;    /* (D) the last row after the norm: the next feature */
+    float *logits = normed + D;             /* (V) */
+    float *layer_scratch = logits + V;
+    int64_t T = T0, position = start;
+    const int64_t *step_tokens = tokens;
+    const float *step_features = features;
+    for (int64_t i = 0; i < k; i++) {
+        for (int64_t t = 0; t < T; t++) {
+            float *row = fc ? joined + t * 2 * D + D : x + t * D;
+            for (int64_t d = 0; d < D; d++) row[d] = weight_at(embed, step_tokens[t] * D + d, head_format);
+            if (fc) memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
+        }
+        if (fc) matmul_rows(joined, fc, NULL, x, T, D, 2 * D, format, threads);
+        fused_layers_f32(x, T, D, H, Hkv, Dh, I, order, count, weights, windows, cos_table + position * Dh,
+                         sin_table + position * Dh, keys, values, S_max, layer_stride, position, eps, scale,
+                         layer_scratch, format, threads);
+        rms_norm_rows(x + (T - 1) * D, norm_weight, normed, 1, D, eps, format);
+        matmul_rows(normed, head, NULL, logits, 1, V, D, head_format, threads);
+        int64_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (logits[v] > logits[best]) best = v;  /* the first of equal maxima, as torch.argmax */
+        out[i] = best;
+        position += T;
+        T = 1;
+        step_tokens = out + i;
+        step_features = normed;
     }
 }

@@ -102,13 +102,17 @@ def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
 def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--methods", "ar,ngram,early-exit:1",
-         "--draft-lengths", "adaptive,2", "--max-new-tokens", "8", "--out", str(tmp_path)],
+         "--draft-lengths", "adaptive,2", "--max-new-tokens", "8", "--repeats", "2", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "suite.json").read_text())
     methods = [row["method"] for row in report["summary"]]
-    assert methods == ["ar", "ngram (k=adaptive)", "ngram (k=2)", "early-exit:1 (k=adaptive)", "early-exit:1 (k=2)"]
+    assert methods == ["ar", "ngram (k=adaptive)", "ngram (k=2)", "early-exit:1 (k=adaptive)", "early-exit:1 (k=2)",
+                       "ar (again, at the end)"]
+    first = report["runs"][0]["prompts"][0]
+    assert len(first["repeat_seconds"]) == 2 and first["seconds"] == sorted(first["repeat_seconds"])[0] + (
+        sorted(first["repeat_seconds"])[1] - sorted(first["repeat_seconds"])[0]) / 2  # the median of two
     assert all(row["identical_to_ar"] for row in report["summary"])
     assert report["summary"][0]["mean_accepted_tokens"] == 1.0
     categories = {p["category"] for p in report["runs"][0]["prompts"]}

@@ -170,3 +170,16 @@ def test_a_quantspec_plan_counts_its_quantized_projections_and_the_hierarchical_
     assert plan.drafter == "quantspec" and plan.kv_dtype == "hierarchical"
     assert plan.footprint.drafter_weights == engine.drafter.memory_bytes() > 0
     assert plan.footprint.target_kv == engine.cache.nbytes and plan.footprint.draft_kv == 0
+
+
+def test_the_builtin_feature_drafter_is_planned_like_a_small_draft_model():
+    from edge.builtin import builtin_feature_drafter_path, builtin_model_path
+
+    if builtin_feature_drafter_path() is None:
+        pytest.skip("this checkout ships no built-in feature drafter")
+    engine = Engine.load(builtin_model_path(), max_context=512, drafter="feature", memory_budget="1GiB")
+    assert engine.plan.drafter == "model" and engine.drafter.name == "feature"
+    assert engine.plan.footprint.target_weights == engine.model.weight_bytes()  # float16 kept, counted as kept
+    planned = engine.plan.footprint.drafter_weights + engine.plan.footprint.draft_kv
+    # it counts the drafter's copy of the embedding, which edge shares, about as much as the feature buffer it omits
+    assert 0.5 * planned <= engine.memory_footprint()["drafter"] <= 1.5 * planned

@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="suite: folder for suite.json, suite.md and suite.png (default: bench-results)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="--ar: prompt text (encoded with the model's tokenizer)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="--ar: timed repeats per backend; medians are reported")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed repeats (--ar: per backend; suite: rounds over the prompt set per method); "
+                             "medians are reported")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--kv-cache", default="float32", choices=["float32", "int8", "int8-int4", "hierarchical"],
                         help="suite: KV cache format for every edge method, the plain-decoding baseline included "
@@ -134,12 +136,15 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
         runs += [("hf", "adaptive"), ("hf-lookup", "adaptive")]
         if builtin_drafter_path() is not None:
             runs.append((f"hf-assisted:{builtin_drafter_path()}", "adaptive"))
+    runs.append(("ar-end", "adaptive"))  # plain decoding again: the baseline is the faster of the two
     results = []
     for method, length in runs:
         print(f"edge-bench: {suite.label(method, length or 'adaptive')} ...", file=sys.stderr)
-        results.append(suite.run_method(model, method, length or "adaptive", args.max_new_tokens, args.dtype,
-                                        args.kv_cache))
-    rows = [suite.summarise(result, results[0]) for result in results]
+        result = suite.run_method(model, "ar" if method == "ar-end" else method, length or "adaptive",
+                                  args.max_new_tokens, args.dtype, args.kv_cache, args.repeats)
+        results.append({**result, "method": method})
+    baseline = suite.faster_baseline(results[0], results[-1])
+    rows = [suite.summarise(result, baseline) for result in results]
     table = suite.markdown(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),

@@ -23,14 +23,24 @@ def run_child(module: str, args: list[str], label: str) -> dict:
 
 
 def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str,
-               kv_cache: str = "float32") -> dict:
+               kv_cache: str = "float32", repeats: int = 1) -> dict:
     return run_child("edge.bench.suite_worker", ["--model", str(model), "--method", method, "--draft-length",
                                                  draft_length, "--max-new-tokens", str(max_new_tokens),
-                                                 "--dtype", dtype, "--kv-cache", kv_cache], label(method, draft_length))
+                                                 "--dtype", dtype, "--kv-cache", kv_cache, "--repeats", str(repeats)],
+                     label(method, draft_length))
+
+
+def faster_baseline(first: dict, last: dict) -> dict:
+    """Plain decoding timed at the start and at the end of a suite: per prompt the faster of the two, so a slow
+    spell during one of them does not inflate every method's speedup."""
+    prompts = [dict(a, seconds=min(a["seconds"], b["seconds"])) for a, b in zip(first["prompts"], last["prompts"])]
+    return {**first, "prompts": prompts}
 
 
 def label(method: str, draft_length: str) -> str:
     """How a method appears in the tables: drafters carry their draft length; AR and the peers do not."""
+    if method == "ar-end":
+        return "ar (again, at the end)"
     return method if method == "ar" or method.startswith("hf") else f"{method} (k={draft_length})"
 
 

@@ -318,11 +318,12 @@ class Transformer(nn.Module):
                              config.intermediate_size), cos, sin, cache.keys, cache.values, start,
                             config.rms_norm_eps, config.head_dim ** -0.5, self._fused_dtype)
 
-    def draft_greedy(self, tokens: list[int], start: int, cache: KVCache, k: int, *,
+    def draft_greedy(self, tokens: list[int], start: int, cache: KVCache, k: int, *, layers: list[int] | None = None,
                      head_model: "Transformer | None" = None, features: torch.Tensor | None = None,
                      fc: torch.Tensor | None = None, vocab_size: int | None = None) -> list[int] | None:
         """k greedy draft tokens in one C call, or None where that path is not available (then the caller drafts
-        step by step). Runs `tokens` at positions [start, start + T) through every layer, this model's norm, and
+        step by step). Runs `tokens` at positions [start, start + T) through `layers` (default: all; a subset is a
+        self-draft, which leaves cache.length alone like a partial forward), this model's norm, and
         the head of `head_model` (default: this model) with argmax; each later step runs the token just drafted.
         With `fc` (D, 2D) the rows are fc(cat(feature, embedding)) and the normed output feeds the next step as its
         feature (a feature drafter; `features` (T, D) for the first rows). `vocab_size` limits the argmax to the
@@ -337,7 +338,7 @@ class Transformer(nn.Module):
                 or embed.dtype != head.dtype or not (embed.is_contiguous() and head.is_contiguous())):
             return None
         config = self.config
-        key = tuple(range(config.num_layers))
+        key = tuple(range(config.num_layers) if layers is None else layers)
         order = self._layer_orders.get(key)
         if order is None:
             order = self._layer_orders[key] = torch.tensor(key, dtype=torch.int64)  # (L,)
@@ -348,7 +349,8 @@ class Transformer(nn.Module):
                                                                 config.intermediate_size),
             order, self._fused_table, self._fused_windows, cos, sin, cache.keys, cache.values, start,
             config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_dtype, embed, head, k)
-        cache.length = end
+        if layers is None:
+            cache.length = end
         return drafted
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:

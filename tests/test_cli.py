@@ -139,3 +139,16 @@ def test_step_time_bench_reports_each_method(llama_dir, capsys):
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
     assert [row[1].strip() for row in rows] == ["ar", "ngram:2"]
     assert float(rows[0][6]) == 1.0 and all(float(row[2]) > 0 for row in rows)
+
+
+def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(llama_dir):
+    from edge.builtin import builtin_feature_drafter_path
+    from tui.cli import build_parser, default_drafter
+
+    if builtin_feature_drafter_path() is None:
+        pytest.skip("this checkout ships no built-in feature drafter")
+    parser = build_parser()
+    assert default_drafter(parser.parse_args([])) == "hybrid:feature"
+    assert default_drafter(parser.parse_args(["--drafter", "none"])) is None
+    assert default_drafter(parser.parse_args(["--drafter", "ngram"])) == "ngram"
+    assert default_drafter(parser.parse_args([str(llama_dir)])) is None  # another model: plain unless asked

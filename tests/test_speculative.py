@@ -265,7 +265,7 @@ def test_hybrid_drafter_uses_lookup_where_text_repeats_and_the_model_elsewhere(c
     assert engine.drafter.lookups > 0 and engine.drafter.model_drafts > 0
 
 
-@pytest.mark.parametrize("name", ["small", "feature"])
+@pytest.mark.parametrize("name", ["small", "feature", "early-exit:2", "skip:1"])
 def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpoints, name):
     from edge.drafters.base import DraftSampler
     from edge.sampling import SamplingParams

@@ -118,12 +118,17 @@ def app_settings(args: argparse.Namespace):
 
 def default_drafter(args: argparse.Namespace) -> str | None:
     """The drafter asked for; with the built-in model and none asked for, n-gram lookup backed by the built-in
-    drafter ("none": off), the fastest of the built-in pair's methods in docs/benchmarks.md."""
-    from edge.builtin import builtin_drafter_path
+    feature drafter (or the built-in draft model where no feature drafter ships) ("none": off): the fastest of the
+    built-in methods in docs/benchmarks.md."""
+    from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
 
     if args.drafter is not None:
         return None if args.drafter == "none" else args.drafter
-    return "hybrid:builtin" if args.model is None and builtin_drafter_path() is not None else None
+    if args.model is not None:
+        return None
+    if builtin_feature_drafter_path() is not None:
+        return "hybrid:feature"
+    return "hybrid:builtin" if builtin_drafter_path() is not None else None
 
 
 class ConsoleChat:

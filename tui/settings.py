@@ -10,6 +10,8 @@ from edge.errors import SamplingError
 from memory.budget import BudgetError, parse_size
 
 DRAFTER_CHOICES = (
+    ("n-gram lookup, then the feature drafter", "hybrid:feature"),
+    ("feature drafter (on the model's own states)", "feature"),
     ("n-gram lookup, then the built-in drafter", "hybrid:builtin"),
     ("built-in drafter model", "builtin"),
     ("n-gram prompt lookup", "ngram"),

@@ -111,8 +111,7 @@ def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_
     assert methods == ["ar", "ngram (k=adaptive)", "ngram (k=2)", "early-exit:1 (k=adaptive)", "early-exit:1 (k=2)",
                        "ar (again, at the end)"]
     first = report["runs"][0]["prompts"][0]
-    assert len(first["repeat_seconds"]) == 2 and first["seconds"] == sorted(first["repeat_seconds"])[0] + (
-        sorted(first["repeat_seconds"])[1] - sorted(first["repeat_seconds"])[0]) / 2  # the median of two
+    assert len(first["pass_seconds"]) == 2 and first["seconds"] == sum(first["pass_seconds"]) / 2  # median of two
     assert all(row["identical_to_ar"] for row in report["summary"])
     assert report["summary"][0]["mean_accepted_tokens"] == 1.0
     categories = {p["category"] for p in report["runs"][0]["prompts"]}
@@ -130,6 +129,9 @@ def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
     assert lines[0].startswith("| rows | ms per call | cost c (x 1 row) |")
     assert [line.split("|")[1].strip() for line in lines[2:4]] == ["1", "3"]
     assert lines[2].split("|")[3].strip() == "1.00" and lines[-1].startswith("draft model step:")
+    assert calls_main([str(llama_dir), "--rows", "2", "--context", "4", "--repeats", "2", "--weights",
+                       "float32"]) == 0  # a float32 checkpoint: widening is a no-op, the table the same shape
+    assert capsys.readouterr().out.splitlines()[0].startswith("| rows |")
 
 
 def test_step_time_bench_reports_each_method(llama_dir, capsys):

@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="--ar: prompt text (encoded with the model's tokenizer)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3,
-                        help="timed repeats (--ar: per backend; suite: rounds over the prompt set per method); "
-                             "medians are reported")
+                        help="timed repeats (--ar: per backend; suite: passes over every method, each method in "
+                             "its own process each time); medians are reported")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--kv-cache", default="float32", choices=["float32", "int8", "int8-int4", "hierarchical"],
                         help="suite: KV cache format for every edge method, the plain-decoding baseline included "
@@ -137,12 +137,16 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
         if builtin_drafter_path() is not None:
             runs.append((f"hf-assisted:{builtin_drafter_path()}", "adaptive"))
     runs.append(("ar-end", "adaptive"))  # plain decoding again: the baseline is the faster of the two
-    results = []
-    for method, length in runs:
-        print(f"edge-bench: {suite.label(method, length or 'adaptive')} ...", file=sys.stderr)
-        result = suite.run_method(model, "ar" if method == "ar-end" else method, length or "adaptive",
-                                  args.max_new_tokens, args.dtype, args.kv_cache, args.repeats)
-        results.append({**result, "method": method})
+    passes: list[list[dict]] = []
+    for number in range(args.repeats):  # whole passes over the methods: a slow spell of the machine hits one pass
+        passes.append([])
+        for method, length in runs:
+            print(f"edge-bench: pass {number + 1}/{args.repeats}: {suite.label(method, length or 'adaptive')} ...",
+                  file=sys.stderr)
+            result = suite.run_method(model, "ar" if method == "ar-end" else method, length or "adaptive",
+                                      args.max_new_tokens, args.dtype, args.kv_cache)
+            passes[-1].append({**result, "method": method})
+    results = [suite.median_of_passes(runs_of_method) for runs_of_method in zip(*passes)]
     baseline = suite.faster_baseline(results[0], results[-1])
     rows = [suite.summarise(result, baseline) for result in results]
     table = suite.markdown(rows)

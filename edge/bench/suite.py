@@ -30,6 +30,21 @@ def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int,
                      label(method, draft_length))
 
 
+def median_of_passes(results: list[dict]) -> dict:
+    """One method's runs from several passes -> one result: per prompt the median time (the outputs are checked
+    equal: greedy decoding is deterministic)."""
+    first = results[0]
+    prompts = []
+    for index, prompt in enumerate(first["prompts"]):
+        runs = [result["prompts"][index] for result in results]
+        if any(run["token_ids"] != prompt["token_ids"] for run in runs):
+            raise SystemExit(f"edge-bench: {label(first['method'], first['draft_length'])} gave different outputs "
+                             f"in different passes on prompt {index}")
+        times = [run["seconds"] for run in runs]
+        prompts.append({**prompt, "seconds": statistics.median(times), "pass_seconds": times})
+    return {**first, "prompts": prompts, "peak_rss_mib": max(result["peak_rss_mib"] for result in results)}
+
+
 def faster_baseline(first: dict, last: dict) -> dict:
     """Plain decoding timed at the start and at the end of a suite: per prompt the faster of the two, so a slow
     spell during one of them does not inflate every method's speedup."""

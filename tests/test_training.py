@@ -85,3 +85,26 @@ def test_token_stream_draws_examples_by_their_mixture_weight():
     assert 10 <= counts[2] <= 30  # weight 0.5: in about half of the epochs
     with pytest.raises(ValueError, match="one non-negative weight per example"):
         TokenStream(examples, 2, 1, weights=[1.0, -1.0, 1.0])
+
+
+def test_the_feature_drafter_trains_on_the_frozen_targets_features(tiny_llama):
+    import copy
+
+    from train.feature_drafter import FeatureDrafter, drafter_losses
+
+    target = copy.deepcopy(tiny_llama).requires_grad_(False)
+    drafter = FeatureDrafter(target.config)
+    drafter.init_from_target(target)
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    loss, parts = drafter_losses(drafter, target, tokens)
+    loss.backward()
+    assert torch.isfinite(loss) and {"kl1", "kl2", "reg1", "reg2", "agree1", "agree2"} <= set(parts)
+    assert drafter.fc.weight.grad is not None and drafter.body.layers[0].mlp.up_proj.weight.grad is not None
+    assert drafter.body.embed_tokens.weight.grad is None  # the target's embedding, kept frozen
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(15):
+        optimizer.zero_grad()
+        later, _ = drafter_losses(drafter, target, tokens)
+        later.backward()
+        optimizer.step()
+    assert later.item() < loss.item()

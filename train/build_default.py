@@ -1,4 +1,4 @@
-"""Rebuild the built-in default model pair from a fresh clone, in one command (about 85 minutes on 2 CPU cores):
+"""Rebuild the built-in default model pair from a fresh clone, in one command (about two hours on 2 CPU cores):
 
     pip install -e '.[train]' && python -m train.build_default
 

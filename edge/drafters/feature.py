@@ -89,7 +89,7 @@ class FeatureDrafter:
             draft = Draft(tokens=drafted, confidences=[1.0] * len(drafted))
         else:
             draft = draft_autoregressively(self._step, tokens, tokens[reuse + 1:], reuse, k, sampler)
-        self._seen, self._true_rows = tokens, last
+        self._seen, self._true_rows = list(tokens), last  # a snapshot: the caller extends its list
         return draft
 
     def _step(self, feed: list[int], start: int) -> torch.Tensor:

@@ -56,8 +56,8 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculative decoding (lossless: the output is the target's own)")
     group.add_argument("--drafter", default=None, metavar="SPEC",
                        help=f"draft with: {DRAFTER_SPECS}, or none; default: hybrid:feature (n-gram lookup, then "
-                            "the built-in feature drafter) for the built-in model, plain decoding for other "
-                            "checkpoints")
+                            "the built-in feature drafter) for the built-in model when greedy, plain decoding when "
+                            "sampling and for other checkpoints")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
                        help="tokens drafted per step: 'adaptive' (default) or a fixed number")
     group.add_argument("--draft-context", type=int, default=None, metavar="N",

@@ -154,3 +154,5 @@ def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(
     assert default_drafter(parser.parse_args(["--drafter", "none"])) is None
     assert default_drafter(parser.parse_args(["--drafter", "ngram"])) == "ngram"
     assert default_drafter(parser.parse_args([str(llama_dir)])) is None  # another model: plain unless asked
+    assert default_drafter(parser.parse_args(["--temperature", "0.7"])) is None  # sampling: drafts pay less
+    assert default_drafter(parser.parse_args(["--temperature", "0.7", "--drafter", "feature"])) == "feature"

@@ -130,8 +130,8 @@ def _read_header(handle, path: Path, size: int) -> tuple[int, dict]:
 
 
 def checkpoint_dtype(folder: str | Path) -> torch.dtype | None:
-    """The dtype of a checkpoint's matrices, from its first weight file's header (no data read); without weight
-    files (planning from config.json alone), the dtype config.json names."""
+    """The floating dtype of a checkpoint's tensors (None if they mix several), from its first weight file's header
+    (no data read); without weight files (planning from config.json alone), the dtype config.json names."""
     folder = Path(folder)
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.safetensors.index.json")):
         try:
@@ -147,10 +147,16 @@ def checkpoint_dtype(folder: str | Path) -> torch.dtype | None:
         if isinstance(exc, CheckpointError):
             raise
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
-    for name, info in header.items():
-        if name != "__metadata__" and isinstance(info, dict) and len(info.get("shape", ())) == 2:
-            return SAFETENSORS_DTYPES.get(info.get("dtype"))
-    return None
+    kinds = {SAFETENSORS_DTYPES.get(info.get("dtype")) for name, info in header.items()
+             if name != "__metadata__" and isinstance(info, dict)}
+    return _single_float_dtype(kinds)
+
+
+def _single_float_dtype(dtypes: set) -> torch.dtype | None:
+    """The one floating dtype a checkpoint's tensors share, or None when they mix several (then nothing is kept
+    narrow: a float32 tensor stored as float16 would lose bits)."""
+    floats = {dtype for dtype in dtypes if dtype is not None and dtype.is_floating_point}
+    return floats.pop() if len(floats) == 1 else None
 
 
 def storage_dtype(source: torch.dtype | None, dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -279,8 +285,8 @@ def load_model(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
     mapped = load_hf_tensors(folder)
-    source = mapped.tensors.get("model.embed_tokens.weight")
-    storage = storage_dtype(source.dtype if source is not None else None, dtype, device)
+    source = _single_float_dtype({tensor.dtype for tensor in mapped.tensors.values()})
+    storage = storage_dtype(source, dtype, device)
     state = build_state(mapped, config, storage, device, bias_dtype=dtype if storage != dtype else None)
     # not `with torch.device("meta")`: that context imports torch._dynamo and sympy (about 70 MiB resident)
     model = Transformer(config, device="meta")

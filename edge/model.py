@@ -327,7 +327,8 @@ class Transformer(nn.Module):
         the head of `head_model` (default: this model) with argmax; each later step runs the token just drafted.
         With `fc` (D, 2D) the rows are fc(cat(feature, embedding)) and the normed output feeds the next step as its
         feature (a feature drafter; `features` (T, D) for the first rows). `vocab_size` limits the argmax to the
-        first rows of the head (a draft vocabulary padded beyond the target's). Sets cache.length like a full pass."""
+        first rows of the head (a draft vocabulary padded beyond the target's). With every layer it sets
+        cache.length like a full pass."""
         head_model = head_model or self
         end = start + len(tokens) + k - 1
         probe = torch.empty(1, len(tokens), self.config.hidden_size)  # (1, T, D): what a forward would run

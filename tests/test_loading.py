@@ -201,3 +201,14 @@ def test_a_half_precision_checkpoint_keeps_its_precision_with_the_same_results(c
     assert torch.equal(*logits)
     plan = plan_for(folders["half"], budget=1 << 30, max_context=256)
     assert plan.footprint.target_weights == half.model.weight_bytes()
+
+    from safetensors.torch import load_file, save_file
+
+    mixed = tmp_path / "mixed"  # float16 matrices but a float32 norm: narrowing would lose that norm's bits
+    shutil.copytree(folders["half"], mixed)
+    tensors = load_file(mixed / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].float() + 1e-4
+    save_file(tensors, str(mixed / "model.safetensors"), metadata={"format": "pt"})
+    kept = load_model(mixed)
+    assert kept.layers[0].attn.wqkv.weight.dtype == torch.float32
+    assert torch.equal(kept.norm.weight, tensors["model.norm.weight"])

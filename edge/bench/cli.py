@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "built-in drafter and its prompt lookup")
     parser.add_argument("--methods", default="ar,ngram,early-exit,adaptive,builtin",
                         help="suite: comma-separated methods: ar and drafter specs (ngram[:N], early-exit[:E], "
-                             "skip:L1,L2, adaptive, draft:PATH (a checkpoint or a bundle), builtin; bundle for a "
-                             "bundle's own drafter)")
+                             "skip:L1,L2, adaptive, draft:PATH (a checkpoint or a bundle), builtin, feature[:PATH], "
+                             "hybrid:SPEC; bundle for a bundle's own drafter)")
     parser.add_argument("--draft-lengths", default="adaptive",
                         help="suite: comma-separated draft lengths to try for every drafter: adaptive and/or numbers")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),

@@ -4,7 +4,7 @@
         [--repeats R]
 
 METHOD: `ar` (edge, plain decoding), any drafter spec edge takes (`ngram`, `early-exit:4`, `adaptive`,
-`draft:PATH`, `builtin`), or a peer: `hf` (transformers generate), `hf-assisted:PATH` (assisted generation with that
+`draft:PATH`, `builtin`, `feature`, `hybrid:feature`), or a peer: `hf` (transformers generate), `hf-assisted:PATH` (assisted generation with that
 draft model), `hf-lookup` (transformers prompt lookup). Greedy; generation stops at end-of-sequence or N tokens.
 Time per prompt is the wall time of the whole call (prefill included), the same measure for every method: the
 median of R rounds over the prompt set.

@@ -226,7 +226,7 @@ class Transformer(nn.Module):
         x = self.embed(tokens).to(self.dtype) if inputs is None else inputs.to(self.dtype, copy=True)
         rope = self._rope(start, end, x.dtype)
         order = range(self.config.num_layers) if full else layers
-        if self._can_fuse(x, cache):  # decode steps and verify passes: one C call per layer
+        if self._can_fuse(x.shape[0], x.shape[1], x.dtype, cache):  # decode steps, verify passes: one C call
             if end > cache.max_len:
                 raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {end} does not fit")
             x = x[0].contiguous()  # (T, D), updated in place layer by layer
@@ -261,10 +261,10 @@ class Transformer(nn.Module):
         out = linear(flat, weight.contiguous(), None, self.rowwise, self.rowwise_max_rows)
         return out.view(*hidden.shape[:-1], weight.shape[0])
 
-    def _can_fuse(self, x: torch.Tensor, cache: KVCache) -> bool:
+    def _can_fuse(self, batch: int, rows: int, dtype: torch.dtype, cache: KVCache) -> bool:
         """Whether this pass can run each layer as one fused C call (the batch-invariant kernel's fused_layer): a
-        few rows of batch 1 in float32 with float32 weights, a plain float32 KV cache, every layer in place."""
-        if self.rowwise is None or x.shape[0] != 1 or x.shape[1] > self.rowwise_max_rows or x.dtype != torch.float32:
+        few rows of batch 1 in float32 (weights float32 or 16-bit), a plain float32 KV cache, every layer in place."""
+        if self.rowwise is None or batch != 1 or rows > self.rowwise_max_rows or dtype != torch.float32:
             return False
         if self._fused_weights is None or (self._fused_weights is not False and isinstance(self.layers[-1], Block)
                                            and self._fused_weights[-1][1] != self.layers[-1].attn.wqkv.weight.data_ptr()):
@@ -309,14 +309,18 @@ class Transformer(nn.Module):
         """Run the layers `order` over x (T, D) in place, in one C call."""
         config = self.config
         cos, sin = rope
-        key = tuple(order)
-        layers = self._layer_orders.get(key)
-        if layers is None:  # made once per layer set (all layers, or a self-draft's subset)
-            layers = self._layer_orders[key] = torch.tensor(key, dtype=torch.int64)  # (n,)
-        self.rowwise.layers(x, layers, self._fused_table, self._fused_windows,
+        self.rowwise.layers(x, self._layer_order(order), self._fused_table, self._fused_windows,
                             (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
                              config.intermediate_size), cos, sin, cache.keys, cache.values, start,
                             config.rms_norm_eps, config.head_dim ** -0.5, self._fused_dtype)
+
+    def _layer_order(self, layers) -> torch.Tensor:
+        """The int64 tensor (n,) of a layer set for the C calls, made once per set (all, or a self-draft's)."""
+        key = tuple(layers)
+        order = self._layer_orders.get(key)
+        if order is None:
+            order = self._layer_orders[key] = torch.tensor(key, dtype=torch.int64)  # (n,)
+        return order
 
     def draft_greedy(self, tokens: list[int], start: int, cache: KVCache, k: int, *, layers: list[int] | None = None,
                      head_model: "Transformer | None" = None, features: torch.Tensor | None = None,
@@ -331,18 +335,14 @@ class Transformer(nn.Module):
         cache.length like a full pass."""
         head_model = head_model or self
         end = start + len(tokens) + k - 1
-        probe = torch.empty(1, len(tokens), self.config.hidden_size)  # (1, T, D): what a forward would run
         embed, head = head_model.embed.weight, head_model.head_weight  # (V, D) each
         head = head[:vocab_size] if vocab_size is not None else head  # (V', D): leading rows stay contiguous
-        if (not self._can_fuse(probe, cache) or end > cache.max_len or start > cache.length
+        if (not self._can_fuse(1, len(tokens), torch.float32, cache) or end > cache.max_len or start > cache.length
                 or self.norm.weight.dtype != self._fused_dtype or (fc is not None and fc.dtype != self._fused_dtype)
                 or embed.dtype != head.dtype or not (embed.is_contiguous() and head.is_contiguous())):
             return None
         config = self.config
-        key = tuple(range(config.num_layers) if layers is None else layers)
-        order = self._layer_orders.get(key)
-        if order is None:
-            order = self._layer_orders[key] = torch.tensor(key, dtype=torch.int64)  # (L,)
+        order = self._layer_order(range(config.num_layers) if layers is None else layers)
         cos, sin = self._rope(0, end, torch.float32)  # (end, Dh) each, from position 0
         drafted = self.rowwise.draft_greedy(
             torch.tensor(tokens, dtype=torch.int64), features, (config.hidden_size, config.num_heads,

@@ -30,7 +30,7 @@ from torch import nn
 
 from train.data import TokenStream, load_split
 from train.progress import Progress
-from train.train import HELP_MIX, Preset, learning_rate
+from train.train import HELP_MIX, Preset, learning_rate, log_record, resume_checkpoint, save_checkpoint
 
 PRESET = Preset(hidden_size=0, intermediate_size=0, num_layers=1, num_heads=0, num_kv_heads=0, steps=1500,
                 batch_size=16, seq_len=256, lr=2e-3, warmup=50, mix=HELP_MIX)  # sizes come from the target
@@ -152,18 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint_path, log_path = args.out / "checkpoint.pt", args.out / "log.jsonl"
-    step, elapsed_before = 0, 0.0
-    if checkpoint_path.is_file():
-        state = torch.load(checkpoint_path, weights_only=True)
-        drafter.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        stream.restore(state["stream"])
-        torch.set_rng_state(state["torch_rng"])
-        step, elapsed_before = state["step"], state["elapsed"]
+    resumed = resume_checkpoint(checkpoint_path, drafter, optimizer, stream, None)
+    step, elapsed_before = resumed or (0, 0.0)
+    if resumed:
         print(f"resuming the feature drafter from step {step}", file=sys.stderr)
     else:
         log_path.write_text("")
-        _log(log_path, {"event": "start", "steps": preset.steps, "batch_size": preset.batch_size,
+        log_record(log_path, {"event": "start", "steps": preset.steps, "batch_size": preset.batch_size,
                         "seq_len": preset.seq_len, "lr": preset.lr, "seed": args.seed,
                         "feature_weight": FEATURE_WEIGHT, "second_pass_weight": SECOND_PASS_WEIGHT,
                         "parameters": sum(p.numel() for p in trainable)})
@@ -185,30 +180,22 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = elapsed_before + time.perf_counter() - started
         progress.update(step, loss=loss.item())
         if step % 10 == 0 or step == preset.steps:
-            _log(log_path, {"event": "train", "step": step, "loss": loss.item(), "grad_norm": grad_norm,
+            log_record(log_path, {"event": "train", "step": step, "loss": loss.item(), "grad_norm": grad_norm,
                             "lr": learning_rate(step - 1, preset), "elapsed_s": elapsed, **parts})
         if step % args.eval_every == 0 or step == preset.steps:
             drafter.eval()
             agree = heldout_agreement(drafter, target, heldout)
             drafter.train()
-            _log(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, "heldout_agreement": agree})
+            log_record(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, "heldout_agreement": agree})
             progress.note(f"held-out agreement {agree[0]:.3f} / {agree[1]:.3f}")
         if step % args.save_every == 0 or step == preset.steps:
-            state = {"model": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                     "stream": stream.state(), "torch_rng": torch.get_rng_state(), "elapsed": elapsed}
-            torch.save(state, checkpoint_path.with_suffix(".tmp"))
-            checkpoint_path.with_suffix(".tmp").replace(checkpoint_path)
+            save_checkpoint(checkpoint_path, drafter, optimizer, step, stream, None, elapsed)
     progress.close()
     drafter.eval()
     drafter.save(args.out / "final")
-    _log(log_path, {"event": "done", "step": step, "elapsed_s": elapsed_before + time.perf_counter() - started})
+    log_record(log_path, {"event": "done", "step": step, "elapsed_s": elapsed_before + time.perf_counter() - started})
     print(f"wrote {args.out / 'final'}", file=sys.stderr)
     return 0
-
-
-def _log(path: Path, record: dict) -> None:
-    with path.open("a") as handle:
-        handle.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":

@@ -110,14 +110,30 @@ def distill_loss(student, teacher, tokens: torch.Tensor, targets: torch.Tensor) 
     return 0.5 * ce + 0.5 * kl, {"final_ce": ce.item(), "kl": kl.item()}
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int, stream: TokenStream, generator: torch.Generator,
-                    elapsed: float) -> None:
+def save_checkpoint(path: Path, model, optimizer, step: int, stream: TokenStream,
+                    generator: torch.Generator | None, elapsed: float) -> None:
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-             "stream": stream.state(), "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
-             "elapsed": elapsed}
+             "stream": stream.state(), "torch_rng": torch.get_rng_state(), "elapsed": elapsed}
+    if generator is not None:
+        state["generator"] = generator.get_state()
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     tmp.replace(path)  # atomic: a crash never leaves a half-written checkpoint
+
+
+def resume_checkpoint(path: Path, model, optimizer, stream: TokenStream,
+                      generator: torch.Generator | None) -> tuple[int, float] | None:
+    """Restore what save_checkpoint wrote; (step, elapsed seconds), or None when there is no checkpoint yet."""
+    if not path.is_file():
+        return None
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    stream.restore(state["stream"])
+    if generator is not None:
+        generator.set_state(state["generator"])
+    torch.set_rng_state(state["torch_rng"])
+    return state["step"], state["elapsed"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,19 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     generator = torch.Generator().manual_seed(args.seed)
     recipe = LayerSkipConfig()
     checkpoint_path, log_path = args.out / "checkpoint.pt", args.out / "log.jsonl"
-    step, elapsed_before = 0, 0.0
-    if checkpoint_path.is_file():
-        state = torch.load(checkpoint_path, weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        train_stream.restore(state["stream"])
-        generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        step, elapsed_before = state["step"], state["elapsed"]
+    resumed = resume_checkpoint(checkpoint_path, model, optimizer, train_stream, generator)
+    step, elapsed_before = resumed or (0, 0.0)
+    if resumed:
         print(f"resuming {args.preset} from step {step}", file=sys.stderr)
     else:
         log_path.write_text("")
-        _log(log_path, {"event": "start", "preset": args.preset, **asdict(preset), "seed": args.seed,
+        log_record(log_path, {"event": "start", "preset": args.preset, **asdict(preset), "seed": args.seed,
                         "parameters": sum(p.numel() for p in model.parameters()),
                         "train_tokens_available": train_stream.total_tokens})
 
@@ -212,14 +222,14 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = elapsed_before + time.perf_counter() - started
         progress.update(step, loss=loss.item())
         if step % 10 == 0 or step == preset.steps:
-            _log(log_path, {"event": "train", "step": step, "loss": loss.item(), "lr": learning_rate(step - 1, preset),
+            log_record(log_path, {"event": "train", "step": step, "loss": loss.item(), "lr": learning_rate(step - 1, preset),
                             "grad_norm": grad_norm, "elapsed_s": elapsed,
                             "tokens_seen": step * preset.batch_size * preset.seq_len, **parts})
         if step % args.eval_every == 0 or step == preset.steps:
             model.eval()
             losses = heldout_losses(model, heldout)
             model.train()
-            _log(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, "heldout_ce_by_exit": losses,
+            log_record(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, "heldout_ce_by_exit": losses,
                             "heldout_ppl": math.exp(losses[-1])})
             progress.note(f"held-out ppl {math.exp(losses[-1]):.2f}")
         if step % args.save_every == 0 or step == preset.steps:
@@ -232,12 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.tokenizer.iterdir():
         if item.is_file():
             shutil.copy(item, final / item.name)
-    _log(log_path, {"event": "done", "step": step, "elapsed_s": elapsed_before + time.perf_counter() - started})
+    log_record(log_path, {"event": "done", "step": step, "elapsed_s": elapsed_before + time.perf_counter() - started})
     print(f"wrote {final}", file=sys.stderr)
     return 0
 
 
-def _log(path: Path, record: dict) -> None:
+def log_record(path: Path, record: dict) -> None:
+    """Append one JSON line to a training log."""
     with path.open("a") as handle:
         handle.write(json.dumps(record) + "\n")
 

@@ -23,11 +23,10 @@ def run_child(module: str, args: list[str], label: str) -> dict:
 
 
 def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str,
-               kv_cache: str = "float32", repeats: int = 1) -> dict:
+               kv_cache: str = "float32") -> dict:
     return run_child("edge.bench.suite_worker", ["--model", str(model), "--method", method, "--draft-length",
                                                  draft_length, "--max-new-tokens", str(max_new_tokens),
-                                                 "--dtype", dtype, "--kv-cache", kv_cache, "--repeats", str(repeats)],
-                     label(method, draft_length))
+                                                 "--dtype", dtype, "--kv-cache", kv_cache], label(method, draft_length))
 
 
 def median_of_passes(results: list[dict]) -> dict:

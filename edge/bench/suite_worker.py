@@ -1,20 +1,18 @@
 """Run the whole prompt set with one decoding method in its own process; print one JSON object.
 
     python -m edge.bench.suite_worker --model PATH --method METHOD [--draft-length adaptive|K] [--max-new-tokens N]
-        [--repeats R]
 
 METHOD: `ar` (edge, plain decoding), any drafter spec edge takes (`ngram`, `early-exit:4`, `adaptive`,
-`draft:PATH`, `builtin`, `feature`, `hybrid:feature`), or a peer: `hf` (transformers generate), `hf-assisted:PATH` (assisted generation with that
-draft model), `hf-lookup` (transformers prompt lookup). Greedy; generation stops at end-of-sequence or N tokens.
-Time per prompt is the wall time of the whole call (prefill included), the same measure for every method: the
-median of R rounds over the prompt set.
+`draft:PATH`, `builtin`, `feature`, `hybrid:feature`), or a peer: `hf` (transformers generate), `hf-assisted:PATH`
+(assisted generation with that draft model), `hf-lookup` (transformers prompt lookup). Greedy; generation stops at end-of-sequence or N tokens.
+Time per prompt is the wall time of the whole call (prefill included), the same measure for every method
+(edge-bench --repeats runs the worker once per pass and takes medians across passes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from typing import Callable
@@ -89,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--kv-cache", default="float32")
-    parser.add_argument("--repeats", type=int, default=1, help="timed rounds over the prompt set; medians reported")
     args = parser.parse_args(argv)
 
     if args.method.startswith("hf"):
@@ -98,20 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         run, prompts = edge_runner(args.model, args.method, args.draft_length, args.dtype, args.kv_cache)
     run(prompts[0], 16)  # warm-up
     results = []
-    timings: list[list[float]] = [[] for _ in prompts]
-    for round_ in range(args.repeats):  # whole rounds over the prompt set, so a slow spell hits one round
-        for index, (prompt, ids) in enumerate(zip(PROMPTS, prompts)):
-            t0 = time.perf_counter()
-            out, stats = run(ids, args.max_new_tokens)
-            timings[index].append(time.perf_counter() - t0)
-            if round_ == 0:
-                results.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
-                                "token_ids": out, **stats})
-            elif out != results[index]["token_ids"]:
-                raise SystemExit(f"{args.method}: greedy output changed between repeats on prompt {index}")
-    for result, seconds in zip(results, timings):
-        result["seconds"] = statistics.median(seconds)  # the median of the repeats
-        result["repeat_seconds"] = seconds
+    for prompt, ids in zip(PROMPTS, prompts):
+        t0 = time.perf_counter()
+        out, stats = run(ids, args.max_new_tokens)
+        seconds = time.perf_counter() - t0
+        results.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
+                        "seconds": seconds, "token_ids": out, **stats})
     json.dump({"method": args.method, "draft_length": args.draft_length, "prompts": results,
                "peak_rss_mib": peak_rss_mib()}, sys.stdout)
     return 0

@@ -72,7 +72,7 @@ class DraftModelDrafter:
         if sampler.plain_greedy and self.head is None and isinstance(self.model, Transformer):
             drafted = self.model.draft_greedy(window[reuse:], reuse, self.cache, k,  # all k in one C call
                                               vocab_size=sampler.vocab_size)
-        draft = (Draft(tokens=drafted, confidences=[1.0] * len(drafted)) if drafted is not None
+        draft = (Draft(tokens=drafted) if drafted is not None
                  else draft_autoregressively(self._step, window, window[reuse:], reuse, k, sampler))
         self._cached = window + draft.tokens[:-1]
         return draft

@@ -86,7 +86,7 @@ class FeatureDrafter:
                                           features=self.target.features[reuse:last], fc=self.fc.weight
                                           ) if sampler.plain_greedy else None
         if drafted is not None:  # all k drafts in one C call
-            draft = Draft(tokens=drafted, confidences=[1.0] * len(drafted))
+            draft = Draft(tokens=drafted)
         else:
             draft = draft_autoregressively(self._step, tokens, tokens[reuse + 1:], reuse, k, sampler)
         self._seen, self._true_rows = list(tokens), last  # a snapshot: the caller extends its list

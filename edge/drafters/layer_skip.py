@@ -71,7 +71,7 @@ class LayerSkipDrafter:
             drafted = self.model.draft_greedy([tokens[-1]], start, self.cache, k, layers=self.layers,
                                               vocab_size=sampler.vocab_size)
             if drafted is not None:
-                return Draft(tokens=drafted, confidences=[1.0] * len(drafted))
+                return Draft(tokens=drafted)
         return draft_autoregressively(self._step, tokens, [tokens[-1]], start, k, sampler)
 
     def _step(self, feed: list[int], start: int) -> torch.Tensor:

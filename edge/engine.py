@@ -484,5 +484,5 @@ def _trim_drafter(drafter: Drafter, vocab: "str | Path | torch.Tensor") -> None:
 
     if not hasattr(drafter, "trim_vocabulary"):
         raise SamplingError(f"the {drafter.name} drafter has no head to trim; a draft vocabulary applies to draft "
-                            "models and layer-skip drafters")
+                            "models, layer-skip and feature drafters")
     drafter.trim_vocabulary(vocab if isinstance(vocab, torch.Tensor) else read_vocabulary(vocab))

@@ -324,19 +324,24 @@ class Transformer(nn.Module):
 
     def draft_greedy(self, tokens: list[int], start: int, cache: KVCache, k: int, *, layers: list[int] | None = None,
                      head_model: "Transformer | None" = None, features: torch.Tensor | None = None,
-                     fc: torch.Tensor | None = None, vocab_size: int | None = None) -> list[int] | None:
+                     fc: torch.Tensor | None = None, vocab_size: int | None = None,
+                     trimmed_head: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[int] | None:
         """k greedy draft tokens in one C call, or None where that path is not available (then the caller drafts
         step by step). Runs `tokens` at positions [start, start + T) through `layers` (default: all; a subset is a
         self-draft, which leaves cache.length alone like a partial forward), this model's norm, and
         the head of `head_model` (default: this model) with argmax; each later step runs the token just drafted.
         With `fc` (D, 2D) the rows are fc(cat(feature, embedding)) and the normed output feeds the next step as its
         feature (a feature drafter; `features` (T, D) for the first rows). `vocab_size` limits the argmax to the
-        first rows of the head (a draft vocabulary padded beyond the target's). With every layer it sets
-        cache.length like a full pass."""
+        first rows of the head (a draft vocabulary padded beyond the target's). `trimmed_head` (weight (V', D), ids
+        (V',)) replaces the head by some of its rows, each row's token id given (VocabTrim). With every layer it
+        sets cache.length like a full pass."""
         head_model = head_model or self
         end = start + len(tokens) + k - 1
         embed, head = head_model.embed.weight, head_model.head_weight  # (V, D) each
         head = head[:vocab_size] if vocab_size is not None else head  # (V', D): leading rows stay contiguous
+        head_ids = None
+        if trimmed_head is not None:
+            head, head_ids = trimmed_head  # (V', D), (V',)
         if (not self._can_fuse(1, len(tokens), torch.float32, cache) or end > cache.max_len or start > cache.length
                 or self.norm.weight.dtype != self._fused_dtype or (fc is not None and fc.dtype != self._fused_dtype)
                 or embed.dtype != head.dtype or not (embed.is_contiguous() and head.is_contiguous())):
@@ -349,7 +354,8 @@ class Transformer(nn.Module):
                                                                 config.num_kv_heads, config.head_dim,
                                                                 config.intermediate_size),
             order, self._fused_table, self._fused_windows, cos, sin, cache.keys, cache.values, start,
-            config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_dtype, embed, head, k)
+            config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_dtype, embed, head, k,
+            head_ids)
         if layers is None:
             cache.length = end
         return drafted

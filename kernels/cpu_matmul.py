@@ -12,6 +12,7 @@ CPU builds afresh. Set EDGE_ROWWISE_MATMUL=0 to turn the kernel off.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import hashlib
 import logging
@@ -34,6 +35,7 @@ WEIGHT_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the 
 class RowwiseMatmul:
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer, size = ctypes.c_void_p, ctypes.c_int64
+        self.threads: int | None = None  # None: torch's thread count at each call
         self._kernels = {}
         for dtype, name in ((torch.float32, "rowwise_matmul_f32"), (torch.bfloat16, "rowwise_matmul_bf16"),
                             (torch.float16, "rowwise_matmul_f16")):
@@ -52,7 +54,7 @@ class RowwiseMatmul:
         self._draft = library.draft_greedy_f32
         self._draft.argtypes = ([pointer, pointer] + [size] * 6 + [pointer, size, pointer, pointer, pointer, pointer,
                                 pointer, pointer, size, size, size, ctypes.c_float, ctypes.c_float, pointer, pointer,
-                                ctypes.c_int, pointer, pointer, size, ctypes.c_int, size, pointer, pointer,
+                                ctypes.c_int, pointer, pointer, pointer, size, ctypes.c_int, size, pointer, pointer,
                                 ctypes.c_int])
         self._draft.restype = None
 
@@ -66,6 +68,16 @@ class RowwiseMatmul:
         except (OSError, subprocess.SubprocessError) as error:
             log.info("batch-invariant CPU matmul unavailable (%s); using torch's matmul", error)
             return None
+
+    def thread_count(self) -> int:
+        return self.threads or torch.get_num_threads()
+
+    def with_threads(self, threads: int) -> "RowwiseMatmul":
+        """The same kernels on a fixed number of threads (a drafter beside another runtime's threads uses 1, so the
+        two thread pools do not spin against each other on a machine with few cores)."""
+        bound = copy.copy(self)
+        bound.threads = threads
+        return bound
 
     def supports(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
         return (weight.device.type == "cpu" and weight.dtype in self._kernels and weight.is_contiguous()
@@ -83,7 +95,7 @@ class RowwiseMatmul:
         out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)  # (..., N)
         self._kernels[weight.dtype](
             x.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
-            x.numel() // in_features, out_features, in_features, torch.get_num_threads(),
+            x.numel() // in_features, out_features, in_features, self.thread_count(),
         )
         return out
 
@@ -100,7 +112,7 @@ class RowwiseMatmul:
         scratch = torch.empty(heads * steps * (start + steps), dtype=torch.float32)
         self._attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), scratch.data_ptr(),
                         heads, keys.shape[1], steps, head_dim, keys.stride(1), start, window or 0,
-                        head_dim ** -0.5, torch.get_num_threads())
+                        head_dim ** -0.5, self.thread_count())
         return out
 
 
@@ -119,18 +131,19 @@ class RowwiseMatmul:
         self._layers(x.data_ptr(), steps, dims, heads, kv_heads, head_dim, inner, order.data_ptr(), order.numel(),
                      weights.data_ptr(), windows.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
                      values.data_ptr(), keys.shape[3], keys.stride(0), start, eps, scale, scratch.data_ptr(),
-                     WEIGHT_FORMATS[weight_dtype], torch.get_num_threads())
+                     WEIGHT_FORMATS[weight_dtype], self.thread_count())
 
 
     def draft_greedy(self, tokens: torch.Tensor, features: torch.Tensor | None, shape: tuple, order: torch.Tensor,
                      weights: torch.Tensor, windows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      keys: torch.Tensor, values: torch.Tensor, start: int, eps: float, scale: float,
                      norm: torch.Tensor, fc: torch.Tensor | None, weight_dtype: torch.dtype, embed: torch.Tensor,
-                     head: torch.Tensor, k: int) -> list[int]:
+                     head: torch.Tensor, k: int, head_ids: torch.Tensor | None = None) -> list[int]:
         """k greedy draft tokens in one C call (draft_greedy_f32): `tokens` (T0,) int64 at positions [start, ...)
         (with `features` (T0, D) float32 and the fusion `fc` (D, 2D) for a feature drafter), then one token per
         step. cos/sin are whole rotary tables from position 0; `norm`, `fc` and the layers are in `weight_dtype`,
-        `embed` and `head` (V, D) in theirs; keys/values the drafter's cache (L, 1, Hkv, S, Dh), contiguous."""
+        `embed` and `head` (V', D) in theirs; keys/values the drafter's cache (L, 1, Hkv, S, Dh), contiguous.
+        `head_ids` (V',) int64: the token id of each head row, for a trimmed head (None: row v is token v)."""
         steps = tokens.numel()
         dims, heads, kv_heads, head_dim, inner = shape
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
@@ -142,8 +155,9 @@ class RowwiseMatmul:
                     kv_heads, head_dim, inner, order.data_ptr(), order.numel(), weights.data_ptr(), windows.data_ptr(),
                     cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[3],
                     keys.stride(0), start, eps, scale, norm.data_ptr(), fc.data_ptr() if fc is not None else None,
-                    WEIGHT_FORMATS[weight_dtype], embed.data_ptr(), head.data_ptr(), vocab,
-                    WEIGHT_FORMATS[head.dtype], k, out.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+                    WEIGHT_FORMATS[weight_dtype], embed.data_ptr(), head.data_ptr(),
+                    head_ids.data_ptr() if head_ids is not None else None, vocab,
+                    WEIGHT_FORMATS[head.dtype], k, out.data_ptr(), scratch.data_ptr(), self.thread_count())
         return out.tolist()
 
 

@@ -50,10 +50,12 @@ def test_torch_matmul_is_not_batch_invariant_which_is_why_the_kernel_exists():
     assert not torch.equal(F.linear(x, weight), single)  # if torch ever becomes invariant, this test says so
 
 
-@pytest.mark.parametrize("window", [None, 7])
-def test_attention_matches_sdpa_and_is_batch_invariant(window):
+@pytest.mark.parametrize("window", [None, 7, 40])
+@pytest.mark.parametrize("kv_heads, dim, start", [(2, 40, 20), (2, 64, 53), (1, 32, 70), (4, 16, 3)])
+def test_attention_matches_sdpa_and_is_batch_invariant(window, kv_heads, dim, start):
+    """Dims that are and are not multiples of 16, contexts with and without whole 16-key blocks, GQA, MQA and MHA."""
     generator = torch.Generator().manual_seed(3)
-    heads, kv_heads, dim, start, steps, capacity = 4, 2, 40, 20, 5, 64
+    heads, steps, capacity = 4, 5, 96
     keys = torch.randn(1, kv_heads, capacity, dim, generator=generator)
     values = torch.randn(1, kv_heads, capacity, dim, generator=generator)
     q = torch.randn(1, heads, steps, dim, generator=generator)
@@ -66,8 +68,14 @@ def test_attention_matches_sdpa_and_is_batch_invariant(window):
     expected = F.scaled_dot_product_attention(q, keys[:, :, : start + steps], values[:, :, : start + steps],
                                               attn_mask=allowed, enable_gqa=True)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    single = torch.cat([matmul.attention(q[:, :, t:t + 1], keys[:, :, : start + t + 1], values[:, :, : start + t + 1],
-                                         start + t, window) for t in range(steps)], dim=2)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # one query at a time and on one thread: the queries are split differently
+        single = torch.cat([matmul.attention(q[:, :, t:t + 1], keys[:, :, : start + t + 1],
+                                             values[:, :, : start + t + 1], start + t, window) for t in range(steps)],
+                           dim=2)
+    finally:
+        torch.set_num_threads(threads)
     assert torch.equal(out, single)
 
 

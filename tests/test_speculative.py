@@ -265,13 +265,32 @@ def test_hybrid_drafter_uses_lookup_where_text_repeats_and_the_model_elsewhere(c
     assert engine.drafter.lookups > 0 and engine.drafter.model_drafts > 0
 
 
-@pytest.mark.parametrize("name", ["small", "feature", "early-exit:2", "skip:1"])
-def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpoints, name):
+@pytest.mark.parametrize("name", ["feature", "hybrid:feature"])
+def test_a_trimmed_feature_drafter_stays_lossless(checkpoints, reference, name, tmp_path):
+    kept = sorted(set(range(0, 320, 2)) | {1})
+    (tmp_path / "vocab.json").write_text(json.dumps({"kept_ids": kept}))
+    engine = Engine.load(checkpoints["target"], max_context=512, draft_length=3,
+                         drafter=f"{drafter_spec(name, checkpoints)}@{tmp_path / 'vocab.json'}")
+    for prompt in PROMPTS:
+        engine.reset()
+        assert ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True)) == reference[prompt]
+    assert engine.memory_footprint()["drafter"] > 0
+
+
+@pytest.mark.parametrize("name", ["small", "feature", "early-exit:2", "skip:1", "small@", "feature@",
+                                  "early-exit:2@"])
+def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpoints, name, tmp_path):
+    """Also with a trimmed head (NAME@): the one C call maps the kept rows back to token ids as the Python path does."""
     from edge.drafters.base import DraftSampler
     from edge.sampling import SamplingParams
 
-    engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec(name, checkpoints),
-                         draft_length=4)
+    spec = drafter_spec(name.removesuffix("@"), checkpoints)
+    kept = None
+    if name.endswith("@"):
+        kept = sorted(set(range(0, 320, 3)) | {1, 2})  # a third of the target's 320 tokens
+        (tmp_path / "vocab.json").write_text(json.dumps({"kept_ids": kept}))
+        spec += f"@{tmp_path / 'vocab.json'}"
+    engine = Engine.load(checkpoints["target"], max_context=512, drafter=spec, draft_length=4)
     list(engine.generate(PROMPTS[1], max_new_tokens=30, ignore_eos=True))
     tokens, vocab = engine.history, engine.model.config.vocab_size
     one_call = DraftSampler(SamplingParams(), torch.Generator(), None, vocab)
@@ -289,4 +308,5 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
             drafts[path] = engine.drafter.propose(tokens[:end], 5, sampler).tokens
             del engine.drafter._step
         assert drafts["fast"] == drafts["slow"] and len(drafts["fast"]) == 5, end
+        assert kept is None or set(drafts["fast"]) <= set(kept)
     assert calls == {"fast": 0, "slow": 12 * 5}  # the one-call path never stepped from Python

@@ -101,4 +101,8 @@ def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, m
     DraftModelDrafter.check_compatible(target, tokenizer, draft, draft_tokenizer)
     if weights is not None and parse_dtype(weights) != draft.dtype:
         draft.store_weights(parse_dtype(weights))
+    if not isinstance(target, Transformer) and draft.rowwise is not None:
+        # beside an exported target (onnxruntime's own spinning threads) the drafter's kernel runs on one thread:
+        # measured 4x faster drafting than two threads contending on a 2-core CPU (docs/benchmarks.md)
+        draft.use_rowwise_matmul(draft.rowwise.with_threads(1), draft.rowwise_max_rows)
     return DraftModelDrafter(draft, max_len, kv_cache)

@@ -69,9 +69,10 @@ class DraftModelDrafter:
         reuse = common_prefix(self._cached, window[:-1])  # at least the last token is fed
         self.cache.rollback(min(reuse, self.cache.length))
         drafted = None
-        if sampler.plain_greedy and self.head is None and isinstance(self.model, Transformer):
+        if sampler.plain_greedy and isinstance(self.model, Transformer):
             drafted = self.model.draft_greedy(window[reuse:], reuse, self.cache, k,  # all k in one C call
-                                              vocab_size=sampler.vocab_size)
+                                              vocab_size=sampler.vocab_size,
+                                              trimmed_head=self.head.rows if self.head is not None else None)
         draft = (Draft(tokens=drafted) if drafted is not None
                  else draft_autoregressively(self._step, window, window[reuse:], reuse, k, sampler))
         self._cached = window + draft.tokens[:-1]
@@ -99,5 +100,6 @@ class DraftModelDrafter:
         return self.model.weight_bytes() + self.cache.nbytes + (self.head.nbytes if self.head is not None else 0)
 
 
-def _parameters(model: Transformer) -> int:
-    return sum(p.numel() for p in model.parameters())
+def _parameters(model) -> int:
+    """Parameters counted from the config, so an exported target (no torch parameters) compares the same way."""
+    return model.config.shape().parameters()

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
+from edge.drafters.trimmed_head import TrimmedHead
 from edge.errors import CheckpointError, SamplingError
 from edge.kv_cache import common_prefix
 from edge.model import Linear, Transformer
@@ -37,6 +38,7 @@ class FeatureDrafter:
         self._seen: list[int] = []  # the tokens the cached rows were computed for
         self._true_rows = 0  # rows of the drafter's cache computed from the target's own features
         self._previous: torch.Tensor | None = None  # (1, D): the predicted feature the next row starts from
+        self.head: TrimmedHead | None = None  # VocabTrim: draft over the kept tokens of the target's head only
 
     @classmethod
     def load(cls, path: str | Path, target: Transformer, max_len: int) -> "FeatureDrafter":
@@ -83,7 +85,8 @@ class FeatureDrafter:
         self.cache.rollback(min(reuse, self.cache.length))
         self._previous = None
         drafted = self.layer.draft_greedy(tokens[reuse + 1:], reuse, self.cache, k, head_model=self.target,
-                                          features=self.target.features[reuse:last], fc=self.fc.weight
+                                          features=self.target.features[reuse:last], fc=self.fc.weight,
+                                          trimmed_head=self.head.rows if self.head is not None else None
                                           ) if sampler.plain_greedy else None
         if drafted is not None:  # all k drafts in one C call
             draft = Draft(tokens=drafted)
@@ -102,7 +105,12 @@ class FeatureDrafter:
         fused = self.fc(torch.cat((features, embeds), dim=-1)).to(features.dtype)  # (T, D)
         hidden = self.layer(None, start, self.cache, inputs=fused[None])  # (1, T, D)
         self._previous = hidden[0, -1:]  # (1, D)
+        if self.head is not None:
+            return self.head.logits(hidden)  # (V,), dropped tokens -inf
         return self.target.logits(hidden[:, -1:])[0, -1]  # (V,)
+
+    def trim_vocabulary(self, kept: torch.Tensor) -> None:
+        self.head = TrimmedHead(self.target, kept)
 
     def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
         pass  # the next propose() recomputes the rows of accepted drafts from the target's features
@@ -113,4 +121,5 @@ class FeatureDrafter:
 
     def memory_bytes(self) -> int:
         layer = sum(t.nbytes for name, t in self.layer.state_dict().items() if not name.startswith("embed."))
-        return layer + self.fc.weight.nbytes + self.cache.nbytes + self.target.features.nbytes
+        head = self.head.nbytes if self.head is not None else 0
+        return layer + self.fc.weight.nbytes + self.cache.nbytes + self.target.features.nbytes + head

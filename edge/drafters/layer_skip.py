@@ -67,9 +67,10 @@ class LayerSkipDrafter:
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
         start = len(tokens) - 1  # the target's cache holds everything before the last token
-        if sampler.plain_greedy and self.head is None:  # all k drafts in one C call where the kernel runs
+        if sampler.plain_greedy:  # all k drafts in one C call where the kernel runs
             drafted = self.model.draft_greedy([tokens[-1]], start, self.cache, k, layers=self.layers,
-                                              vocab_size=sampler.vocab_size)
+                                              vocab_size=sampler.vocab_size,
+                                              trimmed_head=self.head.rows if self.head is not None else None)
             if drafted is not None:
                 return Draft(tokens=drafted)
         return draft_autoregressively(self._step, tokens, [tokens[-1]], start, k, sampler)

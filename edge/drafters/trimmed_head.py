@@ -23,8 +23,13 @@ class TrimmedHead:
         vocab = model.config.vocab_size
         if kept.numel() == 0 or int(kept.min()) < 0 or int(kept.max()) >= vocab:
             raise SamplingError(f"the draft vocabulary must hold token ids in 0..{vocab - 1}; check the file")
-        self.model, self.kept = model, kept
-        self.weight = model.head_weight.index_select(0, kept).contiguous()  # (V', D)
+        self.model, self.kept = model, kept.to(torch.int64).contiguous()  # (V',)
+        self.weight = model.head_weight.index_select(0, self.kept).contiguous()  # (V', D)
+
+    @property
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight (V', D), kept ids (V',) int64): what Transformer.draft_greedy's one-call path takes."""
+        return self.weight, self.kept
 
     @property
     def nbytes(self) -> int:

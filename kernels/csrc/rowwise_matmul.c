@@ -271,33 +271,180 @@ static inline void add_scaled(float *result, float weight, const float *row, int
     for (; d < D; d++) result[d] = fmaf(weight, row[d], result[d]);
 }
 
+/* The 16 dot products of one query with 16 consecutive key rows (row stride D, D a multiple of 16), bit for bit
+ * what dot_plain gives each: the same multiply-adds per key, then the same pairwise tree, run on 16 keys at once by
+ * a transposing reduction (each level adds lane i + w onto lane i of every key, as reduce_lanes does for one). */
+static inline v16 dot16(const float *query, const float *rows, int64_t D) {
+    v16 lanes[16];
+    for (int j = 0; j < 16; j++) {
+        v16 sum = multiply_add((v16){0}, load_f32(query), load_f32(rows + j * D));
+        for (int64_t d = 16; d < D; d += 16) sum = multiply_add(sum, load_f32(query + d), load_f32(rows + j * D + d));
+        lanes[j] = sum;
+    }
+    v16 halves[8], quarters[4], eighths[2];
+    for (int m = 0; m < 8; m++)  /* lanes 0-7: key 2m's upper half added onto its lower; 8-15: key 2m+1's */
+        halves[m] = __builtin_shufflevector(lanes[2 * m], lanes[2 * m + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19,
+                                            20, 21, 22, 23) +
+                    __builtin_shufflevector(lanes[2 * m], lanes[2 * m + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
+                                            27, 28, 29, 30, 31);
+    for (int m = 0; m < 4; m++)  /* 4 lanes per key, keys 4m .. 4m+3 */
+        quarters[m] = __builtin_shufflevector(halves[2 * m], halves[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18,
+                                              19, 24, 25, 26, 27) +
+                      __builtin_shufflevector(halves[2 * m], halves[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21,
+                                              22, 23, 28, 29, 30, 31);
+    for (int m = 0; m < 2; m++)  /* 2 lanes per key, keys 8m .. 8m+7 */
+        eighths[m] = __builtin_shufflevector(quarters[2 * m], quarters[2 * m + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17,
+                                             20, 21, 24, 25, 28, 29) +
+                     __builtin_shufflevector(quarters[2 * m], quarters[2 * m + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19,
+                                             22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(eighths[0], eighths[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
+                                   30) +
+           __builtin_shufflevector(eighths[0], eighths[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
+                                   31) + (v16){0};  /* + 0: dot_plain's empty tail (turns -0 into +0 alike) */
+}
+
+/* exp(x) on 16 lanes for x <= 0 (scores minus their maximum): x = n ln2 + r with |r| <= ln2 / 2, e^r by the Cephes
+ * single-precision polynomial (about 1 ulp), times 2^n through the exponent bits. x is clamped at -87 (e^-87 is
+ * about 1.6e-38: no weight that small changes a float32 sum). The same operations on every lane and every call. */
+static inline v16 exp_lanes(v16 x) {
+    typedef int32_t i32x16 __attribute__((vector_size(64)));
+    const v16 floor_x = (v16){0} - 87.0f;
+    const i32x16 below = x < floor_x;  /* lane-wise: -1 where x is below the floor */
+    i32x16 x_bits, floor_bits;
+    memcpy(&x_bits, &x, sizeof x);
+    memcpy(&floor_bits, &floor_x, sizeof floor_x);
+    x_bits = (x_bits & ~below) | (floor_bits & below);
+    memcpy(&x, &x_bits, sizeof x);
+    const float magic = 12582912.0f;  /* 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits */
+    const v16 shifted = x * 1.44269504088896341f + magic;
+    const v16 n = shifted - magic;
+    const v16 r = multiply_add(multiply_add(x, n, (v16){0} - 0.693359375f), n, (v16){0} + 2.12194440e-4f);
+    v16 p = (v16){0} + 1.9875691500e-4f;
+    p = multiply_add((v16){0} + 1.3981999507e-3f, p, r);
+    p = multiply_add((v16){0} + 8.3334519073e-3f, p, r);
+    p = multiply_add((v16){0} + 4.1665795894e-2f, p, r);
+    p = multiply_add((v16){0} + 1.6666665459e-1f, p, r);
+    p = multiply_add((v16){0} + 5.0000001201e-1f, p, r);
+    const v16 e = multiply_add(r + 1.0f, p, r * r);  /* 1 + r + r^2 p */
+    i32x16 shifted_bits;
+    memcpy(&shifted_bits, &shifted, sizeof shifted);
+    i32x16 scale_bits = (shifted_bits - 0x4B400000 + 127) << 23;  /* 2^n; 0x4B400000 is magic's bit pattern */
+    v16 scale;
+    memcpy(&scale, &scale_bits, sizeof scale);
+    return e * scale;
+}
+
+/* Softmax weights of one query over keys [lo, hi]: scores[j] = exp(q . k_j * scale - max); returns their sum. Keys
+ * go 16 at a time from lo (a zero-padded vector for the last few), and the sum is 16 lane-wise sums then the
+ * pairwise tree, so each query's arithmetic depends only on its own range. */
+static float query_scores(const float *query, const float *k, float *scores, int64_t lo, int64_t hi, int64_t D,
+                          float scale) {
+    int64_t j = lo;
+    if (D % 16 == 0)
+        for (; j + 16 <= hi + 1; j += 16) {
+            const v16 block = dot16(query, k + j * D, D) * scale;
+            memcpy(scores + j, &block, sizeof block);
+        }
+    for (; j <= hi; j++) scores[j] = dot_plain(query, k + j * D, D) * scale;
+    float top = -INFINITY;
+    for (j = lo; j <= hi; j++) top = scores[j] > top ? scores[j] : top;  /* a maximum: the same in any order */
+    v16 sums = (v16){0};
+    for (j = lo; j <= hi; j += 16) {
+        const int64_t count = hi + 1 - j < 16 ? hi + 1 - j : 16;
+        v16 block = (v16){0};
+        memcpy(&block, scores + j, count * sizeof(float));
+        block = exp_lanes(block - top);
+        if (count < 16)
+            for (int64_t lane = count; lane < 16; lane++) block[lane] = 0.0f;  /* padding adds nothing */
+        memcpy(scores + j, &block, count * sizeof(float));
+        sums += block;
+    }
+    return reduce_lanes(sums);
+}
+
+/* N queries' weighted sums of value rows over 16 * W columns from column c, in registers (N and W compile-time):
+ * acc accumulates weight_j * v_j for j = lo[i] .. hi[i] in key order, one fused multiply-add each (add_scaled's
+ * operations), then is stored. */
+static inline __attribute__((always_inline)) void value_block(const float *const *weights, float *const *results,
+                                                              const int64_t *lo, const int64_t *hi, int64_t first,
+                                                              int64_t last, const float *v, int64_t D, int64_t c,
+                                                              const int N, const int W) {
+    v16 acc[4][4];
+    _Pragma("GCC unroll 4") for (int i = 0; i < N; i++)
+        _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) acc[i][w] = (v16){0};
+    for (int64_t j = first; j <= last; j++) {
+        const float *row = v + j * D + c;
+        v16 column[4];
+        _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) column[w] = load_f32(row + 16 * w);
+        _Pragma("GCC unroll 4") for (int i = 0; i < N; i++) {
+            if (j < lo[i] || j > hi[i]) continue;
+            const v16 scale = (v16){0} + weights[i][j];
+            _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) acc[i][w] = multiply_add(acc[i][w], scale, column[w]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < N; i++)
+        _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) memcpy(results[i] + c + 16 * w, &acc[i][w], sizeof(v16));
+}
+
+#define VALUE_QUERIES 4
+#define VALUE_CASE(N, W) \
+    case N: value_block(weights, results, lo, hi, first, last, v, D, c, N, W); break;
+
+/* Up to 4 queries' attention outputs from their softmax weights: value_block over 64 columns at a time, a scalar
+ * loop for a D % 16 tail (fmaf, the same single rounding), then the division by each query's total. */
+static void weighted_values(const float *const *weights, float *const *results, const int64_t *lo, const int64_t *hi,
+                            const float *inverse, int n, const float *v, int64_t D) {
+    int64_t first = lo[0], last = hi[0];
+    for (int i = 1; i < n; i++) {
+        if (lo[i] < first) first = lo[i];
+        if (hi[i] > last) last = hi[i];
+    }
+    int64_t c = 0;
+    for (; c + 64 <= D; c += 64)
+        switch (n) { VALUE_CASE(1, 4) VALUE_CASE(2, 4) VALUE_CASE(3, 4) VALUE_CASE(4, 4) }
+    for (; c + 16 <= D; c += 16)
+        switch (n) { VALUE_CASE(1, 1) VALUE_CASE(2, 1) VALUE_CASE(3, 1) VALUE_CASE(4, 1) }
+    for (int i = 0; i < n; i++) {
+        for (int64_t d = c; d < D; d++) {
+            float sum = 0.0f;
+            for (int64_t j = lo[i]; j <= hi[i]; j++) sum = fmaf(weights[i][j], v[j * D + d], sum);
+            results[i][d] = sum;
+        }
+        for (int64_t d = 0; d < D; d++) results[i][d] *= inverse[i];
+    }
+}
+
 void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
                            int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
                            int64_t window, float scale, int threads) {
-    const int64_t group = H / Hkv, span = start + T;
+    /* Work is split by KV head, so each key and value row is read for all the queries that share it (a GQA group's
+     * heads, every row of a verify pass); a KV head's queries are split further when there are fewer KV heads than
+     * threads. Each query's arithmetic is the same however the queries are grouped. */
+    const int64_t group = H / Hkv, span = start + T, per_head = group * T;
+    int64_t splits = (threads + Hkv - 1) / Hkv;
+    if (splits > per_head) splits = per_head;
+    if (splits < 1) splits = 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t ht = 0; ht < H * T; ht++) {
-        const int64_t h = ht / T, t = ht % T, position = start + t;
-        const int64_t lo = (window > 0 && position - window + 1 > 0) ? position - window + 1 : 0;
-        const float *query = q + ht * D;
-        const float *k = keys + (h / group) * kv_head_stride, *v = values + (h / group) * kv_head_stride;
-        float *scores = scratch + ht * span, *result = out + ht * D;
-        float top = -INFINITY;
-        for (int64_t j = lo; j <= position; j++) {
-            scores[j] = dot_plain(query, k + j * D, D) * scale;
-            if (scores[j] > top) top = scores[j];
+    for (int64_t unit = 0; unit < Hkv * splits; unit++) {
+        const int64_t kv = unit / splits, part = unit % splits;
+        const int64_t first = per_head * part / splits, end = per_head * (part + 1) / splits;
+        const float *k = keys + kv * kv_head_stride, *v = values + kv * kv_head_stride;
+        for (int64_t i0 = first; i0 < end; i0 += VALUE_QUERIES) {
+            const float *weights[VALUE_QUERIES];
+            float *results[VALUE_QUERIES], inverse[VALUE_QUERIES];
+            int64_t lo[VALUE_QUERIES], hi[VALUE_QUERIES];
+            const int n = end - i0 < VALUE_QUERIES ? (int)(end - i0) : VALUE_QUERIES;
+            for (int i = 0; i < n; i++) {
+                const int64_t ht = kv * per_head + i0 + i, t = ht % T, position = start + t;  /* head ht / T */
+                lo[i] = (window > 0 && position - window + 1 > 0) ? position - window + 1 : 0;
+                hi[i] = position;
+                float *scores = scratch + ht * span;
+                inverse[i] = 1.0f / query_scores(q + ht * D, k, scores, lo[i], hi[i], D, scale);
+                weights[i] = scores;
+                results[i] = out + ht * D;
+            }
+            weighted_values(weights, results, lo, hi, inverse, n, v, D);
         }
-        float total = 0.0f;
-        for (int64_t j = lo; j <= position; j++) {
-            scores[j] = expf(scores[j] - top);
-            total += scores[j];
-        }
-        for (int64_t d = 0; d < D; d++) result[d] = 0.0f;
-        for (int64_t j = lo; j <= position; j++) {
-            add_scaled(result, scores[j], v + j * D, D);
-        }
-        const float inverse = 1.0f / total;
-        for (int64_t d = 0; d < D; d++) result[d] *= inverse;
     }
 }
 
@@ -432,14 +579,16 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
  * The first step runs T0 rows at positions [start, start + T0): tokens[t] (and features[t] (T0, D) when fc is set);
  * each later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are
  * written into the drafter's cache as the layers run. embed/head (V, D) are in head_format, everything else of the
- * drafter (layers, norm, fc (D, 2D)) in format. cos/sin are whole tables: row p is position p. scratch holds
- * T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i. */
+ * drafter (layers, norm, fc (D, 2D)) in format. cos/sin are whole tables: row p is position p. A trimmed head
+ * (VocabTrim) holds only some tokens' rows: head_ids (V) names the token of each row (NULL: row v is token v). scratch
+ * holds T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i. */
 void draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,
                       int64_t Dh, int64_t I, const int64_t *order, int64_t count, const void *const *weights,
                       const int64_t *windows, const float *cos_table, const float *sin_table, float *keys,
                       float *values, int64_t S_max, int64_t layer_stride, int64_t start, float eps, float scale,
                       const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
-                      int64_t V, int head_format, int64_t k, int64_t *out, float *scratch, int threads) {
+                      const int64_t *head_ids, int64_t V, int head_format, int64_t k, int64_t *out, float *scratch,
+                      int threads) {
     float *x = scratch;                     /* (T0, D) the rows being run */
     float *joined = x + T0 * D;             /* (T0, 2D) feature | embedding, the fc's input */
     float *normed = joined + 2 * T0 * D;    /* (D) the last row after the norm: the next feature */
@@ -463,7 +612,7 @@ void draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, 
         int64_t best = 0;
         for (int64_t v = 1; v < V; v++)
             if (logits[v] > logits[best]) best = v;  /* the first of equal maxima, as torch.argmax */
-        out[i] = best;
+        out[i] = head_ids ? head_ids[best] : best;
         position += T;
         T = 1;
         step_tokens = out + i;

@@ -31,9 +31,11 @@ from edge.verify import Verdict, verify_greedy, verify_stochastic
 class DraftLength:
     """How many tokens to draft per step: fixed, or adaptive.
 
-    Adaptive follows recent acceptance: after a fully accepted draft k grows by 2; after a rejection it drops to
-    the tokens accepted + 1 (at most k - 1), within [min_k, max_k]. In back-to-back runs on the retrained built-in
-    pair this measured level with or slightly ahead of shrinking by one (docs/architecture.md). Optionally a drafter also stops early when its probability for the next token is
+    Adaptive follows recent acceptance: after a fully accepted draft k grows by 1; after a rejection it drops to
+    the tokens accepted + 1 (at most k - 1), within [min_k, max_k]. The drop measured level with or slightly ahead
+    of shrinking by one (docs/architecture.md); growing by 1 rather than 2 brought every drafter within 5% of its
+    best fixed k in an interleaved suite, now that each extra verify row costs compute (docs/benchmarks.md,
+    session 6). Optionally a drafter also stops early when its probability for the next token is
     below `stop_below` (SpecDec++/Kangaroo). On the built-in pair this rule measured level with the best fixed k,
     while the expected-gain rule of Leviathan et al. (pick k from the running acceptance and draft/verify cost
     ratio) and any confidence threshold measured slower; see docs/benchmarks.md."""
@@ -65,7 +67,7 @@ class DraftLength:
     def update(self, accepted: int, drafted: int) -> None:
         if not self.adaptive or drafted == 0:
             return
-        self.k = min(self.k + 2, self.max_k) if accepted == drafted else max(min(self.k - 1, accepted + 1), self.min_k)
+        self.k = min(self.k + 1, self.max_k) if accepted == drafted else max(min(self.k - 1, accepted + 1), self.min_k)
 
 
 class SpeculativeDecoding:

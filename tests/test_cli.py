@@ -119,6 +119,23 @@ def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_
     assert (tmp_path / "suite.md").read_text().startswith("| method |")
 
 
+def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--methods", "ar,ngram,early-exit:1",
+         "--draft-lengths", "2", "--max-new-tokens", "8", "--repeats", "3", "--interleave", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "suite.json").read_text())
+    assert [row["method"] for row in report["summary"]] == ["ar", "ngram (k=2)", "early-exit:1 (k=2)"]
+    assert "interleaved" in done.stderr and "pass 1/3" not in done.stderr  # one worker, not one per method
+    for run in report["runs"]:
+        first = run["prompts"][0]
+        assert len(first["pass_seconds"]) == 3 and first["seconds"] == sorted(first["pass_seconds"])[1]
+    assert all(row["identical_to_ar"] for row in report["summary"])
+    assert report["summary"][1]["acceptance_rate"] is not None
+
+
 def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
     from edge.bench.calls import expected_tokens, main as calls_main
 

@@ -217,20 +217,24 @@ def test_half_precision_speculation_warns_that_it_may_not_be_exact(checkpoints, 
     assert "not guaranteed token-identical" in caplog.text
 
 
-def test_adaptive_draft_length_grows_by_two_on_full_acceptance_and_drops_to_what_was_accepted_plus_one():
+def test_adaptive_draft_length_grows_by_one_on_full_acceptance_and_drops_to_what_was_accepted_plus_one():
     from edge.speculative import DraftLength
 
     length = DraftLength()  # starts at k=4
     length.update(4, 4)
-    assert length.k == 6
-    length.update(4, 6)
-    assert length.k == 5  # one less than drafted, as 4 accepted + 1 is more
+    assert length.k == 5
+    length.update(4, 5)
+    assert length.k == 4  # one less than drafted, as 4 accepted + 1 is more
+    length.update(3, 4)
+    assert length.k == 3
+    length.update(2, 2)  # a draft cut short (a stop, the budget) that was wholly accepted still grows k
+    assert length.k == 4
     length.update(1, 5)
     assert length.k == 2  # the accepted tokens + 1
     for _ in range(10):
         length.update(0, length.k)
     assert length.k == length.min_k == 1
-    for _ in range(10):
+    for _ in range(20):
         length.update(length.k, length.k)
     assert length.k == length.max_k
     fixed = DraftLength.fixed(5)

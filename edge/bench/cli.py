@@ -6,7 +6,8 @@
 The default mode runs the prompt set (Spec-Bench's six categories plus code) through edge's autoregressive
 decoding and each speculative method, checks that every greedy output is identical to autoregressive decoding,
 and writes a JSON report, a Markdown table and a plot. Each method runs in its own process, one after the other
-in the same run, so peak memory is measured separately and speeds are comparable.
+in the same run, so peak memory is measured separately and speeds are comparable; with --interleave every edge
+method runs in one process instead, prompt by prompt, which keeps speed ratios steady on a noisy machine.
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed repeats (--ar: per backend; suite: passes over every method, each method in "
-                             "its own process each time); medians are reported")
+                             "its own process each time, or passes over the prompts with --interleave); medians "
+                             "are reported")
+    parser.add_argument("--interleave", action="store_true",
+                        help="suite: run every edge method in one process, one prompt at a time (plain decoding, "
+                             "then each method, on the same prompt), so methods are timed seconds apart and share "
+                             "the machine's slow spells; peak memory is then for all methods together")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--kv-cache", default="float32", choices=["float32", "int8", "int8-int4", "hierarchical"],
                         help="suite: KV cache format for every edge method, the plain-decoding baseline included "
@@ -131,23 +137,32 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     lengths = [d.strip() for d in args.draft_lengths.split(",") if d.strip()]
     if "ar" not in methods:
         methods.insert(0, "ar")
-    runs = [(m, "adaptive") if m == "ar" else (m, d) for m in methods for d in ([None] if m == "ar" else lengths)]
+    edge_runs = [(m, "adaptive") if m == "ar" else (m, d) for m in methods for d in (["adaptive"] if m == "ar"
+                                                                                       else lengths)]
+    peer_runs = []
     if args.peers:
-        runs += [("hf", "adaptive"), ("hf-lookup", "adaptive")]
+        peer_runs += [("hf", "adaptive"), ("hf-lookup", "adaptive")]
         if builtin_drafter_path() is not None:
-            runs.append((f"hf-assisted:{builtin_drafter_path()}", "adaptive"))
-    runs.append(("ar-end", "adaptive"))  # plain decoding again: the baseline is the faster of the two
+            peer_runs.append((f"hf-assisted:{builtin_drafter_path()}", "adaptive"))
+    if args.interleave:
+        print(f"edge-bench: {len(edge_runs)} edge methods interleaved prompt by prompt, {args.repeats} passes ...",
+              file=sys.stderr)
+        results = suite.run_interleaved(model, edge_runs, args.repeats, args.max_new_tokens, args.dtype,
+                                        args.kv_cache)
+        runs = peer_runs
+    else:  # plain decoding again at the end: the baseline is the faster of the two
+        results, runs = [], edge_runs + peer_runs + [("ar-end", "adaptive")]
     passes: list[list[dict]] = []
     for number in range(args.repeats):  # whole passes over the methods: a slow spell of the machine hits one pass
         passes.append([])
         for method, length in runs:
-            print(f"edge-bench: pass {number + 1}/{args.repeats}: {suite.label(method, length or 'adaptive')} ...",
+            print(f"edge-bench: pass {number + 1}/{args.repeats}: {suite.label(method, length)} ...",
                   file=sys.stderr)
-            result = suite.run_method(model, "ar" if method == "ar-end" else method, length or "adaptive",
+            result = suite.run_method(model, "ar" if method == "ar-end" else method, length,
                                       args.max_new_tokens, args.dtype, args.kv_cache)
             passes[-1].append({**result, "method": method})
-    results = [suite.median_of_passes(runs_of_method) for runs_of_method in zip(*passes)]
-    baseline = suite.faster_baseline(results[0], results[-1])
+    results += [suite.median_of_passes(runs_of_method) for runs_of_method in zip(*passes)]
+    baseline = results[0] if args.interleave else suite.faster_baseline(results[0], results[-1])
     rows = [suite.summarise(result, baseline) for result in results]
     table = suite.markdown(rows)
     args.out.mkdir(parents=True, exist_ok=True)

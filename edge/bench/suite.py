@@ -29,6 +29,14 @@ def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int,
                                                  "--dtype", dtype, "--kv-cache", kv_cache], label(method, draft_length))
 
 
+def run_interleaved(model: Path, runs: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
+                    kv_cache: str = "float32") -> list[dict]:
+    """Every edge method in one worker process, prompt by prompt (edge.bench.suite_worker --interleave)."""
+    return run_child("edge.bench.suite_worker", ["--model", str(model), "--interleave", json.dumps(runs),
+                                                 "--passes", str(passes), "--max-new-tokens", str(max_new_tokens),
+                                                 "--dtype", dtype, "--kv-cache", kv_cache], "interleaved run")["runs"]
+
+
 def median_of_passes(results: list[dict]) -> dict:
     """One method's runs from several passes -> one result: per prompt the median time (the outputs are checked
     equal: greedy decoding is deterministic)."""

@@ -1,6 +1,12 @@
 """Run the whole prompt set with one decoding method in its own process; print one JSON object.
 
     python -m edge.bench.suite_worker --model PATH --method METHOD [--draft-length adaptive|K] [--max-new-tokens N]
+    python -m edge.bench.suite_worker --model PATH --interleave '[["ar", "adaptive"], ["ngram", "2"]]' --passes P
+
+With --interleave, one process and one loaded target run every listed edge method on each prompt in turn, plain
+decoding first, for P passes; it prints {"runs": [one result per method, like the single-method form]}, each
+prompt's time the median over the passes. Methods timed seconds apart share the machine's slow spells, which on a
+shared VM move whole minutes' speeds by a third. Peak memory is then the one process's, for all methods together.
 
 METHOD: `ar` (edge, plain decoding), any drafter spec edge takes (`ngram`, `early-exit:4`, `adaptive`,
 `draft:PATH`, `builtin`, `feature`, `hybrid:feature`), or a peer: `hf` (transformers generate), `hf-assisted:PATH`
@@ -43,6 +49,57 @@ def edge_runner(model: str, method: str, draft_length: str, dtype: str,
     return run, prompts
 
 
+def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
+                     kv_cache: str = "float32") -> list[dict]:
+    """Every (method, draft length) on each prompt in turn, `passes` times over the prompt set, in this process."""
+    import statistics
+
+    from edge.engine import Engine
+
+    engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache)
+    prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
+    setups = []  # (drafter or None, draft length) per method: each drafter is built once
+    for method, length in methods:
+        if method == "ar":
+            setups.append((None, "adaptive"))
+        else:
+            engine.use_drafter(method, length, dtype=dtype)
+            setups.append((engine.drafter, engine.draft_length))
+
+    def run(setup, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict, float]:
+        drafter, length = setup
+        engine.use_drafter(drafter, length)
+        engine.reset()
+        t0 = time.perf_counter()
+        events = list(engine.generate(prompt_ids, max_new_tokens=new_tokens, task=None))
+        seconds = time.perf_counter() - t0
+        stats = events[-1].stats
+        return [token for event in events for token in event.token_ids], {
+            "steps": stats.steps, "drafted": stats.drafted, "accepted": stats.accepted, "draft_s": stats.draft_s,
+            "verify_s": stats.verify_s}, seconds
+
+    for setup in setups:
+        run(setup, prompts[0], 16)  # warm-up
+    records: list[list[list]] = [[[] for _ in PROMPTS] for _ in methods]  # [method][prompt] -> runs
+    for _ in range(passes):
+        for index, ids in enumerate(prompts):
+            for number, setup in enumerate(setups):
+                records[number][index].append(run(setup, ids, max_new_tokens))
+    peak = peak_rss_mib()
+    results = []
+    for (method, length), by_prompt in zip(methods, records):
+        rows = []
+        for prompt, ids, runs in zip(PROMPTS, prompts, by_prompt):
+            out, stats, _ = runs[0]
+            if any(run_ids != out for run_ids, _, _ in runs):
+                raise SystemExit(f"{method} gave different outputs in different passes")
+            times = [seconds for _, _, seconds in runs]
+            rows.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
+                         "seconds": statistics.median(times), "pass_seconds": times, "token_ids": out, **stats})
+        results.append({"method": method, "draft_length": length, "prompts": rows, "peak_rss_mib": peak})
+    return results
+
+
 def hf_runner(model: str, method: str, dtype: str) -> tuple[Runner, list[list[int]]]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -82,13 +139,23 @@ def source_checkpoint(model: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m edge.bench.suite_worker")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--method", required=True)
+    parser.add_argument("--method")
+    parser.add_argument("--interleave", help='JSON [[METHOD, DRAFT_LENGTH], ...]: every edge method in this '
+                        'process, prompt by prompt')
+    parser.add_argument("--passes", type=int, default=1, help="--interleave: passes over the prompt set")
     parser.add_argument("--draft-length", default="adaptive")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--kv-cache", default="float32")
     args = parser.parse_args(argv)
 
+    if args.interleave:
+        methods = [(method, length) for method, length in json.loads(args.interleave)]
+        json.dump({"runs": interleaved_runs(args.model, methods, args.passes, args.max_new_tokens, args.dtype,
+                                            args.kv_cache)}, sys.stdout)
+        return 0
+    if args.method is None:
+        parser.error("give --method or --interleave")
     if args.method.startswith("hf"):
         run, prompts = hf_runner(args.model, args.method, args.dtype)
     else:

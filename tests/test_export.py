@@ -348,8 +348,9 @@ def test_bad_draft_vocabularies_are_refused(llama_dir, tmp_path):
         Engine.load(llama_dir, drafter=f"early-exit:1@{tmp_path / 'missing.json'}")
     good = tmp_path / "good.json"
     good.write_text("[1, 2, 3]")
-    with pytest.raises(EdgeError, match="has no head to trim"):
-        Engine.load(llama_dir, drafter=f"ngram@{good}")
+    for spec in ("ngram", "hybrid:ngram"):
+        with pytest.raises(EdgeError, match="has no head to trim"):
+            Engine.load(llama_dir, drafter=f"{spec}@{good}")
 
 
 def test_a_checkpoint_runs_on_onnx_through_the_cache(llama_dir, drafter_dir, tmp_path, monkeypatch):

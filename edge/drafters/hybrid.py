@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from edge.drafters.base import Draft, Drafter, DraftSampler
 from edge.drafters.ngram import NGramDrafter
+from edge.errors import SamplingError
 
 
 class HybridDrafter:
@@ -42,5 +43,6 @@ class HybridDrafter:
 
     def trim_vocabulary(self, kept) -> None:
         if not hasattr(self.model_drafter, "trim_vocabulary"):
-            raise AttributeError("trim_vocabulary")
+            raise SamplingError(f"the {self.model_drafter.name} drafter has no head to trim; a draft vocabulary "
+                                "applies to draft models, layer-skip and feature drafters")
         self.model_drafter.trim_vocabulary(kept)

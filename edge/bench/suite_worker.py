@@ -41,12 +41,15 @@ def edge_runner(model: str, method: str, draft_length: str, dtype: str,
     def run(prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict]:
         engine.reset()
         events = list(engine.generate(prompt_ids, max_new_tokens=new_tokens, task=None))
-        stats = events[-1].stats
-        ids = [token for event in events for token in event.token_ids]
-        return ids, {"steps": stats.steps, "drafted": stats.drafted, "accepted": stats.accepted,
-                     "draft_s": stats.draft_s, "verify_s": stats.verify_s}
+        return [token for event in events for token in event.token_ids], run_stats(events[-1].stats)
 
     return run, prompts
+
+
+def run_stats(stats) -> dict:
+    """The counters of one generation that the suite reports (steps, drafts, acceptance, time split)."""
+    return {"steps": stats.steps, "drafted": stats.drafted, "accepted": stats.accepted, "draft_s": stats.draft_s,
+            "verify_s": stats.verify_s}
 
 
 def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
@@ -73,10 +76,7 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
         t0 = time.perf_counter()
         events = list(engine.generate(prompt_ids, max_new_tokens=new_tokens, task=None))
         seconds = time.perf_counter() - t0
-        stats = events[-1].stats
-        return [token for event in events for token in event.token_ids], {
-            "steps": stats.steps, "drafted": stats.drafted, "accepted": stats.accepted, "draft_s": stats.draft_s,
-            "verify_s": stats.verify_s}, seconds
+        return [token for event in events for token in event.token_ids], run_stats(events[-1].stats), seconds
 
     for setup in setups:
         run(setup, prompts[0], 16)  # warm-up

@@ -40,6 +40,9 @@ from edge.stopping import StopStrings
 from edge.tokenizer import StreamDecoder, Tokenizer
 
 DEFAULT_MAX_CONTEXT = 4096
+# adaptive draft length starts at 2: with extra verify rows costing compute, starting at 4 cost the drafters whose
+# best fixed k is 1 or 2 a few percent per reply in interleaved runs (docs/benchmarks.md, session 6)
+ADAPTIVE_START = 2
 log = logging.getLogger(__name__)
 
 
@@ -98,7 +101,7 @@ class Engine:
         self._history: list[int] = []  # prompt + generated tokens of the last call; the cache holds a prefix of it
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.drafter: Drafter | None = None
-        self.draft_length = DraftLength()
+        self.draft_length = _draft_length("adaptive")
         self.plan = None  # the memory plan this engine was sized by (Engine.load with a memory_budget)
         self.bundle = None  # the edge-export bundle this engine runs, when loaded from one
         self.backend = "torch"  # or the bundle's backend: onnx, torchscript, torch-export
@@ -471,7 +474,7 @@ def _draft_length(value: int | str | DraftLength) -> DraftLength:
     if isinstance(value, DraftLength):
         return value
     if value == "adaptive":
-        return DraftLength()
+        return DraftLength(k=ADAPTIVE_START)
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):

@@ -31,7 +31,7 @@ from edge.verify import Verdict, verify_greedy, verify_stochastic
 class DraftLength:
     """How many tokens to draft per step: fixed, or adaptive.
 
-    Adaptive follows recent acceptance: after a fully accepted draft k grows by 1; after a rejection it drops to
+    Adaptive follows recent acceptance (the engine starts it at k=2): after a fully accepted draft k grows by 1; after a rejection it drops to
     the tokens accepted + 1 (at most k - 1), within [min_k, max_k]. The drop measured level with or slightly ahead
     of shrinking by one (docs/architecture.md); growing by 1 rather than 2 brought every drafter within 5% of its
     best fixed k in an interleaved suite, now that each extra verify row costs compute (docs/benchmarks.md,

@@ -240,6 +240,10 @@ def test_adaptive_draft_length_grows_by_one_on_full_acceptance_and_drops_to_what
     fixed = DraftLength.fixed(5)
     fixed.update(0, 5)
     assert fixed.k == 5
+    from edge.engine import _draft_length
+
+    engine_default = _draft_length("adaptive")  # what --draft-length adaptive (the default) starts from
+    assert engine_default.adaptive and engine_default.k == 2 and engine_default.max_k == 12
 
 
 def test_a_draft_model_with_a_short_window_stays_lossless(checkpoints):

@@ -231,14 +231,16 @@ class Transformer(nn.Module):
                 raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {end} does not fit")
             x = x[0].contiguous()  # (T, D), updated in place layer by layer
             self._fused_layers(x, order, start, cache, rope)
-            x = x[None]  # (1, T, D)
+            norm = self.norm.weight
+            hidden = (self.rowwise.rms_norm(x, norm, self.norm.eps) if norm.dtype == self._fused_dtype
+                      else self.norm(x))[None]  # (1, T, D): the final norm in the same C library, one call
         else:
             mask = self._mask(start, steps)
             for layer in order:
                 x = self.layers[layer](x, layer, start, cache, rope, mask)
+            hidden = self.norm(x)  # (B, T, D)
         if full:
             cache.length = end
-        hidden = self.norm(x)  # (B, T, D)
         if full and self.features is not None and hidden.shape[0] == 1 and end <= self.features.shape[0]:
             self.features[start:end] = hidden[0]
         return hidden

@@ -51,6 +51,9 @@ class RowwiseMatmul:
                                   pointer, pointer, pointer, pointer, size, size, size, ctypes.c_float,
                                   ctypes.c_float, pointer, ctypes.c_int, ctypes.c_int])
         self._layers.restype = None
+        self._norm = library.rms_norm_f32
+        self._norm.argtypes = [pointer, pointer, pointer, size, size, ctypes.c_float, ctypes.c_int]
+        self._norm.restype = None
         self._draft = library.draft_greedy_f32
         self._draft.argtypes = ([pointer, pointer] + [size] * 6 + [pointer, size, pointer, pointer, pointer, pointer,
                                 pointer, pointer, size, size, size, ctypes.c_float, ctypes.c_float, pointer, pointer,
@@ -115,6 +118,13 @@ class RowwiseMatmul:
                         head_dim ** -0.5, self.thread_count())
         return out
 
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x (T, D) float32 contiguous, weight (D,) float32/bfloat16/float16 -> RMSNorm(x) (T, D) float32."""
+        out = torch.empty_like(x)  # (T, D)
+        self._norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
+                   WEIGHT_FORMATS[weight.dtype])
+        return out
 
     def layers(self, x: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, windows: torch.Tensor,
                shape: tuple, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

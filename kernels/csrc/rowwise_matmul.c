@@ -485,6 +485,12 @@ static void rms_norm_rows(const float *x, const void *w, float *out, int64_t T, 
     }
 }
 
+/* The model's final RMSNorm over T rows (a decode step or verify pass after fused_layers_f32): one call instead of
+ * a handful of small torch ops. Each row alone, as in the layers. */
+void rms_norm_f32(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int format) {
+    rms_norm_rows(x, w, out, T, D, eps, format);
+}
+
 static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t heads, int64_t Dh) {
     const int64_t half = Dh / 2;
     for (int64_t h = 0; h < heads; h++) {

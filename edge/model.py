@@ -268,11 +268,16 @@ class Transformer(nn.Module):
         few rows of batch 1 in float32 (weights float32 or 16-bit), a plain float32 KV cache, every layer in place."""
         if self.rowwise is None or batch != 1 or rows > self.rowwise_max_rows or dtype != torch.float32:
             return False
-        if self._fused_weights is None or (self._fused_weights is not False and isinstance(self.layers[-1], Block)
-                                           and self._fused_weights[-1][1] != self.layers[-1].attn.wqkv.weight.data_ptr()):
+        if self._fused_weights is None or (self._fused_weights is not False and self._weights_replaced()):
             self._fused_weights = self._fused_pointers()  # first use, or the weights were replaced since
         return (self._fused_weights is not False and type(cache) is KVCache and cache.keys.dtype == torch.float32
                 and cache.keys.is_contiguous() and self.config.head_dim <= 512)
+
+    def _weights_replaced(self) -> bool:
+        """Whether the last layer, or its first matrix, is not the one the pointers were taken from (a replaced
+        module, or load_state_dict(assign=True)): dictionary lookups, cheaper than module attributes each step."""
+        modules, key, block, parameters, pointer = self._watched
+        return modules.get(key) is not block or parameters["weight"].data_ptr() != pointer
 
     def _fused_pointers(self) -> "list[tuple] | bool":
         """Each layer's 12 weight pointers for fused_layer_f32 (None where a tensor is absent), or False when some
@@ -305,6 +310,9 @@ class Transformer(nn.Module):
         self._fused_windows = torch.tensor([block.attn.sliding_window or 0 for block in self.layers],
                                            dtype=torch.int64)  # (L,)
         self._layer_orders: dict[tuple[int, ...], torch.Tensor] = {}
+        last = self.layers[-1]
+        self._watched = (self.layers._modules, str(len(self.layers) - 1), last, last.attn.wqkv._parameters,
+                         last.attn.wqkv.weight.data_ptr())
         return layers
 
     def _fused_layers(self, x: torch.Tensor, order, start: int, cache: KVCache, rope) -> None:

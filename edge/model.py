@@ -347,11 +347,11 @@ class Transformer(nn.Module):
         sets cache.length like a full pass."""
         head_model = head_model or self
         end = start + len(tokens) + k - 1
-        embed, head = head_model.embed.weight, head_model.head_weight  # (V, D) each
-        head = head[:vocab_size] if vocab_size is not None else head  # (V', D): leading rows stay contiguous
-        head_ids = None
+        embed = head_model.embed.weight  # (V, D)
         if trimmed_head is not None:
             head, head_ids = trimmed_head  # (V', D), (V',)
+        else:  # the leading rows of a padded head stay contiguous
+            head, head_ids = head_model.head_weight[:vocab_size], None  # (V', D)
         if (not self._can_fuse(1, len(tokens), torch.float32, cache) or end > cache.max_len or start > cache.length
                 or self.norm.weight.dtype != self._fused_dtype or (fc is not None and fc.dtype != self._fused_dtype)
                 or embed.dtype != head.dtype or not (embed.is_contiguous() and head.is_contiguous())):

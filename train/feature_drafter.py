@@ -30,7 +30,8 @@ from torch import nn
 
 from train.data import TokenStream, load_split
 from train.progress import Progress
-from train.train import HELP_MIX, Preset, learning_rate, log_record, resume_checkpoint, save_checkpoint
+from train.train import (HELP_MIX, Preset, learning_rate, log_record, optimizer_step, save_checkpoint,
+                         start_or_resume)
 
 PRESET = Preset(hidden_size=0, intermediate_size=0, num_layers=1, num_heads=0, num_kv_heads=0, steps=1500,
                 batch_size=16, seq_len=256, lr=2e-3, warmup=50, mix=HELP_MIX)  # sizes come from the target
@@ -151,31 +152,20 @@ def main(argv: list[str] | None = None) -> int:
     drafter.init_from_target(target)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    checkpoint_path, log_path = args.out / "checkpoint.pt", args.out / "log.jsonl"
-    resumed = resume_checkpoint(checkpoint_path, drafter, optimizer, stream, None)
-    step, elapsed_before = resumed or (0, 0.0)
-    if resumed:
-        print(f"resuming the feature drafter from step {step}", file=sys.stderr)
-    else:
-        log_path.write_text("")
-        log_record(log_path, {"event": "start", "steps": preset.steps, "batch_size": preset.batch_size,
-                        "seq_len": preset.seq_len, "lr": preset.lr, "seed": args.seed,
-                        "feature_weight": FEATURE_WEIGHT, "second_pass_weight": SECOND_PASS_WEIGHT,
-                        "parameters": sum(p.numel() for p in trainable)})
+    step, elapsed_before, checkpoint_path, log_path = start_or_resume(
+        args.out, drafter, optimizer, stream, None,
+        {"steps": preset.steps, "batch_size": preset.batch_size, "seq_len": preset.seq_len, "lr": preset.lr,
+         "seed": args.seed, "feature_weight": FEATURE_WEIGHT, "second_pass_weight": SECOND_PASS_WEIGHT,
+         "parameters": sum(p.numel() for p in trainable)}, "the feature drafter")
 
     progress = Progress(preset.steps, start=step, label="feature drafter")
     started = time.perf_counter()
     drafter.train()
     while step < preset.steps:
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, preset)
         tokens, _ = stream.next_batch()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, parts = drafter_losses(drafter, target, tokens)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, 1.0).item()
-        optimizer.step()
+        grad_norm = optimizer_step(optimizer, loss, trainable, step, preset)
         step += 1
         elapsed = elapsed_before + time.perf_counter() - started
         progress.update(step, loss=loss.item())

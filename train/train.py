@@ -121,6 +121,32 @@ def save_checkpoint(path: Path, model, optimizer, step: int, stream: TokenStream
     tmp.replace(path)  # atomic: a crash never leaves a half-written checkpoint
 
 
+def start_or_resume(out: Path, model, optimizer, stream: TokenStream, generator: torch.Generator | None,
+                    start_record: dict, label: str) -> tuple[int, float, Path, Path]:
+    """Resume from out/checkpoint.pt if there is one, else start out/log.jsonl afresh with `start_record`; returns
+    (step, seconds already trained, checkpoint path, log path)."""
+    checkpoint_path, log_path = out / "checkpoint.pt", out / "log.jsonl"
+    resumed = resume_checkpoint(checkpoint_path, model, optimizer, stream, generator)
+    if resumed:
+        print(f"resuming {label} from step {resumed[0]}", file=sys.stderr)
+    else:
+        log_path.write_text("")
+        log_record(log_path, {"event": "start", **start_record})
+    step, elapsed_before = resumed or (0, 0.0)
+    return step, elapsed_before, checkpoint_path, log_path
+
+
+def optimizer_step(optimizer, loss: torch.Tensor, parameters, step: int, preset: Preset) -> float:
+    """One update at this step's learning rate, gradients clipped to norm 1; returns the norm before clipping."""
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(step, preset)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, 1.0).item()
+    optimizer.step()
+    return grad_norm
+
+
 def resume_checkpoint(path: Path, model, optimizer, stream: TokenStream,
                       generator: torch.Generator | None) -> tuple[int, float] | None:
     """Restore what save_checkpoint wrote; (step, elapsed seconds), or None when there is no checkpoint yet."""
@@ -187,23 +213,16 @@ def main(argv: list[str] | None = None) -> int:
                                    {"params": no_decay, "weight_decay": 0.0}], lr=preset.lr, betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(args.seed)
     recipe = LayerSkipConfig()
-    checkpoint_path, log_path = args.out / "checkpoint.pt", args.out / "log.jsonl"
-    resumed = resume_checkpoint(checkpoint_path, model, optimizer, train_stream, generator)
-    step, elapsed_before = resumed or (0, 0.0)
-    if resumed:
-        print(f"resuming {args.preset} from step {step}", file=sys.stderr)
-    else:
-        log_path.write_text("")
-        log_record(log_path, {"event": "start", "preset": args.preset, **asdict(preset), "seed": args.seed,
-                        "parameters": sum(p.numel() for p in model.parameters()),
-                        "train_tokens_available": train_stream.total_tokens})
+    step, elapsed_before, checkpoint_path, log_path = start_or_resume(
+        args.out, model, optimizer, train_stream, generator,
+        {"preset": args.preset, **asdict(preset), "seed": args.seed,
+         "parameters": sum(p.numel() for p in model.parameters()),
+         "train_tokens_available": train_stream.total_tokens}, args.preset)
 
     progress = Progress(preset.steps, start=step, label=args.preset)
     started = time.perf_counter()
     model.train()
     while step < preset.steps:
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, preset)
         tokens, targets = train_stream.next_batch()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=preset.precision == "bfloat16"):
             if teacher is not None:
@@ -214,10 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 logits = model(tokens).logits  # (B, T, V)
                 loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
                 parts = {"final_ce": loss.item()}
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
-        optimizer.step()
+        grad_norm = optimizer_step(optimizer, loss, model.parameters(), step, preset)
         step += 1
         elapsed = elapsed_before + time.perf_counter() - started
         progress.update(step, loss=loss.item())

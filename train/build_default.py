@@ -1,8 +1,10 @@
-"""Rebuild the built-in default model pair from a fresh clone, in one command (about two hours on 2 CPU cores):
+"""Rebuild the built-in default model pair from a fresh clone, in one command (about two and a half hours on 2 CPU
+cores):
 
     pip install -e '.[train]' && python -m train.build_default
 
 corpus -> tokenizer -> target (LayerSkip) -> drafter (distilled) -> feature drafter (on the target's hidden states)
+-> the target's greedy replies to training-split questions -> both drafters tuned on them
 -> half-precision copies in edge/models/
 -> model cards with the loss curve, held-out perplexities and samples -> the golden outputs CI checks. Each stage is skipped when its output
 exists, and training resumes from its last checkpoint, so an interrupted run continues where it stopped.
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from train import feature_drafter as feature_cli
     from train import golden
     from train import model_card
+    from train import replies as replies_cli
     from train import tokenizer as tokenizer_cli
     from train import train as train_cli
 
@@ -82,8 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     if not (runs / "feature" / "final" / "model.safetensors").is_file():
         feature_cli.main(["--target", str(runs / "target" / "final"), "--out", str(runs / "feature"), *common])
     package_half_precision(runs / "target" / "final", MODELS / "default")
-    package_half_precision(runs / "drafter" / "final", MODELS / "drafter")
-    package_feature_drafter(runs / "feature" / "final", MODELS / "feature")
+    replies = work / "replies.jsonl"
+    if not replies.is_file():  # the shipped (half-precision) target answers, as it will at run time
+        replies_cli.main(["--target", str(MODELS / "default"), "--corpus", str(corpus), "--out", str(replies)])
+    if not (runs / "feature-replies" / "final" / "model.safetensors").is_file():
+        feature_cli.main(["--target", str(runs / "target" / "final"), "--init", str(runs / "feature" / "final"),
+                          "--replies", str(replies), "--out", str(runs / "feature-replies"), *common])
+    if not (runs / "drafter-replies" / "final" / "model.safetensors").is_file():
+        train_cli.main(["--preset", "drafter-replies", "--init", str(runs / "drafter" / "final"),
+                        "--replies", str(replies), "--teacher", str(runs / "target" / "final"),
+                        "--out", str(runs / "drafter-replies"), *common])
+    package_half_precision(runs / "drafter-replies" / "final", MODELS / "drafter")
+    package_feature_drafter(runs / "feature-replies" / "final", MODELS / "feature")
     model_card.main(["--runs", str(runs), "--corpus", str(corpus), "--models", str(MODELS)])
     golden.main()  # the greedy replies CI checks the shipped model against
     print(f"built-in models written to {MODELS}", file=sys.stderr)

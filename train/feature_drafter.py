@@ -13,6 +13,12 @@ on the same data mixture as the target. To make later draft positions (which run
 a second pass per batch feeds the first pass's predictions back as features ("training-time test").
 Seeded and resumable like train.train; writes OUT/log.jsonl and OUT/final (config.json + model.safetensors in
 Hugging Face Llama names plus `fc.weight`; the embedding is the target's, stored so the folder loads alone).
+
+A second stage tunes a trained drafter on the target's own greedy replies (`python -m train.replies`), which is
+what it drafts at run time, mixed with a share of the corpus:
+
+    python -m train.feature_drafter --init data/runs/feature/final --replies data/replies.jsonl \
+        --out data/runs/feature-replies
 """
 
 from __future__ import annotations
@@ -30,11 +36,14 @@ from torch import nn
 
 from train.data import TokenStream, load_split
 from train.progress import Progress
-from train.train import (HELP_MIX, Preset, learning_rate, log_record, optimizer_step, save_checkpoint,
-                         start_or_resume)
+from train.replies import load_replies
+from train.train import (HELP_MIX, REPLIES_HELD_BACK, REPLY_CORPUS_SHARE, REPLY_MIX, Preset, learning_rate,
+                         log_record, optimizer_step, save_checkpoint, start_or_resume)
 
 PRESET = Preset(hidden_size=0, intermediate_size=0, num_layers=1, num_heads=0, num_kv_heads=0, steps=1500,
                 batch_size=16, seq_len=256, lr=2e-3, warmup=50, mix=HELP_MIX)  # sizes come from the target
+TUNE_PRESET = Preset(hidden_size=0, intermediate_size=0, num_layers=1, num_heads=0, num_kv_heads=0, steps=800,
+                     batch_size=16, seq_len=256, lr=8e-4, warmup=20, tunes=True, mix=REPLY_MIX)
 FEATURE_WEIGHT = 1.0
 SECOND_PASS_WEIGHT = 0.5
 
@@ -69,6 +78,16 @@ class FeatureDrafter(nn.Module):
             self.fc.weight.zero_()
             self.fc.weight[:, :hidden].copy_(torch.eye(hidden))
             self.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+
+    def load_trained(self, folder: Path) -> None:
+        """The weights a trained drafter saved in `folder` (its embedding stays the target's)."""
+        from safetensors.torch import load_file
+
+        state = load_file(str(folder / "model.safetensors"))
+        with torch.no_grad():
+            self.fc.weight.copy_(state.pop("fc.weight"))
+        self.body.load_state_dict({name.removeprefix("model."): tensor for name, tensor in state.items()}, strict=True)
+        self.body.embed_tokens.requires_grad_(False)
 
     def save(self, folder: Path) -> None:
         from safetensors.torch import save_file
@@ -123,14 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=PRESET.steps)
+    parser.add_argument("--init", type=Path, help="start from this trained feature drafter (the tuning stage)")
+    parser.add_argument("--replies", type=Path,
+                        help="the target's replies (python -m train.replies): tune on them, with --init")
+    parser.add_argument("--steps", type=int, help="override the number of steps (default: 1500, tuning: 800)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--heldout-batches", type=int, default=8)
     args = parser.parse_args(argv)
-    preset = Preset(**{**PRESET.__dict__, "steps": args.steps})
+    if (args.init is None) != (args.replies is None):
+        parser.error("the tuning stage takes both --init (a trained drafter) and --replies (the target's replies)")
+    preset = TUNE_PRESET if args.replies else PRESET
+    preset = Preset(**{**preset.__dict__, "steps": args.steps or preset.steps})
 
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
@@ -144,21 +169,41 @@ def main(argv: list[str] | None = None) -> int:
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32, attn_implementation="sdpa")
     target.eval().requires_grad_(False)
     train_ids, train_weights = load_split(args.corpus / "train.jsonl", tokenizer, preset.mix)
+    heldout_sets = {"heldout_agreement": load_split(args.corpus / "heldout.jsonl", tokenizer)[0]}
+    if args.replies:
+        reply_ids, reply_weights, heldout_sets["replies_agreement"] = load_replies(
+            args.replies, tokenizer, preset.mix, REPLIES_HELD_BACK)
+        train_ids, train_weights = train_ids + reply_ids, train_weights + reply_weights
     stream = TokenStream(train_ids, preset.seq_len, preset.batch_size, seed=args.seed, weights=train_weights)
-    heldout = TokenStream(load_split(args.corpus / "heldout.jsonl", tokenizer)[0], preset.seq_len, preset.batch_size,
-                          seed=args.seed).fixed_batches(args.heldout_batches)
+    heldout = {name: TokenStream(ids, preset.seq_len, preset.batch_size, seed=args.seed).fixed_batches(
+        args.heldout_batches) for name, ids in heldout_sets.items()}
 
     drafter = FeatureDrafter(target.config)
     drafter.init_from_target(target)
+    if args.init:
+        drafter.load_trained(args.init)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, elapsed_before, checkpoint_path, log_path = start_or_resume(
         args.out, drafter, optimizer, stream, None,
         {"steps": preset.steps, "batch_size": preset.batch_size, "seq_len": preset.seq_len, "lr": preset.lr,
          "seed": args.seed, "feature_weight": FEATURE_WEIGHT, "second_pass_weight": SECOND_PASS_WEIGHT,
-         "parameters": sum(p.numel() for p in trainable)}, "the feature drafter")
+         "parameters": sum(p.numel() for p in trainable), "init": str(args.init) if args.init else None,
+         "replies": str(args.replies) if args.replies else None, "mix": preset.mix,
+         "corpus_share": REPLY_CORPUS_SHARE if args.replies else 1.0,
+         "replies_trained": len(reply_ids) if args.replies else 0,
+         "replies_held_back": REPLIES_HELD_BACK if args.replies else 0}, "the feature drafter")
+
+    def evaluate(step: int, elapsed: float) -> None:
+        drafter.eval()
+        agreements = {name: heldout_agreement(drafter, target, batches) for name, batches in heldout.items()}
+        drafter.train()
+        log_record(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, **agreements})
+        progress.note(" ".join(f"{name} {a[0]:.3f} / {a[1]:.3f}" for name, a in agreements.items()))
 
     progress = Progress(preset.steps, start=step, label="feature drafter")
+    if args.init and step == 0:
+        evaluate(0, 0.0)  # where the tuning starts from
     started = time.perf_counter()
     drafter.train()
     while step < preset.steps:
@@ -173,11 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             log_record(log_path, {"event": "train", "step": step, "loss": loss.item(), "grad_norm": grad_norm,
                             "lr": learning_rate(step - 1, preset), "elapsed_s": elapsed, **parts})
         if step % args.eval_every == 0 or step == preset.steps:
-            drafter.eval()
-            agree = heldout_agreement(drafter, target, heldout)
-            drafter.train()
-            log_record(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, "heldout_agreement": agree})
-            progress.note(f"held-out agreement {agree[0]:.3f} / {agree[1]:.3f}")
+            evaluate(step, elapsed)
         if step % args.save_every == 0 or step == preset.steps:
             save_checkpoint(checkpoint_path, drafter, optimizer, step, stream, None, elapsed)
     progress.close()

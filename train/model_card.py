@@ -88,7 +88,8 @@ def size_mb(folder: Path) -> float:
 
 
 def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple[str, str, str]],
-              folder: Path) -> str:
+              folder: Path, tuning: list[dict] | None = None) -> str:
+    """A model's card; `tuning` is the log of its tuning on the target's replies (train.train --init --replies)."""
     start = info["start"]
     lines = [
         f"# edge built-in {name} model",
@@ -147,7 +148,10 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
     for layer, ppl in enumerate(exits):
         label = f"{layer + 1} (full model)" if layer == len(exits) - 1 else str(layer + 1)
         lines.append(f"| {label} | {ppl:.2f} |")
-    lines += ["", "## Greedy samples (edge, float32, chat template, 96 new tokens at most)", "",
+    lines.append("")
+    if tuning:
+        lines += _drafter_tuning_lines(tuning)
+    lines += ["## Greedy samples (edge, float32, chat template, 96 new tokens at most)", "",
               "The prompts were fixed before training; each names what it asks about.", ""]
     for prompt, about, reply in samples:
         lines += [f"**User** ({about}): {prompt}", "", "````", reply.strip(), "````", ""]  # replies may hold ```
@@ -155,12 +159,16 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
     return "\n".join(lines)
 
 
-def feature_card_text(log: list[dict], folder: Path) -> str:
-    """The feature drafter's card: what it is, how it was trained, and its held-out agreement with the target."""
+def _minutes(log: list[dict]) -> float:
+    done = next((r for r in log if r["event"] == "done"), None)
+    return (done or [r for r in log if r["event"] == "eval"][-1])["elapsed_s"] / 60
+
+
+def feature_card_text(log: list[dict], folder: Path, tuning: list[dict] | None = None) -> str:
+    """The feature drafter's card: what it is, how it was trained (and tuned on the target's replies, when `tuning`
+    is that stage's log), and its agreement with the target."""
     start = next(r for r in log if r["event"] == "start")
     evals = [r for r in log if r["event"] == "eval"]
-    done = next((r for r in log if r["event"] == "done"), None)
-    minutes = (done or evals[-1])["elapsed_s"] / 60
     config = json.loads((folder / "config.json").read_text())
     lines = [
         "# edge built-in feature drafter",
@@ -183,7 +191,7 @@ def feature_card_text(log: list[dict], folder: Path) -> str:
         "",
         f"- {start['steps']} steps of {start['batch_size']} x {start['seq_len']} tokens of the target's data "
         f"mixture, target frozen, AdamW, peak learning rate {start['lr']}, seed {start['seed']}; "
-        f"{minutes:.1f} minutes on a 2-core CPU (no GPU), bfloat16 autocast",
+        f"{_minutes(log):.1f} minutes on a 2-core CPU (no GPU), bfloat16 autocast",
         f"- Loss: KL(target || drafter) on the next token + {start['feature_weight']:g} x SmoothL1 between the "
         f"predicted and the true hidden state; a second pass per batch feeds the first pass's predictions back as "
         f"features (weight {start['second_pass_weight']:g}), as later draft positions do",
@@ -199,6 +207,7 @@ def feature_card_text(log: list[dict], folder: Path) -> str:
         "|---:|---:|---:|",
         *[f"| {r['step']} | {r['heldout_agreement'][0]:.3f} | {r['heldout_agreement'][1]:.3f} |" for r in evals],
         "",
+        *(_feature_tuning_lines(tuning) if tuning else []),
         "## Reproduce",
         "",
         "```bash",
@@ -207,6 +216,49 @@ def feature_card_text(log: list[dict], folder: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _tuning_intro(log: list[dict]) -> list[str]:
+    """The tuning stage on the target's own replies: what it trained on, how long, and what it started from."""
+    from train.replies import MAX_NEW_TOKENS
+    from train.train import REPLY_CORPUS_SHARE
+
+    start = next(r for r in log if r["event"] == "start")
+    replies = start["replies_trained"] + start["replies_held_back"]
+    return [
+        "## Tuned on the target's own replies (`python -m train.replies`, then `--init ... --replies ...`)",
+        "",
+        "The model above was then tuned on what it drafts at run time: the shipped target's greedy replies to "
+        f"{replies} user turns of the training split, drawn in a seeded order (at most {MAX_NEW_TOKENS} new tokens "
+        f"each), the last {start['replies_held_back']} held back. {start['steps']} steps of {start['batch_size']} x "
+        f"{start['seq_len']} tokens, peak learning rate {start['lr']}, the corpus mixture at "
+        f"{REPLY_CORPUS_SHARE:g} of its weight beside the replies; {_minutes(log):.1f} minutes on the same CPU. "
+        "This folder holds the tuned model. Step 0 is where the tuning started.",
+        "",
+    ]
+
+
+def _feature_tuning_lines(log: list[dict]) -> list[str]:
+    evals = [r for r in log if r["event"] == "eval"]
+    return [
+        *_tuning_intro(log),
+        "| step | held-out split, true / own features | held-back replies, true / own features |",
+        "|---:|---:|---:|",
+        *[f"| {r['step']} | {r['heldout_agreement'][0]:.3f} / {r['heldout_agreement'][1]:.3f} | "
+          f"{r['replies_agreement'][0]:.3f} / {r['replies_agreement'][1]:.3f} |" for r in evals],
+        "",
+    ]
+
+
+def _drafter_tuning_lines(log: list[dict]) -> list[str]:
+    evals = [r for r in log if r["event"] == "eval"]
+    return [
+        *_tuning_intro(log),
+        "| step | held-out split perplexity | held-back replies perplexity |",
+        "|---:|---:|---:|",
+        *[f"| {r['step']} | {r['heldout_ppl']:.2f} | {r['replies_ppl']:.2f} |" for r in evals],
+        "",
+    ]
 
 
 def _mixture_lines(mix: dict[str, float]) -> list[str]:
@@ -239,15 +291,19 @@ def main(argv: list[str] | None = None) -> int:
         "drafter": ("drafter", "The separate draft model for speculative decoding with the default target "
                                "(same tokenizer)."),
     }
+    tuning_logs = {"drafter": args.runs / "drafter-replies" / "log.jsonl"}
     for name, (folder_name, role) in roles.items():
         folder = args.models / folder_name
         samples = sample_generations(folder)
-        card = card_text(name, role, summary(logs[name]), stats, samples, folder)
+        tuning = read_log(tuning_logs[name]) if name in tuning_logs and tuning_logs[name].is_file() else None
+        card = card_text(name, role, summary(logs[name]), stats, samples, folder, tuning)
         (folder / "README.md").write_text(card)
         print(f"wrote {folder / 'README.md'}", file=sys.stderr)
     feature_log, feature_folder = args.runs / "feature" / "log.jsonl", args.models / "feature"
+    tuning_log = args.runs / "feature-replies" / "log.jsonl"
     if feature_log.is_file() and (feature_folder / "config.json").is_file():
-        (feature_folder / "README.md").write_text(feature_card_text(read_log(feature_log), feature_folder))
+        tuning = read_log(tuning_log) if tuning_log.is_file() else None
+        (feature_folder / "README.md").write_text(feature_card_text(read_log(feature_log), feature_folder, tuning))
         print(f"wrote {feature_folder / 'README.md'}", file=sys.stderr)
     return 0
 

@@ -3,6 +3,8 @@
     python -m train.train --preset target  --corpus data/corpus --tokenizer data/tokenizer --out data/runs/target
     python -m train.train --preset drafter --corpus data/corpus --tokenizer data/tokenizer --out data/runs/drafter \
         --teacher data/runs/target/final
+    python -m train.train --preset drafter-replies --init data/runs/drafter/final --replies data/replies.jsonl \
+        --teacher data/runs/target/final --out data/runs/drafter-replies      (tuning on the target's own replies)
 
 Seeded and resumable: a checkpoint (model, optimizer, RNG and data position) is written every `--save-every`
 steps and picked up by the next run with the same --out. Writes `log.jsonl` (one line per logged step and per
@@ -44,6 +46,7 @@ class Preset:
     weight_decay: float = 0.1
     layerskip: bool = False
     distill: bool = False
+    tunes: bool = False  # starts from a trained model (--init) and adds the target's replies (--replies)
     precision: str = "bfloat16"  # autocast dtype of the training forward; master weights stay float32
     mix: dict[str, float] = field(default_factory=dict)  # corpus kind -> draws per epoch (unnamed kinds: 1.0)
 
@@ -54,6 +57,12 @@ class Preset:
 HELP_MIX = {"chat_module": 8.0, "chat_class": 4.0, "chat_docstring": 3.0, "chat_topic": 3.0, "chat_function": 1.0,
             "code": 0.3}
 
+# Tuning a trained drafter on the target's own greedy replies (`python -m train.replies`), what it drafts at run
+# time: every reply once per epoch, beside the corpus at REPLY_CORPUS_SHARE of its usual draws.
+REPLY_CORPUS_SHARE = 0.3
+REPLY_MIX = {**{kind: REPLY_CORPUS_SHARE * draws for kind, draws in HELP_MIX.items()}, "reply": 1.0}
+REPLIES_HELD_BACK = 400  # the last replies of the file: evaluation only, never trained on
+
 PRESETS = {
     # about 70 minutes on 2 CPU cores with bfloat16 autocast (1.9 s per 4096-token LayerSkip step; 2.5 epochs)
     "target": Preset(hidden_size=256, intermediate_size=768, num_layers=12, num_heads=4, num_kv_heads=2,
@@ -61,6 +70,9 @@ PRESETS = {
     # about 11 minutes: distillation costs a teacher forward per step
     "drafter": Preset(hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4, num_kv_heads=2,
                       steps=800, warmup=40, distill=True, mix=HELP_MIX),
+    # about 7 minutes, after the drafter preset
+    "drafter-replies": Preset(hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4, num_kv_heads=2,
+                              steps=400, warmup=20, lr=8e-4, distill=True, tunes=True, mix=REPLY_MIX),
     "smoke": Preset(hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2, num_kv_heads=1,
                     steps=6, batch_size=2, seq_len=32, warmup=2, layerskip=True, precision="float32"),
 }
@@ -168,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--teacher", type=Path, help="target checkpoint to distil from (drafter preset)")
+    parser.add_argument("--teacher", type=Path, help="target checkpoint to distil from (drafter presets)")
+    parser.add_argument("--init", type=Path, help="the trained checkpoint a tuning preset starts from")
+    parser.add_argument("--replies", type=Path, help="the target's replies (python -m train.replies) a tuning "
+                                                     "preset adds to the corpus")
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
     parser.add_argument("--precision", choices=["bfloat16", "float32"],
                         help="override the preset's training-forward precision (bfloat16 autocast is about 1.4x "
@@ -181,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
+    if preset.tunes != (args.init is not None and args.replies is not None) or (args.init is None) != (
+            args.replies is None):
+        parser.error(f"--init and --replies go together, with a tuning preset "
+                     f"({', '.join(name for name, p in PRESETS.items() if p.tunes)}) and only with one")
     if args.steps:
         preset = Preset(**{**asdict(preset), "steps": args.steps})
     if args.precision:
@@ -194,10 +213,27 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_tokenizer(args.tokenizer)
     train_ids, train_weights = load_split(args.corpus / "train.jsonl", tokenizer, preset.mix)
+    heldout_sets = {"heldout": load_split(args.corpus / "heldout.jsonl", tokenizer)[0]}
+    if args.replies:
+        from train.replies import load_replies
+
+        reply_ids, reply_weights, heldout_sets["replies"] = load_replies(args.replies, tokenizer, preset.mix,
+                                                                         REPLIES_HELD_BACK)
+        train_ids, train_weights = train_ids + reply_ids, train_weights + reply_weights
     train_stream = TokenStream(train_ids, preset.seq_len, preset.batch_size, seed=args.seed, weights=train_weights)
-    heldout = TokenStream(load_split(args.corpus / "heldout.jsonl", tokenizer)[0], preset.seq_len, preset.batch_size,
-                          seed=args.seed).fixed_batches(args.heldout_batches)
+    heldout = {name: TokenStream(ids, preset.seq_len, preset.batch_size, seed=args.seed).fixed_batches(
+        args.heldout_batches) for name, ids in heldout_sets.items()}
     model = build_model(preset, tokenizer, args.tokenizer)
+    if args.init:
+        from safetensors.torch import load_file
+
+        state, expected = load_file(str(args.init / "model.safetensors")), model.state_dict()
+        wrong = sorted(name for name in state if name not in expected or state[name].shape != expected[name].shape)
+        missing = sorted(set(expected) - set(state) - {"lm_head.weight"})  # a tied head is saved once
+        if wrong or missing:
+            raise SystemExit(f"{args.init} is not a checkpoint of the {args.preset} preset's shape "
+                             f"({len(wrong)} tensors differ, {len(missing)} missing): pass the folder it trained")
+        model.load_state_dict(state, strict=False)
     teacher = None
     if preset.distill:
         if args.teacher is None:
@@ -217,9 +253,26 @@ def main(argv: list[str] | None = None) -> int:
         args.out, model, optimizer, train_stream, generator,
         {"preset": args.preset, **asdict(preset), "seed": args.seed,
          "parameters": sum(p.numel() for p in model.parameters()),
-         "train_tokens_available": train_stream.total_tokens}, args.preset)
+         "train_tokens_available": train_stream.total_tokens, "init": str(args.init) if args.init else None,
+         "replies": str(args.replies) if args.replies else None,
+         "replies_trained": len(reply_ids) if args.replies else 0,
+         "replies_held_back": REPLIES_HELD_BACK if args.replies else 0}, args.preset)
+
+    def evaluate(step: int, elapsed: float) -> None:
+        """Held-out cross-entropy at every exit and the full model's perplexity (and on held-back replies)."""
+        model.eval()
+        losses = {name: heldout_losses(model, batches) for name, batches in heldout.items()}
+        model.train()
+        record = {"event": "eval", "step": step, "elapsed_s": elapsed, "heldout_ce_by_exit": losses["heldout"],
+                  "heldout_ppl": math.exp(losses["heldout"][-1])}
+        if "replies" in losses:
+            record["replies_ppl"] = math.exp(losses["replies"][-1])
+        log_record(log_path, record)
+        progress.note(" ".join(f"{key} {value:.2f}" for key, value in record.items() if key.endswith("_ppl")))
 
     progress = Progress(preset.steps, start=step, label=args.preset)
+    if args.init and step == 0:
+        evaluate(0, 0.0)  # where the tuning starts from
     started = time.perf_counter()
     model.train()
     while step < preset.steps:
@@ -242,12 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                             "grad_norm": grad_norm, "elapsed_s": elapsed,
                             "tokens_seen": step * preset.batch_size * preset.seq_len, **parts})
         if step % args.eval_every == 0 or step == preset.steps:
-            model.eval()
-            losses = heldout_losses(model, heldout)
-            model.train()
-            log_record(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, "heldout_ce_by_exit": losses,
-                            "heldout_ppl": math.exp(losses[-1])})
-            progress.note(f"held-out ppl {math.exp(losses[-1]):.2f}")
+            evaluate(step, elapsed)
         if step % args.save_every == 0 or step == preset.steps:
             save_checkpoint(checkpoint_path, model, optimizer, step, train_stream, generator, elapsed)
     progress.close()

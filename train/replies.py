@@ -1,0 +1,89 @@
+"""The target's own greedy replies to user turns of the training split: data that shows the feature drafter what it
+will be asked to draft (the target's replies, not the corpus's answers).
+
+    python -m train.replies --target edge/models/default --corpus data/corpus --out data/replies.jsonl
+
+Writes one chat example per line, in the corpus's format ({"kind": "reply", "messages": [user, assistant]}), so
+`train.data.load_split` reads it. The turns are drawn in a seeded order and decoding is greedy, so the file is the
+same on every run; it is written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from train.corpus import read_jsonl
+from train.progress import Progress
+
+REPLY_COUNT = 9000
+MAX_NEW_TOKENS = 160
+ORDER_SEED = 7
+
+
+def load_replies(path: Path, tokenizer, mix: dict[str, float], held_back: int
+                 ) -> tuple[list[list[int]], list[float], list[list[int]]]:
+    """Token ids and mixture weights of the replies to train on, and the ids of the last `held_back` replies (for
+    evaluation only)."""
+    from train.data import load_split
+
+    ids, weights = load_split(path, tokenizer, mix)
+    if len(ids) <= held_back:
+        raise SystemExit(f"{path}: {len(ids)} replies; tuning needs more than the {held_back} held back for "
+                         f"evaluation (python -m train.replies --count N)")
+    return ids[:-held_back], weights[:-held_back], ids[-held_back:]
+
+
+def user_turns(corpus_dir: Path, count: int, seed: int = ORDER_SEED) -> list[dict]:
+    """The last user message of `count` chat examples of the training split, in a seeded order."""
+    chats = [example for example in read_jsonl(corpus_dir / "train.jsonl") if "messages" in example]
+    random.Random(seed).shuffle(chats)
+    return [[message for message in example["messages"] if message["role"] == "user"][-1]
+            for example in chats[:count]]
+
+
+def greedy_replies(target: Path, turns: list[dict], max_new_tokens: int) -> Iterator[dict]:
+    """One {"kind": "reply", "messages": [turn, reply]} per turn: the target's greedy answer, plain decoding."""
+    from edge.engine import Engine
+
+    engine = Engine.load(target, max_context=1024)
+    for turn in turns:
+        engine.reset()
+        reply = "".join(event.text for event in engine.chat([turn], max_new_tokens=max_new_tokens))
+        yield {"kind": "reply", "messages": [turn, {"role": "assistant", "content": reply}]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.replies", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", type=Path, required=True, help="the target checkpoint that answers")
+    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    parser.add_argument("--out", type=Path, required=True, help="the JSON-lines file to write")
+    parser.add_argument("--count", type=int, default=REPLY_COUNT, help="how many user turns to answer")
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
+    parser.add_argument("--seed", type=int, default=ORDER_SEED, help="the order the turns are drawn in")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    turns = user_turns(args.corpus, args.count, args.seed)
+    progress = Progress(len(turns), label="replies")
+    partial = args.out.with_name(args.out.name + ".tmp")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with partial.open("w") as file:
+        for index, example in enumerate(greedy_replies(args.target, turns, args.max_new_tokens), start=1):
+            file.write(json.dumps(example) + "\n")
+            progress.update(index)
+    progress.close()
+    partial.rename(args.out)  # a half-written file never looks complete
+    print(f"wrote {len(turns)} replies to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,5 @@
-"""The target's own greedy replies to user turns of the training split: data that shows the feature drafter what it
-will be asked to draft (the target's replies, not the corpus's answers).
+"""The target's own greedy replies to user turns of the training split: data that shows the drafters what they will
+be asked to draft (the target's replies, not the corpus's answers).
 
     python -m train.replies --target edge/models/default --corpus data/corpus --out data/replies.jsonl
 

@@ -196,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
-    if preset.tunes != (args.init is not None and args.replies is not None) or (args.init is None) != (
-            args.replies is None):
+    if (args.init is not None, args.replies is not None) != (preset.tunes, preset.tunes):
         parser.error(f"--init and --replies go together, with a tuning preset "
                      f"({', '.join(name for name, p in PRESETS.items() if p.tunes)}) and only with one")
     if args.steps:

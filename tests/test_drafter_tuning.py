@@ -1,4 +1,4 @@
-"""The feature drafter's second stage: the target's own greedy replies (train.replies), then tuning on them."""
+"""The drafters' second stage: the target's own greedy replies (train.replies), then tuning both drafters on them."""
 
 from __future__ import annotations
 

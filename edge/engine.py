@@ -40,9 +40,6 @@ from edge.stopping import StopStrings
 from edge.tokenizer import StreamDecoder, Tokenizer
 
 DEFAULT_MAX_CONTEXT = 4096
-# adaptive draft length starts at 2: with extra verify rows costing compute, starting at 4 cost the drafters whose
-# best fixed k is 1 or 2 a few percent per reply in interleaved runs (docs/benchmarks.md, session 6)
-ADAPTIVE_START = 2
 log = logging.getLogger(__name__)
 
 
@@ -471,15 +468,7 @@ def _count_step(stats: Stats, step: Step, new_tokens: int, wall_s: float | None)
 
 
 def _draft_length(value: int | str | DraftLength) -> DraftLength:
-    if isinstance(value, DraftLength):
-        return value
-    if value == "adaptive":
-        return DraftLength(k=ADAPTIVE_START)
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {value!r}")
-    return DraftLength.fixed(value)
+    return value if isinstance(value, DraftLength) else DraftLength.parse(value)
 
 
 def _trim_drafter(drafter: Drafter, vocab: "str | Path | torch.Tensor") -> None:

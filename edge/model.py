@@ -335,7 +335,8 @@ class Transformer(nn.Module):
     def draft_greedy(self, tokens: list[int], start: int, cache: KVCache, k: int, *, layers: list[int] | None = None,
                      head_model: "Transformer | None" = None, features: torch.Tensor | None = None,
                      fc: torch.Tensor | None = None, vocab_size: int | None = None,
-                     trimmed_head: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[int] | None:
+                     trimmed_head: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     stop_below: float | None = None) -> list[int] | None:
         """k greedy draft tokens in one C call, or None where that path is not available (then the caller drafts
         step by step). Runs `tokens` at positions [start, start + T) through `layers` (default: all; a subset is a
         self-draft, which leaves cache.length alone like a partial forward), this model's norm, and
@@ -343,8 +344,9 @@ class Transformer(nn.Module):
         With `fc` (D, 2D) the rows are fc(cat(feature, embedding)) and the normed output feeds the next step as its
         feature (a feature drafter; `features` (T, D) for the first rows). `vocab_size` limits the argmax to the
         first rows of the head (a draft vocabulary padded beyond the target's). `trimmed_head` (weight (V', D), ids
-        (V',)) replaces the head by some of its rows, each row's token id given (VocabTrim). With every layer it
-        sets cache.length like a full pass."""
+        (V',)) replaces the head by some of its rows, each row's token id given (VocabTrim). `stop_below` stops
+        before a token (not the first) whose probability is below it, so fewer than k may come back. With every layer
+        it sets cache.length like a full pass over the rows it ran."""
         head_model = head_model or self
         end = start + len(tokens) + k - 1
         embed = head_model.embed.weight  # (V, D)
@@ -365,9 +367,9 @@ class Transformer(nn.Module):
                                                                 config.intermediate_size),
             order, self._fused_table, self._fused_windows, cos, sin, cache.keys, cache.values, start,
             config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_dtype, embed, head, k,
-            head_ids)
-        if layers is None:
-            cache.length = end
+            head_ids, stop_below)
+        if layers is None:  # a stop after n tokens ran the rows up to the n-th draft; a full draft never runs the last
+            cache.length = start + len(tokens) + min(len(drafted), k - 1)
         return drafted
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:

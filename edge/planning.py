@@ -68,9 +68,7 @@ def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu"
     torch_drafter = not is_bundle_spec(drafter) and spec.partition(":")[0] != "feature"
     drafter_shape, drafter_dtype = (drafter_description(drafter, draft_weights, str(dtype), device) if kind == "model"
                                     else (None, None))
-    if str(draft_length) != "adaptive" and not str(draft_length).isdigit():
-        raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {draft_length!r}")
-    longest = DraftLength().max_k if str(draft_length) == "adaptive" else int(draft_length)
+    longest = DraftLength.parse(draft_length).longest
     context = min(max_context, config.max_position_embeddings)
     request = PlanRequest(target=config.shape(), context=context, drafter=kind, drafter_shape=drafter_shape,
                           draft_length=longest, weight_dtype=weight_dtype, kv_dtype=kv_dtype, quantspec_bits=bits,

@@ -27,6 +27,11 @@ from edge.sampling import SamplingParams, apply_repetition_penalty, distribution
 from edge.verify import Verdict, verify_greedy, verify_stochastic
 
 
+# adaptive draft length starts at 2: with extra verify rows costing compute, starting at 4 cost the drafters whose
+# best fixed k is 1 or 2 a few percent per reply in interleaved runs (docs/benchmarks.md, session 6)
+ADAPTIVE_START = 2
+
+
 @dataclass
 class DraftLength:
     """How many tokens to draft per step: fixed, or adaptive.
@@ -63,6 +68,27 @@ class DraftLength:
     @classmethod
     def fixed(cls, k: int) -> "DraftLength":
         return cls(k=k, adaptive=False)
+
+    @classmethod
+    def parse(cls, value: int | str) -> "DraftLength":
+        """'adaptive' (starting at ADAPTIVE_START), 'adaptive:P' (and a confidence stop at probability P) or k."""
+        if value == "adaptive":
+            return cls(k=ADAPTIVE_START)
+        if isinstance(value, str) and value.startswith("adaptive:"):
+            try:
+                stop_below = float(value.removeprefix("adaptive:"))
+            except ValueError:
+                stop_below = -1.0
+            if not 0.0 < stop_below < 1.0:
+                raise SamplingError(f"draft length {value!r}: the confidence stop after 'adaptive:' must be a "
+                                    "probability between 0 and 1, e.g. adaptive:0.3")
+            return cls(k=ADAPTIVE_START, stop_below=stop_below)
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise SamplingError(f"draft length must be 'adaptive', 'adaptive:P' or a whole number >= 1, "
+                                f"got {value!r}")
+        return cls.fixed(value)
 
     def update(self, accepted: int, drafted: int) -> None:
         if not self.adaptive or drafted == 0:

@@ -149,7 +149,7 @@ def test_planning_rejects_unknown_drafters_and_draft_lengths(checkpoint_factory)
     model_dir = checkpoint_factory("llama3")
     with pytest.raises(SamplingError, match="unknown drafter 'bogus'"):
         plan_for(model_dir, budget="1GiB", max_context=128, drafter="bogus")
-    with pytest.raises(SamplingError, match="draft length must be 'adaptive' or a whole number"):
+    with pytest.raises(SamplingError, match="draft length must be 'adaptive', 'adaptive:P' or a whole number"):
         plan_for(model_dir, budget="1GiB", max_context=128, drafter="ngram", draft_length="x")
     assert plan_for(model_dir, budget="1GiB", max_context=128, drafter="early-exit:1").drafter == "self"
 

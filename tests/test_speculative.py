@@ -72,7 +72,7 @@ def reference(checkpoints):
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
-@pytest.mark.parametrize("length", ["adaptive", 1, 3, 6])
+@pytest.mark.parametrize("length", ["adaptive", "adaptive:0.05", 1, 3, 6])
 def test_greedy_speculative_equals_autoregressive(checkpoints, reference, name, length):
     engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec(name, checkpoints),
                          draft_length=length)
@@ -244,6 +244,13 @@ def test_adaptive_draft_length_grows_by_one_on_full_acceptance_and_drops_to_what
 
     engine_default = _draft_length("adaptive")  # what --draft-length adaptive (the default) starts from
     assert engine_default.adaptive and engine_default.k == 2 and engine_default.max_k == 12
+    assert engine_default.stop_below is None
+    stopping = DraftLength.parse("adaptive:0.3")  # adaptive, and a draft stops below probability 0.3
+    assert stopping.adaptive and stopping.k == 2 and stopping.stop_below == 0.3
+    assert DraftLength.parse("5") == DraftLength.parse(5) == DraftLength.fixed(5)
+    for bad in ("adaptive:1.5", "adaptive:x", "adaptive:0", "soon"):
+        with pytest.raises(SamplingError, match="draft length"):
+            DraftLength.parse(bad)
 
 
 def test_a_draft_model_with_a_short_window_stays_lossless(checkpoints):
@@ -287,9 +294,11 @@ def test_a_trimmed_feature_drafter_stays_lossless(checkpoints, reference, name, 
 
 @pytest.mark.parametrize("name", ["small", "feature", "early-exit:2", "skip:1", "small@", "feature@",
                                   "early-exit:2@"])
-def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpoints, name, tmp_path):
-    """Also with a trimmed head (NAME@): the one C call maps the kept rows back to token ids as the Python path does."""
+def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpoints, name, tmp_path, monkeypatch):
+    """Also with a trimmed head (NAME@): the one C call maps the kept rows back to token ids as the Python path does;
+    and with a confidence stop, both stop before the same token."""
     from edge.drafters.base import DraftSampler
+    from edge.model import Transformer
     from edge.sampling import SamplingParams
 
     spec = drafter_spec(name.removesuffix("@"), checkpoints)
@@ -301,20 +310,36 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
     engine = Engine.load(checkpoints["target"], max_context=512, drafter=spec, draft_length=4)
     list(engine.generate(PROMPTS[1], max_new_tokens=30, ignore_eos=True))
     tokens, vocab = engine.history, engine.model.config.vocab_size
-    one_call = DraftSampler(SamplingParams(), torch.Generator(), None, vocab)
-    step_by_step = DraftSampler(SamplingParams(), torch.Generator(), 0.0, vocab)  # a stop that never fires
-    assert one_call.plain_greedy and not step_by_step.plain_greedy
+    one_call_path = Transformer.draft_greedy
     calls = {"fast": 0, "slow": 0}
     original = engine.drafter.__class__._step
-    for end in range(len(tokens) - 12, len(tokens)):
-        drafts = {}
-        for path, sampler in (("fast", one_call), ("slow", step_by_step)):
-            engine.drafter.reset()
-            engine.drafter.propose(tokens[:end - 1], 1, step_by_step)  # caches the context, as a previous step
-            engine.drafter._step = lambda *args, _path=path, _self=engine.drafter: (
-                calls.__setitem__(_path, calls[_path] + 1), original(_self, *args))[1]
-            drafts[path] = engine.drafter.propose(tokens[:end], 5, sampler).tokens
-            del engine.drafter._step
-        assert drafts["fast"] == drafts["slow"] and len(drafts["fast"]) == 5, end
-        assert kept is None or set(drafts["fast"]) <= set(kept)
-    assert calls == {"fast": 0, "slow": 12 * 5}  # the one-call path never stepped from Python
+
+    def drafts_by_both_paths(stop_below: float | None) -> list[tuple[list[int], list[float]]]:
+        sampler = DraftSampler(SamplingParams(), torch.Generator(), stop_below, vocab)
+        assert sampler.plain_greedy
+        found = []
+        for end in range(len(tokens) - 12, len(tokens)):
+            drafts = {}
+            for path in ("fast", "slow"):  # the slow path: draft_greedy unavailable, as without the C kernel
+                monkeypatch.setattr(Transformer, "draft_greedy", one_call_path if path == "fast" else
+                                    (lambda *args, **kwargs: None))
+                engine.drafter.reset()
+                engine.drafter.propose(tokens[:end - 1], 1, sampler)  # caches the context, as a previous step
+                engine.drafter._step = lambda *args, _path=path, _self=engine.drafter: (
+                    calls.__setitem__(_path, calls[_path] + 1), original(_self, *args))[1]
+                drafts[path] = engine.drafter.propose(tokens[:end], 5, sampler)
+                del engine.drafter._step
+            assert drafts["fast"].tokens == drafts["slow"].tokens, end
+            assert kept is None or set(drafts["fast"].tokens) <= set(kept)
+            found.append((drafts["slow"].tokens, drafts["slow"].confidences))
+        return found
+
+    assert all(len(draft) == 5 for draft, _ in drafts_by_both_paths(None))
+    assert calls["fast"] == 0 and calls["slow"] == 12 * 5  # the one-call path never stepped from Python
+    scored = drafts_by_both_paths(0.0)  # a stop that never fires, but has the confidences computed
+    # a threshold between the middle confidences of later draft tokens makes some drafts stop early and not others
+    # (between two of them: the C kernel's probability may differ from torch's in the last bits)
+    ranked = sorted(confidence for _, confidences in scored for confidence in confidences[1:])
+    stop = (ranked[len(ranked) // 2] + ranked[len(ranked) // 2 + 1]) / 2
+    stopped = [len(draft) for draft, _ in drafts_by_both_paths(stop)]
+    assert min(stopped) < 5 and max(stopped) > 1, stopped

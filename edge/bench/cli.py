@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "skip:L1,L2, adaptive, draft:PATH (a checkpoint or a bundle), builtin, feature[:PATH], "
                              "hybrid:SPEC; bundle for a bundle's own drafter)")
     parser.add_argument("--draft-lengths", default="adaptive",
-                        help="suite: comma-separated draft lengths to try for every drafter: adaptive and/or numbers")
+                        help="suite: comma-separated draft lengths to try for every drafter: adaptive, adaptive:P "
+                             "(with a confidence stop at probability P) and/or numbers")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
                         help="suite: folder for suite.json, suite.md and suite.png (default: bench-results)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="--ar: prompt text (encoded with the model's tokenizer)")

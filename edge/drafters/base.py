@@ -37,9 +37,9 @@ class DraftSampler:
 
     @property
     def plain_greedy(self) -> bool:
-        """Whether picking is a bare argmax (greedy, no repetition penalty, no confidence stop): what a drafter's
-        one-call greedy path (Transformer.draft_greedy) computes."""
-        return self.params.greedy and self.params.repetition_penalty == 1.0 and self.stop_below is None
+        """Whether picking is a bare argmax (greedy, no repetition penalty): what a drafter's one-call greedy path
+        (Transformer.draft_greedy) computes, confidence stop (`stop_below`) included."""
+        return self.params.greedy and self.params.repetition_penalty == 1.0
 
     def pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None, float]:
         """From the drafter's logits (V,) choose a token; return it, the distribution (None if greedy), its prob."""

@@ -86,8 +86,8 @@ class FeatureDrafter:
         self._previous = None
         drafted = self.layer.draft_greedy(tokens[reuse + 1:], reuse, self.cache, k, head_model=self.target,
                                           features=self.target.features[reuse:last], fc=self.fc.weight,
-                                          trimmed_head=self.head.rows if self.head is not None else None
-                                          ) if sampler.plain_greedy else None
+                                          trimmed_head=self.head.rows if self.head is not None else None,
+                                          stop_below=sampler.stop_below) if sampler.plain_greedy else None
         if drafted is not None:  # all k drafts in one C call
             draft = Draft(tokens=drafted)
         else:

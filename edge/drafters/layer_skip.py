@@ -70,7 +70,8 @@ class LayerSkipDrafter:
         if sampler.plain_greedy:  # all k drafts in one C call where the kernel runs
             drafted = self.model.draft_greedy([tokens[-1]], start, self.cache, k, layers=self.layers,
                                               vocab_size=sampler.vocab_size,
-                                              trimmed_head=self.head.rows if self.head is not None else None)
+                                              trimmed_head=self.head.rows if self.head is not None else None,
+                                              stop_below=sampler.stop_below)
             if drafted is not None:
                 return Draft(tokens=drafted)
         return draft_autoregressively(self._step, tokens, [tokens[-1]], start, k, sampler)

@@ -587,14 +587,16 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
  * written into the drafter's cache as the layers run. embed/head (V, D) are in head_format, everything else of the
  * drafter (layers, norm, fc (D, 2D)) in format. cos/sin are whole tables: row p is position p. A trimmed head
  * (VocabTrim) holds only some tokens' rows: head_ids (V) names the token of each row (NULL: row v is token v). scratch
- * holds T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i. */
-void draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,
+ * holds T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i.
+ * With stop_below > 0, drafting stops before a token (never the first) whose softmax probability is below it.
+ * Returns how many tokens were drafted (k unless it stopped). */
+int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,
                       int64_t Dh, int64_t I, const int64_t *order, int64_t count, const void *const *weights,
                       const int64_t *windows, const float *cos_table, const float *sin_table, float *keys,
                       float *values, int64_t S_max, int64_t layer_stride, int64_t start, float eps, float scale,
                       const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
-                      const int64_t *head_ids, int64_t V, int head_format, int64_t k, int64_t *out, float *scratch,
-                      int threads) {
+                      const int64_t *head_ids, int64_t V, int head_format, int64_t k, float stop_below,
+                      int64_t *out, float *scratch, int threads) {
     float *x = scratch;                     /* (T0, D) the rows being run */
     float *joined = x + T0 * D;             /* (T0, 2D) feature | embedding, the fc's input */
     float *normed = joined + 2 * T0 * D;    /* (D) the last row after the norm: the next feature */
@@ -618,10 +620,16 @@ void draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, 
         int64_t best = 0;
         for (int64_t v = 1; v < V; v++)
             if (logits[v] > logits[best]) best = v;  /* the first of equal maxima, as torch.argmax */
+        if (stop_below > 0.0f && i > 0) {
+            double total = 0.0;  /* the best token's probability is 1 / sum(exp(logit - best logit)) */
+            for (int64_t v = 0; v < V; v++) total += expf(logits[v] - logits[best]);
+            if (1.0 / total < stop_below) return i;
+        }
         out[i] = head_ids ? head_ids[best] : best;
         position += T;
         T = 1;
         step_tokens = out + i;
         step_features = normed;
     }
+    return k;
 }

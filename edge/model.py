@@ -368,8 +368,8 @@ class Transformer(nn.Module):
             order, self._fused_table, self._fused_windows, cos, sin, cache.keys, cache.values, start,
             config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_dtype, embed, head, k,
             head_ids, stop_below)
-        if layers is None:  # a stop after n tokens ran the rows up to the n-th draft; a full draft never runs the last
-            cache.length = start + len(tokens) + min(len(drafted), k - 1)
+        if layers is None:  # rows run: the fed tokens, then each drafted token but a full draft's last (a draft that
+            cache.length = start + len(tokens) + min(len(drafted), k - 1)  # stopped ran its last to score the next)
         return drafted
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:

@@ -118,7 +118,6 @@ class RowwiseMatmul:
                         head_dim ** -0.5, self.thread_count())
         return out
 
-
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x (T, D) float32 contiguous, weight (D,) float32/bfloat16/float16 -> RMSNorm(x) (T, D) float32."""
         out = torch.empty_like(x)  # (T, D)

@@ -77,3 +77,32 @@ class TokenStream:
         if state["epoch"] != self.epoch or not hasattr(self, "_tokens"):
             self._tokens = self._epoch_tokens(state["epoch"])
         self.epoch, self.offset = state["epoch"], state["offset"]
+
+
+def load_replies(path: Path, tokenizer, mix: dict[str, float], held_back: int
+                 ) -> tuple[list[list[int]], list[float], list[list[int]]]:
+    """Token ids and mixture weights of the target's replies (python -m train.replies) to train on, and the ids of
+    the last `held_back` replies (for evaluation only)."""
+    ids, weights = load_split(path, tokenizer, mix)
+    if len(ids) <= held_back:
+        raise SystemExit(f"{path}: {len(ids)} replies; tuning needs more than the {held_back} held back for "
+                         f"evaluation (python -m train.replies --count N)")
+    return ids[:-held_back], weights[:-held_back], ids[-held_back:]
+
+
+def training_streams(corpus: Path, tokenizer, mix: dict[str, float], seq_len: int, batch_size: int, seed: int,
+                     heldout_batches: int, replies: Path | None = None, held_back: int = 0
+                     ) -> tuple[TokenStream, dict[str, list[tuple[torch.Tensor, torch.Tensor]]], int]:
+    """The training stream over the corpus's train split (and the replies to train on, with `replies`), the fixed
+    evaluation batches by name ("heldout": the corpus's held-out split; "replies": the held-back replies), and how
+    many replies are trained on."""
+    train_ids, train_weights = load_split(corpus / "train.jsonl", tokenizer, mix)
+    evaluation = {"heldout": load_split(corpus / "heldout.jsonl", tokenizer)[0]}
+    reply_count = 0
+    if replies is not None:
+        reply_ids, reply_weights, evaluation["replies"] = load_replies(replies, tokenizer, mix, held_back)
+        train_ids, train_weights, reply_count = train_ids + reply_ids, train_weights + reply_weights, len(reply_ids)
+    stream = TokenStream(train_ids, seq_len, batch_size, seed=seed, weights=train_weights)
+    batches = {name: TokenStream(ids, seq_len, batch_size, seed=seed).fixed_batches(heldout_batches)
+               for name, ids in evaluation.items()}
+    return stream, batches, reply_count

@@ -34,9 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.data import TokenStream, load_split
+from train.data import training_streams
 from train.progress import Progress
-from train.replies import load_replies
 from train.train import (HELP_MIX, REPLIES_HELD_BACK, REPLY_CORPUS_SHARE, REPLY_MIX, Preset, learning_rate,
                          log_record, optimizer_step, save_checkpoint, start_or_resume)
 
@@ -168,15 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.tokenizer)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32, attn_implementation="sdpa")
     target.eval().requires_grad_(False)
-    train_ids, train_weights = load_split(args.corpus / "train.jsonl", tokenizer, preset.mix)
-    heldout_sets = {"heldout_agreement": load_split(args.corpus / "heldout.jsonl", tokenizer)[0]}
-    if args.replies:
-        reply_ids, reply_weights, heldout_sets["replies_agreement"] = load_replies(
-            args.replies, tokenizer, preset.mix, REPLIES_HELD_BACK)
-        train_ids, train_weights = train_ids + reply_ids, train_weights + reply_weights
-    stream = TokenStream(train_ids, preset.seq_len, preset.batch_size, seed=args.seed, weights=train_weights)
-    heldout = {name: TokenStream(ids, preset.seq_len, preset.batch_size, seed=args.seed).fixed_batches(
-        args.heldout_batches) for name, ids in heldout_sets.items()}
+    stream, heldout, replies_trained = training_streams(
+        args.corpus, tokenizer, preset.mix, preset.seq_len, preset.batch_size, args.seed, args.heldout_batches,
+        args.replies, REPLIES_HELD_BACK)
 
     drafter = FeatureDrafter(target.config)
     drafter.init_from_target(target)
@@ -191,12 +184,13 @@ def main(argv: list[str] | None = None) -> int:
          "parameters": sum(p.numel() for p in trainable), "init": str(args.init) if args.init else None,
          "replies": str(args.replies) if args.replies else None, "mix": preset.mix,
          "corpus_share": REPLY_CORPUS_SHARE if args.replies else 1.0,
-         "replies_trained": len(reply_ids) if args.replies else 0,
+         "replies_trained": replies_trained,
          "replies_held_back": REPLIES_HELD_BACK if args.replies else 0}, "the feature drafter")
 
     def evaluate(step: int, elapsed: float) -> None:
         drafter.eval()
-        agreements = {name: heldout_agreement(drafter, target, batches) for name, batches in heldout.items()}
+        agreements = {f"{name}_agreement": heldout_agreement(drafter, target, batches)
+                      for name, batches in heldout.items()}
         drafter.train()
         log_record(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, **agreements})
         progress.note(" ".join(f"{name} {a[0]:.3f} / {a[1]:.3f}" for name, a in agreements.items()))

@@ -238,27 +238,21 @@ def _tuning_intro(log: list[dict]) -> list[str]:
     ]
 
 
+def _tuning_lines(log: list[dict], columns: str, row) -> list[str]:
+    """The tuning section: the introduction, then one table row per evaluation (`row(record)` -> its cells)."""
+    return [*_tuning_intro(log), f"| step | {columns} |", "|---:|---:|---:|",
+            *[f"| {r['step']} | {row(r)} |" for r in log if r["event"] == "eval"], ""]
+
+
 def _feature_tuning_lines(log: list[dict]) -> list[str]:
-    evals = [r for r in log if r["event"] == "eval"]
-    return [
-        *_tuning_intro(log),
-        "| step | held-out split, true / own features | held-back replies, true / own features |",
-        "|---:|---:|---:|",
-        *[f"| {r['step']} | {r['heldout_agreement'][0]:.3f} / {r['heldout_agreement'][1]:.3f} | "
-          f"{r['replies_agreement'][0]:.3f} / {r['replies_agreement'][1]:.3f} |" for r in evals],
-        "",
-    ]
+    return _tuning_lines(log, "held-out split, true / own features | held-back replies, true / own features",
+                         lambda r: f"{r['heldout_agreement'][0]:.3f} / {r['heldout_agreement'][1]:.3f} | "
+                                   f"{r['replies_agreement'][0]:.3f} / {r['replies_agreement'][1]:.3f}")
 
 
 def _drafter_tuning_lines(log: list[dict]) -> list[str]:
-    evals = [r for r in log if r["event"] == "eval"]
-    return [
-        *_tuning_intro(log),
-        "| step | held-out split perplexity | held-back replies perplexity |",
-        "|---:|---:|---:|",
-        *[f"| {r['step']} | {r['heldout_ppl']:.2f} | {r['replies_ppl']:.2f} |" for r in evals],
-        "",
-    ]
+    return _tuning_lines(log, "held-out split perplexity | held-back replies perplexity",
+                         lambda r: f"{r['heldout_ppl']:.2f} | {r['replies_ppl']:.2f}")
 
 
 def _mixture_lines(mix: dict[str, float]) -> list[str]:

@@ -25,19 +25,6 @@ MAX_NEW_TOKENS = 160
 ORDER_SEED = 7
 
 
-def load_replies(path: Path, tokenizer, mix: dict[str, float], held_back: int
-                 ) -> tuple[list[list[int]], list[float], list[list[int]]]:
-    """Token ids and mixture weights of the replies to train on, and the ids of the last `held_back` replies (for
-    evaluation only)."""
-    from train.data import load_split
-
-    ids, weights = load_split(path, tokenizer, mix)
-    if len(ids) <= held_back:
-        raise SystemExit(f"{path}: {len(ids)} replies; tuning needs more than the {held_back} held back for "
-                         f"evaluation (python -m train.replies --count N)")
-    return ids[:-held_back], weights[:-held_back], ids[-held_back:]
-
-
 def user_turns(corpus_dir: Path, count: int, seed: int = ORDER_SEED) -> list[dict]:
     """The last user message of `count` chat examples of the training split, in a seeded order."""
     chats = [example for example in read_jsonl(corpus_dir / "train.jsonl") if "messages" in example]

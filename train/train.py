@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from train.data import TokenStream, load_split
+from train.data import TokenStream, training_streams
 from train.layerskip import LayerSkipConfig, heldout_losses, layerskip_loss
 from train.progress import Progress
 
@@ -211,17 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     from train.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
-    train_ids, train_weights = load_split(args.corpus / "train.jsonl", tokenizer, preset.mix)
-    heldout_sets = {"heldout": load_split(args.corpus / "heldout.jsonl", tokenizer)[0]}
-    if args.replies:
-        from train.replies import load_replies
-
-        reply_ids, reply_weights, heldout_sets["replies"] = load_replies(args.replies, tokenizer, preset.mix,
-                                                                         REPLIES_HELD_BACK)
-        train_ids, train_weights = train_ids + reply_ids, train_weights + reply_weights
-    train_stream = TokenStream(train_ids, preset.seq_len, preset.batch_size, seed=args.seed, weights=train_weights)
-    heldout = {name: TokenStream(ids, preset.seq_len, preset.batch_size, seed=args.seed).fixed_batches(
-        args.heldout_batches) for name, ids in heldout_sets.items()}
+    train_stream, heldout, replies_trained = training_streams(
+        args.corpus, tokenizer, preset.mix, preset.seq_len, preset.batch_size, args.seed, args.heldout_batches,
+        args.replies, REPLIES_HELD_BACK)
     model = build_model(preset, tokenizer, args.tokenizer)
     if args.init:
         from safetensors.torch import load_file
@@ -254,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
          "parameters": sum(p.numel() for p in model.parameters()),
          "train_tokens_available": train_stream.total_tokens, "init": str(args.init) if args.init else None,
          "replies": str(args.replies) if args.replies else None,
-         "replies_trained": len(reply_ids) if args.replies else 0,
+         "replies_trained": replies_trained,
          "replies_held_back": REPLIES_HELD_BACK if args.replies else 0}, args.preset)
 
     def evaluate(step: int, elapsed: float) -> None:

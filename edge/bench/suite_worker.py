@@ -38,18 +38,18 @@ def edge_runner(model: str, method: str, draft_length: str, dtype: str,
         engine.use_drafter(method, draft_length, dtype=dtype)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
 
-    def run(prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict]:
-        engine.reset()
-        events = list(engine.generate(prompt_ids, max_new_tokens=new_tokens, task=None))
-        return [token for event in events for token in event.token_ids], run_stats(events[-1].stats)
-
-    return run, prompts
+    return (lambda prompt_ids, new_tokens: generate_once(engine, prompt_ids, new_tokens)), prompts
 
 
-def run_stats(stats) -> dict:
-    """The counters of one generation that the suite reports (steps, drafts, acceptance, time split)."""
-    return {"steps": stats.steps, "drafted": stats.drafted, "accepted": stats.accepted, "draft_s": stats.draft_s,
-            "verify_s": stats.verify_s}
+def generate_once(engine, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict]:
+    """One greedy generation from a fresh cache: its token ids, and the counters the suite reports (steps, drafts,
+    acceptance, time split)."""
+    engine.reset()
+    events = list(engine.generate(prompt_ids, max_new_tokens=new_tokens, task=None))
+    stats = events[-1].stats
+    return [token for event in events for token in event.token_ids], {
+        "steps": stats.steps, "drafted": stats.drafted, "accepted": stats.accepted, "draft_s": stats.draft_s,
+        "verify_s": stats.verify_s}
 
 
 def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
@@ -72,11 +72,9 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
     def run(setup, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict, float]:
         drafter, length = setup
         engine.use_drafter(drafter, length)
-        engine.reset()
         t0 = time.perf_counter()
-        events = list(engine.generate(prompt_ids, max_new_tokens=new_tokens, task=None))
-        seconds = time.perf_counter() - t0
-        return [token for event in events for token in event.token_ids], run_stats(events[-1].stats), seconds
+        out, stats = generate_once(engine, prompt_ids, new_tokens)
+        return out, stats, time.perf_counter() - t0
 
     for setup in setups:
         run(setup, prompts[0], 16)  # warm-up

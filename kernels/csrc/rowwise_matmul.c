@@ -591,12 +591,12 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
  * With stop_below > 0, drafting stops before a token (never the first) whose softmax probability is below it.
  * Returns how many tokens were drafted (k unless it stopped). */
 int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,
-                      int64_t Dh, int64_t I, const int64_t *order, int64_t count, const void *const *weights,
-                      const int64_t *windows, const float *cos_table, const float *sin_table, float *keys,
-                      float *values, int64_t S_max, int64_t layer_stride, int64_t start, float eps, float scale,
-                      const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
-                      const int64_t *head_ids, int64_t V, int head_format, int64_t k, float stop_below,
-                      int64_t *out, float *scratch, int threads) {
+                         int64_t Dh, int64_t I, const int64_t *order, int64_t count, const void *const *weights,
+                         const int64_t *windows, const float *cos_table, const float *sin_table, float *keys,
+                         float *values, int64_t S_max, int64_t layer_stride, int64_t start, float eps, float scale,
+                         const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
+                         const int64_t *head_ids, int64_t V, int head_format, int64_t k, float stop_below,
+                         int64_t *out, float *scratch, int threads) {
     float *x = scratch;                     /* (T0, D) the rows being run */
     float *joined = x + T0 * D;             /* (T0, 2D) feature | embedding, the fc's input */
     float *normed = joined + 2 * T0 * D;    /* (D) the last row after the norm: the next feature */

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge.config import ModelConfig
+from edge.errors import UnsupportedModelError
 from edge.kv_cache import KVCache
 from edge.rope import apply_rope, inverse_frequencies
 
@@ -165,7 +166,8 @@ class Transformer(nn.Module):
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         self._fused_weights = None  # per-layer weight pointers for the fused C layer (False: not fusable)
-        self._fused_dtype = torch.float32  # those weights' dtype (16-bit ones are widened in the kernel)
+        self._fused_dtype = torch.float32  # those weights' dtype (16-bit ones are widened in the kernel; int8: packed)
+        self.int8 = False  # set by edge.int8.quantize_int8: the layers' matrices are packed int8
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
         self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, Dh) each
 
@@ -232,7 +234,7 @@ class Transformer(nn.Module):
             x = x[0].contiguous()  # (T, D), updated in place layer by layer
             self._fused_layers(x, order, start, cache, rope)
             norm = self.norm.weight
-            hidden = (self.rowwise.rms_norm(x, norm, self.norm.eps) if norm.dtype == self._fused_dtype
+            hidden = (self.rowwise.rms_norm(x, norm, self.norm.eps) if norm.dtype in (self._fused_dtype, torch.float32)
                       else self.norm(x))[None]  # (1, T, D): the final norm in the same C library, one call
         else:
             mask = self._mask(start, steps)
@@ -266,8 +268,9 @@ class Transformer(nn.Module):
     def _can_fuse(self, batch: int, rows: int, dtype: torch.dtype, cache: KVCache) -> bool:
         """Whether this pass can run each layer as one fused C call (the batch-invariant kernel's fused_layer): a
         few rows of batch 1 in float32 (weights float32 or 16-bit), a plain float32 KV cache, every layer in place."""
-        if self.rowwise is None or batch != 1 or rows > self.rowwise_max_rows or dtype != torch.float32:
-            return False
+        if self.rowwise is None or batch != 1 or dtype != torch.float32 or (rows > self.rowwise_max_rows
+                                                                              and not self.int8):
+            return False  # (int8 layers run every row count in the kernel, prefill included)
         if self._fused_weights is None or (self._fused_weights is not False and self._weights_replaced()):
             self._fused_weights = self._fused_pointers()  # first use, or the weights were replaced since
         return (self._fused_weights is not False and type(cache) is KVCache and cache.keys.dtype == torch.float32
@@ -276,8 +279,8 @@ class Transformer(nn.Module):
     def _weights_replaced(self) -> bool:
         """Whether the last layer, or its first matrix, is not the one the pointers were taken from (a replaced
         module, or load_state_dict(assign=True)): dictionary lookups, cheaper than module attributes each step."""
-        modules, key, block, parameters, pointer = self._watched
-        return modules.get(key) is not block or parameters["weight"].data_ptr() != pointer
+        modules, key, block, parameters, name, pointer = self._watched
+        return modules.get(key) is not block or parameters[name].data_ptr() != pointer
 
     def _fused_pointers(self) -> "list[tuple] | bool":
         """Each layer's 12 weight pointers for fused_layer_f32 (None where a tensor is absent), or False when some
@@ -285,25 +288,36 @@ class Transformer(nn.Module):
         def pointer(tensor):
             return None if tensor is None else tensor.data_ptr()
 
+        from edge.int8 import Int8Linear
+
         layers = []
-        weight_dtype = self.layers[0].attn.wqkv.weight.dtype if isinstance(self.layers[0], Block) else None
-        if weight_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if not isinstance(self.layers[0], Block):
+            return False
+        if self.int8:  # packed int8 matrices, float32 norms
+            weight_dtype, matrix_type, norm_dtype = torch.int8, Int8Linear, torch.float32
+        else:
+            weight_dtype, matrix_type = self.layers[0].attn.wqkv.weight.dtype, Linear
+            norm_dtype = weight_dtype
+        if weight_dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.int8):
             return False
         self._fused_dtype = weight_dtype  # 16-bit: stored narrow, computed in float32 (store_weights)
+        matrix = "packed" if self.int8 else "weight"
         for block in self.layers:
             if not isinstance(block, Block):
                 return False
             attn, ffn = block.attn, block.ffn
-            if not all(isinstance(m, Linear) for m in (attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down)):
+            if not all(isinstance(m, matrix_type) for m in (attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down)):
                 return False
-            tensors = [block.attn_norm.weight, attn.wqkv.weight, attn.wqkv.bias,
+            tensors = [block.attn_norm.weight, getattr(attn.wqkv, matrix), attn.wqkv.bias,
                        attn.q_norm.weight if attn.q_norm is not None else None,
-                       attn.k_norm.weight if attn.k_norm is not None else None, attn.wo.weight, attn.wo.bias,
-                       block.ffn_norm.weight, ffn.w_gate_up.weight, ffn.w_gate_up.bias, ffn.w_down.weight,
-                       ffn.w_down.bias]
-            biases = {2, 6, 9, 11}  # always float32
-            if any(t is not None and (t.dtype != (torch.float32 if i in biases else weight_dtype)
-                                      or not t.is_contiguous()) for i, t in enumerate(tensors)):
+                       attn.k_norm.weight if attn.k_norm is not None else None, getattr(attn.wo, matrix),
+                       attn.wo.bias, block.ffn_norm.weight, getattr(ffn.w_gate_up, matrix), ffn.w_gate_up.bias,
+                       getattr(ffn.w_down, matrix), ffn.w_down.bias]
+            biases, matrices = {2, 6, 9, 11}, {1, 5, 8, 10}  # biases always float32
+            expected = {i: torch.float32 if i in biases else (torch.uint8 if self.int8 and i in matrices else
+                                                              weight_dtype if i in matrices else norm_dtype)
+                        for i in range(12)}
+            if any(t is not None and (t.dtype != expected[i] or not t.is_contiguous()) for i, t in enumerate(tensors)):
                 return False
             layers.append(tuple(pointer(t) for t in tensors))
         self._fused_table = torch.tensor([[p or 0 for p in row] for row in layers], dtype=torch.int64)  # (L, 12)
@@ -312,7 +326,7 @@ class Transformer(nn.Module):
         self._layer_orders: dict[tuple[int, ...], torch.Tensor] = {}
         last = self.layers[-1]
         self._watched = (self.layers._modules, str(len(self.layers) - 1), last, last.attn.wqkv._parameters,
-                         last.attn.wqkv.weight.data_ptr())
+                         matrix, getattr(last.attn.wqkv, matrix).data_ptr())
         return layers
 
     def _fused_layers(self, x: torch.Tensor, order, start: int, cache: KVCache, rope) -> None:
@@ -355,7 +369,8 @@ class Transformer(nn.Module):
         else:  # the leading rows of a padded head stay contiguous
             head, head_ids = head_model.head_weight[:vocab_size], None  # (V', D)
         if (not self._can_fuse(1, len(tokens), torch.float32, cache) or end > cache.max_len or start > cache.length
-                or self.norm.weight.dtype != self._fused_dtype or (fc is not None and fc.dtype != self._fused_dtype)
+                or self.norm.weight.dtype != (torch.float32 if self.int8 else self._fused_dtype)
+                or (fc is not None and fc.dtype != self._fused_dtype)
                 or embed.dtype != head.dtype or not (embed.is_contiguous() and head.is_contiguous())):
             return None
         config = self.config
@@ -374,11 +389,18 @@ class Transformer(nn.Module):
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""
+        from edge.int8 import Int8Linear
+
         linears = [module for module in self.modules() if isinstance(module, Linear)]
         supported = matmul is not None and all(matmul.supports(m.weight, m.bias) for m in linears)
+        if self.int8 and not supported:
+            raise UnsupportedModelError("this model's int8 weights run only on edge's CPU kernel; keep it on the CPU")
         self.rowwise = matmul if supported else None
         for module in linears:
             module.rowwise, module.max_rows = self.rowwise, max_rows
+        for module in self.modules():
+            if isinstance(module, Int8Linear):
+                module.rowwise = self.rowwise
         self.rowwise_max_rows = max_rows
 
     def _rope(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,8 @@ import torch
 SOURCE = Path(__file__).with_name("csrc") / "rowwise_matmul.c"
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 log = logging.getLogger(__name__)
-WEIGHT_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the C side's WEIGHTS_F32 / BF16 / F16
+# the C side's WEIGHTS_F32 / BF16 / F16 / I8 (int8: packed matrices, float32 norms; edge/int8.py)
+WEIGHT_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}
 
 
 class RowwiseMatmul:
@@ -43,6 +44,9 @@ class RowwiseMatmul:
             function.argtypes = [pointer, pointer, pointer, pointer, size, size, size, ctypes.c_int]
             function.restype = None
             self._kernels[dtype] = function
+        self._int8 = library.rowwise_matmul_i8
+        self._int8.argtypes = [pointer, pointer, pointer, pointer, size, size, size, ctypes.c_int]
+        self._int8.restype = None
         self._attention = library.rowwise_attention_f32
         self._attention.argtypes = [pointer] * 5 + [size] * 7 + [ctypes.c_float, ctypes.c_int]
         self._attention.restype = None
@@ -118,6 +122,18 @@ class RowwiseMatmul:
                         head_dim ** -0.5, self.thread_count())
         return out
 
+    def int8(self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """x (..., K) float32 through packed int8 weights (pack_int8) -> (..., N) float32; activations quantized per
+        row, batch-invariant like the float kernels."""
+        in_features = x.shape[-1]
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)  # (..., N)
+        self._int8(x.data_ptr(), packed.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                   x.numel() // in_features, out_features, in_features, self.thread_count())
+        return out
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x (T, D) float32 contiguous, weight (D,) float32/bfloat16/float16 -> RMSNorm(x) (T, D) float32."""
         out = torch.empty_like(x)  # (T, D)
@@ -170,6 +186,40 @@ class RowwiseMatmul:
             embed.data_ptr(), head.data_ptr(), head_ids.data_ptr() if head_ids is not None else None, vocab,
             WEIGHT_FORMATS[head.dtype], k, stop_below or 0.0, out.data_ptr(), scratch.data_ptr(), self.thread_count())
         return out[:count].tolist()
+
+
+INT8_GROUP = 16  # outputs per packed group (the C side's I8_GROUP)
+
+
+def int8_supported(weight: torch.Tensor) -> bool:
+    """Whether pack_int8 takes this (N, K) matrix: N a multiple of 16, K of 4."""
+    return weight.dim() == 2 and weight.shape[0] % INT8_GROUP == 0 and weight.shape[1] % 4 == 0
+
+
+def pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """weight (N, K) -> the int8 kernel's packed bytes (N*K + 8N,) uint8: per output channel symmetric int8 codes
+    (scale max|w| / 127) in VNNI order, then the N float32 scales and N int32 corrections 128 * sum of codes."""
+    if not int8_supported(weight):
+        raise ValueError(f"int8 packing needs (N, K) with N % {INT8_GROUP} == 0 and K % 4 == 0, got "
+                         f"{tuple(weight.shape)}")
+    rows, columns = weight.shape
+    wide = weight.detach().float().cpu()  # (N, K)
+    scales = wide.abs().amax(dim=1) / 127.0  # (N,)
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round(wide / safe[:, None]).clamp_(-127, 127).to(torch.int8)  # (N, K)
+    packed = (codes.view(rows // INT8_GROUP, INT8_GROUP, columns // 4, 4)  # (groups, 16, K/4, 4)
+              .permute(0, 2, 1, 3).contiguous().view(-1))  # (N*K,): group, chunk, output, 4 codes
+    corrections = codes.sum(dim=1, dtype=torch.int32) * 128  # (N,) int32
+    return torch.cat([packed.view(torch.uint8), scales.contiguous().view(torch.uint8),
+                      corrections.contiguous().view(torch.uint8)])
+
+
+def unpack_int8(packed: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+    """The float32 (N, K) matrix the packed codes and scales stand for (tests, and the torch fallback)."""
+    codes = (packed[:rows * columns].view(torch.int8).view(rows // INT8_GROUP, columns // 4, INT8_GROUP, 4)
+             .permute(0, 2, 1, 3).reshape(rows, columns))  # (N, K)
+    scales = packed[rows * columns:rows * columns + 4 * rows].view(torch.float32)  # (N,)
+    return codes.float() * scales[:, None]
 
 
 def _build() -> Path:

@@ -343,3 +343,14 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
     stop = (ranked[len(ranked) // 2] + ranked[len(ranked) // 2 + 1]) / 2
     stopped = [len(draft) for draft, _ in drafts_by_both_paths(stop)]
     assert min(stopped) < 5 and max(stopped) > 1, stopped
+
+
+@pytest.mark.parametrize("name", ["small", "feature", "hybrid:feature"])
+def test_model_drafters_on_an_int8_target_stay_lossless(checkpoints, name):
+    """The target's layers in int8 (edge/int8.py): a draft model and a feature drafter (which reads the target's
+    features and head) still reproduce the int8 target's own plain decoding."""
+    plain = Engine.load(checkpoints["target"], max_context=512, weights="int8")
+    fast = Engine.load(checkpoints["target"], max_context=512, weights="int8", drafter=drafter_spec(name, checkpoints))
+    for prompt in PROMPTS:
+        expected = ids_of(plain.generate(prompt, max_new_tokens=120, ignore_eos=True))
+        assert ids_of(fast.generate(prompt, max_new_tokens=120, ignore_eos=True)) == expected, (name, prompt)

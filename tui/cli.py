@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                              max_context=args.max_context, drafter=default_drafter(args),
                              draft_length=args.draft_length, memory_budget=args.memory_budget,
                              backend=args.backend, draft_context=args.draft_context,
-                             draft_weights=args.draft_weights, kv_cache=args.kv_cache, draft_kv=args.draft_kv)
+                             draft_weights=args.draft_weights, kv_cache=args.kv_cache, draft_kv=args.draft_kv,
+                             weights=args.weights)
         for step in engine.plan.steps if engine.plan else ():
             print(f"edge-chat: memory plan: {step}", file=sys.stderr)
         if args.prompt is None and not sys.stdin.isatty():
@@ -97,7 +98,7 @@ def run_app(args: argparse.Namespace) -> int:
                            max_context=args.max_context, measure_baseline=not args.no_baseline,
                            memory_budget=args.memory_budget, backend=args.backend,
                            draft_context=args.draft_context, draft_weights=args.draft_weights,
-                           kv_cache=args.kv_cache, draft_kv=args.draft_kv)
+                           kv_cache=args.kv_cache, draft_kv=args.draft_kv, weights=args.weights)
     app = EdgeChatApp(loader, drafters=drafters)
     app.run()
     if app.load_error:

@@ -30,6 +30,7 @@ class SessionLoader:
     draft_weights: str | None = None  # "bfloat16": store a draft model's weights narrower
     kv_cache: str | None = None  # a quantized KV cache format (int8, int8-int4, hierarchical)
     draft_kv: str | None = None  # a draft model's own cache format (int8, int8-int4)
+    weights: str | None = None  # "int8": quantize the target's layers at load (edge/int8.py)
 
     @property
     def name(self) -> str:
@@ -42,7 +43,7 @@ class SessionLoader:
                              progress=lambda stage, fraction: progress(stage, 0.8 * fraction),
                              memory_budget=self.memory_budget, backend=self.backend,
                              draft_context=self.draft_context, draft_weights=self.draft_weights,
-                             kv_cache=self.kv_cache, draft_kv=self.draft_kv)
+                             kv_cache=self.kv_cache, draft_kv=self.draft_kv, weights=self.weights)
         settings = self.settings
         if engine.plan is not None:  # the plan may have stepped the drafter down
             from edge.planning import planned_drafter

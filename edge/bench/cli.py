@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "then each method, on the same prompt), so methods are timed seconds apart and share "
                              "the machine's slow spells; peak memory is then for all methods together")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--weights", default=None, choices=["int8"],
+                        help="suite: quantize edge's target to int8 at load (edge/int8.py) for every edge method, the "
+                             "plain-decoding baseline included; peers run the checkpoint as stored")
     parser.add_argument("--kv-cache", default="float32", choices=["float32", "int8", "int8-int4", "hierarchical"],
                         help="suite: KV cache format for every edge method, the plain-decoding baseline included "
                              "(hierarchical: QuantSpec's int4+int4, which the quantspec drafter reads)")
@@ -149,7 +152,7 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
         print(f"edge-bench: {len(edge_runs)} edge methods interleaved prompt by prompt, {args.repeats} passes ...",
               file=sys.stderr)
         results = suite.run_interleaved(model, edge_runs, args.repeats, args.max_new_tokens, args.dtype,
-                                        args.kv_cache)
+                                        args.kv_cache, args.weights)
         runs = peer_runs
     else:  # plain decoding again at the end: the baseline is the faster of the two
         results, runs = [], edge_runs + peer_runs + [("ar-end", "adaptive")]
@@ -160,7 +163,8 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
             print(f"edge-bench: pass {number + 1}/{args.repeats}: {suite.label(method, length)} ...",
                   file=sys.stderr)
             result = suite.run_method(model, "ar" if method == "ar-end" else method, length,
-                                      args.max_new_tokens, args.dtype, args.kv_cache)
+                                      args.max_new_tokens, args.dtype, args.kv_cache,
+                                      None if method.startswith("hf") else args.weights)
             passes[-1].append({**result, "method": method})
     results += [suite.median_of_passes(runs_of_method) for runs_of_method in zip(*passes)]
     baseline = results[0] if args.interleave else suite.faster_baseline(results[0], results[-1])
@@ -168,7 +172,8 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     table = suite.markdown(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
-              "model": str(model), "dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
+              "model": str(model), "dtype": args.dtype, "weights": args.weights or "as stored",
+              "max_new_tokens": args.max_new_tokens,
               "command": "edge-bench " + " ".join(sys.argv[1:] if argv is None else argv), "summary": rows,
               "runs": results}
     (args.out / "suite.json").write_text(json.dumps(report, indent=1) + "\n")

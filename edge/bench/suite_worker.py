@@ -29,11 +29,11 @@ from edge.bench.worker import peak_rss_mib
 Runner = Callable[[list[int], int], tuple[list[int], dict]]
 
 
-def edge_runner(model: str, method: str, draft_length: str, dtype: str,
-                kv_cache: str = "float32") -> tuple[Runner, list[list[int]]]:
+def edge_runner(model: str, method: str, draft_length: str, dtype: str, kv_cache: str = "float32",
+                weights: str | None = None) -> tuple[Runner, list[list[int]]]:
     from edge.engine import Engine
 
-    engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache)
+    engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache, weights=weights)
     if method != "ar":
         engine.use_drafter(method, draft_length, dtype=dtype)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
@@ -53,13 +53,13 @@ def generate_once(engine, prompt_ids: list[int], new_tokens: int) -> tuple[list[
 
 
 def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
-                     kv_cache: str = "float32") -> list[dict]:
+                     kv_cache: str = "float32", weights: str | None = None) -> list[dict]:
     """Every (method, draft length) on each prompt in turn, `passes` times over the prompt set, in this process."""
     import statistics
 
     from edge.engine import Engine
 
-    engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache)
+    engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache, weights=weights)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
     setups = []  # (drafter or None, draft length) per method: each drafter is built once
     for method, length in methods:
@@ -145,19 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--kv-cache", default="float32")
+    parser.add_argument("--weights", default=None, help="int8: quantize edge's target at load (edge methods only)")
     args = parser.parse_args(argv)
 
     if args.interleave:
         methods = [(method, length) for method, length in json.loads(args.interleave)]
         json.dump({"runs": interleaved_runs(args.model, methods, args.passes, args.max_new_tokens, args.dtype,
-                                            args.kv_cache)}, sys.stdout)
+                                            args.kv_cache, args.weights)}, sys.stdout)
         return 0
     if args.method is None:
         parser.error("give --method or --interleave")
     if args.method.startswith("hf"):
         run, prompts = hf_runner(args.model, args.method, args.dtype)
     else:
-        run, prompts = edge_runner(args.model, args.method, args.draft_length, args.dtype, args.kv_cache)
+        run, prompts = edge_runner(args.model, args.method, args.draft_length, args.dtype, args.kv_cache,
+                                   args.weights)
     run(prompts[0], 16)  # warm-up
     results = []
     for prompt, ids in zip(PROMPTS, prompts):

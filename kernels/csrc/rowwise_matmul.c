@@ -20,6 +20,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A block: BLOCK_COLS weight rows against up to BLOCK_ROWS input rows, 2 * BLOCK_ROWS * BLOCK_COLS accumulators in
@@ -226,6 +227,164 @@ DEFINE_BLOCK(block_f16, uint16_t, load_f16, scalar_f16)
 DEFINE_MATMUL(rowwise_matmul_f32, float, block_f32)
 DEFINE_MATMUL(rowwise_matmul_bf16, uint16_t, block_bf16)
 DEFINE_MATMUL(rowwise_matmul_f16, uint16_t, block_f16)
+
+/* int8 weights, activations quantized per row (w8a8): y[m, n] = sx[m] * sw[n] * sum_k xq[m, k] * wq[n, k] (+ bias[n]).
+ *
+ * Weights are quantized per output channel (wq = round(w / sw), |wq| <= 127) and packed for VNNI's u8 x s8 dot
+ * products: outputs in groups of 16, and within a group K/4 chunks of 64 bytes, chunk c holding wq[n, 4c .. 4c+3]
+ * for the group's 16 outputs n in turn; so one vpdpbusd adds 4 products into each of 16 outputs' lanes (no
+ * horizontal sums). After the N * K packed bytes come N float32 scales sw and N int32 corrections 128 * sum_k wq[n, k].
+ * Each input row is quantized alone: sx = max |x| / 127, xq = round(x / sx) + 128 (unsigned for vpdpbusd; the
+ * correction takes the 128 back out). Integer sums are exact in any order, and the float steps after them are fixed
+ * per output, so each row's result is the same whatever the number of rows, their grouping or the threads: a verify
+ * pass reproduces decode steps bit for bit, as the float kernels do. N must be a multiple of 16 and K of 4
+ * (int8_supported in kernels/cpu_matmul.py). */
+#define I8_GROUP 16
+#define I8_TILE_GROUPS 4  /* output groups per tile: 64 outputs */
+#define I8_TILE_ROWS 4
+
+/* Row m of x (K floats) -> K unsigned bytes and its scale. Round-half-even, as both paths below do. */
+static float quantize_row(const float *x, uint8_t *out, int64_t K) {
+    float top = 0.0f;
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    __m512 tops = _mm512_setzero_ps();
+    for (; k + 16 <= K; k += 16) tops = _mm512_max_ps(tops, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+    top = _mm512_reduce_max_ps(tops);  /* a maximum: the same in any order */
+#endif
+    for (; k < K; k++) top = fabsf(x[k]) > top ? fabsf(x[k]) : top;
+    if (top == 0.0f) {
+        memset(out, 128, K);
+        return 0.0f;
+    }
+    const float inverse = 127.0f / top;
+    k = 0;
+#if defined(__AVX512F__)  /* cvtps rounds half to even (the default mode), as nearbyintf does */
+    const __m512 factor = _mm512_set1_ps(inverse), high = _mm512_set1_ps(127.0f), low = _mm512_set1_ps(-127.0f);
+    for (; k + 16 <= K; k += 16) {
+        const __m512 q = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + k), factor),
+                                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                                     low), high);
+        _mm_storeu_si128((__m128i *)(out + k),
+                         _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(q), _mm512_set1_epi32(128))));
+    }
+#endif
+    for (; k < K; k++) {
+        float q = nearbyintf(x[k] * inverse);
+        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+        out[k] = (uint8_t)((int)q + 128);
+    }
+    return top / 127.0f;
+}
+
+/* One tile: G groups of 16 outputs from group g0 against R rows, R and G compile-time constants. */
+static inline __attribute__((always_inline)) void i8_tile(const uint8_t *xq, const float *sx, const int8_t *w,
+                                                         const float *sw, const int32_t *correction,
+                                                         const float *bias, float *y, int64_t g0, int64_t N,
+                                                         int64_t K, const int R, const int G) {
+    int32_t sums[I8_TILE_ROWS][I8_TILE_GROUPS][I8_GROUP];
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    __m512i acc[I8_TILE_ROWS][I8_TILE_GROUPS], acc2[I8_TILE_ROWS][I8_TILE_GROUPS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) acc[r][g] = acc2[r][g] = _mm512_setzero_si512();
+    const int8_t *rows[I8_TILE_GROUPS];
+    _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) rows[g] = w + (g0 + g) * I8_GROUP * K;
+    const int64_t chunks = K / 4;
+    int64_t c = 0;
+    for (; c + 2 <= chunks; c += 2) {  /* two chunks a step, into two sets of sums: independent chains for 1 row */
+        __m512i w0[I8_TILE_GROUPS], w1[I8_TILE_GROUPS];
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {
+            w0[g] = _mm512_loadu_si512((const void *)(rows[g] + c * 64));
+            w1[g] = _mm512_loadu_si512((const void *)(rows[g] + c * 64 + 64));
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            int32_t pair[2];
+            memcpy(pair, xq + r * K + c * 4, sizeof pair);
+            const __m512i x0 = _mm512_set1_epi32(pair[0]), x1 = _mm512_set1_epi32(pair[1]);
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {
+                acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], x0, w0[g]);
+                acc2[r][g] = _mm512_dpbusd_epi32(acc2[r][g], x1, w1[g]);
+            }
+        }
+    }
+    for (; c < chunks; c++)
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {
+            const __m512i w0 = _mm512_loadu_si512((const void *)(rows[g] + c * 64));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                int32_t quad;
+                memcpy(&quad, xq + r * K + c * 4, sizeof quad);
+                acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], _mm512_set1_epi32(quad), w0);
+            }
+        }
+    /* the float steps of the scalar epilogue below, 16 outputs at a time: the same operations in the same order */
+    _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {
+        const int64_t n = (g0 + g) * I8_GROUP;
+        const __m512i fix = _mm512_loadu_si512((const void *)(correction + n));
+        const __m512 scale = _mm512_loadu_ps(sw + n), offset = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(acc[r][g], acc2[r][g]), fix));
+            _mm512_storeu_ps(y + r * N + n,
+                             _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(dot, scale), _mm512_set1_ps(sx[r])), offset));
+        }
+    }
+    (void)sums;
+#else
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++) {
+            const int8_t *block = w + (g0 + g) * I8_GROUP * K;
+            for (int lane = 0; lane < I8_GROUP; lane++) {
+                int32_t sum = 0;
+                for (int64_t k = 0; k < K; k++) sum += (int32_t)xq[r * K + k] * block[(k / 4) * 64 + lane * 4 + k % 4];
+                sums[r][g][lane] = sum;
+            }
+        }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++)
+            for (int lane = 0; lane < I8_GROUP; lane++) {
+                const int64_t n = (g0 + g) * I8_GROUP + lane;
+                const float dot = (float)(sums[r][g][lane] - correction[n]);
+                y[r * N + n] = (dot * sw[n]) * sx[r] + (bias ? bias[n] : 0.0f);
+            }
+#endif
+}
+
+#define I8_CASE(R)                                                                                              \
+    case R:                                                                                                     \
+        switch (G) {                                                                                            \
+            case 1: i8_tile(xq + m * K, sx + m, w, sw, correction, bias, y + m * N, g0, N, K, R, 1); break;      \
+            case 2: i8_tile(xq + m * K, sx + m, w, sw, correction, bias, y + m * N, g0, N, K, R, 2); break;      \
+            case 3: i8_tile(xq + m * K, sx + m, w, sw, correction, bias, y + m * N, g0, N, K, R, 3); break;      \
+            default: i8_tile(xq + m * K, sx + m, w, sw, correction, bias, y + m * N, g0, N, K, R, 4); break;     \
+        }                                                                                                       \
+        break;
+
+/* x (M, K) float32 -> y (M, N) float32 through packed int8 weights (layout above). */
+void rowwise_matmul_i8(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads) {
+    const int8_t *w = (const int8_t *)packed;
+    const float *sw = (const float *)(packed + N * K);
+    const int32_t *correction = (const int32_t *)(packed + N * K + N * sizeof(float));
+    uint8_t *xq = malloc(M * K + 64);
+    float *sx = malloc(M * sizeof(float));
+    for (int64_t m = 0; m < M; m++) sx[m] = quantize_row(x + m * K, xq + m * K, K);
+    const int64_t groups = N / I8_GROUP, tiles = (groups + I8_TILE_GROUPS - 1) / I8_TILE_GROUPS;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t tile = 0; tile < tiles; tile++) {
+        const int64_t g0 = tile * I8_TILE_GROUPS;
+        const int G = groups - g0 < I8_TILE_GROUPS ? (int)(groups - g0) : I8_TILE_GROUPS;
+        for (int64_t m = 0; m < M; m += I8_TILE_ROWS) {
+            switch (M - m < I8_TILE_ROWS ? M - m : I8_TILE_ROWS) {
+                I8_CASE(1)
+                I8_CASE(2)
+                I8_CASE(3)
+                I8_CASE(4)
+                default: break;
+            }
+        }
+    }
+    free(xq);
+    free(sx);
+}
 
 /* Batch-invariant attention for a few queries at positions start .. start + T - 1 over a KV cache.
  *
@@ -456,8 +615,9 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
  * Keys/values of the T rows are written into the layer's cache (Hkv, S_max, Dh) at [start, start + T) before the
  * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. Optional
  * tensors are NULL when absent. scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
-/* The weights' format: matrices and norms alike (biases are float32). */
-enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2 };
+/* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 the matrices are packed int8
+ * (rowwise_matmul_i8) and the norms float32. */
+enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3 };
 
 static inline float weight_at(const void *w, int64_t i, int format) {
     if (format == WEIGHTS_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
@@ -471,6 +631,8 @@ static void matmul_rows(const float *x, const void *w, const float *bias, float 
         rowwise_matmul_bf16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
     else if (format == WEIGHTS_F16)
         rowwise_matmul_f16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
+    else if (format == WEIGHTS_I8)
+        rowwise_matmul_i8(x, (const uint8_t *)w, bias, y, M, N, K, threads);
     else
         rowwise_matmul_f32(x, (const float *)w, bias, y, M, N, K, threads);
 }

@@ -1,0 +1,77 @@
+"""int8 weights on the CPU (w8a8): each layer's four matrices quantized per output channel at load, activations
+quantized per row inside edge's kernel (kernels/csrc/rowwise_matmul.c, `rowwise_matmul_i8`, VNNI dot products).
+
+    model = load_model(path)            # float32 compute, 16- or 32-bit weights
+    quantize_int8(model)                # wqkv, wo, w_gate_up, w_down -> Int8Linear; norms float32
+    model(tokens, start, cache)         # every row count, prefill included, through the int8 kernel
+
+Half the bytes of float16 per step, and an extra verify row costs far fewer instructions (64 multiply-adds per VNNI
+instruction against 16 for float32), so verify passes are cheaper relative to a decode step. Each row is quantized
+and summed alone, in exact integer arithmetic: like the float kernels the results do not depend on how many rows
+share a call, so greedy speculation stays exactly equal to plain decoding on the int8 model. The int8 model is a
+different model from the float one (its logits move by about 1%): compare its speculative output with its own plain
+decoding. The embedding and the head stay as loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edge.errors import UnsupportedModelError
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with packed int8 weights (kernels.cpu_matmul.pack_int8), run by edge's CPU kernel."""
+
+    def __init__(self, packed: torch.Tensor, in_features: int, out_features: int, bias: torch.Tensor | None,
+                 rowwise) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.packed = nn.Parameter(packed, requires_grad=False)  # (N*K + 8N,) uint8
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)  # (N,)
+        self.rowwise = rowwise
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, rowwise) -> "Int8Linear":
+        from kernels.cpu_matmul import pack_int8
+
+        return cls(pack_int8(linear.weight), linear.in_features, linear.out_features, linear.bias, rowwise)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (..., K) -> (..., N)
+        return self.rowwise.int8(x.float(), self.packed, self.out_features, self.bias).to(x.dtype)
+
+
+def int8_supported(model) -> str | None:
+    """None when `quantize_int8` can run on this model, else why not (one line)."""
+    from kernels.cpu_matmul import int8_supported as matrix_supported
+
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return "int8 weights need a CPU model computing in float32 (--dtype float32, the default)"
+    if getattr(model, "rowwise", None) is None:
+        return "int8 weights run on edge's CPU kernel, which is not available here (it needs a C compiler with OpenMP)"
+    for block in model.layers:
+        for linear in (block.attn.wqkv, block.attn.wo, block.ffn.w_gate_up, block.ffn.w_down):
+            if not isinstance(linear, Int8Linear) and not matrix_supported(linear.weight):
+                return (f"int8 weights need matrix sizes divisible by 16 (outputs) and 4 (inputs); this model has "
+                        f"{tuple(linear.weight.shape)}")
+    return None
+
+
+def quantize_int8(model) -> None:
+    """Replace each layer's four matrices by Int8Linear and widen its norms to float32, in place."""
+    problem = int8_supported(model)
+    if problem is not None:
+        raise UnsupportedModelError(problem)
+    for block in model.layers:
+        for owner, name in ((block.attn, "wqkv"), (block.attn, "wo"), (block.ffn, "w_gate_up"), (block.ffn, "w_down")):
+            linear = getattr(owner, name)
+            if not isinstance(linear, Int8Linear):
+                setattr(owner, name, Int8Linear.from_linear(linear, model.rowwise))
+        for norm in (block.attn_norm, block.ffn_norm, block.attn.q_norm, block.attn.k_norm):
+            if norm is not None:
+                norm.weight = nn.Parameter(norm.weight.detach().float(), requires_grad=False)
+    model.norm.weight = nn.Parameter(model.norm.weight.detach().float(), requires_grad=False)
+    model.int8 = True
+    model._fused_weights = None  # the pointers change: found again at the next forward

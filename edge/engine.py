@@ -135,7 +135,7 @@ class Engine:
         has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own. `draft_vocab` (token ids, or a
         JSON file from `python -m export.vocab_trim`) trims a model drafter's head to those tokens (VocabTrim);
         `draft_context` gives a separate draft model a shorter cache than the target's (it then drafts from a window of
-        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16. `kv_cache` stores the KV
+        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16, "int8" quantizes them. `kv_cache` stores the KV
         cache quantized: "int8", "int8-int4" (int8 keys, int4 values) or "hierarchical" (QuantSpec's int4+int4,
         which drafter "quantspec" needs and selects by default); `draft_kv` ("int8") does the same for a separate
         draft model's own cache. `offload_layers` keeps those layers' weights in host memory, streamed in as they
@@ -161,7 +161,7 @@ class Engine:
                                   "manifest.json (load the source checkpoint folder to plan against a budget)")
             return cls._load_bundle(path, max_context=max_context, drafter=drafter, draft_length=draft_length,
                                     report=report, backend=backend, draft_vocab=draft_vocab,
-                                    draft_context=draft_context)
+                                    draft_context=draft_context, draft_weights=draft_weights)
         if backend == "onnx":  # a checkpoint on ONNX Runtime: export it once into the cache (int8), then run that
             from edge.auto_export import cached_bundle
             from edge.planning import drafter_kind
@@ -219,7 +219,8 @@ class Engine:
     @classmethod
     def _load_bundle(cls, path: str | Path, *, max_context: int, drafter: str | None, draft_length: int | str,
                      report: Callable[[str, float], None], backend: str | None,
-                     draft_vocab: "str | Path | torch.Tensor | None", draft_context: int | None) -> "Engine":
+                     draft_vocab: "str | Path | torch.Tensor | None", draft_context: int | None,
+                     draft_weights: str | None = None) -> "Engine":
         """An edge-export bundle on one of its backends; drafter "bundle" (or "builtin") is the bundle's own."""
         report("checking the bundle's files", 0.0)
         bundle = read_bundle(path)
@@ -231,7 +232,8 @@ class Engine:
         engine.bundle, engine.backend = bundle, backend
         if drafter:
             report(f"opening the drafter ({drafter})", 0.8)
-            engine.use_drafter(drafter, draft_length, draft_vocab=draft_vocab, draft_context=draft_context)
+            engine.use_drafter(drafter, draft_length, draft_vocab=draft_vocab, draft_context=draft_context,
+                               draft_weights=draft_weights)
         report("loaded", 1.0)
         return engine
 
@@ -241,8 +243,8 @@ class Engine:
                     draft_kv: str | None = None) -> None:
         """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None).
         `draft_vocab` trims a model drafter's head to those token ids (or a JSON file of them); `draft_context`
-        sizes a separate draft model's cache (default: the engine's context); `draft_weights` ("bfloat16") stores
-        a separate draft model's matrices narrower than `dtype`."""
+        sizes a separate draft model's cache (default: the engine's context); `draft_weights` ("bfloat16" or
+        "int8") stores a separate draft model's matrices narrower than `dtype`."""
         length = _draft_length(draft_length)
         draft_max_len = self._draft_context(draft_context, length)
         if isinstance(drafter, str) and "@" in drafter:  # SPEC@VOCAB.json: VocabTrim the drafter's head

@@ -247,11 +247,17 @@ def small_bundle(tmp_path_factory, llama_dir, drafter_dir) -> Path:
     return folder
 
 
-def test_a_torch_draft_model_drafts_for_a_bundle(small_bundle, drafter_dir):
-    """A separate torch draft model beside the ONNX target: lossless, and its kernel runs on one thread."""
+@pytest.mark.parametrize("draft_weights", [None, "int8"])
+def test_a_torch_draft_model_drafts_for_a_bundle(small_bundle, drafter_dir, draft_weights):
+    """A separate torch draft model beside the ONNX target (its layers in int8 too): lossless, and its kernel runs
+    on one thread."""
     plain = Engine.load(small_bundle, max_context=256)
-    fast = Engine.load(small_bundle, max_context=256, drafter=f"draft:{drafter_dir}", draft_length=3)
+    fast = Engine.load(small_bundle, max_context=256, drafter=f"draft:{drafter_dir}", draft_length=3,
+                       draft_weights=draft_weights)
     assert fast.drafter.model.rowwise is None or fast.drafter.model.rowwise.thread_count() == 1
+    assert fast.drafter.model.int8 == (draft_weights == "int8")
+    if draft_weights:  # the quantized layers use the one-thread kernel as well
+        assert fast.drafter.model.layers[0].attn.wqkv.rowwise.thread_count() == 1
     for prompt in PROMPTS:
         assert greedy(fast, prompt, 64) == greedy(plain, prompt, 64)
 

@@ -121,3 +121,17 @@ def test_bad_int8_requests_are_one_line_errors(llama_dir, checkpoint_factory):
     odd.layers[0].ffn.w_down.weight.requires_grad_(False)
     with pytest.raises(UnsupportedModelError, match=r"divisible by 16 \(outputs\) and 4 \(inputs\)"):
         quantize_int8(odd)
+
+
+def test_an_int8_draft_model_keeps_the_float_target_lossless(checkpoint_factory, tmp_path_factory, tokenizer_dir):
+    from conftest import build_checkpoint
+
+    target = checkpoint_factory("llama3")
+    small = build_checkpoint(tmp_path_factory.mktemp("int8-drafter"), "llama3", tokenizer_dir, seed=5,
+                             num_hidden_layers=1)
+    plain = Engine.load(target, max_context=512)
+    fast = Engine.load(target, max_context=512, drafter=f"draft:{small}", draft_weights="int8")
+    assert fast.drafter.model.int8 and not fast.model.int8
+    for prompt in ["The quick brown fox jumps over the lazy dog. The quick", "import os\nfor name in os"]:
+        expected = [t for e in plain.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids]
+        assert [t for e in fast.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids] == expected

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights", default=None, choices=["int8"],
                         help="suite: quantize edge's target to int8 at load (edge/int8.py) for every edge method, the "
                              "plain-decoding baseline included; peers run the checkpoint as stored")
+    parser.add_argument("--draft-weights", default=None, choices=["float32", "bfloat16", "int8"],
+                        help="suite: how a separate draft model (draft:PATH, builtin) stores its weights; int8 "
+                             "quantizes its layers for edge's CPU kernel (default: as its checkpoint)")
     parser.add_argument("--kv-cache", default="float32", choices=["float32", "int8", "int8-int4", "hierarchical"],
                         help="suite: KV cache format for every edge method, the plain-decoding baseline included "
                              "(hierarchical: QuantSpec's int4+int4, which the quantspec drafter reads)")
@@ -152,7 +155,7 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
         print(f"edge-bench: {len(edge_runs)} edge methods interleaved prompt by prompt, {args.repeats} passes ...",
               file=sys.stderr)
         results = suite.run_interleaved(model, edge_runs, args.repeats, args.max_new_tokens, args.dtype,
-                                        args.kv_cache, args.weights)
+                                        args.kv_cache, args.weights, args.draft_weights)
         runs = peer_runs
     else:  # plain decoding again at the end: the baseline is the faster of the two
         results, runs = [], edge_runs + peer_runs + [("ar-end", "adaptive")]
@@ -164,7 +167,7 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
                   file=sys.stderr)
             result = suite.run_method(model, "ar" if method == "ar-end" else method, length,
                                       args.max_new_tokens, args.dtype, args.kv_cache,
-                                      None if method.startswith("hf") else args.weights)
+                                      None if method.startswith("hf") else args.weights, args.draft_weights)
             passes[-1].append({**result, "method": method})
     results += [suite.median_of_passes(runs_of_method) for runs_of_method in zip(*passes)]
     baseline = results[0] if args.interleave else suite.faster_baseline(results[0], results[-1])

@@ -23,25 +23,28 @@ def run_child(module: str, args: list[str], label: str) -> dict:
 
 
 def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str,
-               kv_cache: str = "float32", weights: str | None = None) -> dict:
+               kv_cache: str = "float32", weights: str | None = None, draft_weights: str | None = None) -> dict:
     return run_child("edge.bench.suite_worker", ["--model", str(model), "--method", method, "--draft-length",
                                                  draft_length, "--max-new-tokens", str(max_new_tokens),
-                                                 "--dtype", dtype, "--kv-cache", kv_cache, *weights_option(weights)],
+                                                 "--dtype", dtype, "--kv-cache", kv_cache,
+                                                 *weights_options(weights, draft_weights)],
                      label(method, draft_length))
 
 
 def run_interleaved(model: Path, runs: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
-                    kv_cache: str = "float32", weights: str | None = None) -> list[dict]:
+                    kv_cache: str = "float32", weights: str | None = None,
+                    draft_weights: str | None = None) -> list[dict]:
     """Every edge method in one worker process, prompt by prompt (edge.bench.suite_worker --interleave)."""
     return run_child("edge.bench.suite_worker", ["--model", str(model), "--interleave", json.dumps(runs),
                                                  "--passes", str(passes), "--max-new-tokens", str(max_new_tokens),
-                                                 "--dtype", dtype, "--kv-cache", kv_cache, *weights_option(weights)],
+                                                 "--dtype", dtype, "--kv-cache", kv_cache,
+                                                 *weights_options(weights, draft_weights)],
                      "interleaved run")["runs"]
 
 
-def weights_option(weights: str | None) -> list[str]:
-    """The worker's --weights argument: quantize edge's target at load (int8), or nothing (as stored)."""
-    return ["--weights", weights] if weights else []
+def weights_options(weights: str | None, draft_weights: str | None) -> list[str]:
+    """The worker's --weights / --draft-weights arguments (int8: quantize at load), or nothing (as stored)."""
+    return (["--weights", weights] if weights else []) + (["--draft-weights", draft_weights] if draft_weights else [])
 
 
 def median_of_passes(results: list[dict]) -> dict:

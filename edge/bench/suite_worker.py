@@ -30,12 +30,12 @@ Runner = Callable[[list[int], int], tuple[list[int], dict]]
 
 
 def edge_runner(model: str, method: str, draft_length: str, dtype: str, kv_cache: str = "float32",
-                weights: str | None = None) -> tuple[Runner, list[list[int]]]:
+                weights: str | None = None, draft_weights: str | None = None) -> tuple[Runner, list[list[int]]]:
     from edge.engine import Engine
 
     engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache, weights=weights)
     if method != "ar":
-        engine.use_drafter(method, draft_length, dtype=dtype)
+        engine.use_drafter(method, draft_length, dtype=dtype, draft_weights=draft_weights)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
 
     return (lambda prompt_ids, new_tokens: generate_once(engine, prompt_ids, new_tokens)), prompts
@@ -53,7 +53,8 @@ def generate_once(engine, prompt_ids: list[int], new_tokens: int) -> tuple[list[
 
 
 def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
-                     kv_cache: str = "float32", weights: str | None = None) -> list[dict]:
+                     kv_cache: str = "float32", weights: str | None = None,
+                     draft_weights: str | None = None) -> list[dict]:
     """Every (method, draft length) on each prompt in turn, `passes` times over the prompt set, in this process."""
     import statistics
 
@@ -66,7 +67,7 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
         if method == "ar":
             setups.append((None, "adaptive"))
         else:
-            engine.use_drafter(method, length, dtype=dtype)
+            engine.use_drafter(method, length, dtype=dtype, draft_weights=draft_weights)
             setups.append((engine.drafter, engine.draft_length))
 
     def run(setup, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict, float]:
@@ -146,12 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--kv-cache", default="float32")
     parser.add_argument("--weights", default=None, help="int8: quantize edge's target at load (edge methods only)")
+    parser.add_argument("--draft-weights", default=None, help="a separate draft model's weights: bfloat16 or int8")
     args = parser.parse_args(argv)
 
     if args.interleave:
         methods = [(method, length) for method, length in json.loads(args.interleave)]
         json.dump({"runs": interleaved_runs(args.model, methods, args.passes, args.max_new_tokens, args.dtype,
-                                            args.kv_cache, args.weights)}, sys.stdout)
+                                            args.kv_cache, args.weights, args.draft_weights)}, sys.stdout)
         return 0
     if args.method is None:
         parser.error("give --method or --interleave")
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         run, prompts = hf_runner(args.model, args.method, args.dtype)
     else:
         run, prompts = edge_runner(args.model, args.method, args.draft_length, args.dtype, args.kv_cache,
-                                   args.weights)
+                                   args.weights, args.draft_weights)
     run(prompts[0], 16)  # warm-up
     results = []
     for prompt, ids in zip(PROMPTS, prompts):

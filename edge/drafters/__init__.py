@@ -93,13 +93,18 @@ def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, m
                      dtype: str = "float32", weights: str | None = None,
                      kv_cache: str | None = None) -> DraftModelDrafter:
     """A draft checkpoint computing in `dtype`; `weights="bfloat16"` stores its matrices in bfloat16 (half the
-    memory; the target still verifies in its own precision, so output is unchanged)."""
+    memory) and `weights="int8"` quantizes its layers (edge/int8.py: a quarter of float32, and faster drafting);
+    the target still verifies in its own precision, so output is unchanged."""
     from edge.loading import load_model, parse_dtype
 
     draft_tokenizer = Tokenizer.from_dir(path)
     draft = load_model(path, dtype=dtype, device=target.device)
     DraftModelDrafter.check_compatible(target, tokenizer, draft, draft_tokenizer)
-    if weights is not None and parse_dtype(weights) != draft.dtype:
+    if weights == "int8":
+        from edge.int8 import quantize_int8
+
+        quantize_int8(draft)
+    elif weights is not None and parse_dtype(weights) != draft.dtype:
         draft.store_weights(parse_dtype(weights))
     if not isinstance(target, Transformer) and draft.rowwise is not None:
         # beside an exported target (onnxruntime's own spinning threads) the drafter's kernel runs on one thread:

@@ -10,7 +10,8 @@ instruction against 16 for float32), so verify passes are cheaper relative to a 
 and summed alone, in exact integer arithmetic: like the float kernels the results do not depend on how many rows
 share a call, so greedy speculation stays exactly equal to plain decoding on the int8 model. The int8 model is a
 different model from the float one (its logits move by about 1%): compare its speculative output with its own plain
-decoding. The embedding and the head stay as loaded.
+decoding. The embedding stays as loaded; the head gets a packed int8 copy (the embedding's rows stay for lookups
+when the two are tied).
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def int8_supported(model) -> str | None:
 
 
 def quantize_int8(model) -> None:
-    """Replace each layer's four matrices by Int8Linear and widen its norms to float32, in place."""
+    """Replace each layer's four matrices by Int8Linear, widen its norms to float32 and pack an int8 copy of the head
+    (`model.int8_head`, which logits() and one-call drafting then use), in place."""
+    from kernels.cpu_matmul import int8_supported as matrix_supported, pack_int8
+
     problem = int8_supported(model)
     if problem is not None:
         raise UnsupportedModelError(problem)
@@ -73,5 +77,7 @@ def quantize_int8(model) -> None:
             if norm is not None:
                 norm.weight = nn.Parameter(norm.weight.detach().float(), requires_grad=False)
     model.norm.weight = nn.Parameter(model.norm.weight.detach().float(), requires_grad=False)
+    head = model.head_weight  # (V, D); the embedding keeps its rows for lookups
+    model.int8_head = pack_int8(head) if matrix_supported(head) else None
     model.int8 = True
     model._fused_weights = None  # the pointers change: found again at the next forward

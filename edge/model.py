@@ -28,6 +28,7 @@ from edge.kv_cache import KVCache
 from edge.rope import apply_rope, inverse_frequencies
 
 
+FLOAT_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel reads as floats
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
 
 
@@ -168,6 +169,7 @@ class Transformer(nn.Module):
         self._fused_weights = None  # per-layer weight pointers for the fused C layer (False: not fusable)
         self._fused_dtype = torch.float32  # those weights' dtype (16-bit ones are widened in the kernel; int8: packed)
         self.int8 = False  # set by edge.int8.quantize_int8: the layers' matrices are packed int8
+        self.int8_head: torch.Tensor | None = None  # the head packed int8 (pack_int8), when quantize_int8 packed it
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
         self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, Dh) each
 
@@ -257,6 +259,10 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor, vocab_subset: torch.Tensor | None = None) -> torch.Tensor:
         """hidden (B, T, D) -> logits (B, T, V), or (B, T, len(vocab_subset)) over those token ids only."""
+        if vocab_subset is None and self.int8_head is not None and self.rowwise is not None:
+            flat = hidden.reshape(-1, hidden.shape[-1]).float()  # (B*T, D)
+            vocab = self.config.vocab_size
+            return self.rowwise.int8(flat, self.int8_head, vocab).view(*hidden.shape[:-1], vocab)  # (B, T, V)
         weight = self.head_weight  # (V, D)
         if vocab_subset is not None:
             weight = weight.index_select(0, vocab_subset)  # (V', D)
@@ -358,20 +364,25 @@ class Transformer(nn.Module):
         With `fc` (D, 2D) the rows are fc(cat(feature, embedding)) and the normed output feeds the next step as its
         feature (a feature drafter; `features` (T, D) for the first rows). `vocab_size` limits the argmax to the
         first rows of the head (a draft vocabulary padded beyond the target's). `trimmed_head` (weight (V', D), ids
-        (V',)) replaces the head by some of its rows, each row's token id given (VocabTrim). `stop_below` stops
+        (V',)) replaces the head by some of its rows, each row's token id given (VocabTrim); otherwise a head_model with
+        an int8 head (edge/int8.py) drafts through it, as its logits() do. `stop_below` stops
         before a token (not the first) whose probability is below it, so fewer than k may come back. With every layer
         it sets cache.length like a full pass over the rows it ran."""
         head_model = head_model or self
         end = start + len(tokens) + k - 1
         embed = head_model.embed.weight  # (V, D)
+        packed_head = head_model.int8_head
+        head_rows = head_model.config.vocab_size
         if trimmed_head is not None:
             head, head_ids = trimmed_head  # (V', D), (V',)
+        elif packed_head is not None and vocab_size in (None, head_rows):
+            head, head_ids = packed_head, None  # (V*D + 8V,) uint8
         else:  # the leading rows of a padded head stay contiguous
             head, head_ids = head_model.head_weight[:vocab_size], None  # (V', D)
         if (not self._can_fuse(1, len(tokens), torch.float32, cache) or end > cache.max_len or start > cache.length
                 or self.norm.weight.dtype != (torch.float32 if self.int8 else self._fused_dtype)
-                or (fc is not None and fc.dtype != self._fused_dtype)
-                or embed.dtype != head.dtype or not (embed.is_contiguous() and head.is_contiguous())):
+                or (fc is not None and fc.dtype != self._fused_dtype) or embed.dtype not in FLOAT_WEIGHTS
+                or head.dtype not in (*FLOAT_WEIGHTS, torch.uint8) or not (embed.is_contiguous() and head.is_contiguous())):
             return None
         config = self.config
         order = self._layer_order(range(config.num_layers) if layers is None else layers)
@@ -382,7 +393,7 @@ class Transformer(nn.Module):
                                                                 config.intermediate_size),
             order, self._fused_table, self._fused_windows, cos, sin, cache.keys, cache.values, start,
             config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_dtype, embed, head, k,
-            head_ids, stop_below)
+            head_ids, stop_below, head_rows)
         if layers is None:  # rows run: the fed tokens, then each drafted token but a full draft's last (a draft that
             cache.length = start + len(tokens) + min(len(drafted), k - 1)  # stopped ran its last to score the next)
         return drafted

@@ -61,7 +61,8 @@ class RowwiseMatmul:
         self._draft = library.draft_greedy_f32
         self._draft.argtypes = ([pointer, pointer] + [size] * 6 + [pointer, size, pointer, pointer, pointer, pointer,
                                 pointer, pointer, size, size, size, ctypes.c_float, ctypes.c_float, pointer, pointer,
-                                ctypes.c_int, pointer, pointer, pointer, size, ctypes.c_int, size, ctypes.c_float,
+                                ctypes.c_int, pointer, pointer, pointer, size, ctypes.c_int, ctypes.c_int, size,
+                                ctypes.c_float,
                                 pointer, pointer, ctypes.c_int])
         self._draft.restype = ctypes.c_int64
 
@@ -164,17 +165,18 @@ class RowwiseMatmul:
                      keys: torch.Tensor, values: torch.Tensor, start: int, eps: float, scale: float,
                      norm: torch.Tensor, fc: torch.Tensor | None, weight_dtype: torch.dtype, embed: torch.Tensor,
                      head: torch.Tensor, k: int, head_ids: torch.Tensor | None = None,
-                     stop_below: float | None = None) -> list[int]:
+                     stop_below: float | None = None, head_rows: int | None = None) -> list[int]:
         """k greedy draft tokens in one C call (draft_greedy_f32): `tokens` (T0,) int64 at positions [start, ...)
         (with `features` (T0, D) float32 and the fusion `fc` (D, 2D) for a feature drafter), then one token per
         step. cos/sin are whole rotary tables from position 0; `norm`, `fc` and the layers are in `weight_dtype`,
-        `embed` and `head` (V', D) in theirs; keys/values the drafter's cache (L, 1, Hkv, S, Dh), contiguous.
+        `embed` and `head` (V', D) in theirs (a head packed by pack_int8 is uint8 and needs `head_rows`); keys/values the drafter's cache (L, 1, Hkv, S, Dh), contiguous.
         `head_ids` (V',) int64: the token id of each head row, for a trimmed head (None: row v is token v).
         `stop_below`: stop before a token (not the first) whose probability is below it; fewer than k come back."""
         steps = tokens.numel()
         dims, heads, kv_heads, head_dim, inner = shape
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
-        vocab = head.shape[0]
+        packed = head.dtype == torch.uint8
+        vocab = head_rows if packed else head.shape[0]
         scratch = torch.empty(steps * (4 * dims + 3 * q_size + 2 * kv_size + 2 * inner)
                               + heads * steps * (start + steps + k) + dims + vocab, dtype=torch.float32)
         out = torch.empty(k, dtype=torch.int64)
@@ -184,7 +186,8 @@ class RowwiseMatmul:
             sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[3], keys.stride(0), start, eps, scale,
             norm.data_ptr(), fc.data_ptr() if fc is not None else None, WEIGHT_FORMATS[weight_dtype],
             embed.data_ptr(), head.data_ptr(), head_ids.data_ptr() if head_ids is not None else None, vocab,
-            WEIGHT_FORMATS[head.dtype], k, stop_below or 0.0, out.data_ptr(), scratch.data_ptr(), self.thread_count())
+            WEIGHT_FORMATS[torch.int8 if packed else head.dtype], WEIGHT_FORMATS[embed.dtype], k, stop_below or 0.0,
+            out.data_ptr(), scratch.data_ptr(), self.thread_count())
         return out[:count].tolist()
 
 

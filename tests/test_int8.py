@@ -76,6 +76,7 @@ def test_an_int8_verify_pass_reproduces_its_decode_steps_and_stays_close_to_floa
     path = checkpoint_factory(family)
     model, reference = load_model(path), load_model(path)
     quantize_int8(model)
+    assert model.int8_head is not None  # logits through the int8 kernel too
     assert isinstance(model.layers[0].attn.wqkv, Int8Linear) and model._can_fuse(1, 40, torch.float32,
                                                                                    model.new_cache(8))
     tokens = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(4))

@@ -746,8 +746,8 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
  *
  * The first step runs T0 rows at positions [start, start + T0): tokens[t] (and features[t] (T0, D) when fc is set);
  * each later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are
- * written into the drafter's cache as the layers run. embed/head (V, D) are in head_format, everything else of the
- * drafter (layers, norm, fc (D, 2D)) in format. cos/sin are whole tables: row p is position p. A trimmed head
+ * written into the drafter's cache as the layers run. embed (V, D) is in embed_format and head (V, D) in head_format
+ * (WEIGHTS_I8: packed, rowwise_matmul_i8), everything else of the drafter (layers, norm, fc (D, 2D)) in format. cos/sin are whole tables: row p is position p. A trimmed head
  * (VocabTrim) holds only some tokens' rows: head_ids (V) names the token of each row (NULL: row v is token v). scratch
  * holds T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i.
  * With stop_below > 0, drafting stops before a token (never the first) whose softmax probability is below it.
@@ -757,7 +757,8 @@ int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T
                          const int64_t *windows, const float *cos_table, const float *sin_table, float *keys,
                          float *values, int64_t S_max, int64_t layer_stride, int64_t start, float eps, float scale,
                          const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
-                         const int64_t *head_ids, int64_t V, int head_format, int64_t k, float stop_below,
+                         const int64_t *head_ids, int64_t V, int head_format, int embed_format, int64_t k,
+                         float stop_below,
                          int64_t *out, float *scratch, int threads) {
     float *x = scratch;                     /* (T0, D) the rows being run */
     float *joined = x + T0 * D;             /* (T0, 2D) feature | embedding, the fc's input */
@@ -770,7 +771,7 @@ int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T
     for (int64_t i = 0; i < k; i++) {
         for (int64_t t = 0; t < T; t++) {
             float *row = fc ? joined + t * 2 * D + D : x + t * D;
-            for (int64_t d = 0; d < D; d++) row[d] = weight_at(embed, step_tokens[t] * D + d, head_format);
+            for (int64_t d = 0; d < D; d++) row[d] = weight_at(embed, step_tokens[t] * D + d, embed_format);
             if (fc) memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
         }
         if (fc) matmul_rows(joined, fc, NULL, x, T, D, 2 * D, format, threads);

@@ -136,3 +136,25 @@ def test_an_int8_draft_model_keeps_the_float_target_lossless(checkpoint_factory,
     for prompt in ["The quick brown fox jumps over the lazy dog. The quick", "import os\nfor name in os"]:
         expected = [t for e in plain.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids]
         assert [t for e in fast.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids] == expected
+
+
+def test_without_avx512_the_scalar_loop_computes_the_same_integers(tmp_path):
+    """CPUs without AVX-512 VNNI run the int8 kernel's portable loop: the same codes, sums and float steps, so the
+    same bits as the vector path on this machine."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from kernels.cpu_matmul import FLAGS, SOURCE
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    library = tmp_path / "portable.so"
+    subprocess.run([compiler, *FLAGS, "-mno-avx512f", str(SOURCE), "-o", str(library)], check=True, timeout=300)
+    portable = RowwiseMatmul(ctypes.CDLL(str(library)))
+    generator = torch.Generator().manual_seed(9)
+    weight, bias = torch.randn(80, 52, generator=generator), torch.randn(80, generator=generator)
+    x = torch.randn(6, 52, generator=generator)
+    packed = pack_int8(weight)
+    assert torch.equal(portable.int8(x, packed, 80, bias), matmul.int8(x, packed, 80, bias))

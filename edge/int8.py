@@ -5,8 +5,10 @@ quantized per row inside edge's kernel (kernels/csrc/rowwise_matmul.c, `rowwise_
     quantize_int8(model)                # wqkv, wo, w_gate_up, w_down -> Int8Linear; norms float32
     model(tokens, start, cache)         # every row count, prefill included, through the int8 kernel
 
-Half the bytes of float16 per step, and an extra verify row costs far fewer instructions (64 multiply-adds per VNNI
-instruction against 16 for float32), so verify passes are cheaper relative to a decode step. Each row is quantized
+Half the bytes of float16 per step and a quarter of the multiply-add instructions (64 per VNNI instruction against
+16 for float32): a decode call of the built-in model is about 1.7x faster. An extra verify row still costs its
+attention and the rest of a layer's per-row work, so relative to the faster step verify rows cost more and
+speculation gains less on an int8 model (docs/benchmarks.md, session 8). Each row is quantized
 and summed alone, in exact integer arithmetic: like the float kernels the results do not depend on how many rows
 share a call, so greedy speculation stays exactly equal to plain decoding on the int8 model. The int8 model is a
 different model from the float one (its logits move by about 1%): compare its speculative output with its own plain
@@ -20,10 +22,14 @@ import torch
 from torch import nn
 
 from edge.errors import UnsupportedModelError
+from edge.model import ROWWISE_MAX_ROWS
 
 
 class Int8Linear(nn.Module):
-    """A linear layer with packed int8 weights (kernels.cpu_matmul.pack_int8), run by edge's CPU kernel."""
+    """A linear layer with packed int8 weights (kernels.cpu_matmul.pack_int8), run by edge's CPU kernel for every row
+    count. `max_rows` is the float layers' limit, which the attention beside it also reads."""
+
+    max_rows = ROWWISE_MAX_ROWS
 
     def __init__(self, packed: torch.Tensor, in_features: int, out_features: int, bias: torch.Tensor | None,
                  rowwise) -> None:

@@ -411,7 +411,7 @@ class Transformer(nn.Module):
             module.rowwise, module.max_rows = self.rowwise, max_rows
         for module in self.modules():
             if isinstance(module, Int8Linear):
-                module.rowwise = self.rowwise
+                module.rowwise, module.max_rows = self.rowwise, max_rows
         self.rowwise_max_rows = max_rows
 
     def _rope(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,7 +169,8 @@ class RowwiseMatmul:
         """k greedy draft tokens in one C call (draft_greedy_f32): `tokens` (T0,) int64 at positions [start, ...)
         (with `features` (T0, D) float32 and the fusion `fc` (D, 2D) for a feature drafter), then one token per
         step. cos/sin are whole rotary tables from position 0; `norm`, `fc` and the layers are in `weight_dtype`,
-        `embed` and `head` (V', D) in theirs (a head packed by pack_int8 is uint8 and needs `head_rows`); keys/values the drafter's cache (L, 1, Hkv, S, Dh), contiguous.
+        `embed` and `head` (V', D) in theirs (a head packed by pack_int8 is uint8 and needs `head_rows`);
+        keys/values the drafter's cache (L, 1, Hkv, S, Dh), contiguous.
         `head_ids` (V',) int64: the token id of each head row, for a trimmed head (None: row v is token v).
         `stop_below`: stop before a token (not the first) whose probability is below it; fewer than k come back."""
         steps = tokens.numel()
@@ -217,12 +218,13 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
                       corrections.contiguous().view(torch.uint8)])
 
 
-def unpack_int8(packed: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
-    """The float32 (N, K) matrix the packed codes and scales stand for (tests, and the torch fallback)."""
+def unpack_int8(packed: torch.Tensor, rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 codes (N, K) and float32 scales (N,) of a packed matrix (codes * scales[:, None] is what it stands
+    for)."""
     codes = (packed[:rows * columns].view(torch.int8).view(rows // INT8_GROUP, columns // 4, INT8_GROUP, 4)
              .permute(0, 2, 1, 3).reshape(rows, columns))  # (N, K)
     scales = packed[rows * columns:rows * columns + 4 * rows].view(torch.float32)  # (N,)
-    return codes.float() * scales[:, None]
+    return codes, scales
 
 
 def _build() -> Path:

@@ -22,9 +22,7 @@ def reference_int8(x: torch.Tensor, packed: torch.Tensor, rows: int, columns: in
                    bias: torch.Tensor | None) -> torch.Tensor:
     """What rowwise_matmul_i8 computes, in torch: each row quantized alone (round half to even), an exact integer
     dot product with the codes, then (dot * weight scale) * row scale + bias in float32."""
-    codes = (packed[:rows * columns].view(torch.int8).view(rows // 16, columns // 4, 16, 4)
-             .permute(0, 2, 1, 3).reshape(rows, columns))  # (N, K)
-    scales = packed[rows * columns:rows * columns + 4 * rows].view(torch.float32)  # (N,)
+    codes, scales = unpack_int8(packed, rows, columns)  # (N, K) int8, (N,)
     top = x.abs().amax(dim=1)  # (M,)
     inverse = torch.where(top > 0, torch.tensor(127.0) / top, torch.zeros_like(top))
     quantized = torch.round(x * inverse[:, None]).clamp(-127, 127).to(torch.int64)  # (M, K)
@@ -45,7 +43,8 @@ def test_the_int8_kernel_computes_the_quantized_product_exactly(shape, with_bias
     assert packed.numel() == shape[0] * shape[1] + 8 * shape[0]
     out = matmul.int8(x, packed, shape[0], bias)  # (M, N)
     assert torch.equal(out, reference_int8(x, packed, *shape, bias))
-    assert (unpack_int8(packed, *shape) - weight).abs().max() <= weight.abs().amax(dim=1).max() / 254 + 1e-6
+    codes, scales = unpack_int8(packed, *shape)
+    assert (codes.float() * scales[:, None] - weight).abs().max() <= weight.abs().amax(dim=1).max() / 254 + 1e-6
     exact = x @ weight.T + (bias if bias is not None else 0.0)
     assert (out - exact).abs().max() < 0.05 * exact.abs().max()  # w8a8 is close to the float product
 
@@ -101,6 +100,15 @@ def test_greedy_speculation_on_int8_weights_equals_int8_plain_decoding(llama_dir
         events = list(fast.generate(prompt, max_new_tokens=120, ignore_eos=True))
         assert [t for e in events for t in e.token_ids] == expected, (drafter, prompt)
     assert events[-1].stats.steps < 120  # it did speculate
+
+
+def test_int8_weights_run_beside_a_quantized_kv_cache(llama_dir):
+    """A quantized KV cache takes the unfused path (per-module calls): int8 layers run there too, still lossless."""
+    plain = Engine.load(llama_dir, max_context=256, weights="int8", kv_cache="int8")
+    fast = Engine.load(llama_dir, max_context=256, weights="int8", kv_cache="int8", drafter="early-exit:1")
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+    expected = [t for e in plain.generate(prompt, max_new_tokens=60, ignore_eos=True) for t in e.token_ids]
+    assert [t for e in fast.generate(prompt, max_new_tokens=60, ignore_eos=True) for t in e.token_ids] == expected
 
 
 def test_int8_weights_halve_the_layers_memory(llama_dir):

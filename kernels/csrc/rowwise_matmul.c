@@ -282,7 +282,6 @@ static inline __attribute__((always_inline)) void i8_tile(const uint8_t *xq, con
                                                          const float *sw, const int32_t *correction,
                                                          const float *bias, float *y, int64_t g0, int64_t N,
                                                          int64_t K, const int R, const int G) {
-    int32_t sums[I8_TILE_ROWS][I8_TILE_GROUPS][I8_GROUP];
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
     __m512i acc[I8_TILE_ROWS][I8_TILE_GROUPS], acc2[I8_TILE_ROWS][I8_TILE_GROUPS];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
@@ -327,8 +326,8 @@ static inline __attribute__((always_inline)) void i8_tile(const uint8_t *xq, con
                              _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(dot, scale), _mm512_set1_ps(sx[r])), offset));
         }
     }
-    (void)sums;
 #else
+    int32_t sums[I8_TILE_ROWS][I8_TILE_GROUPS][I8_GROUP];
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++) {
             const int8_t *block = w + (g0 + g) * I8_GROUP * K;
@@ -366,6 +365,7 @@ void rowwise_matmul_i8(const float *x, const uint8_t *packed, const float *bias,
     const int32_t *correction = (const int32_t *)(packed + N * K + N * sizeof(float));
     uint8_t *xq = malloc(M * K + 64);
     float *sx = malloc(M * sizeof(float));
+    if (xq == NULL || sx == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
     for (int64_t m = 0; m < M; m++) sx[m] = quantize_row(x + m * K, xq + m * K, K);
     const int64_t groups = N / I8_GROUP, tiles = (groups + I8_TILE_GROUPS - 1) / I8_TILE_GROUPS;
 #pragma omp parallel for schedule(static) num_threads(threads)

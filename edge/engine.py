@@ -135,11 +135,11 @@ class Engine:
         has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own. `draft_vocab` (token ids, or a
         JSON file from `python -m export.vocab_trim`) trims a model drafter's head to those tokens (VocabTrim);
         `draft_context` gives a separate draft model a shorter cache than the target's (it then drafts from a window of
-        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16, "int8" quantizes them. `kv_cache` stores the KV
-        cache quantized: "int8", "int8-int4" (int8 keys, int4 values) or "hierarchical" (QuantSpec's int4+int4,
-        which drafter "quantspec" needs and selects by default); `draft_kv` ("int8") does the same for a separate
-        draft model's own cache. `offload_layers` keeps those layers' weights in host memory, streamed in as they
-        run (edge/offload.py); on a GPU the memory planner chooses them when the model does not fit otherwise.
+        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16, "int8" quantizes them.
+        `kv_cache` stores the KV cache quantized: "int8", "int8-int4" (int8 keys, int4 values) or "hierarchical"
+        (QuantSpec's int4+int4, which drafter "quantspec" needs and selects by default); `draft_kv` ("int8") does
+        the same for a separate draft model's own cache. `offload_layers` keeps those layers' weights in host memory,
+        streamed in as they run (edge/offload.py); on a GPU the memory planner chooses them when the model does not fit otherwise.
         `weights="int8"` quantizes the layers' matrices at load for edge's CPU kernel (edge/int8.py): a faster,
         slightly different model, whose speculative output equals its own plain decoding."""
         report = progress or (lambda stage, fraction: None)

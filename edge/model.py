@@ -382,7 +382,8 @@ class Transformer(nn.Module):
         if (not self._can_fuse(1, len(tokens), torch.float32, cache) or end > cache.max_len or start > cache.length
                 or self.norm.weight.dtype != (torch.float32 if self.int8 else self._fused_dtype)
                 or (fc is not None and fc.dtype != self._fused_dtype) or embed.dtype not in FLOAT_WEIGHTS
-                or head.dtype not in (*FLOAT_WEIGHTS, torch.uint8) or not (embed.is_contiguous() and head.is_contiguous())):
+                or head.dtype not in (*FLOAT_WEIGHTS, torch.uint8)
+                or not (embed.is_contiguous() and head.is_contiguous())):
             return None
         config = self.config
         order = self._layer_order(range(config.num_layers) if layers is None else layers)

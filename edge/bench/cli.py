@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "the machine's slow spells; peak memory is then for all methods together")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--weights", default=None, choices=["int8"],
-                        help="suite: quantize edge's target (layers and head) to int8 at load (edge/int8.py) for every edge method, the "
-                             "plain-decoding baseline included; peers run the checkpoint as stored")
+                        help="suite: quantize edge's target (layers and head) to int8 at load (edge/int8.py) for "
+                             "every edge method, the plain-decoding baseline included; peers run the checkpoint as "
+                             "stored")
     parser.add_argument("--draft-weights", default=None, choices=["float32", "bfloat16", "int8"],
                         help="suite: how a separate draft model (draft:PATH, builtin) stores its weights; int8 "
                              "quantizes its layers for edge's CPU kernel (default: as its checkpoint)")

@@ -262,9 +262,9 @@ static float quantize_row(const float *x, uint8_t *out, int64_t K) {
 #if defined(__AVX512F__)  /* cvtps rounds half to even (the default mode), as nearbyintf does */
     const __m512 factor = _mm512_set1_ps(inverse), high = _mm512_set1_ps(127.0f), low = _mm512_set1_ps(-127.0f);
     for (; k + 16 <= K; k += 16) {
-        const __m512 q = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + k), factor),
-                                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                                     low), high);
+        const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(x + k), factor);
+        const __m512 rounded = _mm512_roundscale_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 q = _mm512_min_ps(_mm512_max_ps(rounded, low), high);
         _mm_storeu_si128((__m128i *)(out + k),
                          _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(q), _mm512_set1_epi32(128))));
     }
@@ -747,9 +747,9 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
  * The first step runs T0 rows at positions [start, start + T0): tokens[t] (and features[t] (T0, D) when fc is set);
  * each later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are
  * written into the drafter's cache as the layers run. embed (V, D) is in embed_format and head (V, D) in head_format
- * (WEIGHTS_I8: packed, rowwise_matmul_i8), everything else of the drafter (layers, norm, fc (D, 2D)) in format. cos/sin are whole tables: row p is position p. A trimmed head
- * (VocabTrim) holds only some tokens' rows: head_ids (V) names the token of each row (NULL: row v is token v). scratch
- * holds T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i.
+ * (WEIGHTS_I8: packed, rowwise_matmul_i8), everything else of the drafter (layers, norm, fc (D, 2D)) in format.
+ * cos/sin are whole tables: row p is position p. A trimmed head (VocabTrim) holds only some tokens' rows: head_ids
+ * (V) names the token of each row (NULL: row v is token v). scratch holds T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i.
  * With stop_below > 0, drafting stops before a token (never the first) whose softmax probability is below it.
  * Returns how many tokens were drafted (k unless it stopped). */
 int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,

@@ -139,9 +139,9 @@ class Engine:
         `kv_cache` stores the KV cache quantized: "int8", "int8-int4" (int8 keys, int4 values) or "hierarchical"
         (QuantSpec's int4+int4, which drafter "quantspec" needs and selects by default); `draft_kv` ("int8") does
         the same for a separate draft model's own cache. `offload_layers` keeps those layers' weights in host memory,
-        streamed in as they run (edge/offload.py); on a GPU the memory planner chooses them when the model does not fit otherwise.
-        `weights="int8"` quantizes the layers' matrices at load for edge's CPU kernel (edge/int8.py): a faster,
-        slightly different model, whose speculative output equals its own plain decoding."""
+        streamed in as they run (edge/offload.py); on a GPU the memory planner chooses them when the model does not
+        fit otherwise. `weights="int8"` quantizes the layers' matrices and the head at load for edge's CPU kernel
+        (edge/int8.py): a faster, slightly different model, whose speculative output equals its own plain decoding."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")

@@ -19,9 +19,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--weights", default=None, choices=["int8"],
                         help="int8: quantize the layers' matrices and the head at load (per output channel; "
-                             "activations per row in edge's CPU kernel), 1.7-2x as fast on a CPU with AVX-512 VNNI. It is a "
-                             "slightly different model (logits move by about 1%%); speculation stays exactly equal "
-                             "to its own plain decoding (default: the checkpoint's weights as stored)")
+                             "activations per row in edge's CPU kernel), 1.7-2x as fast on a CPU with AVX-512 VNNI. "
+                             "It is a slightly different model (logits move by about 1%%); speculation stays exactly "
+                             "equal to its own plain decoding (default: the checkpoint's weights as stored)")
     parser.add_argument("--kv-cache", default=None, choices=["float32", "int8", "int8-int4", "hierarchical"],
                         help="store the KV cache quantized: int8, int8-int4 (int8 keys, int4 values) or "
                              "hierarchical (QuantSpec's int4+int4; --drafter quantspec selects it); default: --dtype")

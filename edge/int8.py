@@ -46,13 +46,13 @@ class Int8Linear(nn.Module):
         return cls(pack_int8(linear.weight), linear.in_features, linear.out_features, linear.bias, rowwise)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (..., K) -> (..., N)
-        return self.rowwise.int8(x.float(), self.packed, self.out_features, self.bias).to(x.dtype)
+        # (..., K) float32 -> (..., N) float32 (quantize_int8 only takes models computing in float32)
+        return self.rowwise.int8(x, self.packed, self.out_features, self.bias)
 
 
-def int8_supported(model) -> str | None:
+def int8_problem(model) -> str | None:
     """None when `quantize_int8` can run on this model, else why not (one line)."""
-    from kernels.cpu_matmul import int8_supported as matrix_supported
+    from kernels.cpu_matmul import int8_supported
 
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return "int8 weights need a CPU model computing in float32 (--dtype float32, the default)"
@@ -60,7 +60,7 @@ def int8_supported(model) -> str | None:
         return "int8 weights run on edge's CPU kernel, which is not available here (it needs a C compiler with OpenMP)"
     for block in model.layers:
         for linear in (block.attn.wqkv, block.attn.wo, block.ffn.w_gate_up, block.ffn.w_down):
-            if not isinstance(linear, Int8Linear) and not matrix_supported(linear.weight):
+            if not isinstance(linear, Int8Linear) and not int8_supported(linear.weight):
                 return (f"int8 weights need matrix sizes divisible by 16 (outputs) and 4 (inputs); this model has "
                         f"{tuple(linear.weight.shape)}")
     return None
@@ -69,9 +69,9 @@ def int8_supported(model) -> str | None:
 def quantize_int8(model) -> None:
     """Replace each layer's four matrices by Int8Linear, widen its norms to float32 and pack an int8 copy of the head
     (`model.int8_head`, which logits() and one-call drafting then use), in place."""
-    from kernels.cpu_matmul import int8_supported as matrix_supported, pack_int8
+    from kernels.cpu_matmul import int8_supported, pack_int8
 
-    problem = int8_supported(model)
+    problem = int8_problem(model)
     if problem is not None:
         raise UnsupportedModelError(problem)
     for block in model.layers:
@@ -84,6 +84,6 @@ def quantize_int8(model) -> None:
                 norm.weight = nn.Parameter(norm.weight.detach().float(), requires_grad=False)
     model.norm.weight = nn.Parameter(model.norm.weight.detach().float(), requires_grad=False)
     head = model.head_weight  # (V, D); the embedding keeps its rows for lookups
-    model.int8_head = pack_int8(head) if matrix_supported(head) else None
+    model.int8_head = pack_int8(head) if int8_supported(head) else None
     model.int8 = True
     model._fused_weights = None  # the pointers change: found again at the next forward

@@ -299,13 +299,13 @@ class Transformer(nn.Module):
         layers = []
         if not isinstance(self.layers[0], Block):
             return False
-        if self.int8:  # packed int8 matrices, float32 norms
-            weight_dtype, matrix_type, norm_dtype = torch.int8, Int8Linear, torch.float32
+        if self.int8:  # packed int8 matrices (uint8 bytes), float32 norms
+            weight_dtype, matrix_type, matrix_dtype, norm_dtype = torch.int8, Int8Linear, torch.uint8, torch.float32
         else:
             weight_dtype, matrix_type = self.layers[0].attn.wqkv.weight.dtype, Linear
-            norm_dtype = weight_dtype
-        if weight_dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.int8):
-            return False
+            matrix_dtype = norm_dtype = weight_dtype
+            if weight_dtype not in FLOAT_WEIGHTS:
+                return False
         self._fused_dtype = weight_dtype  # 16-bit: stored narrow, computed in float32 (store_weights)
         matrix = "packed" if self.int8 else "weight"
         for block in self.layers:
@@ -319,11 +319,11 @@ class Transformer(nn.Module):
                        attn.k_norm.weight if attn.k_norm is not None else None, getattr(attn.wo, matrix),
                        attn.wo.bias, block.ffn_norm.weight, getattr(ffn.w_gate_up, matrix), ffn.w_gate_up.bias,
                        getattr(ffn.w_down, matrix), ffn.w_down.bias]
-            biases, matrices = {2, 6, 9, 11}, {1, 5, 8, 10}  # biases always float32
-            expected = {i: torch.float32 if i in biases else (torch.uint8 if self.int8 and i in matrices else
-                                                              weight_dtype if i in matrices else norm_dtype)
-                        for i in range(12)}
-            if any(t is not None and (t.dtype != expected[i] or not t.is_contiguous()) for i, t in enumerate(tensors)):
+            # norms, matrices and biases (always float32) in the table's order
+            expected = [norm_dtype, matrix_dtype, torch.float32, norm_dtype, norm_dtype, matrix_dtype, torch.float32,
+                        norm_dtype, matrix_dtype, torch.float32, matrix_dtype, torch.float32]
+            if any(t is not None and (t.dtype != dtype or not t.is_contiguous())
+                   for t, dtype in zip(tensors, expected)):
                 return False
             layers.append(tuple(pointer(t) for t in tensors))
         self._fused_table = torch.tensor([[p or 0 for p in row] for row in layers], dtype=torch.int64)  # (L, 12)

@@ -36,13 +36,13 @@ ADAPTIVE_START = 2
 class DraftLength:
     """How many tokens to draft per step: fixed, or adaptive.
 
-    Adaptive follows recent acceptance (the engine starts it at k=2): after a fully accepted draft k grows by 1; after a rejection it drops to
-    the tokens accepted + 1 (at most k - 1), within [min_k, max_k]. The drop measured level with or slightly ahead
-    of shrinking by one (docs/architecture.md); growing by 1 rather than 2 brought every drafter within 5% of its
-    best fixed k in an interleaved suite, now that each extra verify row costs compute (docs/benchmarks.md,
-    session 6). Optionally a drafter also stops early when its probability for the next token is
-    below `stop_below` (SpecDec++/Kangaroo). On the built-in pair this rule measured level with the best fixed k,
-    while the expected-gain rule of Leviathan et al. (pick k from the running acceptance and draft/verify cost
+    Adaptive follows recent acceptance (the engine starts it at k=2): after a fully accepted draft k grows by 1;
+    after a rejection it drops to the tokens accepted + 1 (at most k - 1), within [min_k, max_k]. The drop measured
+    level with or slightly ahead of shrinking by one (docs/architecture.md); growing by 1 rather than 2 brought every
+    drafter within 5% of its best fixed k in an interleaved suite, now that each extra verify row costs compute
+    (docs/benchmarks.md, session 6). Optionally a drafter also stops early when its probability for the next token
+    is below `stop_below` (SpecDec++/Kangaroo). On the built-in pair this rule measured level with the best fixed
+    k, while the expected-gain rule of Leviathan et al. (pick k from the running acceptance and draft/verify cost
     ratio) and any confidence threshold measured slower; see docs/benchmarks.md."""
 
     k: int = 4

@@ -17,11 +17,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="weight and KV-cache dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--weights", default=None, choices=["int8"],
-                        help="int8: quantize the layers' matrices and the head at load (per output channel; "
-                             "activations per row in edge's CPU kernel), 1.7-2x as fast on a CPU with AVX-512 VNNI. "
-                             "It is a slightly different model (logits move by about 1%%); speculation stays exactly "
-                             "equal to its own plain decoding (default: the checkpoint's weights as stored)")
+    parser.add_argument("--weights", default=None, choices=["int8", "int4"],
+                        help="quantize the layers' matrices and the head at load for edge's CPU kernel: int8 (per "
+                             "output channel, activations per row) or int4 (groups of 32, about half of int8's "
+                             "bytes). Each is a slightly different model (logits move by about 1%% at int8, more at "
+                             "int4); speculation stays exactly equal to its own plain decoding (default: the "
+                             "checkpoint's weights as stored)")
     parser.add_argument("--kv-cache", default=None, choices=["float32", "int8", "int8-int4", "hierarchical"],
                         help="store the KV cache quantized: int8, int8-int4 (int8 keys, int4 values) or "
                              "hierarchical (QuantSpec's int4+int4; --drafter quantspec selects it); default: --dtype")
@@ -69,10 +70,10 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-context", type=int, default=None, metavar="N",
                        help="a separate draft model's own cache length: it drafts from a window of the newest N "
                             "tokens (less memory; default: the whole context)")
-    group.add_argument("--draft-weights", choices=["float32", "bfloat16", "int8"], default=None,
+    group.add_argument("--draft-weights", choices=["float32", "bfloat16", "int8", "int4"], default=None,
                        help="store a separate draft model's weights in bfloat16 while computing in float32 (half its "
-                            "weight memory), or quantize its layers to int8 (edge's CPU kernel: faster drafting, "
-                            "notably beside an ONNX bundle); the output is unchanged (default: --dtype)")
+                            "weight memory), or quantize its layers to int8 or int4 (edge's CPU kernel: faster "
+                            "drafting, notably beside an ONNX bundle); the output is unchanged (default: --dtype)")
     group.add_argument("--draft-kv", choices=["float32", "int8", "int8-int4"], default=None,
                        help="store a separate draft model's own KV cache quantized (default: float32)")
 

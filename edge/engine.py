@@ -34,6 +34,7 @@ from edge.events import Event, Stats
 from edge.kv_cache import common_prefix
 from edge.loading import load_model, parse_dtype
 from edge.model import Transformer
+from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.sampling import SamplingParams, history_tensor, next_token
 from edge.speculative import DraftLength, SpeculativeDecoding
 from edge.stopping import StopStrings
@@ -135,26 +136,28 @@ class Engine:
         has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own. `draft_vocab` (token ids, or a
         JSON file from `python -m export.vocab_trim`) trims a model drafter's head to those tokens (VocabTrim);
         `draft_context` gives a separate draft model a shorter cache than the target's (it then drafts from a window of
-        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16, "int8" quantizes them.
+        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16, "int8" or "int4" quantizes them.
         `kv_cache` stores the KV cache quantized: "int8", "int8-int4" (int8 keys, int4 values) or "hierarchical"
         (QuantSpec's int4+int4, which drafter "quantspec" needs and selects by default); `draft_kv` ("int8") does
         the same for a separate draft model's own cache. `offload_layers` keeps those layers' weights in host memory,
         streamed in as they run (edge/offload.py); on a GPU the memory planner chooses them when the model does not
-        fit otherwise. `weights="int8"` quantizes the layers' matrices and the head at load for edge's CPU kernel
-        (edge/int8.py): a faster, slightly different model, whose speculative output equals its own plain decoding."""
+        fit otherwise. `weights="int8"` or `"int4"` quantizes the layers' matrices and the head at load for edge's CPU
+        kernel (edge/packed_weights.py): a faster, slightly different model, whose speculative output equals its own
+        plain decoding."""
         report = progress or (lambda stage, fraction: None)
         if not isinstance(max_context, int) or max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
         parse_dtype(dtype)
         if not Path(path).is_dir():
             raise CheckpointError(f"checkpoint folder {path} does not exist; pass the folder holding config.json")
-        if weights not in (None, "int8"):
-            raise CheckpointError(f"weights {weights!r}: the only load-time quantization is 'int8' (leave it out to "
-                                  "use the checkpoint's weights as stored)")
+        if weights not in (None, *WEIGHT_QUANTIZATIONS):
+            raise CheckpointError(f"weights {weights!r}: the load-time quantizations are "
+                                  f"{', '.join(WEIGHT_QUANTIZATIONS)} (leave it out to use the checkpoint's weights "
+                                  "as stored)")
         if weights and (is_bundle(path) or backend not in (None, "torch") or offload_layers):
-            raise CheckpointError("--weights int8 quantizes a checkpoint folder for the torch backend on the CPU; a "
-                                  "bundle or another backend brings its own quantization, and offloaded layers stay "
-                                  "as stored (leave out --weights)")
+            raise CheckpointError(f"--weights {weights} quantizes a checkpoint folder for the torch backend on the "
+                                  "CPU; a bundle or another backend brings its own quantization, and offloaded layers "
+                                  "stay as stored (leave out --weights)")
         if is_bundle(path):
             if memory_budget is not None:
                 raise BundleError("--memory-budget plans checkpoint folders; a bundle's memory needs are in its "
@@ -199,11 +202,11 @@ class Engine:
                 model.use_rowwise_matmul(None)  # the batch-invariant kernel is the CPU's
         else:
             model = load_model(path, dtype=dtype, device=device)
-        if weights == "int8":
-            from edge.int8 import quantize_int8
+        if weights:
+            from edge.packed_weights import quantize_weights
 
-            report("quantizing the weights to int8", 0.6)
-            quantize_int8(model)
+            report(f"quantizing the weights to {weights}", 0.6)
+            quantize_weights(model, weights)
         report("allocating the KV cache", 0.7)
         if kv_cache is None and drafter and drafter.startswith("quantspec"):
             kv_cache = "hierarchical"  # what the QuantSpec draft reads

@@ -31,5 +31,9 @@ class SamplingError(EdgeError, ValueError):
     """A sampling parameter is out of range."""
 
 
+class SettingError(EdgeError, ValueError):
+    """An environment setting asks for what this machine cannot do (EDGE_CPU_KERNEL naming a path its CPU lacks)."""
+
+
 class BundleError(CheckpointError):
     """An exported bundle is incomplete, tampered with, truncated, or from a newer format version."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from edge.config import ModelConfig
-from edge.errors import CheckpointError
+from edge.errors import CheckpointError, SettingError
 from edge.model import Transformer
 from edge.rope import inverse_frequencies
 
@@ -164,11 +164,21 @@ def storage_dtype(source: torch.dtype | None, dtype: torch.dtype, device: torch.
     (the batch-invariant kernel widens it in registers, exactly: the same results, half the memory, and faster
     because decoding is bound by weight reads); anything else is stored in the compute dtype."""
     if dtype == torch.float32 and device.type == "cpu" and source in (torch.float16, torch.bfloat16):
-        from kernels.cpu_matmul import RowwiseMatmul
-
-        if RowwiseMatmul.load() is not None:  # without it every call would widen a copy of each matrix
+        if cpu_kernel() is not None:  # without it every call would widen a copy of each matrix
             return source
     return dtype
+
+
+def cpu_kernel():
+    """edge's batch-invariant CPU kernel on this CPU's path (or EDGE_CPU_KERNEL's), or None where it cannot be
+    built (kernels/cpu_matmul.py)."""
+    from kernels.cpu_matmul import RowwiseMatmul
+    from kernels.cpu_paths import KernelPathError
+
+    try:
+        return RowwiseMatmul.load()
+    except KernelPathError as error:
+        raise SettingError(str(error)) from None
 
 
 def _parse_header(raw: bytes, path: Path) -> dict:
@@ -295,7 +305,5 @@ def load_model(
     if storage != dtype:
         model.compute_dtype = dtype  # 16-bit weights, float32 activations and KV cache (see storage_dtype)
     if device.type == "cpu" and dtype == torch.float32:
-        from kernels.cpu_matmul import RowwiseMatmul
-
-        model.use_rowwise_matmul(RowwiseMatmul.load())  # exact speculation: verify rows == decode rows, bit for bit
+        model.use_rowwise_matmul(cpu_kernel())  # exact speculation: verify rows == decode rows, bit for bit
     return model.eval().requires_grad_(False)

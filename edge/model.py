@@ -167,9 +167,9 @@ class Transformer(nn.Module):
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         self._fused_weights = None  # per-layer weight pointers for the fused C layer (False: not fusable)
-        self._fused_dtype = torch.float32  # those weights' dtype (16-bit ones are widened in the kernel; int8: packed)
-        self.int8 = False  # set by edge.int8.quantize_int8: the layers' matrices are packed int8
-        self.int8_head: torch.Tensor | None = None  # the head packed int8 (pack_int8), when quantize_int8 packed it
+        self._fused_format = "float32"  # the layers' weights (16-bit ones are widened in the kernel; int8/int4 packed)
+        self.packed_format: str | None = None  # "int8"/"int4": set by edge.packed_weights.quantize_weights
+        self.packed_head: torch.Tensor | None = None  # the head packed in that format
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
         self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, Dh) each
 
@@ -236,7 +236,7 @@ class Transformer(nn.Module):
             x = x[0].contiguous()  # (T, D), updated in place layer by layer
             self._fused_layers(x, order, start, cache, rope)
             norm = self.norm.weight
-            hidden = (self.rowwise.rms_norm(x, norm, self.norm.eps) if norm.dtype in (self._fused_dtype, torch.float32)
+            hidden = (self.rowwise.rms_norm(x, norm, self.norm.eps) if norm.dtype in FLOAT_WEIGHTS
                       else self.norm(x))[None]  # (1, T, D): the final norm in the same C library, one call
         else:
             mask = self._mask(start, steps)
@@ -259,10 +259,11 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor, vocab_subset: torch.Tensor | None = None) -> torch.Tensor:
         """hidden (B, T, D) -> logits (B, T, V), or (B, T, len(vocab_subset)) over those token ids only."""
-        if vocab_subset is None and self.int8_head is not None and self.rowwise is not None:
+        if vocab_subset is None and self.packed_head is not None and self.rowwise is not None:
             flat = hidden.reshape(-1, hidden.shape[-1]).float()  # (B*T, D)
             vocab = self.config.vocab_size
-            return self.rowwise.int8(flat, self.int8_head, vocab).view(*hidden.shape[:-1], vocab)  # (B, T, V)
+            return self.rowwise.quantized(flat, self.packed_head, self.packed_format, vocab).view(
+                *hidden.shape[:-1], vocab)  # (B, T, V)
         weight = self.head_weight  # (V, D)
         if vocab_subset is not None:
             weight = weight.index_select(0, vocab_subset)  # (V', D)
@@ -275,8 +276,8 @@ class Transformer(nn.Module):
         """Whether this pass can run each layer as one fused C call (the batch-invariant kernel's fused_layer): a
         few rows of batch 1 in float32 (weights float32 or 16-bit), a plain float32 KV cache, every layer in place."""
         if self.rowwise is None or batch != 1 or dtype != torch.float32 or (rows > self.rowwise_max_rows
-                                                                              and not self.int8):
-            return False  # (int8 layers run every row count in the kernel, prefill included)
+                                                                              and not self.packed_format):
+            return False  # (packed layers run every row count in the kernel, prefill included)
         if self._fused_weights is None or (self._fused_weights is not False and self._weights_replaced()):
             self._fused_weights = self._fused_pointers()  # first use, or the weights were replaced since
         return (self._fused_weights is not False and type(cache) is KVCache and cache.keys.dtype == torch.float32
@@ -294,20 +295,22 @@ class Transformer(nn.Module):
         def pointer(tensor):
             return None if tensor is None else tensor.data_ptr()
 
-        from edge.int8 import Int8Linear
+        from edge.packed_weights import PackedLinear
 
         layers = []
         if not isinstance(self.layers[0], Block):
             return False
-        if self.int8:  # packed int8 matrices (uint8 bytes), float32 norms
-            weight_dtype, matrix_type, matrix_dtype, norm_dtype = torch.int8, Int8Linear, torch.uint8, torch.float32
+        if self.packed_format:  # packed int8/int4 matrices (uint8 bytes), float32 norms
+            fused_format, matrix_type, matrix_dtype, norm_dtype = self.packed_format, PackedLinear, torch.uint8, \
+                torch.float32
         else:
-            weight_dtype, matrix_type = self.layers[0].attn.wqkv.weight.dtype, Linear
-            matrix_dtype = norm_dtype = weight_dtype
-            if weight_dtype not in FLOAT_WEIGHTS:
+            matrix_type, matrix_dtype = Linear, self.layers[0].attn.wqkv.weight.dtype
+            norm_dtype = matrix_dtype
+            if matrix_dtype not in FLOAT_WEIGHTS:
                 return False
-        self._fused_dtype = weight_dtype  # 16-bit: stored narrow, computed in float32 (store_weights)
-        matrix = "packed" if self.int8 else "weight"
+            fused_format = str(matrix_dtype).removeprefix("torch.")  # 16-bit: stored narrow, computed in float32
+        self._fused_format = fused_format
+        matrix = "packed" if self.packed_format else "weight"
         for block in self.layers:
             if not isinstance(block, Block):
                 return False
@@ -342,7 +345,7 @@ class Transformer(nn.Module):
         self.rowwise.layers(x, self._layer_order(order), self._fused_table, self._fused_windows,
                             (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
                              config.intermediate_size), cos, sin, cache.keys, cache.values, start,
-                            config.rms_norm_eps, config.head_dim ** -0.5, self._fused_dtype)
+                            config.rms_norm_eps, config.head_dim ** -0.5, self._fused_format)
 
     def _layer_order(self, layers) -> torch.Tensor:
         """The int64 tensor (n,) of a layer set for the C calls, made once per set (all, or a self-draft's)."""
@@ -365,23 +368,25 @@ class Transformer(nn.Module):
         feature (a feature drafter; `features` (T, D) for the first rows). `vocab_size` limits the argmax to the
         first rows of the head (a draft vocabulary padded beyond the target's). `trimmed_head` (weight (V', D), ids
         (V',)) replaces the head by some of its rows, each row's token id given (VocabTrim); otherwise a head_model with
-        an int8 head (edge/int8.py) drafts through it, as its logits() do. `stop_below` stops
+        a packed head (edge/packed_weights.py) drafts through it, as its logits() do. `stop_below` stops
         before a token (not the first) whose probability is below it, so fewer than k may come back. With every layer
         it sets cache.length like a full pass over the rows it ran."""
         head_model = head_model or self
         end = start + len(tokens) + k - 1
         embed = head_model.embed.weight  # (V, D)
-        packed_head = head_model.int8_head
+        packed_head = head_model.packed_head
         head_rows = head_model.config.vocab_size
         if trimmed_head is not None:
             head, head_ids = trimmed_head  # (V', D), (V',)
         elif packed_head is not None and vocab_size in (None, head_rows):
-            head, head_ids = packed_head, None  # (V*D + 8V,) uint8
+            head, head_ids = packed_head, None  # packed bytes (uint8)
         else:  # the leading rows of a padded head stay contiguous
             head, head_ids = head_model.head_weight[:vocab_size], None  # (V', D)
-        if (not self._can_fuse(1, len(tokens), torch.float32, cache) or end > cache.max_len or start > cache.length
-                or self.norm.weight.dtype != (torch.float32 if self.int8 else self._fused_dtype)
-                or (fc is not None and fc.dtype != self._fused_dtype) or embed.dtype not in FLOAT_WEIGHTS
+        if not self._can_fuse(1, len(tokens), torch.float32, cache):
+            return None
+        layer_dtype = torch.float32 if self.packed_format else getattr(torch, self._fused_format)  # norms, fc
+        if (end > cache.max_len or start > cache.length or self.norm.weight.dtype != layer_dtype
+                or (fc is not None and fc.dtype != layer_dtype) or embed.dtype not in FLOAT_WEIGHTS
                 or head.dtype not in (*FLOAT_WEIGHTS, torch.uint8)
                 or not (embed.is_contiguous() and head.is_contiguous())):
             return None
@@ -393,25 +398,26 @@ class Transformer(nn.Module):
                                                                 config.num_kv_heads, config.head_dim,
                                                                 config.intermediate_size),
             order, self._fused_table, self._fused_windows, cos, sin, cache.keys, cache.values, start,
-            config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_dtype, embed, head, k,
-            head_ids, stop_below, head_rows)
+            config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_format, embed, head, k,
+            head_ids, stop_below, head_rows, head_model.packed_format)
         if layers is None:  # rows run: the fed tokens, then each drafted token but a full draft's last (a draft that
             cache.length = start + len(tokens) + min(len(drafted), k - 1)  # stopped ran its last to score the next)
         return drafted
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""
-        from edge.int8 import Int8Linear
+        from edge.packed_weights import PackedLinear
 
         linears = [module for module in self.modules() if isinstance(module, Linear)]
         supported = matmul is not None and all(matmul.supports(m.weight, m.bias) for m in linears)
-        if self.int8 and not supported:
-            raise UnsupportedModelError("this model's int8 weights run only on edge's CPU kernel; keep it on the CPU")
+        if self.packed_format and not supported:
+            raise UnsupportedModelError(f"this model's {self.packed_format} weights run only on edge's CPU kernel; "
+                                        "keep it on the CPU")
         self.rowwise = matmul if supported else None
         for module in linears:
             module.rowwise, module.max_rows = self.rowwise, max_rows
         for module in self.modules():
-            if isinstance(module, Int8Linear):
+            if isinstance(module, PackedLinear):
                 module.rowwise, module.max_rows = self.rowwise, max_rows
         self.rowwise_max_rows = max_rows
 

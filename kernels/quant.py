@@ -65,8 +65,9 @@ def quantize_weight(weight: torch.Tensor, bits: int = 4, group_size: int = 32) -
         raise ValueError(f"int4 packs two codes per byte, so the group size must be even, got {group_size}")
     top = 2 ** (bits - 1) - 1
     groups = weight.detach().float().reshape(rows, columns // group_size, group_size)  # (N, G, g)
-    scales = (groups.abs().amax(-1) / top).clamp(min=1e-8).half()  # (N, G), rounded to what is stored
-    codes = torch.round(groups / scales.float()[..., None]).clamp(-top - 1, top).to(torch.int8).reshape(rows, columns)
+    scales = (groups.abs().amax(-1) / top).half()  # (N, G), rounded to what is stored
+    divisors = torch.where(scales > 0, scales.float(), torch.ones((), device=scales.device))  # all-zero groups: codes 0
+    codes = torch.round(groups / divisors[..., None]).clamp(-top - 1, top).to(torch.int8).reshape(rows, columns)
     if bits == 4:
         unsigned = (codes + 8).to(torch.uint8).reshape(rows, columns // 2, 2)  # (N, K/2, 2)
         codes = unsigned[..., 0] | (unsigned[..., 1] << 4)  # (N, K/2)

@@ -255,7 +255,7 @@ def test_a_torch_draft_model_drafts_for_a_bundle(small_bundle, drafter_dir, draf
     fast = Engine.load(small_bundle, max_context=256, drafter=f"draft:{drafter_dir}", draft_length=3,
                        draft_weights=draft_weights)
     assert fast.drafter.model.rowwise is None or fast.drafter.model.rowwise.thread_count() == 1
-    assert fast.drafter.model.int8 == (draft_weights == "int8")
+    assert fast.drafter.model.packed_format == draft_weights
     if draft_weights:  # the quantized layers use the one-thread kernel as well
         assert fast.drafter.model.layers[0].attn.wqkv.rowwise.thread_count() == 1
     for prompt in PROMPTS:

@@ -1,5 +1,6 @@
-"""The batch-invariant CPU matmul and attention: close to torch's results, and bit-identical for a row whatever
-else is in the batch — the property that makes greedy speculative decoding exactly equal to plain decoding."""
+"""The batch-invariant CPU kernel on every path this machine runs (and the avx512 code under SIMDe emulation): close to
+torch's results, and bit-identical for a row whatever else is in the batch — the property that makes greedy
+speculative decoding exactly equal to plain decoding."""
 
 from __future__ import annotations
 
@@ -9,38 +10,33 @@ import torch.nn.functional as F
 
 from edge.kv_cache import KVCache
 from edge.loading import load_model
+from kernels import cpu_paths
 from kernels.cpu_matmul import RowwiseMatmul
 
-matmul = RowwiseMatmul.load()
-pytestmark = pytest.mark.skipif(matmul is None, reason="no C compiler: the kernel falls back to torch")
+pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: the kernel falls back to torch")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(96, 64), (37, 83), (512, 256)])  # (N, K); 83: a K that is not a lane multiple
-def test_matmul_matches_torch(dtype, shape):
+def test_matmul_matches_torch(kernel, dtype, shape):
     generator = torch.Generator().manual_seed(sum(shape))
     weight = torch.randn(*shape, generator=generator).to(dtype)  # (N, K)
     bias = torch.randn(shape[0], generator=generator)
     x = torch.randn(3, 5, shape[1], generator=generator)  # (..., K)
     expected = F.linear(x, weight.float(), bias)
-    torch.testing.assert_close(matmul(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(matmul(x, weight), F.linear(x, weight.float()), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(kernel(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(kernel(x, weight), F.linear(x, weight.float()), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matmul_rows_are_batch_and_thread_invariant(dtype):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_matmul_rows_are_batch_and_thread_invariant(kernel, dtype):
     generator = torch.Generator().manual_seed(1)
-    weight = torch.randn(300, 200, generator=generator).to(dtype)
-    x = torch.randn(9, 200, generator=generator)
-    single = torch.cat([matmul(x[i:i + 1], weight) for i in range(9)])  # (9, N), one row per call
+    weight = torch.randn(300, 203, generator=generator).to(dtype)  # 300 outputs: a partial panel of 8 at the end
+    x = torch.randn(9, 203, generator=generator)
+    single = torch.cat([kernel.with_threads(1)(x[i:i + 1], weight) for i in range(9)])  # (9, N), a row per call
     for rows in range(1, 10):
-        assert torch.equal(matmul(x[:rows], weight), single[:rows]), f"{rows} rows differ from 1-row calls"
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        assert torch.equal(matmul(x, weight), single)
-    finally:
-        torch.set_num_threads(threads)
+        assert torch.equal(kernel(x[:rows], weight), single[:rows]), f"{rows} rows differ from 1-row calls"
+    assert torch.equal(kernel.with_threads(2)(x, weight), single)
 
 
 def test_torch_matmul_is_not_batch_invariant_which_is_why_the_kernel_exists():
@@ -51,15 +47,16 @@ def test_torch_matmul_is_not_batch_invariant_which_is_why_the_kernel_exists():
 
 
 @pytest.mark.parametrize("window", [None, 7, 40])
-@pytest.mark.parametrize("kv_heads, dim, start", [(2, 40, 20), (2, 64, 53), (1, 32, 70), (4, 16, 3)])
-def test_attention_matches_sdpa_and_is_batch_invariant(window, kv_heads, dim, start):
-    """Dims that are and are not multiples of 16, contexts with and without whole 16-key blocks, GQA, MQA and MHA."""
+@pytest.mark.parametrize("kv_heads, dim, start", [(2, 40, 20), (2, 64, 53), (1, 32, 70), (4, 16, 3), (2, 24, 9)])
+def test_attention_matches_sdpa_and_is_batch_invariant(kernel, window, kv_heads, dim, start):
+    """Dims that are and are not multiples of every path's lane count, contexts with and without whole blocks of
+    keys, GQA, MQA and MHA."""
     generator = torch.Generator().manual_seed(3)
     heads, steps, capacity = 4, 5, 96
     keys = torch.randn(1, kv_heads, capacity, dim, generator=generator)
     values = torch.randn(1, kv_heads, capacity, dim, generator=generator)
     q = torch.randn(1, heads, steps, dim, generator=generator)
-    out = matmul.attention(q, keys[:, :, : start + steps], values[:, :, : start + steps], start, window)
+    out = kernel.attention(q, keys[:, :, : start + steps], values[:, :, : start + steps], start, window)
     query_pos = torch.arange(start, start + steps)[:, None]
     key_pos = torch.arange(start + steps)[None, :]
     allowed = key_pos <= query_pos
@@ -68,46 +65,72 @@ def test_attention_matches_sdpa_and_is_batch_invariant(window, kv_heads, dim, st
     expected = F.scaled_dot_product_attention(q, keys[:, :, : start + steps], values[:, :, : start + steps],
                                               attn_mask=allowed, enable_gqa=True)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)  # one query at a time and on one thread: the queries are split differently
-        single = torch.cat([matmul.attention(q[:, :, t:t + 1], keys[:, :, : start + t + 1],
-                                             values[:, :, : start + t + 1], start + t, window) for t in range(steps)],
-                           dim=2)
-    finally:
-        torch.set_num_threads(threads)
+    one = kernel.with_threads(1)  # one query at a time and on one thread: the queries are split differently
+    single = torch.cat([one.attention(q[:, :, t:t + 1], keys[:, :, : start + t + 1], values[:, :, : start + t + 1],
+                                      start + t, window) for t in range(steps)], dim=2)
     assert torch.equal(out, single)
 
 
+def test_rms_norm_matches_torch(kernel):
+    generator = torch.Generator().manual_seed(5)
+    x, weight = torch.randn(3, 203, generator=generator), torch.randn(203, generator=generator)
+    expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    torch.testing.assert_close(kernel.rms_norm(x, weight, 1e-5), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "mistral"])
-def test_a_verify_pass_reproduces_decode_steps_bit_for_bit(checkpoint_factory, family):
-    model = load_model(checkpoint_factory(family))
-    assert model.rowwise is not None
-    cache = KVCache.for_model(model.config, 128, dtype=torch.float32, device=torch.device("cpu"))
-    tokens = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(4))
-    with torch.inference_mode():
-        model(tokens[:, :30], 0, cache)  # a prompt longer than the kernel's row limit: torch's matmul
-        verify = model.logits(model(tokens[:, 30:36], 30, cache))[0]  # (6, V)
-        cache.rollback(30)
-        steps = torch.cat([model.logits(model(tokens[:, i:i + 1], i, cache))[0] for i in range(30, 36)])
-    assert torch.equal(verify, steps)
+def test_a_verify_pass_reproduces_decode_steps_bit_for_bit(checkpoint_factory, family, monkeypatch):
+    for path in cpu_paths.runnable_paths():  # the model on each path in turn
+        monkeypatch.setenv("EDGE_CPU_KERNEL", path)
+        model = load_model(checkpoint_factory(family))
+        assert model.rowwise is not None and model.rowwise.path.startswith(path)
+        cache = KVCache.for_model(model.config, 128, dtype=torch.float32, device=torch.device("cpu"))
+        tokens = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(4))
+        with torch.inference_mode():
+            model(tokens[:, :30], 0, cache)  # a prompt longer than the kernel's row limit: torch's matmul
+            verify = model.logits(model(tokens[:, 30:36], 30, cache))[0]  # (6, V)
+            cache.rollback(30)
+            steps = torch.cat([model.logits(model(tokens[:, i:i + 1], i, cache))[0] for i in range(30, 36)])
+        assert torch.equal(verify, steps), path
+
+
+def test_each_path_can_be_forced_and_a_wrong_one_is_a_clear_error(monkeypatch):
+    runnable = cpu_paths.runnable_paths()
+    assert runnable[-1] == "portable" and len(runnable) >= 2 or cpu_paths.machine() not in ("x86_64", "aarch64")
+    for path in runnable:
+        monkeypatch.setenv("EDGE_CPU_KERNEL", path)
+        assert RowwiseMatmul.load().path.startswith(path)
+    monkeypatch.setenv("EDGE_CPU_KERNEL", "sse9")
+    with pytest.raises(cpu_paths.KernelPathError, match="sse9 is not a CPU kernel path; use one of"):
+        RowwiseMatmul.load()
+    missing = [name for name in cpu_paths.PATHS if name not in runnable]
+    if missing:  # e.g. neon on x86, avx512 on an AVX2 machine
+        monkeypatch.setenv("EDGE_CPU_KERNEL", missing[0])
+        with pytest.raises(cpu_paths.KernelPathError, match=f"{missing[0]}: this CPU lacks .*; use one of"):
+            RowwiseMatmul.load()
+
+
+def test_a_forced_path_the_cpu_lacks_is_a_one_line_error_at_load(llama_dir, monkeypatch):
+    from edge import EdgeError, Engine
+
+    missing = [name for name in cpu_paths.PATHS if name not in cpu_paths.runnable_paths()]
+    if not missing:
+        pytest.skip("this CPU runs every path")
+    monkeypatch.setenv("EDGE_CPU_KERNEL", missing[0])
+    with pytest.raises(EdgeError, match=f"EDGE_CPU_KERNEL={missing[0]}: this CPU lacks"):
+        Engine.load(llama_dir)
 
 
 def test_without_a_compiler_edge_falls_back_to_torch(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path))
-    assert RowwiseMatmul.load.__wrapped__() is None
+    assert RowwiseMatmul.for_path.__wrapped__("portable") is None
     monkeypatch.setenv("EDGE_ROWWISE_MATMUL", "0")
-    assert RowwiseMatmul.load.__wrapped__() is None
+    assert RowwiseMatmul.load() is None
 
 
 def test_the_fused_layer_follows_replaced_weights(llama_dir):
     """The fused layer caches weight pointers; loading new weights into the model must not leave them stale."""
-    import torch
-
-    from edge.loading import load_model
-    from edge.kv_cache import KVCache
-
     model, other = load_model(llama_dir), load_model(llama_dir)
     tokens = torch.tensor([[1, 2, 3]])
     with torch.inference_mode():
@@ -119,3 +142,7 @@ def test_the_fused_layer_follows_replaced_weights(llama_dir):
         other.load_state_dict(state, assign=True)
         expected = other.logits(other(tokens, 0, KVCache.for_model(other.config, 8)))
     assert not torch.equal(before, after) and torch.equal(after, expected)
+
+
+def test_the_bandwidth_probe_reads_its_buffer(kernel):
+    assert kernel.read_bandwidth(megabytes=16, repeats=1) > 0.1  # GB/s; the figure itself is a benchmark's

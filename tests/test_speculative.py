@@ -345,12 +345,14 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
     assert min(stopped) < 5 and max(stopped) > 1, stopped
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4"])
 @pytest.mark.parametrize("name", ["small", "feature", "hybrid:feature"])
-def test_model_drafters_on_an_int8_target_stay_lossless(checkpoints, name):
-    """The target's layers in int8 (edge/int8.py): a draft model and a feature drafter (which reads the target's
-    features and head) still reproduce the int8 target's own plain decoding."""
-    plain = Engine.load(checkpoints["target"], max_context=512, weights="int8")
-    fast = Engine.load(checkpoints["target"], max_context=512, weights="int8", drafter=drafter_spec(name, checkpoints))
+def test_model_drafters_on_a_quantized_target_stay_lossless(checkpoints, name, weights):
+    """The target's layers in int8 or int4 (edge/packed_weights.py): a draft model and a feature drafter (which
+    reads the target's features and head) still reproduce the quantized target's own plain decoding."""
+    plain = Engine.load(checkpoints["target"], max_context=512, weights=weights)
+    fast = Engine.load(checkpoints["target"], max_context=512, weights=weights,
+                       drafter=drafter_spec(name, checkpoints))
     for prompt in PROMPTS:
         expected = ids_of(plain.generate(prompt, max_new_tokens=120, ignore_eos=True))
         assert ids_of(fast.generate(prompt, max_new_tokens=120, ignore_eos=True)) == expected, (name, prompt)

@@ -27,10 +27,10 @@ class SessionLoader:
     memory_budget: str | None = None  # plan for this budget (the plan's step-downs are shown in the chat)
     backend: str | None = None  # for a bundle: onnx, torchscript or torch-export (default: its first)
     draft_context: int | None = None  # a draft model's own cache length (default: the context)
-    draft_weights: str | None = None  # "bfloat16" or "int8": store a draft model's weights narrower
+    draft_weights: str | None = None  # "bfloat16", "int8" or "int4": store a draft model's weights narrower
     kv_cache: str | None = None  # a quantized KV cache format (int8, int8-int4, hierarchical)
     draft_kv: str | None = None  # a draft model's own cache format (int8, int8-int4)
-    weights: str | None = None  # "int8": quantize the target's layers at load (edge/int8.py)
+    weights: str | None = None  # "int8" or "int4": quantize the target's layers at load (edge/packed_weights.py)
 
     @property
     def name(self) -> str:

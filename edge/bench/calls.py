@@ -1,7 +1,7 @@
 """What one target call costs as the number of rows grows: the quantity that bounds speculative decoding.
 
     python -m edge.bench.calls [MODEL] [--rows 1,2,3,5,8] [--context 64] [--drafter PATH] [--repeats 50]
-                               [--weights float32|int8]
+                               [--weights float32|int8|int4]
 
 A verify pass over k drafted tokens feeds k + 1 rows. If it costs c times a 1-row decode step, a step must emit
 more than c tokens on average to gain anything, and a free drafter whose every token is accepted with probability a
@@ -9,7 +9,8 @@ gains at most (1 - a^(k+1)) / (1 - a) / c. The table gives, per row count, the m
 head, after `--context` tokens are in the cache), c, and that bound at a = 0.6, 0.8 and 0.9. `--drafter` also times
 one step of a separate draft model (as a fraction of the target's step). `--weights float32` widens a 16-bit
 checkpoint's weights to float32 copies first (what edge did before it kept 16-bit weights; the same results);
-`--weights int8` quantizes the layers' matrices (edge/int8.py; a slightly different model).
+`--weights int8` or `int4` quantizes the layers' matrices and the head (edge/packed_weights.py; a slightly different
+model).
 
 Each call is timed alone (the cache is rolled back after it); medians over `--repeats` calls, interleaved by row
 count so that drift in the machine's speed hits every row count alike.
@@ -68,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=64, help="tokens already in the cache (default 64)")
     parser.add_argument("--drafter", help="a draft model folder to time one step of (`builtin`: the built-in one)")
     parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--weights", choices=["checkpoint", "float32", "int8"], default="checkpoint",
+    parser.add_argument("--weights", choices=["checkpoint", "float32", "int8", "int4"], default="checkpoint",
                         help="keep the weights as loaded (default: a 16-bit checkpoint stays 16-bit), widen them, or "
-                             "quantize the layers to int8")
+                             "quantize the layers and head to int8 or int4")
     args = parser.parse_args(argv)
     rows = sorted({1, *(int(n) for n in args.rows.split(","))})
     if rows[0] < 1 or args.context < 1 or args.repeats < 1:
@@ -78,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     model, cache = load(resolve_model_path(args.model), args.context + max(rows) + 1)
     if args.weights == "float32":
         model.store_weights(torch.float32)
-    elif args.weights == "int8":
-        from edge.int8 import quantize_int8
+    elif args.weights in ("int8", "int4"):
+        from edge.packed_weights import quantize_weights
 
-        quantize_int8(model)
+        quantize_weights(model, args.weights)
     seconds = time_calls(model, cache, rows, args.context, args.repeats)
     step = seconds[1]
     bounds = " | ".join(f"bound a={a}" for a in ACCEPTANCE)

@@ -1,6 +1,6 @@
 """Where a decoding step's time goes: drafting, the verify pass, and the rest, per method.
 
-    python -m edge.bench.steps [MODEL] [--methods ar,ngram:2,builtin:2] [--max-new-tokens 128] [--weights int8]
+    python -m edge.bench.steps [MODEL] [--methods ar,ngram:2,builtin:2] [--max-new-tokens 128] [--weights int8|int4]
 
 A method is `ar` or DRAFTER:K (K a fixed draft length or `adaptive`). Each runs the bench prompt set twice in this
 process and reports the second pass (the first warms up): tokens/s, milliseconds per step, the engine's own draft
@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
     parser.add_argument("--methods", default="ar,ngram:2,builtin:2")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--weights", choices=["int8"], default=None, help="quantize the target at load (edge/int8.py)")
+    parser.add_argument("--weights", choices=["int8", "int4"], default=None,
+                        help="quantize the target at load (edge/packed_weights.py)")
     args = parser.parse_args(argv)
     model = resolve_model_path(args.model)
     print("| method | tokens/s | ms per step | draft ms | verify ms | tokens per step |")

@@ -43,7 +43,7 @@ def run_interleaved(model: Path, runs: list[tuple[str, str]], passes: int, max_n
 
 
 def weights_options(weights: str | None, draft_weights: str | None) -> list[str]:
-    """The worker's --weights / --draft-weights arguments (int8: quantize at load), or nothing (as stored)."""
+    """The worker's --weights / --draft-weights arguments (int8, int4: quantize at load), or nothing (as stored)."""
     return (["--weights", weights] if weights else []) + (["--draft-weights", draft_weights] if draft_weights else [])
 
 

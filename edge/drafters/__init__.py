@@ -93,17 +93,18 @@ def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, m
                      dtype: str = "float32", weights: str | None = None,
                      kv_cache: str | None = None) -> DraftModelDrafter:
     """A draft checkpoint computing in `dtype`; `weights="bfloat16"` stores its matrices in bfloat16 (half the
-    memory) and `weights="int8"` quantizes its layers (edge/int8.py: a quarter of float32, and faster drafting);
+    memory) and `weights="int8"` / `"int4"` quantizes its layers (edge/packed_weights.py: a quarter or an eighth of
+    float32, and faster drafting);
     the target still verifies in its own precision, so output is unchanged."""
     from edge.loading import load_model, parse_dtype
 
     draft_tokenizer = Tokenizer.from_dir(path)
     draft = load_model(path, dtype=dtype, device=target.device)
     DraftModelDrafter.check_compatible(target, tokenizer, draft, draft_tokenizer)
-    if weights == "int8":
-        from edge.int8 import quantize_int8
+    if weights in ("int8", "int4"):
+        from edge.packed_weights import quantize_weights
 
-        quantize_int8(draft)
+        quantize_weights(draft, weights)
     elif weights is not None and parse_dtype(weights) != draft.dtype:
         draft.store_weights(parse_dtype(weights))
     if not isinstance(target, Transformer) and draft.rowwise is not None:

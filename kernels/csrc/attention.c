@@ -1,0 +1,145 @@
+/* Batch-invariant attention for a few queries at positions start .. start + T - 1 over a float32 KV cache.
+ *
+ * q, out: (H, T, D) contiguous; keys, values: (Hkv, S_max, D) with row stride D and head stride kv_head_stride.
+ * Query t sees keys [lo, start + t], lo = start + t - window + 1 when a sliding window is set (window > 0).
+ * Each (head, query) is computed alone and in a fixed order: scores q . k_j (VL lanes over d, a tail, the fixed
+ * reduction), their maximum, exp and sum in VL-key blocks from lo, values accumulated in key order; so its result
+ * does not depend on T, on which queries share a pass or on the thread count. scratch holds H * T * (start + T)
+ * floats for the scores.
+ */
+#include "simd.h"
+
+#define KEYS 4 /* keys scored side by side: independent chains, each key's operations unchanged */
+
+/* scores[j] = (q . k_j) * scale for j in [lo, hi] */
+static void score_keys(const float *query, const float *k, float *scores, int64_t lo, int64_t hi, int64_t D,
+                       float scale) {
+    const int64_t whole = D - D % VL;
+    for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
+        const int count = hi + 1 - j0 < KEYS ? (int)(hi + 1 - j0) : KEYS;
+        vf lanes[KEYS];
+        float tails[KEYS];
+        for (int i = 0; i < KEYS; i++) {
+            lanes[i] = vf_zero();
+            tails[i] = 0.0f;
+        }
+        if (count == KEYS) {
+            for (int64_t d = 0; d < whole; d += VL) {
+                const vf qv = vf_load(query + d);
+                _Pragma("GCC unroll 4") for (int i = 0; i < KEYS; i++)
+                    lanes[i] = vf_fma(lanes[i], qv, vf_load(k + (j0 + i) * D + d));
+            }
+        } else {
+            for (int i = 0; i < count; i++)
+                for (int64_t d = 0; d < whole; d += VL) lanes[i] = vf_fma(lanes[i], vf_load(query + d), vf_load(k + (j0 + i) * D + d));
+        }
+        for (int i = 0; i < count; i++) {
+            for (int64_t d = whole; d < D; d++) tails[i] = tails[i] + query[d] * k[(j0 + i) * D + d];
+            scores[j0 + i] = (vf_reduce(lanes[i]) + tails[i]) * scale;
+        }
+    }
+}
+
+/* Softmax weights of one query over keys [lo, hi]: scores[j] = exp(score_j - max); returns their sum. */
+static float query_scores(const float *query, const float *k, float *scores, int64_t lo, int64_t hi, int64_t D,
+                          float scale) {
+    score_keys(query, k, scores, lo, hi, D, scale);
+    float top = -INFINITY;
+    for (int64_t j = lo; j <= hi; j++) top = scores[j] > top ? scores[j] : top;  /* a maximum: the same in any order */
+    vf sums = vf_zero();
+    for (int64_t j = lo; j <= hi; j += VL) {
+        const int64_t count = hi + 1 - j < VL ? hi + 1 - j : VL;
+        float block[VL], exps[VL];
+        for (int64_t lane = 0; lane < VL; lane++) block[lane] = lane < count ? scores[j + lane] - top : -INFINITY;
+        vf_store(exps, vf_exp(vf_load(block)));
+        for (int64_t lane = count; lane < VL; lane++) exps[lane] = 0.0f;  /* padding adds nothing */
+        memcpy(scores + j, exps, count * sizeof(float));
+        sums = vf_add(sums, vf_load(exps));
+    }
+    return vf_reduce(sums);
+}
+
+/* N queries' weighted sums of value rows over W * VL columns from column c, in registers (N and W compile-time):
+ * acc accumulates weight_j * v_j for j = lo[i] .. hi[i] in key order, one multiply-add each, then is stored. */
+static inline __attribute__((always_inline)) void value_block(const float *const *weights, float *const *results,
+                                                              const int64_t *lo, const int64_t *hi, int64_t first,
+                                                              int64_t last, const float *v, int64_t D, int64_t c,
+                                                              const int N, const int W) {
+    vf acc[4][4];
+    _Pragma("GCC unroll 4") for (int i = 0; i < N; i++)
+        _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) acc[i][w] = vf_zero();
+    for (int64_t j = first; j <= last; j++) {
+        const float *row = v + j * D + c;
+        vf column[4];
+        _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) column[w] = vf_load(row + VL * w);
+        _Pragma("GCC unroll 4") for (int i = 0; i < N; i++) {
+            if (j < lo[i] || j > hi[i]) continue;
+            const vf scale = vf_set(weights[i][j]);
+            _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) acc[i][w] = vf_fma(acc[i][w], scale, column[w]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < N; i++)
+        _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) vf_store(results[i] + c + VL * w, acc[i][w]);
+}
+
+#define VALUE_QUERIES 4
+#define VALUE_CASE(N, W) \
+    case N: value_block(weights, results, lo, hi, first, last, v, D, c, N, W); break;
+
+/* Up to 4 queries' attention outputs from their softmax weights: value_block over 4 * VL columns at a time, then
+ * VL, a scalar loop for a D % VL tail (the same multiply-add order), then the division by each query's total. */
+static void weighted_values(const float *const *weights, float *const *results, const int64_t *lo, const int64_t *hi,
+                            const float *inverse, int n, const float *v, int64_t D) {
+    int64_t first = lo[0], last = hi[0];
+    for (int i = 1; i < n; i++) {
+        if (lo[i] < first) first = lo[i];
+        if (hi[i] > last) last = hi[i];
+    }
+    int64_t c = 0;
+    for (; c + 4 * VL <= D; c += 4 * VL)
+        switch (n) { VALUE_CASE(1, 4) VALUE_CASE(2, 4) VALUE_CASE(3, 4) VALUE_CASE(4, 4) }
+    for (; c + VL <= D; c += VL)
+        switch (n) { VALUE_CASE(1, 1) VALUE_CASE(2, 1) VALUE_CASE(3, 1) VALUE_CASE(4, 1) }
+    for (int i = 0; i < n; i++) {
+        for (int64_t d = c; d < D; d++) {
+            float sum = 0.0f;
+            for (int64_t j = lo[i]; j <= hi[i]; j++) sum = sum + weights[i][j] * v[j * D + d];
+            results[i][d] = sum;
+        }
+        for (int64_t d = 0; d < D; d++) results[i][d] *= inverse[i];
+    }
+}
+
+void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
+                           int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
+                           int64_t window, float scale, int threads) {
+    /* Work is split by KV head, so each key and value row is read for all the queries that share it (a GQA group's
+     * heads, every row of a verify pass); a KV head's queries are split further when there are fewer KV heads than
+     * threads. Each query's arithmetic is the same however the queries are grouped. */
+    const int64_t group = H / Hkv, span = start + T, per_head = group * T;
+    int64_t splits = (threads + Hkv - 1) / Hkv;
+    if (splits > per_head) splits = per_head;
+    if (splits < 1) splits = 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t unit = 0; unit < Hkv * splits; unit++) {
+        const int64_t kv = unit / splits, part = unit % splits;
+        const int64_t first = per_head * part / splits, end = per_head * (part + 1) / splits;
+        const float *k = keys + kv * kv_head_stride, *v = values + kv * kv_head_stride;
+        for (int64_t i0 = first; i0 < end; i0 += VALUE_QUERIES) {
+            const float *weights[VALUE_QUERIES];
+            float *results[VALUE_QUERIES], inverse[VALUE_QUERIES];
+            int64_t lo[VALUE_QUERIES], hi[VALUE_QUERIES];
+            const int n = end - i0 < VALUE_QUERIES ? (int)(end - i0) : VALUE_QUERIES;
+            for (int i = 0; i < n; i++) {
+                const int64_t ht = kv * per_head + i0 + i, t = ht % T, position = start + t;  /* head ht / T */
+                lo[i] = (window > 0 && position - window + 1 > 0) ? position - window + 1 : 0;
+                hi[i] = position;
+                float *scores = scratch + ht * span;
+                inverse[i] = 1.0f / query_scores(q + ht * D, k, scores, lo[i], hi[i], D, scale);
+                weights[i] = scores;
+                results[i] = out + ht * D;
+            }
+            weighted_values(weights, results, lo, hi, inverse, n, v, D);
+        }
+    }
+}

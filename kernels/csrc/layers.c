@@ -1,0 +1,202 @@
+/* The fused decoder layers and the one-call greedy drafter: a decode step or a verify pass through the model (or a
+ * self-draft's layer subset) without a Python round trip between layers, from the matmuls and attention of the
+ * other csrc files. Each row's operations are those of a 1-row call, so a row's result still does not depend on
+ * how many rows share the call.
+ */
+#include "simd.h"
+
+/* One decoder layer for a few rows (a decode step or a verify pass), fused: the same row-by-row operations as the
+ * dots and the attention above, so each row's result still does not depend on how many rows share the call.
+ *
+ *   x (T, D) in place: x += o(attention(rope(qkv(rmsnorm(x))))); x += down(silu(gate) * up)(rmsnorm(x))
+ *
+ * Keys/values of the T rows are written into the layer's cache (Hkv, S_max, Dh) at [start, start + T) before the
+ * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. Optional
+ * tensors are NULL when absent. scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
+/* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 / WEIGHTS_I4 the matrices are
+ * packed (rowwise_matmul_i8 / rowwise_matmul_i4) and the norms float32. */
+enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_I4 = 4 };
+
+static inline float weight_at(const void *w, int64_t i, int format) {
+    if (format == WEIGHTS_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    if (format == WEIGHTS_F16) return f16_to_f32(((const uint16_t *)w)[i]);
+    return ((const float *)w)[i];
+}
+
+static void matmul_rows(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                        int format, int threads) {
+    if (format == WEIGHTS_BF16)
+        rowwise_matmul_bf16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
+    else if (format == WEIGHTS_F16)
+        rowwise_matmul_f16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
+    else if (format == WEIGHTS_I8)
+        rowwise_matmul_i8(x, (const uint8_t *)w, bias, y, M, N, K, threads);
+    else if (format == WEIGHTS_I4)
+        rowwise_matmul_i4(x, (const uint8_t *)w, bias, y, M, N, K, threads);
+    else
+        rowwise_matmul_f32(x, (const float *)w, bias, y, M, N, K, threads);
+}
+
+static void rms_norm_rows(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int format) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = x + t * D;
+        vf lanes = vf_zero();  /* the sum of squares: VL lanes in order, a tail, the fixed reduction */
+        int64_t d = 0;
+        for (; d + VL <= D; d += VL) lanes = vf_fma(lanes, vf_load(row + d), vf_load(row + d));
+        float tail = 0.0f;
+        for (; d < D; d++) tail = tail + row[d] * row[d];
+        const float sum = vf_reduce(lanes) + tail;
+        const float inverse = 1.0f / sqrtf(sum / (float)D + eps);
+        for (d = 0; d < D; d++) out[t * D + d] = weight_at(w, d, format) * (row[d] * inverse);
+    }
+}
+
+/* The model's final RMSNorm over T rows (a decode step or verify pass after fused_layers_f32): one call instead of
+ * a handful of small torch ops. Each row alone, as in the layers. */
+void rms_norm_f32(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int format) {
+    rms_norm_rows(x, w, out, T, D, eps, format);
+}
+
+static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t heads, int64_t Dh) {
+    const int64_t half = Dh / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *x = v + h * Dh;
+        float rotated[512];
+        for (int64_t d = 0; d < half; d++) {
+            rotated[d] = -x[d + half];
+            rotated[d + half] = x[d];
+        }
+        for (int64_t d = 0; d < Dh; d++) x[d] = x[d] * cos_t[d] + rotated[d] * sin_t[d];
+    }
+}
+
+void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
+                     const void *attn_norm, const void *wqkv, const float *qkv_bias, const void *q_norm,
+                     const void *k_norm, const void *wo, const float *o_bias, const void *ffn_norm,
+                     const void *w_gate_up, const float *gate_up_bias, const void *w_down, const float *down_bias,
+                     const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
+                     int64_t start, int64_t window, float eps, float scale, float *scratch, int format, int threads) {
+    const int64_t Q = H * Dh, KV = Hkv * Dh, N = Q + 2 * KV;
+    float *normed = scratch;                /* (T, D) */
+    float *qkv = normed + T * D;            /* (T, N) */
+    float *attended = qkv + T * N;          /* (T, Q) as (H, T, Dh) blocks below */
+    float *q_heads = attended + T * Q;      /* (H, T, Dh) */
+    float *gate_up = q_heads + T * Q;       /* (T, 2I) */
+    float *scores = gate_up + T * 2 * I;    /* H * T * (start + T) */
+
+    rms_norm_rows(x, attn_norm, normed, T, D, eps, format);
+    matmul_rows(normed, wqkv, qkv_bias, qkv, T, N, D, format, threads);
+    for (int64_t t = 0; t < T; t++) {
+        float *row = qkv + t * N;           /* q (H, Dh) | k (Hkv, Dh) | v (Hkv, Dh) */
+        if (q_norm) {
+            for (int64_t h = 0; h < H; h++) rms_norm_rows(row + h * Dh, q_norm, row + h * Dh, 1, Dh, eps, format);
+            for (int64_t h = 0; h < Hkv; h++)
+                rms_norm_rows(row + Q + h * Dh, k_norm, row + Q + h * Dh, 1, Dh, eps, format);
+        }
+        rope_rows(row, cos_table + t * Dh, sin_table + t * Dh, H, Dh);
+        rope_rows(row + Q, cos_table + t * Dh, sin_table + t * Dh, Hkv, Dh);
+        for (int64_t h = 0; h < Hkv; h++) {
+            memcpy(keys + (h * S_max + start + t) * Dh, row + Q + h * Dh, Dh * sizeof(float));
+            memcpy(values + (h * S_max + start + t) * Dh, row + Q + KV + h * Dh, Dh * sizeof(float));
+        }
+        for (int64_t h = 0; h < H; h++) memcpy(q_heads + (h * T + t) * Dh, row + h * Dh, Dh * sizeof(float));
+    }
+    rowwise_attention_f32(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, scale,
+                          threads);
+    for (int64_t t = 0; t < T; t++)        /* (H, T, Dh) -> (T, H*Dh), reusing qkv as the row buffer */
+        for (int64_t h = 0; h < H; h++) memcpy(qkv + t * Q + h * Dh, attended + (h * T + t) * Dh, Dh * sizeof(float));
+    matmul_rows(qkv, wo, o_bias, normed, T, D, Q, format, threads);
+    for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
+
+    rms_norm_rows(x, ffn_norm, normed, T, D, eps, format);
+    matmul_rows(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, format, threads);
+    for (int64_t t = 0; t < T; t++) {
+        float *row = gate_up + t * 2 * I;
+        for (int64_t i = 0; i < I; i++) {
+            const float g = row[i];
+            row[i] = g / (1.0f + expf(-g)) * row[I + i];  /* silu(gate) * up, into the first half */
+        }
+    }
+    for (int64_t t = 0; t < T; t++)        /* compact the activations to (T, I) rows for the down projection */
+        memmove(gate_up + t * I, gate_up + t * 2 * I, I * sizeof(float));
+    matmul_rows(gate_up, w_down, down_bias, normed, T, D, I, format, threads);
+    for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
+}
+
+/* Several decoder layers in one call (a decode step or verify pass through the model, or a self-draft's subset):
+ * fused_layer_f32 for layer order[i], i = 0 .. count - 1, one after another on the same x. weights holds 12 pointers
+ * per model layer in fused_layer_f32's order (attn_norm, wqkv, qkv_bias, q_norm, k_norm, wo, o_bias, ffn_norm,
+ * w_gate_up, gate_up_bias, w_down, down_bias; NULL where absent); keys/values are the whole cache
+ * (L, Hkv, S_max, Dh), layer l at + l * layer_stride; windows[l] is layer l's sliding window (0: none). The same
+ * operations as calling fused_layer_f32 per layer, without a Python round trip between layers. */
+void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
+                      const int64_t *order, int64_t count, const void *const *weights, const int64_t *windows,
+                      const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
+                      int64_t layer_stride, int64_t start, float eps, float scale, float *scratch, int format,
+                      int threads) {
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t l = order[i];
+        const void *const *w = weights + 12 * l;
+        fused_layer_f32(x, T, D, H, Hkv, Dh, I, w[0], w[1], (const float *)w[2], w[3], w[4], w[5],
+                        (const float *)w[6], w[7], w[8], (const float *)w[9], w[10], (const float *)w[11], cos_table,
+                        sin_table, keys + l * layer_stride, values + l * layer_stride, S_max, start, windows[l], eps,
+                        scale, scratch, format, threads);
+    }
+}
+
+/* Greedy drafting, k tokens in one call: a draft model (embed -> layers -> norm -> head -> argmax) or a feature
+ * drafter (fc(feature | embed) -> its layer -> norm -> head -> argmax, its normed output becoming the next row's
+ * feature). The same per-row operations as the Python path's calls, without a Python round trip per token.
+ *
+ * The first step runs T0 rows at positions [start, start + T0): tokens[t] (and features[t] (T0, D) when fc is set);
+ * each later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are
+ * written into the drafter's cache as the layers run. embed (V, D) is in embed_format and head (V, D) in head_format
+ * (WEIGHTS_I8 / WEIGHTS_I4: packed), everything else of the drafter (layers, norm, fc (D, 2D)) in format.
+ * cos/sin are whole tables: row p is position p. A trimmed head (VocabTrim) holds only some tokens' rows: head_ids
+ * (V) names the token of each row (NULL: row v is token v). scratch holds T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i.
+ * With stop_below > 0, drafting stops before a token (never the first) whose softmax probability is below it.
+ * Returns how many tokens were drafted (k unless it stopped). */
+int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,
+                         int64_t Dh, int64_t I, const int64_t *order, int64_t count, const void *const *weights,
+                         const int64_t *windows, const float *cos_table, const float *sin_table, float *keys,
+                         float *values, int64_t S_max, int64_t layer_stride, int64_t start, float eps, float scale,
+                         const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
+                         const int64_t *head_ids, int64_t V, int head_format, int embed_format, int64_t k,
+                         float stop_below,
+                         int64_t *out, float *scratch, int threads) {
+    float *x = scratch;                     /* (T0, D) the rows being run */
+    float *joined = x + T0 * D;             /* (T0, 2D) feature | embedding, the fc's input */
+    float *normed = joined + 2 * T0 * D;    /* (D) the last row after the norm: the next feature */
+    float *logits = normed + D;             /* (V) */
+    float *layer_scratch = logits + V;
+    int64_t T = T0, position = start;
+    const int64_t *step_tokens = tokens;
+    const float *step_features = features;
+    for (int64_t i = 0; i < k; i++) {
+        for (int64_t t = 0; t < T; t++) {
+            float *row = fc ? joined + t * 2 * D + D : x + t * D;
+            for (int64_t d = 0; d < D; d++) row[d] = weight_at(embed, step_tokens[t] * D + d, embed_format);
+            if (fc) memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
+        }
+        if (fc) matmul_rows(joined, fc, NULL, x, T, D, 2 * D, format, threads);
+        fused_layers_f32(x, T, D, H, Hkv, Dh, I, order, count, weights, windows, cos_table + position * Dh,
+                         sin_table + position * Dh, keys, values, S_max, layer_stride, position, eps, scale,
+                         layer_scratch, format, threads);
+        rms_norm_rows(x + (T - 1) * D, norm_weight, normed, 1, D, eps, format);
+        matmul_rows(normed, head, NULL, logits, 1, V, D, head_format, threads);
+        int64_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (logits[v] > logits[best]) best = v;  /* the first of equal maxima, as torch.argmax */
+        if (stop_below > 0.0f && i > 0) {
+            double total = 0.0;  /* the best token's probability is 1 / sum(exp(logit - best logit)) */
+            for (int64_t v = 0; v < V; v++) total += expf(logits[v] - logits[best]);
+            if (1.0 / total < stop_below) return i;
+        }
+        out[i] = head_ids ? head_ids[best] : best;
+        position += T;
+        T = 1;
+        step_tokens = out + i;
+        step_features = normed;
+    }
+    return k;
+}

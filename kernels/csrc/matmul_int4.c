@@ -1,0 +1,227 @@
+/* int4 weights in groups of 32 along k, activations quantized per block of 32 (w4a8):
+ *
+ *   y[m, n] = sum over blocks b, in order, of  (float)(dot_b[m, n] - 8 * xsum_b[m]) * (sw_b[n] * sx_b[m])  (+ bias[n])
+ *
+ * with dot_b the exact integer sum over the block's 32 k of xq[m, k] * u[n, k], u = code + 8 in [0, 15] the stored
+ * nibble (code = round(w / sw) in [-8, 7]; kernels/cpu_matmul.py pack_int4), xsum_b the sum of the row's codes in
+ * the block. The accumulation is float32 `acc = acc + f * s` (two roundings, no FMA), one lane per output, the same
+ * operations on every path: like int8, a row's result is the same bits whatever shares the call, on every CPU.
+ *
+ * Layout (N' = N rounded up to 16, K' = K rounded up to 32, zero weights in the padding): for each group of 16
+ * outputs and each block of 32 k, 288 bytes: 4 pairs of 64 bytes, then the 16 outputs' float16 scales. Chunk c
+ * (c = 0..7) is k = 32b + 4c .. 32b + 4c + 3 for the 16 outputs in turn (64 nibbles, as int8's chunk); pair p holds
+ * chunk 2p in the low nibbles of its 64 bytes and chunk 2p + 1 in the high ones. So a 64-byte pair unpacks (mask,
+ * shift) into two chunks, and a chunk is what one dot instruction takes:
+ *   avx512 with VNNI  vpdpbusd (nibbles unsigned, activations signed), 16 outputs
+ *   avx2 (and avx512 without VNNI)  vpmaddubsw: int16 pairs summed over the block (at most 8 * 2 * 15 * 127 <
+ *                     32768), then vpmaddwd into int32, 8 outputs
+ *   neon with dotprod  sdot, 4 outputs; neon  smull then pairwise adds, 4 outputs;  portable  scalar
+ */
+#include <stdlib.h>
+
+#include "quantized.h"
+
+#define GROUP 16
+#define BLOCK 32
+#define BLOCK_BYTES 288 /* 256 bytes of nibbles, 16 float16 scales */
+#define MAX_ROWS 4
+
+/* A row quantized by blocks of 32: codes (K' bytes), each block's scale and 8 * the sum of its codes. */
+typedef struct {
+    const int8_t *codes;
+    const float *scales;
+    const int32_t *offsets;
+} BlockRow;
+
+static void quantize_blocks(const float *x, int64_t K, int64_t Kp, int8_t *codes, float *scales, int32_t *offsets) {
+    for (int64_t b = 0; b < Kp / BLOCK; b++) {
+        const int64_t k0 = b * BLOCK, width = K - k0 < BLOCK ? K - k0 : BLOCK;
+        memset(codes + k0, 0, BLOCK);
+        scales[b] = quantize_codes(x + k0, codes + k0, width) / 127.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < BLOCK; i++) sum += codes[k0 + i];
+        offsets[b] = 8 * sum;
+    }
+}
+
+static inline float scale_at(const uint8_t *block, int lane) {
+    uint16_t bits;
+    memcpy(&bits, block + 256 + 2 * lane, sizeof bits);
+    return f16_to_f32(bits);
+}
+
+/* acc[r][lane] over all blocks of one output group `weights` (K'/32 blocks of 288 bytes), R rows. */
+static inline __attribute__((always_inline)) void group_tile(const BlockRow *rows, const uint8_t *weights,
+                                                            int64_t blocks, float acc[MAX_ROWS][GROUP], const int R) {
+#if defined(EDGE_VNNI)
+    __m512 sums[MAX_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block = weights + b * BLOCK_BYTES;
+        __m512i dots[MAX_ROWS];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(block + 64 * p));
+            const __m512i even = _mm512_and_si512(v, low), odd = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                int32_t quads[2];
+                memcpy(quads, rows[r].codes + b * BLOCK + 8 * p, sizeof quads);
+                dots[r] = _mm512_dpbusd_epi32(dots[r], even, _mm512_set1_epi32(quads[0]));
+                dots[r] = _mm512_dpbusd_epi32(dots[r], odd, _mm512_set1_epi32(quads[1]));
+            }
+        }
+        const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 256)));
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const __m512i exact = _mm512_sub_epi32(dots[r], _mm512_set1_epi32(rows[r].offsets[b]));
+            const __m512 scale = _mm512_mul_ps(sw, _mm512_set1_ps(rows[r].scales[b]));
+            sums[r] = _mm512_add_ps(sums[r], _mm512_mul_ps(_mm512_cvtepi32_ps(exact), scale));
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _mm512_storeu_ps(acc[r], sums[r]);
+#elif defined(EDGE_X86)
+    __m256 sums[MAX_ROWS][2];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block = weights + b * BLOCK_BYTES;
+        __m256i pairs[MAX_ROWS][2];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(block + 64 * p));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(block + 64 * p + 32));
+            const __m256i even0 = _mm256_and_si256(v0, low), odd0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), low);
+            const __m256i even1 = _mm256_and_si256(v1, low), odd1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                int32_t quads[2];
+                memcpy(quads, rows[r].codes + b * BLOCK + 8 * p, sizeof quads);
+                const __m256i xa = _mm256_set1_epi32(quads[0]), xb = _mm256_set1_epi32(quads[1]);
+                pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(even0, xa),
+                                                                             _mm256_maddubs_epi16(odd0, xb)));
+                pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(even1, xa),
+                                                                             _mm256_maddubs_epi16(odd1, xb)));
+            }
+        }
+        const __m256 sw0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 256)));
+        const __m256 sw1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 272)));
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const __m256i offset = _mm256_set1_epi32(rows[r].offsets[b]);
+            const __m256 sx = _mm256_set1_ps(rows[r].scales[b]);
+            const __m256i exact0 = _mm256_sub_epi32(_mm256_madd_epi16(pairs[r][0], ones), offset);
+            const __m256i exact1 = _mm256_sub_epi32(_mm256_madd_epi16(pairs[r][1], ones), offset);
+            sums[r][0] = _mm256_add_ps(sums[r][0], _mm256_mul_ps(_mm256_cvtepi32_ps(exact0), _mm256_mul_ps(sw0, sx)));
+            sums[r][1] = _mm256_add_ps(sums[r][1], _mm256_mul_ps(_mm256_cvtepi32_ps(exact1), _mm256_mul_ps(sw1, sx)));
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(acc[r], sums[r][0]);
+        _mm256_storeu_ps(acc[r] + 8, sums[r][1]);
+    }
+#elif defined(EDGE_NEON)
+    float32x4_t sums[MAX_ROWS][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) sums[r][q] = vdupq_n_f32(0.0f);
+    const uint8x16_t low = vdupq_n_u8(0x0F);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block = weights + b * BLOCK_BYTES;
+        int32x4_t dots[MAX_ROWS][4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) dots[r][q] = vdupq_n_s32(0);
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            int32_t quads[MAX_ROWS][2];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                memcpy(quads[r], rows[r].codes + b * BLOCK + 8 * p, sizeof quads[r]);
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                const uint8x16_t v = vld1q_u8(block + 64 * p + 16 * q);  /* 4 outputs, both chunks */
+                const int8x16_t even = vreinterpretq_s8_u8(vandq_u8(v, low)), odd = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+#if defined(EDGE_DOTPROD)
+                    dots[r][q] = vdotq_s32(dots[r][q], even, vreinterpretq_s8_s32(vdupq_n_s32(quads[r][0])));
+                    dots[r][q] = vdotq_s32(dots[r][q], odd, vreinterpretq_s8_s32(vdupq_n_s32(quads[r][1])));
+#else
+                    const int8x8_t xa = vreinterpret_s8_s32(vdup_n_s32(quads[r][0]));
+                    const int8x8_t xb = vreinterpret_s8_s32(vdup_n_s32(quads[r][1]));
+                    dots[r][q] = vpadalq_s16(dots[r][q], vpaddq_s16(vmull_s8(vget_low_s8(even), xa),
+                                                                    vmull_s8(vget_high_s8(even), xa)));
+                    dots[r][q] = vpadalq_s16(dots[r][q], vpaddq_s16(vmull_s8(vget_low_s8(odd), xb),
+                                                                    vmull_s8(vget_high_s8(odd), xb)));
+#endif
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            const float32x4_t sw = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(block + 256 + 8 * q)));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const int32x4_t exact = vsubq_s32(dots[r][q], vdupq_n_s32(rows[r].offsets[b]));
+                const float32x4_t scale = vmulq_f32(sw, vdupq_n_f32(rows[r].scales[b]));
+                sums[r][q] = vaddq_f32(sums[r][q], vmulq_f32(vcvtq_f32_s32(exact), scale));
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) vst1q_f32(acc[r] + 4 * q, sums[r][q]);
+#else
+    for (int r = 0; r < R; r++)
+        for (int lane = 0; lane < GROUP; lane++) acc[r][lane] = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block = weights + b * BLOCK_BYTES;
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = rows[r].codes + b * BLOCK;
+            for (int lane = 0; lane < GROUP; lane++) {
+                int32_t dot = 0;
+                for (int c = 0; c < 8; c++) {
+                    const uint8_t *pair = block + 64 * (c / 2) + 4 * lane;
+                    for (int i = 0; i < 4; i++)
+                        dot += (int32_t)x[4 * c + i] * ((c % 2 == 0) ? (pair[i] & 0x0F) : (pair[i] >> 4));
+                }
+                const float exact = (float)(dot - rows[r].offsets[b]);
+                acc[r][lane] = acc[r][lane] + exact * (scale_at(block, lane) * rows[r].scales[b]);
+            }
+        }
+    }
+#endif
+}
+
+#define ROWS_CASE(R)                                                                                             \
+    case R:                                                                                                     \
+        group_tile(rows + m, weights, blocks, acc, R);                                                          \
+        break;
+
+/* x (M, K) float32 -> y (M, N) float32 through packed int4 weights (layout above). */
+void rowwise_matmul_i4(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads) {
+    const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK, groups = round_up(N, GROUP) / GROUP;
+    int8_t *codes = malloc(M * Kp + 64);
+    float *scales = malloc(M * blocks * sizeof(float));
+    int32_t *offsets = malloc(M * blocks * sizeof(int32_t));
+    BlockRow *rows = malloc(M * sizeof(BlockRow));
+    if (codes == NULL || scales == NULL || offsets == NULL || rows == NULL) abort();
+    for (int64_t m = 0; m < M; m++) {
+        quantize_blocks(x + m * K, K, Kp, codes + m * Kp, scales + m * blocks, offsets + m * blocks);
+        rows[m] = (BlockRow){codes + m * Kp, scales + m * blocks, offsets + m * blocks};
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t group = 0; group < groups; group++) {
+        const uint8_t *weights = packed + group * blocks * BLOCK_BYTES;
+        float acc[MAX_ROWS][GROUP];
+        for (int64_t m = 0; m < M; m += MAX_ROWS) {
+            const int count = M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS;
+            switch (count) {
+                ROWS_CASE(1)
+                ROWS_CASE(2)
+                ROWS_CASE(3)
+                ROWS_CASE(4)
+                default: break;
+            }
+            for (int r = 0; r < count; r++)
+                for (int lane = 0; lane < GROUP; lane++) {
+                    const int64_t n = group * GROUP + lane;
+                    if (n < N) y[(m + r) * N + n] = bias ? acc[r][lane] + bias[n] : acc[r][lane];
+                }
+        }
+    }
+    free(codes);
+    free(scales);
+    free(offsets);
+    free(rows);
+}

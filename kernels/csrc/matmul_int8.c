@@ -1,0 +1,179 @@
+/* int8 weights, activations quantized per row (w8a8): y[m, n] = (dot[m, n] * sw[n]) * sx[m] + bias[n], dot the exact
+ * integer sum_k xq[m, k] * wq[n, k].
+ *
+ * Weights are quantized per output channel (wq = round(w / sw), |wq| <= 127; kernels/cpu_matmul.py pack_int8) and
+ * packed in groups of 16 outputs: for each group, K'/4 chunks of 64 bytes, chunk c holding wq[n, 4c .. 4c+3] for the
+ * group's 16 outputs n in turn (N' = N rounded up to 16 and K' = K rounded up to 4, zero codes in the padding).
+ * After the N' * K' code bytes come N' float32 scales sw and N' int32 corrections 128 * sum_k wq[n, k].
+ *
+ * A chunk is what one instruction takes on every path, 4 products into each output's 32-bit lane:
+ *   avx512 with VNNI  vpdpbusd, 16 outputs (unsigned activations xq + 128; the correction takes the 128 back out)
+ *   avx2 (and avx512 without VNNI)  |xq| x (wq signed like xq) by vpmaddubsw, pairs summed by vpmaddwd, 8 outputs
+ *   neon with dotprod  sdot, 4 outputs; neon  smull then pairwise adds, 4 outputs;  portable  scalar
+ * Integer sums are exact in any order and the float steps after them are one scalar epilogue for every path, so each
+ * row's result is the same whatever the number of rows, their grouping, the threads or the path: a verify pass
+ * reproduces decode steps bit for bit, on every CPU alike.
+ */
+#include <stdlib.h>
+
+#include "quantized.h"
+
+#define GROUP 16
+#define MAX_ROWS 4
+#define MAX_GROUPS 4 /* groups per tile with one row; fewer with more rows (accumulators stay in registers) */
+
+/* sums[r][g][lane]: the exact dot of row r with output (g0 + g) * 16 + lane, for R rows and G groups */
+static inline __attribute__((always_inline)) void dot_tile(const int8_t *xq, int64_t Kp, const int8_t *w,
+                                                          const int32_t *correction, int64_t g0,
+                                                          int32_t sums[MAX_ROWS][MAX_GROUPS][GROUP], const int R,
+                                                          const int G) {
+    const int64_t chunks = Kp / 4;
+    const int8_t *rows[MAX_GROUPS];
+    _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) rows[g] = w + (g0 + g) * GROUP * Kp;
+#if defined(EDGE_VNNI)
+    __m512i acc[MAX_ROWS][MAX_GROUPS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_si512();
+    const __m512i flip = _mm512_set1_epi32((int32_t)0x80808080);  /* xq + 128 as unsigned bytes */
+    for (int64_t c = 0; c < chunks; c++) {
+        __m512i xs[MAX_ROWS];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            int32_t quad;
+            memcpy(&quad, xq + r * Kp + c * 4, sizeof quad);
+            xs[r] = _mm512_xor_si512(_mm512_set1_epi32(quad), flip);
+        }
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {
+            const __m512i wv = _mm512_loadu_si512((const void *)(rows[g] + c * 64));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], xs[r], wv);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {
+        const __m512i fix = _mm512_loadu_si512((const void *)(correction + (g0 + g) * GROUP));
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _mm512_storeu_si512((void *)sums[r][g], _mm512_sub_epi32(acc[r][g], fix));
+    }
+#elif defined(EDGE_X86)
+    (void)correction;
+    __m256i acc[MAX_ROWS][MAX_GROUPS][2];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) acc[r][g][0] = acc[r][g][1] = _mm256_setzero_si256();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t c = 0; c < chunks; c++) {
+        __m256i xs[MAX_ROWS], magnitudes[MAX_ROWS];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            int32_t quad;
+            memcpy(&quad, xq + r * Kp + c * 4, sizeof quad);
+            xs[r] = _mm256_set1_epi32(quad);
+            magnitudes[r] = _mm256_sign_epi8(xs[r], xs[r]);  /* |xq| <= 127: unsigned for vpmaddubsw */
+        }
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(rows[g] + c * 64 + h * 32));
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    /* |x| * (w with x's sign) = x * w; a pair of them fits int16 (2 * 127 * 127 < 32768) */
+                    const __m256i pairs = _mm256_maddubs_epi16(magnitudes[r], _mm256_sign_epi8(wv, xs[r]));
+                    acc[r][g][h] = _mm256_add_epi32(acc[r][g][h], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {
+            _mm256_storeu_si256((__m256i *)sums[r][g], acc[r][g][0]);
+            _mm256_storeu_si256((__m256i *)(sums[r][g] + 8), acc[r][g][1]);
+        }
+#elif defined(EDGE_NEON)
+    (void)correction;
+    int32x4_t acc[MAX_ROWS][MAX_GROUPS][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) acc[r][g][q] = vdupq_n_s32(0);
+    for (int64_t c = 0; c < chunks; c++) {
+        int32_t quads[MAX_ROWS];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) memcpy(&quads[r], xq + r * Kp + c * 4, 4);
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                const int8x16_t wv = vld1q_s8(rows[g] + c * 64 + q * 16);  /* 4 outputs x 4 codes */
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+#if defined(EDGE_DOTPROD)
+                    acc[r][g][q] = vdotq_s32(acc[r][g][q], wv, vreinterpretq_s8_s32(vdupq_n_s32(quads[r])));
+#else
+                    const int8x8_t x8 = vreinterpret_s8_s32(vdup_n_s32(quads[r]));
+                    /* 4 products per output in int16, pairs added (|sum| <= 2 * 127 * 127), then pairs into int32 */
+                    const int16x8_t pairs = vpaddq_s16(vmull_s8(vget_low_s8(wv), x8), vmull_s8(vget_high_s8(wv), x8));
+                    acc[r][g][q] = vpadalq_s16(acc[r][g][q], pairs);
+#endif
+                }
+            }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) vst1q_s32(sums[r][g] + 4 * q, acc[r][g][q]);
+#else
+    (void)correction;
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++)
+            for (int lane = 0; lane < GROUP; lane++) {
+                int32_t sum = 0;
+                for (int64_t c = 0; c < chunks; c++)
+                    for (int i = 0; i < 4; i++)
+                        sum += (int32_t)xq[r * Kp + 4 * c + i] * rows[g][c * 64 + lane * 4 + i];
+                sums[r][g][lane] = sum;
+            }
+#endif
+}
+
+/* The float steps, the same on every path: (dot * sw) * sx + bias, written only for outputs below N. */
+static inline void int8_epilogue(int32_t sums[MAX_ROWS][MAX_GROUPS][GROUP], const float *sx, const float *sw,
+                                 const float *bias, float *y, int64_t g0, int64_t N, int R, int G) {
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++)
+            for (int lane = 0; lane < GROUP; lane++) {
+                const int64_t n = (g0 + g) * GROUP + lane;
+                if (n < N) y[r * N + n] = ((float)sums[r][g][lane] * sw[n]) * sx[r] + (bias ? bias[n] : 0.0f);
+            }
+}
+
+#define TILE(R, G)                                                                                              \
+    do {                                                                                                        \
+        dot_tile(xq + m * Kp, Kp, w, correction, g0, sums, R, G);                                               \
+        int8_epilogue(sums, sx + m, sw, bias, y + m * N, g0, N, R, G);                                           \
+    } while (0)
+
+/* x (M, K) float32 -> y (M, N) float32 through packed int8 weights (layout above). */
+void rowwise_matmul_i8(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads) {
+    const int64_t Np = round_up(N, GROUP), Kp = round_up(K, 4);
+    const int8_t *w = (const int8_t *)packed;
+    const float *sw = (const float *)(packed + Np * Kp);
+    const int32_t *correction = (const int32_t *)(packed + Np * Kp + Np * sizeof(float));
+    int8_t *xq = calloc(M * Kp + 64, 1);
+    float *sx = malloc(M * sizeof(float));
+    if (xq == NULL || sx == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
+    for (int64_t m = 0; m < M; m++) sx[m] = quantize_codes(x + m * K, xq + m * Kp, K) / 127.0f;
+    const int64_t groups = Np / GROUP, tiles = (groups + MAX_GROUPS - 1) / MAX_GROUPS;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t tile = 0; tile < tiles; tile++) {
+        int32_t sums[MAX_ROWS][MAX_GROUPS][GROUP];
+        const int64_t first = tile * MAX_GROUPS, count = groups - first < MAX_GROUPS ? groups - first : MAX_GROUPS;
+        for (int64_t m = 0; m < M; m += MAX_ROWS) {
+            const int rows = M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS;
+            if (rows == 1 && count == MAX_GROUPS) {
+                const int64_t g0 = first;
+                TILE(1, 4);
+            } else if (rows == 2) {
+                for (int64_t g0 = first; g0 < first + count; g0 += 2) {
+                    if (first + count - g0 >= 2) TILE(2, 2);
+                    else TILE(2, 1);
+                }
+            } else {
+                for (int64_t g0 = first; g0 < first + count; g0++) switch (rows) {
+                    case 1: TILE(1, 1); break;
+                    case 3: TILE(3, 1); break;
+                    default: TILE(4, 1); break;
+                }
+            }
+        }
+    }
+    free(xq);
+    free(sx);
+}

@@ -1,0 +1,50 @@
+/* What the int8 and int4 kernels share: activation rows quantized to signed bytes, exactly.
+ *
+ * A row (or a block of one) is scaled by 127 / max|x|, rounded half to even and clamped to [-127, 127]; the scale
+ * returned is max|x| / 127 (0 for an all-zero row, whose codes are all 0). Vector and scalar rounding agree (both
+ * round half to even in the default mode), so every path produces the same codes.
+ */
+#ifndef EDGE_QUANTIZED_H
+#define EDGE_QUANTIZED_H
+
+#include "simd.h"
+
+/* x[0, K) -> out[0, K) signed codes; returns max|x| (the caller divides) */
+static inline float quantize_codes(const float *x, int8_t *out, int64_t K) {
+    float top = 0.0f;
+    for (int64_t k = 0; k < K; k++) top = fabsf(x[k]) > top ? fabsf(x[k]) : top;  /* a maximum: any order */
+    if (top == 0.0f) {
+        memset(out, 0, K);
+        return 0.0f;
+    }
+    const float inverse = 127.0f / top;
+    int64_t k = 0;
+#if defined(EDGE_X86)
+    for (; k + 8 <= K; k += 8) {  /* cvtps rounds half to even, as nearbyintf does */
+        const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), _mm256_set1_ps(inverse)));
+        const __m256i clamped = _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+        const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(clamped), _mm256_extracti128_si256(clamped, 1));
+        const __m128i bytes = _mm_packs_epi16(words, words);
+        memcpy(out + k, &bytes, 8);
+    }
+#elif defined(EDGE_NEON)
+    for (; k + 4 <= K; k += 4) {  /* vcvtnq rounds half to even */
+        const int32x4_t q = vcvtnq_s32_f32(vmulq_f32(vld1q_f32(x + k), vdupq_n_f32(inverse)));
+        const int32x4_t clamped = vmaxq_s32(vminq_s32(q, vdupq_n_s32(127)), vdupq_n_s32(-127));
+        const int16x4_t words = vmovn_s32(clamped);
+        const int8x8_t bytes = vmovn_s16(vcombine_s16(words, words));
+        const int32_t word = vget_lane_s32(vreinterpret_s32_s8(bytes), 0);
+        memcpy(out + k, &word, 4);
+    }
+#endif
+    for (; k < K; k++) {
+        float q = nearbyintf(x[k] * inverse);
+        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+        out[k] = (int8_t)q;
+    }
+    return top;
+}
+
+static inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+#endif

@@ -1,0 +1,282 @@
+/* The vector primitives of each CPU path, so the kernels are written once.
+ *
+ * kernels/cpu_matmul.py builds one library per path from the same sources, with that path's compiler flags; the
+ * flags alone pick the branch below:
+ *
+ *   path       flags                              float vectors        int8 / int4 dot products
+ *   avx512     -march=x86-64-v4 [-mavx512vnni]    16 lanes (zmm)       vpdpbusd (VNNI), else the avx2 code
+ *   avx2       -march=haswell (AVX2, FMA, F16C)    8 lanes (ymm)        vpmaddubsw + vpmaddwd
+ *   neon       -march=armv8.2-a+dotprod / armv8-a  4 lanes (q regs)     sdot, else smull + pairwise adds
+ *   portable   the compiler's baseline             4 lanes (GCC vectors, SSE2 on x86-64), multiply then add
+ *
+ * EDGE_EMULATE_AVX512 (tests only) compiles the avx512 branch on any x86-64 CPU with SIMDe's portable AVX-512:
+ * the same code, checked for what it computes, not for speed.
+ *
+ * Every reduction below has one fixed order per path, and the kernels never let the number of rows in a call
+ * change any row's operations: that is what keeps a verify pass equal to decode steps, bit for bit. Paths differ
+ * from each other in float rounding (lane counts differ); the integer kernels give the same bits on every path.
+ */
+#ifndef EDGE_SIMD_H
+#define EDGE_SIMD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(EDGE_EMULATE_AVX512)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#define EDGE_AVX512 1
+#define EDGE_VNNI 1
+#define EDGE_PATH "avx512-emulated"
+static inline float f16_to_f32(uint16_t bits);
+/* the intrinsics the kernels use that SIMDe 0.7 lacks, lane by lane */
+static inline simde__m512 emulated_cvtph_ps(simde__m256i halves) {
+    uint16_t bits[16];
+    float out[16];
+    simde_mm256_storeu_si256((simde__m256i *)bits, halves);
+    for (int i = 0; i < 16; i++) out[i] = f16_to_f32(bits[i]);
+    return simde_mm512_loadu_ps(out);
+}
+static inline simde__m512 emulated_cvtepi32_ps(simde__m512i v) {
+    int32_t values[16];
+    float out[16];
+    simde_mm512_storeu_si512(values, v);
+    for (int i = 0; i < 16; i++) out[i] = (float)values[i];
+    return simde_mm512_loadu_ps(out);
+}
+static inline simde__m256 emulated_extractf32x8_ps(simde__m512 v, int upper) {
+    float lanes[16];
+    simde_mm512_storeu_ps(lanes, v);
+    return simde_mm256_loadu_ps(lanes + 8 * upper);
+}
+static inline simde__m512i emulated_cvtepu16_epi32(simde__m256i halves) {
+    uint16_t bits[16];
+    int32_t out[16];
+    simde_mm256_storeu_si256((simde__m256i *)bits, halves);
+    for (int i = 0; i < 16; i++) out[i] = bits[i];
+    return simde_mm512_loadu_si512(out);
+}
+#define _mm512_cvtph_ps emulated_cvtph_ps
+#define _mm512_cvtepu16_epi32 emulated_cvtepu16_epi32
+#define _mm512_cvtepi32_ps emulated_cvtepi32_ps
+#define _mm512_extractf32x8_ps emulated_extractf32x8_ps
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#define EDGE_AVX512 1
+#if defined(__AVX512VNNI__)
+#define EDGE_VNNI 1
+#define EDGE_PATH "avx512-vnni"
+#else
+#define EDGE_PATH "avx512"
+#endif
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define EDGE_AVX2 1
+#define EDGE_PATH "avx2"
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define EDGE_NEON 1
+#if defined(__ARM_FEATURE_DOTPROD)
+#define EDGE_DOTPROD 1
+#define EDGE_PATH "neon-dotprod"
+#else
+#define EDGE_PATH "neon"
+#endif
+#else
+#define EDGE_PORTABLE 1
+#define EDGE_PATH "portable"
+#endif
+
+/* the 256-bit integer code serves both x86 paths (every AVX-512 CPU has AVX2) */
+#if defined(EDGE_AVX512) || defined(EDGE_AVX2)
+#define EDGE_X86 1
+#endif
+
+/* ---- scalar conversions (tails, embeddings, norms) ---- */
+
+static inline float bf16_to_f32(uint16_t bits) {
+    const uint32_t wide = (uint32_t)bits << 16;  /* bfloat16 bits are the top of a float32 */
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
+/* float16 -> float32 is exact: the hardware conversion where the path has one, else bit arithmetic */
+static inline float f16_to_f32(uint16_t bits) {
+#if defined(EDGE_X86) && !defined(EDGE_EMULATE_AVX512)
+    return _cvtsh_ss(bits);
+#elif defined(EDGE_NEON)
+    __fp16 half;
+    memcpy(&half, &bits, sizeof half);
+    return (float)half;
+#else
+    const uint32_t sign = (uint32_t)(bits & 0x8000) << 16, exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+    uint32_t wide;
+    if (exponent == 0x1f) {
+        wide = sign | 0x7f800000u | (mantissa << 13);  /* inf, nan */
+    } else if (exponent != 0) {
+        wide = sign | ((exponent + 112) << 23) | (mantissa << 13);  /* normal: rebias 15 -> 127 */
+    } else if (mantissa == 0) {
+        wide = sign;  /* zero */
+    } else {  /* subnormal: mantissa * 2^-24, exact in float32 */
+        float value = (float)mantissa * 0x1p-24f;
+        memcpy(&wide, &value, sizeof wide);
+        wide |= sign;
+    }
+    float out;
+    memcpy(&out, &wide, sizeof out);
+    return out;
+#endif
+}
+
+/* ---- float vectors: vf holds VL floats ---- */
+
+#if defined(EDGE_AVX512)
+typedef __m512 vf;
+#define VL 16
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_set(float a) { return _mm512_set1_ps(a); }
+static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vf_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vf vf_load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vf_fma(vf acc, vf a, vf b) { return _mm512_fmadd_ps(a, b, acc); } /* acc + a * b, one rounding */
+/* 2^n from the bits of n + 1.5 * 2^23 (see vf_exp) */
+static inline vf vf_pow2_bits(vf shifted) {
+    const __m512i bits = _mm512_castps_si512(shifted);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(127 - 0x4B400000)), 23));
+}
+static inline float vf_reduce(vf v) { /* upper half onto lower half: 8, 4, 2, 1 lanes */
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#elif defined(EDGE_AVX2)
+typedef __m256 vf;
+#define VL 8
+static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
+static inline vf vf_set(float a) { return _mm256_set1_ps(a); }
+static inline vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vf_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vf vf_load_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vf_fma(vf acc, vf a, vf b) { return _mm256_fmadd_ps(a, b, acc); }
+static inline vf vf_pow2_bits(vf shifted) {
+    const __m256i bits = _mm256_castps_si256(shifted);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(127 - 0x4B400000)), 23));
+}
+static inline float vf_reduce(vf v) { /* 4, 2, 1 lanes */
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#elif defined(EDGE_NEON)
+typedef float32x4_t vf;
+#define VL 4
+static inline vf vf_zero(void) { return vdupq_n_f32(0.0f); }
+static inline vf vf_set(float a) { return vdupq_n_f32(a); }
+static inline vf vf_load(const float *p) { return vld1q_f32(p); }
+static inline void vf_store(float *p, vf v) { vst1q_f32(p, v); }
+static inline vf vf_load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+static inline vf vf_load_bf16(const uint16_t *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
+static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
+static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
+static inline vf vf_max(vf a, vf b) { return vmaxq_f32(a, b); }
+static inline vf vf_fma(vf acc, vf a, vf b) { return vfmaq_f32(acc, a, b); }
+static inline vf vf_pow2_bits(vf shifted) {
+    const int32x4_t bits = vreinterpretq_s32_f32(shifted);
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(bits, vdupq_n_s32(127 - 0x4B400000)), 23));
+}
+static inline float vf_reduce(vf v) { /* 2, 1 lanes */
+    const float32x2_t s2 = vadd_f32(vget_low_f32(v), vget_high_f32(v));
+    return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+}
+#else
+typedef float vf __attribute__((vector_size(16)));
+typedef int32_t vi_portable __attribute__((vector_size(16)));
+#define VL 4
+static inline vf vf_zero(void) { return (vf){0}; }
+static inline vf vf_set(float a) { return (vf){0} + a; }
+static inline vf vf_load(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vf_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf vf_load_f16(const uint16_t *p) { return (vf){f16_to_f32(p[0]), f16_to_f32(p[1]), f16_to_f32(p[2]), f16_to_f32(p[3])}; }
+static inline vf vf_load_bf16(const uint16_t *p) { return (vf){bf16_to_f32(p[0]), bf16_to_f32(p[1]), bf16_to_f32(p[2]), bf16_to_f32(p[3])}; }
+static inline vf vf_add(vf a, vf b) { return a + b; }
+static inline vf vf_sub(vf a, vf b) { return a - b; }
+static inline vf vf_mul(vf a, vf b) { return a * b; }
+static inline vf vf_max(vf a, vf b) {
+    const vi_portable larger = a > b;  /* lane-wise: -1 where a is the larger */
+    vi_portable bits_a, bits_b;
+    memcpy(&bits_a, &a, sizeof a);
+    memcpy(&bits_b, &b, sizeof b);
+    bits_a = (bits_a & larger) | (bits_b & ~larger);
+    vf out;
+    memcpy(&out, &bits_a, sizeof out);
+    return out;
+}
+static inline vf vf_fma(vf acc, vf a, vf b) { return acc + a * b; } /* two roundings: the build never contracts */
+static inline vf vf_pow2_bits(vf shifted) {
+    vi_portable bits;
+    memcpy(&bits, &shifted, sizeof bits);
+    bits = (bits + (127 - 0x4B400000)) << 23;
+    vf out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+static inline float vf_reduce(vf v) { return (v[0] + v[2]) + (v[1] + v[3]); } /* 2, 1 lanes, as the others */
+#endif
+
+/* exp(x) on VL lanes for x <= 0 (scores minus their maximum): x = n ln2 + r with |r| <= ln2 / 2, e^r by the Cephes
+ * single-precision polynomial (about 1 ulp), times 2^n through the exponent bits. x is clamped at -87 (e^-87 is
+ * about 1.6e-38: no weight that small changes a float32 sum). The same operations on every lane and every call. */
+static inline vf vf_exp(vf x) {
+    x = vf_max(x, vf_set(-87.0f));
+    const vf magic = vf_set(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits */
+    const vf shifted = vf_add(vf_mul(x, vf_set(1.44269504088896341f)), magic);
+    const vf n = vf_sub(shifted, magic);
+    const vf r = vf_fma(vf_fma(x, n, vf_set(-0.693359375f)), n, vf_set(2.12194440e-4f));
+    vf p = vf_set(1.9875691500e-4f);
+    p = vf_fma(vf_set(1.3981999507e-3f), p, r);
+    p = vf_fma(vf_set(8.3334519073e-3f), p, r);
+    p = vf_fma(vf_set(4.1665795894e-2f), p, r);
+    p = vf_fma(vf_set(1.6666665459e-1f), p, r);
+    p = vf_fma(vf_set(5.0000001201e-1f), p, r);
+    const vf e = vf_fma(vf_add(r, vf_set(1.0f)), p, vf_mul(r, r)); /* 1 + r + r^2 p */
+    return vf_mul(e, vf_pow2_bits(shifted));
+}
+
+/* The kernels' shared entry points (each defined in one .c file of csrc/) */
+void rowwise_matmul_f32(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                        int threads);
+void rowwise_matmul_bf16(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
+                         int64_t K, int threads);
+void rowwise_matmul_f16(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
+                        int64_t K, int threads);
+void rowwise_matmul_i8(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads);
+void rowwise_matmul_i4(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads);
+void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
+                           int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
+                           int64_t window, float scale, int threads);
+
+#endif

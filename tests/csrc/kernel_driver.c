@@ -1,0 +1,95 @@
+/* Runs edge's CPU kernels from the command line, for testing a path this machine cannot load into Python (aarch64
+ * under qemu-user; tests/test_kernels_aarch64.py builds and drives it).
+ *
+ *   kernel_driver matmul FORMAT M N K BIAS < x (M*K f32), weights, [bias (N f32)] > y (M*N f32), then y again
+ *                 computed one row per call (the test checks the two are equal: batch invariance)
+ *   kernel_driver attention H HKV T D START WINDOW < q (H*T*D), keys, values (HKV*(START+T)*D each)
+ *                 > out (H*T*D f32), then out again computed one query position per call
+ *
+ * FORMAT: f32, bf16, f16 (weights N*K of that type), i8, i4 (packed bytes, kernels/cpu_packing.py; their size
+ * follows from N and K). Prints the kernel's path name to stderr.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void rowwise_matmul_f32(const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int);
+void rowwise_matmul_bf16(const float *, const uint16_t *, const float *, float *, int64_t, int64_t, int64_t, int);
+void rowwise_matmul_f16(const float *, const uint16_t *, const float *, float *, int64_t, int64_t, int64_t, int);
+void rowwise_matmul_i8(const float *, const uint8_t *, const float *, float *, int64_t, int64_t, int64_t, int);
+void rowwise_matmul_i4(const float *, const uint8_t *, const float *, float *, int64_t, int64_t, int64_t, int);
+void rowwise_attention_f32(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, int64_t, float, int);
+const char *kernel_path(void);
+
+static int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+static void *read_exactly(size_t bytes) {
+    void *buffer = malloc(bytes ? bytes : 1);
+    if (buffer == NULL || fread(buffer, 1, bytes, stdin) != bytes) {
+        fprintf(stderr, "kernel_driver: short input (wanted %zu bytes)\n", bytes);
+        exit(2);
+    }
+    return buffer;
+}
+
+static void write_floats(const float *values, int64_t count) { fwrite(values, sizeof(float), count, stdout); }
+
+static void matmul(const char *format, const float *x, const void *w, const float *bias, float *y, int64_t M,
+                   int64_t N, int64_t K) {
+    if (!strcmp(format, "f32")) rowwise_matmul_f32(x, w, bias, y, M, N, K, 2);
+    else if (!strcmp(format, "bf16")) rowwise_matmul_bf16(x, w, bias, y, M, N, K, 2);
+    else if (!strcmp(format, "f16")) rowwise_matmul_f16(x, w, bias, y, M, N, K, 2);
+    else if (!strcmp(format, "i8")) rowwise_matmul_i8(x, w, bias, y, M, N, K, 2);
+    else rowwise_matmul_i4(x, w, bias, y, M, N, K, 2);
+}
+
+static size_t weight_bytes(const char *format, int64_t N, int64_t K) {
+    if (!strcmp(format, "f32")) return (size_t)(N * K * 4);
+    if (!strcmp(format, "bf16") || !strcmp(format, "f16")) return (size_t)(N * K * 2);
+    if (!strcmp(format, "i8")) return (size_t)(round_up(N, 16) * round_up(K, 4) + 8 * round_up(N, 16));
+    if (!strcmp(format, "i4")) return (size_t)(round_up(N, 16) / 16 * (round_up(K, 32) / 32) * 288);
+    fprintf(stderr, "kernel_driver: unknown format %s\n", format);
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    fprintf(stderr, "%s\n", kernel_path());
+    if (argc == 7 && !strcmp(argv[1], "matmul")) {
+        const char *format = argv[2];
+        const int64_t M = atoll(argv[3]), N = atoll(argv[4]), K = atoll(argv[5]), with_bias = atoll(argv[6]);
+        float *x = read_exactly(M * K * sizeof(float));
+        void *w = read_exactly(weight_bytes(format, N, K));
+        float *bias = with_bias ? read_exactly(N * sizeof(float)) : NULL;
+        float *y = malloc(M * N * sizeof(float)), *single = malloc(N * sizeof(float));
+        matmul(format, x, w, bias, y, M, N, K);
+        write_floats(y, M * N);
+        for (int64_t m = 0; m < M; m++) {
+            matmul(format, x + m * K, w, bias, single, 1, N, K);
+            write_floats(single, N);
+        }
+        return 0;
+    }
+    if (argc == 8 && !strcmp(argv[1], "attention")) {
+        const int64_t H = atoll(argv[2]), Hkv = atoll(argv[3]), T = atoll(argv[4]), D = atoll(argv[5]);
+        const int64_t start = atoll(argv[6]), window = atoll(argv[7]), S = start + T;
+        float *q = read_exactly(H * T * D * sizeof(float));
+        float *keys = read_exactly(Hkv * S * D * sizeof(float)), *values = read_exactly(Hkv * S * D * sizeof(float));
+        float *out = malloc(H * T * D * sizeof(float)), *scratch = malloc(H * T * S * sizeof(float));
+        float *one_q = malloc(H * D * sizeof(float)), *one_out = malloc(H * D * sizeof(float));
+        const float scale = 1.0f / sqrtf((float)D);
+        rowwise_attention_f32(q, keys, values, out, scratch, H, Hkv, T, D, S * D, start, window, scale, 2);
+        write_floats(out, H * T * D);
+        for (int64_t t = 0; t < T; t++) {  /* each position alone, on one thread */
+            for (int64_t h = 0; h < H; h++) memcpy(one_q + h * D, q + (h * T + t) * D, D * sizeof(float));
+            rowwise_attention_f32(one_q, keys, values, one_out, scratch, H, Hkv, 1, D, S * D, start + t, window,
+                                  scale, 1);
+            for (int64_t h = 0; h < H; h++) write_floats(one_out + h * D, D);  /* (H, D) for position t */
+        }
+        return 0;
+    }
+    fprintf(stderr, "usage: kernel_driver matmul FORMAT M N K BIAS | attention H HKV T D START WINDOW\n");
+    return 2;
+}

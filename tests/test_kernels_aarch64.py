@@ -1,0 +1,99 @@
+"""edge's CPU kernel on aarch64 (the neon path, with and without the dot-product extension): cross-compiled with
+Debian's aarch64 toolchain and run under qemu-user through a small C driver (tests/csrc/kernel_driver.c), on an x86
+machine. Checks what the ARM code computes: float results close to torch, int8/int4 results bit-identical to this
+machine's own path, and every path's rows batch-invariant.
+
+Needs gcc-aarch64-linux-gnu and qemu-user (`.ci/run` installs them); skipped without them unless
+EDGE_REQUIRE_AARCH64=1, which CI sets so that a missing toolchain fails instead of passing quietly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_paths
+from kernels.cpu_matmul import RowwiseMatmul
+from kernels.cpu_packing import pack_int4, pack_int8
+
+CROSS, QEMU, SYSROOT = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64"), "/usr/aarch64-linux-gnu"
+DRIVER = Path(__file__).parent / "csrc" / "kernel_driver.c"
+FLAGS = {"neon": "-march=armv8-a", "neon-dotprod": "-march=armv8.2-a+dotprod"}
+missing = CROSS is None or QEMU is None or not Path(SYSROOT).is_dir()
+if missing and os.environ.get("EDGE_REQUIRE_AARCH64") == "1":
+    raise RuntimeError("EDGE_REQUIRE_AARCH64=1 but the aarch64 toolchain is missing: "
+                       "apt-get install gcc-aarch64-linux-gnu qemu-user")
+pytestmark = pytest.mark.skipif(missing, reason="needs gcc-aarch64-linux-gnu and qemu-user")
+
+
+@pytest.fixture(scope="module", params=list(FLAGS))
+def driver(request, tmp_path_factory) -> tuple[str, Path]:
+    program = tmp_path_factory.mktemp("aarch64") / f"kernel-driver-{request.param}"
+    sources = [str(p) for p in cpu_paths.sources()]
+    subprocess.run([CROSS, *[flag for flag in cpu_paths.COMMON_FLAGS if flag not in ("-fPIC", "-shared")], FLAGS[request.param], *sources, str(DRIVER), "-o",
+                    str(program), "-lm"], check=True, timeout=600)
+    return request.param, program
+
+
+def run(program: Path, arguments: list, payload: list[torch.Tensor], outputs: int) -> tuple[str, torch.Tensor]:
+    """The driver's path name and its float32 output (its two halves: the whole call, then one row per call)."""
+    data = b"".join(t.contiguous().numpy().tobytes() for t in payload)
+    result = subprocess.run([QEMU, "-L", SYSROOT, str(program), *map(str, arguments)], input=data,
+                            capture_output=True, timeout=600)
+    assert result.returncode == 0, result.stderr.decode()
+    out = torch.frombuffer(bytearray(result.stdout), dtype=torch.float32)
+    assert out.numel() == 2 * outputs
+    return result.stderr.decode().strip(), out
+
+
+PACK = {"i8": pack_int8, "i4": pack_int4}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "f16", "i8", "i4"])
+@pytest.mark.parametrize("shape", [(40, 64), (37, 83), (172, 200)])  # (N, K)
+def test_matmul_on_aarch64(driver, fmt, shape):
+    name, program = driver
+    rows, (n, k) = 6, shape
+    generator = torch.Generator().manual_seed(n + k)
+    weight, bias = torch.randn(n, k, generator=generator) * 0.1, torch.randn(n, generator=generator)
+    x = torch.randn(rows, k, generator=generator)
+    stored = PACK[fmt](weight) if fmt in PACK else weight.to(DTYPES[fmt])
+    raw = stored.view(torch.uint8) if stored.dtype != torch.float32 else stored
+    path, out = run(program, ["matmul", fmt, rows, n, k, 1], [x, raw, bias], rows * n)
+    assert path == name
+    whole, single = out[: rows * n].view(rows, n), out[rows * n:].view(rows, n)
+    assert torch.equal(whole, single), "a row's result depends on the rows beside it"
+    if fmt in PACK:  # integer sums and one scalar epilogue: the same bits as this machine's path
+        host = RowwiseMatmul.load().quantized(x, stored, {"i8": "int8", "i4": "int4"}[fmt], n, bias)
+        assert torch.equal(whole, host)
+    else:
+        torch.testing.assert_close(whole, F.linear(x, stored.float(), bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("window", [0, 7])
+@pytest.mark.parametrize("kv_heads, dim, start", [(2, 64, 21), (1, 24, 9)])
+def test_attention_on_aarch64(driver, window, kv_heads, dim, start):
+    _, program = driver
+    heads, steps = 4, 5
+    generator = torch.Generator().manual_seed(dim + start)
+    q = torch.randn(heads, steps, dim, generator=generator)
+    keys = torch.randn(kv_heads, start + steps, dim, generator=generator)
+    values = torch.randn(kv_heads, start + steps, dim, generator=generator)
+    _, out = run(program, ["attention", heads, kv_heads, steps, dim, start, window], [q, keys, values],
+                 heads * steps * dim)
+    whole = out[: heads * steps * dim].view(heads, steps, dim)
+    single = out[heads * steps * dim:].view(steps, heads, dim).transpose(0, 1)  # written position by position
+    assert torch.equal(whole, single)
+    query_pos, key_pos = torch.arange(start, start + steps)[:, None], torch.arange(start + steps)[None, :]
+    allowed = key_pos <= query_pos
+    if window:
+        allowed &= key_pos > query_pos - window
+    expected = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=allowed, enable_gqa=True)
+    torch.testing.assert_close(whole, expected[0], rtol=1e-5, atol=1e-5)

@@ -1,7 +1,8 @@
 """edge-bench: decoding speed and memory of edge's methods (and of transformers, where installed), side by side.
 
     edge-bench [MODEL] [--methods ar,ngram,early-exit,adaptive,builtin] [--draft-lengths adaptive,4] [--peers]
-    edge-bench [MODEL] --ar [--peers]           plain decoding throughput on one prompt, edge vs transformers
+    edge-bench [MODEL] --ar [--peers [NAMES]]   plain decoding throughput on one prompt, edge vs transformers and
+                                                llama.cpp (at the precision matching edge's weights)
 
 The default mode runs the prompt set (Spec-Bench's six categories plus code) through edge's autoregressive
 decoding and each speculative method, checks that every greedy output is identical to autoregressive decoding,
@@ -36,9 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", nargs="?", help="checkpoint folder or edge-export bundle; default: the built-in "
                         "model. With a bundle, the suite runs on ONNX Runtime and peers run its source checkpoint")
     parser.add_argument("--ar", action="store_true", help="plain decoding throughput on one prompt (not the suite)")
-    parser.add_argument("--peers", action="store_true",
-                        help="also run transformers: generate(), and in the suite its assisted generation with the "
-                             "built-in drafter and its prompt lookup")
+    parser.add_argument("--peers", nargs="?", const="all", default=None, metavar="NAMES",
+                        help="also run other runtimes: transformers (generate(), and in the suite its assisted "
+                             "generation with the built-in drafter and its prompt lookup) and, with --ar, llama.cpp "
+                             "when llama-cpp-python is installed (pip install 'edge[peers]'), on the checkpoint "
+                             "converted to GGUF at the precision matching edge's (f32, f16, q8_0, q4_0). NAMES "
+                             "(comma-separated: transformers, llama.cpp) picks some; default: all installed")
+    parser.add_argument("--llama-cpp-source", metavar="DIR",
+                        help="--ar: a llama.cpp source tree whose convert_hf_to_gguf.py converts the checkpoint "
+                             "(default: $EDGE_LLAMA_CPP_SOURCE, else the installed llama-cpp-python's sdist, "
+                             "fetched once into the cache)")
     parser.add_argument("--methods", default="ar,ngram,early-exit,adaptive,builtin",
                         help="suite: comma-separated methods: ar and drafter specs (ngram[:N], early-exit[:E], "
                              "skip:L1,L2, adaptive, draft:PATH (a checkpoint or a bundle), builtin, feature[:PATH], "
@@ -59,11 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "then each method, on the same prompt), so methods are timed seconds apart and share "
                              "the machine's slow spells; peak memory is then for all methods together")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--weights", default=None, choices=["int8"],
-                        help="suite: quantize edge's target (layers and head) to int8 at load (edge/int8.py) for "
-                             "every edge method, the plain-decoding baseline included; peers run the checkpoint as "
-                             "stored")
-    parser.add_argument("--draft-weights", default=None, choices=["float32", "bfloat16", "int8"],
+    parser.add_argument("--weights", default=None, choices=["int8", "int4"],
+                        help="quantize edge's target (layers and head) to int8 or int4 at load "
+                             "(edge/packed_weights.py): in the suite for every edge method, the plain-decoding "
+                             "baseline included (transformers runs the checkpoint as stored); with --ar for edge, "
+                             "and llama.cpp runs q8_0 or q4_0")
+    parser.add_argument("--draft-weights", default=None, choices=["float32", "bfloat16", "int8", "int4"],
                         help="suite: how a separate draft model (draft:PATH, builtin) stores its weights; int8 "
                              "quantizes its layers for edge's CPU kernel (default: as its checkpoint)")
     parser.add_argument("--kv-cache", default="float32", choices=["float32", "int8", "int8-int4", "hierarchical"],
@@ -110,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     except EdgeError as error:
         print(f"edge-bench: error: {error}", file=sys.stderr)
         return 2
-    runs = [("edge", model)] + [("edge", Path(b)) for b in args.bundles.split(",") if b] \
-        + ([("transformers", model)] if args.peers else [])
+    try:
+        runs = [("edge", model)] + [("edge", Path(b)) for b in args.bundles.split(",") if b] + peer_runs(args, model)
+    except EdgeError as error:
+        print(f"edge-bench: error: {error}", file=sys.stderr)
+        return 2
     results = []
     for backend, path in runs:
         print(f"edge-bench: running {backend} on {path} ...", file=sys.stderr)
@@ -125,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "greedy_identical": len({tuple(r["token_ids"]) for r in results}) == 1,
         "identical_to_first": [r["token_ids"] == results[0]["token_ids"] for r in results],
+        "agreeing_prefix": [common_prefix_length(r["token_ids"], results[0]["token_ids"]) for r in results],
     }
     print(markdown_table(report))
     if args.json:
@@ -148,7 +161,7 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     edge_runs = [(m, "adaptive") if m == "ar" else (m, d) for m in methods for d in (["adaptive"] if m == "ar"
                                                                                        else lengths)]
     peer_runs = []
-    if args.peers:
+    if args.peers == "all" or "transformers" in (args.peers or "").split(","):  # the suite's peers are transformers'
         peer_runs += [("hf", "adaptive"), ("hf-lookup", "adaptive")]
         if builtin_drafter_path() is not None:
             peer_runs.append((f"hf-assisted:{builtin_drafter_path()}", "adaptive"))
@@ -188,12 +201,47 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0 if all(row["identical_to_ar"] for row in rows) else 1
 
 
+def peer_runs(args: argparse.Namespace, model: Path) -> list[tuple[str, Path]]:
+    """The --ar peers to run: transformers on the checkpoint, llama.cpp on its GGUF at the matching precision."""
+    if args.peers is None:
+        return []
+    from edge.bench import llama_cpp
+
+    wanted = {"transformers", "llama.cpp"} if args.peers == "all" else set(args.peers.split(","))
+    unknown = wanted - {"transformers", "llama.cpp"}
+    if unknown:
+        raise EdgeError(f"--peers {args.peers}: unknown peer {sorted(unknown)[0]!r}; use transformers, llama.cpp")
+    runs = [("transformers", model)] if "transformers" in wanted else []
+    if "llama.cpp" in wanted:
+        if not llama_cpp.available():
+            if args.peers != "all":
+                raise EdgeError("--peers llama.cpp needs llama-cpp-python: pip install 'edge[peers]'")
+            print("edge-bench: llama.cpp skipped (pip install 'edge[peers]' to include it)", file=sys.stderr)
+        else:
+            precision = llama_cpp.matching_precision(model, args.dtype, args.weights)
+            gguf = llama_cpp.converted(model, precision, args.llama_cpp_source,
+                                       log=lambda line: print(line, file=sys.stderr))
+            runs.append(("llama.cpp", gguf))
+    return runs
+
+
+def common_prefix_length(first: list[int], second: list[int]) -> int:
+    length = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
 def run_worker(backend: str, model: Path, args: argparse.Namespace, prompt_ids: list[int]) -> dict:
     from edge.bench.suite import run_child
 
+    weights = ["--weights", args.weights] if args.weights and backend == "edge" and model.is_dir() else []
     return run_child("edge.bench.worker", ["--backend", backend, "--model", str(model), "--dtype", args.dtype,
                                            "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
-                                           str(args.max_new_tokens), "--repeats", str(args.repeats)], backend)
+                                           str(args.max_new_tokens), "--repeats", str(args.repeats), *weights],
+                     backend)
 
 
 def machine_description() -> str:
@@ -207,12 +255,14 @@ def markdown_table(report: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     base = report["results"][0]["decode_tokens_per_s"]
-    for r, same in zip(report["results"], report["identical_to_first"]):
+    for r, same, agree in zip(report["results"], report["identical_to_first"], report["agreeing_prefix"]):
+        sameness = "yes" if same else f"first {agree} of {r['new_tokens']}"
         rows.append(f"| {r['backend']} | {r['decode_tokens_per_s']:.1f} ({r['decode_tokens_per_s'] / base:.2f}x) | "
                     f"{r['prefill_tokens_per_s']:.0f} | {r['first_token_s']:.3f} | {r['peak_rss_mib']:.0f} | "
-                    f"{r['load_s']:.2f} | {'yes' if same else 'no'} |")
+                    f"{r['load_s']:.2f} | {sameness} |")
     rows.append("")
-    rows.append(f"same tokens: greedy output equals the first row's (quantized weights may differ); "
+    rows.append(f"same tokens: greedy output equals the first row's, or how many leading tokens agree (another "
+                f"runtime's rounding flips near-ties, and quantized weights differ more); "
                 f"{report['results'][0]['new_tokens']} new tokens, prompt {report['results'][0]['prompt_tokens']} "
                 f"tokens, {report['dtype']}, {report['machine']}")
     return "\n".join(rows)

@@ -1,6 +1,6 @@
 """One benchmark backend in its own process, so its peak memory is its own. Prints one JSON object.
 
-    python -m edge.bench.worker --backend edge|transformers --model PATH --prompt TEXT --max-new-tokens N ...
+    python -m edge.bench.worker --backend edge|transformers|llama.cpp --model PATH --prompt-ids JSON ...
 
 Decode speed uses the same method for every backend: the median wall time of generating N tokens minus the
 median time of generating 1 token (prefill + first token), over N - 1 tokens. Greedy, end-of-sequence ignored,
@@ -31,11 +31,12 @@ def timed(run: Callable[[int], list[int]], new_tokens: int, repeats: int) -> tup
     return statistics.median(times), ids
 
 
-def edge_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: int) -> Callable[[int], list[int]]:
+def edge_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: int,
+                weights: str | None = None) -> Callable[[int], list[int]]:
     from edge.engine import Engine
 
     # the KV cache is preallocated: size it for this run, as the memory planner will
-    engine = Engine.load(model, dtype=dtype, max_context=len(prompt_ids) + max_new_tokens + 1)
+    engine = Engine.load(model, dtype=dtype, max_context=len(prompt_ids) + max_new_tokens + 1, weights=weights)
 
     def run(new_tokens: int) -> list[int]:
         engine.reset()  # no prefix reuse between repeats: every run prefills the whole prompt
@@ -47,7 +48,8 @@ def edge_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: i
     return run
 
 
-def transformers_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: int) -> Callable[[int], list[int]]:
+def transformers_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: int,
+                        weights: str | None = None) -> Callable[[int], list[int]]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -67,15 +69,32 @@ def transformers_runner(model: str, dtype: str, prompt_ids: list[int], max_new_t
     return run
 
 
-def edge_label(model: str, dtype: str) -> str:
+def llama_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: int,
+                 weights: str | None = None) -> Callable[[int], list[int]]:
+    import torch
+
+    from edge.bench.llama_cpp import llama_cpp_runner
+
+    return llama_cpp_runner(model, prompt_ids, max_new_tokens, threads=torch.get_num_threads())
+
+
+def backend_label(backend: str, model: str, dtype: str, weights: str | None) -> str:
+    if backend == "llama.cpp":
+        return f"llama.cpp {model.removesuffix('.gguf').rsplit('-', 1)[-1]}"  # converted(): NAME-KEY-TYPE.gguf
+    if backend != "edge":
+        return backend
     from edge.bundle import is_bundle, read_bundle
 
     if is_bundle(model):
         return f"edge onnx {read_bundle(model, verify=False).manifest['quantization']['weights']}"
-    return f"edge torch {dtype}"
+    if weights:
+        return f"edge torch {weights}"
+    from edge.planning import kept_weight_dtype
+
+    return f"edge torch {kept_weight_dtype(model, dtype, 'cpu')}"
 
 
-RUNNERS = {"edge": edge_runner, "transformers": transformers_runner}
+RUNNERS = {"edge": edge_runner, "transformers": transformers_runner, "llama.cpp": llama_runner}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-ids", required=True, help="JSON list of token ids")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--weights", default=None, help="edge: int8 or int4 (quantize at load)")
     args = parser.parse_args(argv)
     prompt_ids = json.loads(args.prompt_ids)
 
@@ -93,13 +113,13 @@ def main(argv: list[str] | None = None) -> int:
 
     baseline = peak_rss_mib()
     t0 = time.perf_counter()
-    run = RUNNERS[args.backend](args.model, args.dtype, prompt_ids, args.max_new_tokens)
+    run = RUNNERS[args.backend](args.model, args.dtype, prompt_ids, args.max_new_tokens, args.weights)
     load_s = time.perf_counter() - t0
     run(4)  # warm-up
     first_s, _ = timed(run, 1, args.repeats)
     total_s, ids = timed(run, args.max_new_tokens, args.repeats)
     result = {
-        "backend": args.backend if args.backend != "edge" else edge_label(args.model, args.dtype),
+        "backend": backend_label(args.backend, args.model, args.dtype, args.weights),
         "torch_threads": torch.get_num_threads(),
         "load_s": load_s,
         "prompt_tokens": len(prompt_ids),

@@ -30,6 +30,7 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
 COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
+LIBRARIES = ["-lm"]
 ENVIRONMENT = "EDGE_CPU_KERNEL"
 
 
@@ -119,23 +120,24 @@ def compiler() -> str:
     return found
 
 
-def build(path: str, extra_flags: list[str] | None = None, cc: str | None = None, output: Path | None = None
-          ) -> Path:
+def build(path: str, extra_flags: list[str] | None = None, cc: str | None = None, output: Path | None = None,
+          label: str | None = None) -> Path:
     """The library of `path` (its flags for this CPU, plus `extra_flags`), compiled by `cc` (default: the system
-    compiler) into the cache, or into `output` when given; a cached build is reused."""
+    compiler) into the cache under `label` (default: the path's name), or into `output` when given; a cached build
+    is reused."""
     cc = cc or compiler()
     flags = [*COMMON_FLAGS, *PATHS[path].build_flags(set(cpu_features())), *(extra_flags or [])]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [p.read_text() for p in sorted(SOURCE_DIR.glob("*.[ch]"))]
     key = hashlib.sha256("\0".join([*texts, cc, version, " ".join(flags)]).encode()).hexdigest()[:16]
-    library = output or _cache_dir() / f"edge-kernel-{path}-{key}.so"
+    library = output or _cache_dir() / f"edge-kernel-{label or path}-{key}.so"
     if library.is_file() and output is None:
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(suffix=".so", dir=library.parent)
     os.close(handle)
     try:
-        result = subprocess.run([cc, *flags, *map(str, sources()), "-o", temporary], capture_output=True, text=True,
+        result = subprocess.run([cc, *flags, *map(str, sources()), *LIBRARIES, "-o", temporary], capture_output=True, text=True,
                                 timeout=600)
         if result.returncode != 0:
             lines = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()

@@ -131,7 +131,7 @@ def kernel_for(name: str):
     from kernels.cpu_matmul import RowwiseMatmul
 
     if name == "avx512-emulated":
-        library = cpu_paths.build("avx2", ["-DEDGE_EMULATE_AVX512", "-Wno-psabi"])
+        library = cpu_paths.build("avx2", ["-DEDGE_EMULATE_AVX512", "-Wno-psabi"], label="avx512-emulated")
         return RowwiseMatmul(ctypes.CDLL(str(library)))
     kernel = RowwiseMatmul.for_path(name)
     if kernel is None:

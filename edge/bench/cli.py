@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -65,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interleave", action="store_true",
                         help="suite: run every edge method in one process, one prompt at a time (plain decoding, "
                              "then each method, on the same prompt), so methods are timed seconds apart and share "
-                             "the machine's slow spells; peak memory is then for all methods together")
+                             "the machine's slow spells; --ar: every backend in one process, taking turns repeat by "
+                             "repeat (ratios: the median of per-repeat ratios). Peak memory is then for all "
+                             "together")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--weights", default=None, choices=["int8", "int4"],
                         help="quantize edge's target (layers and head) to int8 or int4 at load "
@@ -124,10 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     except EdgeError as error:
         print(f"edge-bench: error: {error}", file=sys.stderr)
         return 2
-    results = []
-    for backend, path in runs:
-        print(f"edge-bench: running {backend} on {path} ...", file=sys.stderr)
-        results.append(run_worker(backend, path, args, prompt_ids))
+    if args.interleave:
+        print(f"edge-bench: {', '.join(backend for backend, _ in runs)} in one process, taking turns "
+              f"({args.repeats} repeats) ...", file=sys.stderr)
+        results = run_interleaved_workers(runs, args, prompt_ids)
+    else:
+        results = []
+        for backend, path in runs:
+            print(f"edge-bench: running {backend} on {path} ...", file=sys.stderr)
+            results.append(run_worker(backend, path, args, prompt_ids))
     report = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": machine_description(),
@@ -234,14 +242,38 @@ def common_prefix_length(first: list[int], second: list[int]) -> int:
     return length
 
 
+def edge_weights(backend: str, model: Path, args: argparse.Namespace) -> str | None:
+    """--weights applies to edge on a checkpoint folder (a bundle brings its own)."""
+    return args.weights if backend == "edge" and model.is_dir() else None
+
+
 def run_worker(backend: str, model: Path, args: argparse.Namespace, prompt_ids: list[int]) -> dict:
     from edge.bench.suite import run_child
 
-    weights = ["--weights", args.weights] if args.weights and backend == "edge" and model.is_dir() else []
+    weights = edge_weights(backend, model, args)
     return run_child("edge.bench.worker", ["--backend", backend, "--model", str(model), "--dtype", args.dtype,
                                            "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
-                                           str(args.max_new_tokens), "--repeats", str(args.repeats), *weights],
-                     backend)
+                                           str(args.max_new_tokens), "--repeats", str(args.repeats),
+                                           *(["--weights", weights] if weights else [])], backend)
+
+
+def run_interleaved_workers(runs: list[tuple[str, Path]], args: argparse.Namespace, prompt_ids: list[int]
+                            ) -> list[dict]:
+    """Every backend in one worker process, timed in turns; each gets the median of its per-repeat ratios to the
+    first backend (`ratio`), the steadiest comparison on a machine whose speed drifts."""
+    from edge.bench.suite import run_child
+
+    specs = [{"backend": backend, "model": str(path), "weights": edge_weights(backend, path, args)}
+             for backend, path in runs]
+    results = run_child("edge.bench.worker", ["--interleave", json.dumps(specs), "--dtype", args.dtype,
+                                              "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
+                                              str(args.max_new_tokens), "--repeats", str(args.repeats)],
+                        "interleaved run")
+    first = results[0]["decode_tokens_per_s_by_repeat"]
+    for result in results:
+        result["ratio"] = statistics.median(rate / base for rate, base in
+                                            zip(result["decode_tokens_per_s_by_repeat"], first))
+    return results
 
 
 def machine_description() -> str:
@@ -257,7 +289,8 @@ def markdown_table(report: dict) -> str:
     base = report["results"][0]["decode_tokens_per_s"]
     for r, same, agree in zip(report["results"], report["identical_to_first"], report["agreeing_prefix"]):
         sameness = "yes" if same else f"first {agree} of {r['new_tokens']}"
-        rows.append(f"| {r['backend']} | {r['decode_tokens_per_s']:.1f} ({r['decode_tokens_per_s'] / base:.2f}x) | "
+        ratio = r.get("ratio", r["decode_tokens_per_s"] / base)
+        rows.append(f"| {r['backend']} | {r['decode_tokens_per_s']:.1f} ({ratio:.2f}x) | "
                     f"{r['prefill_tokens_per_s']:.0f} | {r['first_token_s']:.3f} | {r['peak_rss_mib']:.0f} | "
                     f"{r['load_s']:.2f} | {sameness} |")
     rows.append("")

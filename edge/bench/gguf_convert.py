@@ -5,7 +5,7 @@
 LLAMA_CPP_SOURCE is a llama.cpp source tree (convert_hf_to_gguf.py with its conversion/ and gguf-py/ folders; the
 llama-cpp-python sdist carries one in vendor/llama.cpp). One thing is changed around it: a byte-level BPE tokenizer
 the converter does not recognise (edge's built-in model and the random benchmark checkpoints train their own) is
-written with llama.cpp's "gpt2" pre-tokenizer instead of stopping the conversion. That name only steers llama.cpp's
+written with llama.cpp's "gpt-2" pre-tokenizer instead of stopping the conversion. That name only steers llama.cpp's
 own text tokenization, which edge-bench never uses: it feeds both runtimes the same token ids. The weights go
 through the converter untouched.
 """
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return recognised(self, tokenizer)
         except NotImplementedError:
-            return "gpt2"
+            return "gpt-2"
 
     base.TextModel.get_vocab_base_pre = tolerant
     sys.argv = ["convert_hf_to_gguf.py", str(checkpoint), "--outfile", str(outfile), "--outtype", outtype]

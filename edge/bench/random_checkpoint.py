@@ -1,6 +1,6 @@
 """Build a random-weight checkpoint with the shape of a real model, for speed and memory benchmarks.
 
-    python -m edge.bench.random_checkpoint OUT [--shape smollm-135m] [--seed 0]
+    python -m edge.bench.random_checkpoint OUT [--shape smollm-135m] [--seed 0] [--dtype float32|float16|bfloat16]
 
 Nothing can be downloaded here, but decoding speed depends on a model's shape, not on its weights. This writes an
 ordinary Hugging Face checkpoint (config.json, model.safetensors) with transformers' own random initialisation,
@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm-135m")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                        help="the dtype the weights are saved in (default float32; real checkpoints are mostly 16-bit)")
     args = parser.parse_args(argv)
 
     import torch
@@ -67,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     config = LlamaConfig(**SHAPES[args.shape], bos_token_id=0, eos_token_id=2)
-    LlamaForCausalLM(config).save_pretrained(args.out)
+    LlamaForCausalLM(config).to(getattr(torch, args.dtype)).save_pretrained(args.out)
     build_tokenizer(args.out, vocab_size=min(8192, config.vocab_size))
-    print(f"wrote a random {args.shape} checkpoint to {args.out}")
+    print(f"wrote a random {args.shape} checkpoint ({args.dtype}) to {args.out}")
     return 0
 
 

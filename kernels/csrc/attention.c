@@ -7,6 +7,8 @@
  * does not depend on T, on which queries share a pass or on the thread count. scratch holds H * T * (start + T)
  * floats for the scores.
  */
+#include <omp.h>
+
 #include "simd.h"
 
 #define KEYS 4 /* keys scored side by side: independent chains, each key's operations unchanged */
@@ -110,20 +112,20 @@ static void weighted_values(const float *const *weights, float *const *results, 
     }
 }
 
-void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
-                           int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
-                           int64_t window, float scale, int threads) {
-    /* Work is split by KV head, so each key and value row is read for all the queries that share it (a GQA group's
-     * heads, every row of a verify pass); a KV head's queries are split further when there are fewer KV heads than
-     * threads. Each query's arithmetic is the same however the queries are grouped. */
+/* One thread's share of the attention: work is split by KV head, so each key and value row is read for all the
+ * queries that share it (a GQA group's heads, every row of a verify pass); a KV head's queries are split further when
+ * there are fewer KV heads than threads. Each query's arithmetic is the same however the queries are grouped. */
+void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
+                     int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
+                     float scale, int part, int parts) {
     const int64_t group = H / Hkv, span = start + T, per_head = group * T;
-    int64_t splits = (threads + Hkv - 1) / Hkv;
+    int64_t splits = (parts + Hkv - 1) / Hkv;
     if (splits > per_head) splits = per_head;
     if (splits < 1) splits = 1;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t unit = 0; unit < Hkv * splits; unit++) {
-        const int64_t kv = unit / splits, part = unit % splits;
-        const int64_t first = per_head * part / splits, end = per_head * (part + 1) / splits;
+    const int64_t units = Hkv * splits;
+    for (int64_t unit = units * part / parts; unit < units * (part + 1) / parts; unit++) {
+        const int64_t kv = unit / splits, piece = unit % splits;
+        const int64_t first = per_head * piece / splits, end = per_head * (piece + 1) / splits;
         const float *k = keys + kv * kv_head_stride, *v = values + kv * kv_head_stride;
         for (int64_t i0 = first; i0 < end; i0 += VALUE_QUERIES) {
             const float *weights[VALUE_QUERIES];
@@ -142,4 +144,12 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
             weighted_values(weights, results, lo, hi, inverse, n, v, D);
         }
     }
+}
+
+void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
+                           int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
+                           int64_t window, float scale, int threads) {
+#pragma omp parallel num_threads(threads)
+    attention_share(q, keys, values, out, scratch, H, Hkv, T, D, kv_head_stride, start, window, scale,
+                    omp_get_thread_num(), omp_get_num_threads());
 }

@@ -3,16 +3,11 @@
  * other csrc files. Each row's operations are those of a 1-row call, so a row's result still does not depend on
  * how many rows share the call.
  */
+#include <omp.h>
+#include <stdlib.h>
+
 #include "simd.h"
 
-/* One decoder layer for a few rows (a decode step or a verify pass), fused: the same row-by-row operations as the
- * dots and the attention above, so each row's result still does not depend on how many rows share the call.
- *
- *   x (T, D) in place: x += o(attention(rope(qkv(rmsnorm(x))))); x += down(silu(gate) * up)(rmsnorm(x))
- *
- * Keys/values of the T rows are written into the layer's cache (Hkv, S_max, Dh) at [start, start + T) before the
- * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. Optional
- * tensors are NULL when absent. scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
 /* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 / WEIGHTS_I4 the matrices are
  * packed (rowwise_matmul_i8 / rowwise_matmul_i4) and the norms float32. */
 enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_I4 = 4 };
@@ -70,12 +65,53 @@ static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t 
     }
 }
 
-void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
-                     const void *attn_norm, const void *wqkv, const float *qkv_bias, const void *q_norm,
-                     const void *k_norm, const void *wo, const float *o_bias, const void *ffn_norm,
-                     const void *w_gate_up, const float *gate_up_bias, const void *w_down, const float *down_bias,
-                     const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
-                     int64_t start, int64_t window, float eps, float scale, float *scratch, int format, int threads) {
+/* silu(gate) * up for one row of (gate | up) (2I floats) into out (I floats; out may be the row's start): VL lanes
+ * at a time through vf_exp, the last few in a zero-padded vector, so each element's operations are the same. */
+static void silu_row(const float *row, float *out, int64_t I) {
+    for (int64_t i = 0; i < I; i += VL) {
+        float gate[VL] = {0}, up[VL] = {0}, result[VL];
+        const int64_t count = I - i < VL ? I - i : VL;
+        memcpy(gate, row + i, count * sizeof(float));
+        memcpy(up, row + I + i, count * sizeof(float));
+        const vf g = vf_load(gate);
+        vf_store(result, vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(vf_sub(vf_set(0.0f), g)))), vf_load(up)));
+        memcpy(out + i, result, count * sizeof(float));
+    }
+}
+
+/* A matmul run by the whole team: one thread prepares a packed format's activations (the others wait), every
+ * thread computes its share of the outputs, and all wait until y is complete. Outside a parallel region (one
+ * thread) the pragmas are no-ops and it is a plain matmul. */
+static void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                        int format, void *prepared, int part, int parts) {
+    if (format == WEIGHTS_I8 || format == WEIGHTS_I4) {
+#pragma omp single
+        {
+            if (format == WEIGHTS_I8) int8_prepare(x, M, K, prepared);
+            else int4_prepare(x, M, K, prepared);
+        }
+    }
+    if (format == WEIGHTS_I8) int8_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
+    else if (format == WEIGHTS_I4) int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
+    else float_matmul_share(format, x, w, bias, y, M, N, K, part, parts);
+#pragma omp barrier
+}
+
+static int64_t prepared_bytes(int64_t T, int64_t K) {
+    const int64_t int8 = int8_prepared_bytes(T, K), int4 = int4_prepared_bytes(T, K);
+    return int8 > int4 ? int8 : int4;
+}
+
+/* One decoder layer for a few rows, run by a team of threads (this thread is `part` of `parts`): the matmuls and the
+ * attention split between them, the small row-wise steps on one thread, barriers between. The same row-by-row
+ * operations as a 1-row call, so each row's result does not depend on how many rows share the call. */
+static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
+                       const void *const *w, const float *cos_table, const float *sin_table, float *keys,
+                       float *values, int64_t S_max, int64_t start, int64_t window, float eps, float scale,
+                       float *scratch, void *prepared, int format, int part, int parts) {
+    const void *attn_norm = w[0], *wqkv = w[1], *q_norm = w[3], *k_norm = w[4], *wo = w[5], *ffn_norm = w[7];
+    const void *w_gate_up = w[8], *w_down = w[10];
+    const float *qkv_bias = w[2], *o_bias = w[6], *gate_up_bias = w[9], *down_bias = w[11];
     const int64_t Q = H * Dh, KV = Hkv * Dh, N = Q + 2 * KV;
     float *normed = scratch;                /* (T, D) */
     float *qkv = normed + T * D;            /* (T, N) */
@@ -84,8 +120,10 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
     float *gate_up = q_heads + T * Q;       /* (T, 2I) */
     float *scores = gate_up + T * 2 * I;    /* H * T * (start + T) */
 
+#pragma omp single
     rms_norm_rows(x, attn_norm, normed, T, D, eps, format);
-    matmul_rows(normed, wqkv, qkv_bias, qkv, T, N, D, format, threads);
+    team_matmul(normed, wqkv, qkv_bias, qkv, T, N, D, format, prepared, part, parts);
+#pragma omp single
     for (int64_t t = 0; t < T; t++) {
         float *row = qkv + t * N;           /* q (H, Dh) | k (Hkv, Dh) | v (Hkv, Dh) */
         if (q_norm) {
@@ -101,47 +139,52 @@ void fused_layer_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int
         }
         for (int64_t h = 0; h < H; h++) memcpy(q_heads + (h * T + t) * Dh, row + h * Dh, Dh * sizeof(float));
     }
-    rowwise_attention_f32(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, scale,
-                          threads);
+    attention_share(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, scale, part,
+                    parts);
+#pragma omp barrier
+#pragma omp single
     for (int64_t t = 0; t < T; t++)        /* (H, T, Dh) -> (T, H*Dh), reusing qkv as the row buffer */
         for (int64_t h = 0; h < H; h++) memcpy(qkv + t * Q + h * Dh, attended + (h * T + t) * Dh, Dh * sizeof(float));
-    matmul_rows(qkv, wo, o_bias, normed, T, D, Q, format, threads);
-    for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
-
-    rms_norm_rows(x, ffn_norm, normed, T, D, eps, format);
-    matmul_rows(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, format, threads);
-    for (int64_t t = 0; t < T; t++) {
-        float *row = gate_up + t * 2 * I;
-        for (int64_t i = 0; i < I; i++) {
-            const float g = row[i];
-            row[i] = g / (1.0f + expf(-g)) * row[I + i];  /* silu(gate) * up, into the first half */
-        }
+    team_matmul(qkv, wo, o_bias, normed, T, D, Q, format, prepared, part, parts);
+#pragma omp single
+    {
+        for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
+        rms_norm_rows(x, ffn_norm, normed, T, D, eps, format);
     }
-    for (int64_t t = 0; t < T; t++)        /* compact the activations to (T, I) rows for the down projection */
-        memmove(gate_up + t * I, gate_up + t * 2 * I, I * sizeof(float));
-    matmul_rows(gate_up, w_down, down_bias, normed, T, D, I, format, threads);
+    team_matmul(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, format, prepared, part, parts);
+#pragma omp single
+    for (int64_t t = 0; t < T; t++) silu_row(gate_up + t * 2 * I, gate_up + t * I, I);
+    team_matmul(gate_up, w_down, down_bias, normed, T, D, I, format, prepared, part, parts);
+#pragma omp single
     for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
 }
 
 /* Several decoder layers in one call (a decode step or verify pass through the model, or a self-draft's subset):
- * fused_layer_f32 for layer order[i], i = 0 .. count - 1, one after another on the same x. weights holds 12 pointers
- * per model layer in fused_layer_f32's order (attn_norm, wqkv, qkv_bias, q_norm, k_norm, wo, o_bias, ffn_norm,
- * w_gate_up, gate_up_bias, w_down, down_bias; NULL where absent); keys/values are the whole cache
- * (L, Hkv, S_max, Dh), layer l at + l * layer_stride; windows[l] is layer l's sliding window (0: none). The same
- * operations as calling fused_layer_f32 per layer, without a Python round trip between layers. */
+ * layer order[i], i = 0 .. count - 1, one after another on the same x (T, D), in one parallel region. weights holds
+ * 12 pointers per model layer (attn_norm, wqkv, qkv_bias, q_norm, k_norm, wo, o_bias, ffn_norm, w_gate_up,
+ * gate_up_bias, w_down, down_bias; NULL where absent); keys/values are the whole cache (L, Hkv, S_max, Dh), layer l
+ * at + l * layer_stride; windows[l] is layer l's sliding window (0: none). Keys/values of the T rows are written into
+ * the cache at [start, start + T) before the attention reads [0, start + t] for row t. cos/sin (T, Dh) are the
+ * rotary tables of the rows' positions. scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
 void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
                       const int64_t *order, int64_t count, const void *const *weights, const int64_t *windows,
                       const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
                       int64_t layer_stride, int64_t start, float eps, float scale, float *scratch, int format,
                       int threads) {
-    for (int64_t i = 0; i < count; i++) {
-        const int64_t l = order[i];
-        const void *const *w = weights + 12 * l;
-        fused_layer_f32(x, T, D, H, Hkv, Dh, I, w[0], w[1], (const float *)w[2], w[3], w[4], w[5],
-                        (const float *)w[6], w[7], w[8], (const float *)w[9], w[10], (const float *)w[11], cos_table,
-                        sin_table, keys + l * layer_stride, values + l * layer_stride, S_max, start, windows[l], eps,
-                        scale, scratch, format, threads);
+    const int64_t widest = D > H * Dh ? (D > I ? D : I) : (H * Dh > I ? H * Dh : I);
+    void *prepared = malloc(prepared_bytes(T, widest));
+    if (prepared == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
+#pragma omp parallel num_threads(threads)
+    {
+        const int part = omp_get_thread_num(), parts = omp_get_num_threads();
+        for (int64_t i = 0; i < count; i++) {
+            const int64_t l = order[i];
+            layer_team(x, T, D, H, Hkv, Dh, I, weights + 12 * l, cos_table, sin_table, keys + l * layer_stride,
+                       values + l * layer_stride, S_max, start, windows[l], eps, scale, scratch, prepared, format,
+                       part, parts);
+        }
     }
+    free(prepared);
 }
 
 /* Greedy drafting, k tokens in one call: a draft model (embed -> layers -> norm -> head -> argmax) or a feature

@@ -17,6 +17,7 @@
  *                     32768), then vpmaddwd into int32, 8 outputs
  *   neon with dotprod  sdot, 4 outputs; neon  smull then pairwise adds, 4 outputs;  portable  scalar
  */
+#include <omp.h>
 #include <stdlib.h>
 
 #include "quantized.h"
@@ -59,6 +60,8 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = weights + b * BLOCK_BYTES;
+        if (R > 1)  /* simd.h: prefetch_ahead */
+            for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);
         __m512i dots[MAX_ROWS];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = _mm512_setzero_si512();
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
@@ -85,6 +88,8 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = weights + b * BLOCK_BYTES;
+        if (R > 1)  /* simd.h: prefetch_ahead */
+            for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);
         __m256i pairs[MAX_ROWS][2];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
@@ -124,6 +129,8 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
     const uint8x16_t low = vdupq_n_u8(0x0F);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = weights + b * BLOCK_BYTES;
+        if (R > 1)  /* simd.h: prefetch_ahead */
+            for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);
         int32x4_t dots[MAX_ROWS][4];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) dots[r][q] = vdupq_n_s32(0);
@@ -165,6 +172,8 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
         for (int lane = 0; lane < GROUP; lane++) acc[r][lane] = 0.0f;
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = weights + b * BLOCK_BYTES;
+        if (R > 1)  /* simd.h: prefetch_ahead */
+            for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);
         for (int r = 0; r < R; r++) {
             const int8_t *x = rows[r].codes + b * BLOCK;
             for (int lane = 0; lane < GROUP; lane++) {
@@ -184,28 +193,39 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
 
 #define ROWS_CASE(R)                                                                                             \
     case R:                                                                                                     \
-        group_tile(rows + m, weights, blocks, acc, R);                                                          \
+        group_tile(rows, weights, blocks, acc, R);                                                              \
         break;
 
-/* x (M, K) float32 -> y (M, N) float32 through packed int4 weights (layout above). */
-void rowwise_matmul_i4(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
-                       int64_t K, int threads) {
-    const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK, groups = round_up(N, GROUP) / GROUP;
-    int8_t *codes = malloc(M * Kp + 64);
-    float *scales = malloc(M * blocks * sizeof(float));
-    int32_t *offsets = malloc(M * blocks * sizeof(int32_t));
-    BlockRow *rows = malloc(M * sizeof(BlockRow));
-    if (codes == NULL || scales == NULL || offsets == NULL || rows == NULL) abort();
-    for (int64_t m = 0; m < M; m++) {
+/* Activations for the int4 kernel: M rows of K' codes, then each row's block scales and offsets. */
+int64_t int4_prepared_bytes(int64_t M, int64_t K) {
+    const int64_t Kp = round_up(K, BLOCK);
+    return M * Kp + 64 + M * (Kp / BLOCK) * (int64_t)(sizeof(float) + sizeof(int32_t));
+}
+
+void int4_prepare(const float *x, int64_t M, int64_t K, void *prepared) {
+    const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK;
+    int8_t *codes = prepared;
+    float *scales = (float *)(codes + M * Kp + 64);
+    int32_t *offsets = (int32_t *)(scales + M * blocks);
+    for (int64_t m = 0; m < M; m++)
         quantize_blocks(x + m * K, K, Kp, codes + m * Kp, scales + m * blocks, offsets + m * blocks);
-        rows[m] = (BlockRow){codes + m * Kp, scales + m * blocks, offsets + m * blocks};
-    }
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t group = 0; group < groups; group++) {
+}
+
+/* One thread's share of the outputs (groups of 16 split evenly between `parts` threads), from prepared rows. */
+void int4_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int part, int parts) {
+    const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK, groups = round_up(N, GROUP) / GROUP;
+    const int8_t *codes = prepared;
+    const float *scales = (const float *)(codes + M * Kp + 64);
+    const int32_t *offsets = (const int32_t *)(scales + M * blocks);
+    for (int64_t group = groups * part / parts; group < groups * (part + 1) / parts; group++) {
         const uint8_t *weights = packed + group * blocks * BLOCK_BYTES;
         float acc[MAX_ROWS][GROUP];
         for (int64_t m = 0; m < M; m += MAX_ROWS) {
             const int count = M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS;
+            BlockRow rows[MAX_ROWS];
+            for (int r = 0; r < count; r++)
+                rows[r] = (BlockRow){codes + (m + r) * Kp, scales + (m + r) * blocks, offsets + (m + r) * blocks};
             switch (count) {
                 ROWS_CASE(1)
                 ROWS_CASE(2)
@@ -220,8 +240,15 @@ void rowwise_matmul_i4(const float *x, const uint8_t *packed, const float *bias,
                 }
         }
     }
-    free(codes);
-    free(scales);
-    free(offsets);
-    free(rows);
+}
+
+/* x (M, K) float32 -> y (M, N) float32 through packed int4 weights (layout above). */
+void rowwise_matmul_i4(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads) {
+    void *prepared = malloc(int4_prepared_bytes(M, K));
+    if (prepared == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
+    int4_prepare(x, M, K, prepared);
+#pragma omp parallel num_threads(threads)
+    int4_matmul_share(prepared, packed, bias, y, M, N, K, omp_get_thread_num(), omp_get_num_threads());
+    free(prepared);
 }

@@ -14,6 +14,7 @@
  * row's result is the same whatever the number of rows, their grouping, the threads or the path: a verify pass
  * reproduces decode steps bit for bit, on every CPU alike.
  */
+#include <omp.h>
 #include <stdlib.h>
 
 #include "quantized.h"
@@ -23,7 +24,8 @@
 #define MAX_GROUPS 4 /* groups per tile with one row; fewer with more rows (accumulators stay in registers) */
 
 /* sums[r][g][lane]: the exact dot of row r with output (g0 + g) * 16 + lane, for R rows and G groups */
-static inline __attribute__((always_inline)) void dot_tile(const int8_t *xq, int64_t Kp, const int8_t *w,
+static inline __attribute__((always_inline)) void dot_tile(const int8_t *xq, const int8_t *magnitudes, int64_t Kp,
+                                                          const int8_t *w,
                                                           const int32_t *correction, int64_t g0,
                                                           int32_t sums[MAX_ROWS][MAX_GROUPS][GROUP], const int R,
                                                           const int G) {
@@ -59,22 +61,29 @@ static inline __attribute__((always_inline)) void dot_tile(const int8_t *xq, int
         _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) acc[r][g][0] = acc[r][g][1] = _mm256_setzero_si256();
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t c = 0; c < chunks; c++) {
-        __m256i xs[MAX_ROWS], magnitudes[MAX_ROWS];
+        /* one row: each weight vector used once, loaded where used (4 groups: 4 streams, 8 accumulators); more rows:
+         * the chunk's weight vectors loaded first, then row by row (accumulators, weights and one row's x in
+         * registers) */
+        __m256i wv[MAX_GROUPS][2];
+        if (R > 1) _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) prefetch_ahead(rows[g] + c * 64);
+        if (R > 1)
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                    wv[g][h] = _mm256_loadu_si256((const __m256i *)(rows[g] + c * 64 + h * 32));
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            int32_t quad;
+            int32_t quad, magnitude;
             memcpy(&quad, xq + r * Kp + c * 4, sizeof quad);
-            xs[r] = _mm256_set1_epi32(quad);
-            magnitudes[r] = _mm256_sign_epi8(xs[r], xs[r]);  /* |xq| <= 127: unsigned for vpmaddubsw */
-        }
-        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m256i wv = _mm256_loadu_si256((const __m256i *)(rows[g] + c * 64 + h * 32));
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            memcpy(&magnitude, magnitudes + r * Kp + c * 4, sizeof magnitude);
+            const __m256i xs = _mm256_set1_epi32(quad), mags = _mm256_set1_epi32(magnitude);
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                     /* |x| * (w with x's sign) = x * w; a pair of them fits int16 (2 * 127 * 127 < 32768) */
-                    const __m256i pairs = _mm256_maddubs_epi16(magnitudes[r], _mm256_sign_epi8(wv, xs[r]));
+                    const __m256i weights = R > 1 ? wv[g][h]
+                                                  : _mm256_loadu_si256((const __m256i *)(rows[g] + c * 64 + h * 32));
+                    const __m256i pairs = _mm256_maddubs_epi16(mags, _mm256_sign_epi8(weights, xs));
                     acc[r][g][h] = _mm256_add_epi32(acc[r][g][h], _mm256_madd_epi16(pairs, ones));
                 }
-            }
+        }
     }
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {
@@ -135,45 +144,65 @@ static inline void int8_epilogue(int32_t sums[MAX_ROWS][MAX_GROUPS][GROUP], cons
 
 #define TILE(R, G)                                                                                              \
     do {                                                                                                        \
-        dot_tile(xq + m * Kp, Kp, w, correction, g0, sums, R, G);                                               \
+        dot_tile(xq + m * Kp, mq + m * Kp, Kp, w, correction, g0, sums, R, G);                                  \
         int8_epilogue(sums, sx + m, sw, bias, y + m * N, g0, N, R, G);                                           \
     } while (0)
 
-/* x (M, K) float32 -> y (M, N) float32 through packed int8 weights (layout above). */
-void rowwise_matmul_i8(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
-                       int64_t K, int threads) {
+/* Activations for the int8 kernel: M rows of K' codes, the same rows' magnitudes |code| (AVX2's vpmaddubsw takes
+ * one unsigned operand), then M float scales. */
+int64_t int8_prepared_bytes(int64_t M, int64_t K) { return 2 * M * round_up(K, 4) + 64 + M * (int64_t)sizeof(float); }
+
+void int8_prepare(const float *x, int64_t M, int64_t K, void *prepared) {
+    const int64_t Kp = round_up(K, 4);
+    int8_t *xq = prepared, *mq = xq + M * Kp;
+    float *sx = (float *)(mq + M * Kp + 64);
+    memset(xq, 0, 2 * M * Kp + 64);
+    for (int64_t m = 0; m < M; m++) sx[m] = quantize_codes(x + m * K, xq + m * Kp, K) / 127.0f;
+    for (int64_t i = 0; i < M * Kp; i++) mq[i] = (int8_t)(xq[i] < 0 ? -xq[i] : xq[i]);
+}
+
+/* One thread's share of the outputs (groups of 16 split evenly between `parts` threads), from prepared rows. */
+void int8_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int part, int parts) {
     const int64_t Np = round_up(N, GROUP), Kp = round_up(K, 4);
-    const int8_t *w = (const int8_t *)packed;
+    const int8_t *xq = prepared, *mq = xq + M * Kp, *w = (const int8_t *)packed;
+    const float *sx = (const float *)(mq + M * Kp + 64);
     const float *sw = (const float *)(packed + Np * Kp);
     const int32_t *correction = (const int32_t *)(packed + Np * Kp + Np * sizeof(float));
-    int8_t *xq = calloc(M * Kp + 64, 1);
-    float *sx = malloc(M * sizeof(float));
-    if (xq == NULL || sx == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
-    for (int64_t m = 0; m < M; m++) sx[m] = quantize_codes(x + m * K, xq + m * Kp, K) / 127.0f;
-    const int64_t groups = Np / GROUP, tiles = (groups + MAX_GROUPS - 1) / MAX_GROUPS;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t tile = 0; tile < tiles; tile++) {
-        int32_t sums[MAX_ROWS][MAX_GROUPS][GROUP];
-        const int64_t first = tile * MAX_GROUPS, count = groups - first < MAX_GROUPS ? groups - first : MAX_GROUPS;
+    const int64_t groups = Np / GROUP, begin = groups * part / parts, end = groups * (part + 1) / parts;
+    int32_t sums[MAX_ROWS][MAX_GROUPS][GROUP];
+    for (int64_t first = begin; first < end; first += MAX_GROUPS) {
+        const int64_t count = end - first < MAX_GROUPS ? end - first : MAX_GROUPS;
         for (int64_t m = 0; m < M; m += MAX_ROWS) {
             const int rows = M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS;
-            if (rows == 1 && count == MAX_GROUPS) {
+            if (rows == 1 && count == MAX_GROUPS) {  /* 1 row x 4 groups, 2 x 2, 3 or 4 x 1: 8 accumulators at most */
                 const int64_t g0 = first;
                 TILE(1, 4);
-            } else if (rows == 2) {
+            } else if (rows <= 2) {
                 for (int64_t g0 = first; g0 < first + count; g0 += 2) {
-                    if (first + count - g0 >= 2) TILE(2, 2);
+                    const int pair = first + count - g0 >= 2;
+                    if (rows == 1 && pair) TILE(1, 2);
+                    else if (rows == 1) TILE(1, 1);
+                    else if (pair) TILE(2, 2);
                     else TILE(2, 1);
                 }
             } else {
-                for (int64_t g0 = first; g0 < first + count; g0++) switch (rows) {
-                    case 1: TILE(1, 1); break;
-                    case 3: TILE(3, 1); break;
-                    default: TILE(4, 1); break;
+                for (int64_t g0 = first; g0 < first + count; g0++) {
+                    if (rows == 3) TILE(3, 1);
+                    else TILE(4, 1);
                 }
             }
         }
     }
-    free(xq);
-    free(sx);
+}
+
+/* x (M, K) float32 -> y (M, N) float32 through packed int8 weights (layout above). */
+void rowwise_matmul_i8(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads) {
+    void *prepared = malloc(int8_prepared_bytes(M, K));
+    if (prepared == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
+    int8_prepare(x, M, K, prepared);
+#pragma omp parallel num_threads(threads)
+    int8_matmul_share(prepared, packed, bias, y, M, N, K, omp_get_thread_num(), omp_get_num_threads());
+    free(prepared);
 }

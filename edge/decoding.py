@@ -47,7 +47,7 @@ class Autoregressive:
     def step(self, tokens: list[int], budget: int) -> Step:
         t0 = time.perf_counter()
         last = torch.tensor([tokens[-1:]], device=self.device)  # (1, 1)
-        logits = self.model.logits(self.model(last, len(tokens) - 1, self.cache))[0, -1]  # (V,)
+        logits = self.model.forward_logits(last, len(tokens) - 1, self.cache)[0, -1]  # (V,)
         t1 = time.perf_counter()
         token = next_token(logits, self.params, history_tensor(tokens, self.params, self.device), self.generator)
         t2 = time.perf_counter()

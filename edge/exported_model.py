@@ -56,6 +56,10 @@ class ExportedModel:
         """Run tokens (T,) at [start, start + T) over cache slots [0, start); write their keys/values; logits."""
         raise NotImplementedError
 
+    def forward_logits(self, tokens: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+        """logits(self(tokens, start, cache)): the interface edge's own model has for a decode step."""
+        return self.logits(self(tokens, start, cache))
+
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """The forward's logits (B, T, V') -> (B, T, V); rows a trimmed head dropped are -inf (never drafted)."""
         if self.vocab_map is None:

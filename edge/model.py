@@ -30,6 +30,7 @@ from edge.rope import apply_rope, inverse_frequencies
 
 FLOAT_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel reads as floats
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
+FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
 
 
 class Linear(nn.Linear):
@@ -50,8 +51,12 @@ class Linear(nn.Linear):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rowwise, max_rows: int) -> torch.Tensor:
+    """x @ weight.T + bias: through the batch-invariant kernel for up to `max_rows` rows, and for any number of rows
+    of 16-bit weights (the kernel widens them in registers, several times faster than torch widening a copy); torch
+    otherwise."""
     rows = x.numel() // x.shape[-1]
-    if rowwise is not None and rows <= max_rows and x.dtype == torch.float32:
+    if (rowwise is not None and x.dtype == torch.float32
+            and (rows <= max_rows or weight.dtype != torch.float32 and rowwise.supports(weight, bias))):
         return rowwise(x, weight, bias)
     if weight.dtype != x.dtype:  # weights stored in bfloat16 for float32 compute: widen for this call only
         weight = weight.to(x.dtype)
@@ -167,6 +172,7 @@ class Transformer(nn.Module):
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         self._fused_weights = None  # per-layer weight pointers for the fused C layer (False: not fusable)
+        self._step = None  # (ModelView, pointers, tensors) for forward_logits, made by _step_view()
         self._fused_format = "float32"  # the layers' weights (16-bit ones are widened in the kernel; int8/int4 packed)
         self.packed_format: str | None = None  # "int8"/"int4": set by edge.packed_weights.quantize_weights
         self.packed_head: torch.Tensor | None = None  # the head packed in that format
@@ -234,7 +240,10 @@ class Transformer(nn.Module):
             if end > cache.max_len:
                 raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {end} does not fit")
             x = x[0].contiguous()  # (T, D), updated in place layer by layer
-            self._fused_layers(x, order, start, cache, rope)
+            cos, sin = rope
+            for first in range(0, steps, FUSED_CHUNK):  # a prompt in chunks: each row's operations are unchanged
+                last = min(first + FUSED_CHUNK, steps)
+                self._fused_layers(x[first:last], order, start + first, cache, (cos[first:last], sin[first:last]))
             norm = self.norm.weight
             hidden = (self.rowwise.rms_norm(x, norm, self.norm.eps) if norm.dtype in FLOAT_WEIGHTS
                       else self.norm(x))[None]  # (1, T, D): the final norm in the same C library, one call
@@ -248,6 +257,52 @@ class Transformer(nn.Module):
         if full and self.features is not None and hidden.shape[0] == 1 and end <= self.features.shape[0]:
             self.features[start:end] = hidden[0]
         return hidden
+
+    def forward_logits(self, tokens: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+        """logits(forward(tokens, start, cache)): (B, T, V) for tokens (B, T), every layer. A decode step or verify
+        pass that the fused kernel runs goes through embedding, layers, final norm and head in one C call: the same
+        numbers, without Python between them."""
+        steps = tokens.shape[1]
+        end = start + steps
+        if (steps > FUSED_CHUNK or start > cache.length or end > cache.max_len
+                or not self._can_fuse(tokens.shape[0], steps, self.dtype, cache)):
+            return self.logits(self(tokens, start, cache))
+        view = self._step_view()
+        if view is None:
+            return self.logits(self(tokens, start, cache))
+        cos, sin = self._rope(start, end, torch.float32)
+        hidden, logits = self.rowwise.forward_step(view, tokens[0], start, self._layer_order(range(len(self.layers))),
+                                                   cos, sin, cache.keys, cache.values)  # (T, D), (T, V)
+        cache.length = end
+        if self.features is not None and end <= self.features.shape[0]:
+            self.features[start:end] = hidden
+        return logits[None]  # (1, T, V)
+
+    def _step_view(self):
+        """The kernel's view of this model for forward_logits (kernels.cpu_matmul.ModelView), made once and again
+        when the embedding, norm or head change; None when one of them is in a form the kernel does not read."""
+        from kernels.cpu_matmul import WEIGHT_FORMATS, ModelView, weight_format
+
+        head = self.packed_head if self.packed_head is not None else self.head_weight
+        embed, norm = self.embed.weight, self.norm.weight
+        pointers = (head.data_ptr(), embed.data_ptr(), norm.data_ptr())
+        if self._step is not None and self._step[1] == pointers:
+            return self._step[0]
+        if not (embed.dtype in FLOAT_WEIGHTS and norm.dtype in FLOAT_WEIGHTS and embed.is_contiguous()
+                and head.is_contiguous() and (self.packed_head is not None or head.dtype in FLOAT_WEIGHTS)):
+            return None
+        config = self.config
+        view = ModelView(
+            D=config.hidden_size, H=config.num_heads, Hkv=config.num_kv_heads, Dh=config.head_dim,
+            I=config.intermediate_size, V=config.vocab_size, eps=config.rms_norm_eps, scale=config.head_dim ** -0.5,
+            format=WEIGHT_FORMATS[self._fused_format], embed_format=weight_format(embed.dtype),
+            norm_format=weight_format(norm.dtype),
+            head_format=WEIGHT_FORMATS[self.packed_format] if self.packed_head is not None else weight_format(
+                head.dtype),
+            weights=self._fused_table.data_ptr(), windows=self._fused_windows.data_ptr(), embed=pointers[1],
+            norm=pointers[2], head=pointers[0])
+        self._step = (view, pointers, (head, embed, norm))  # the tensors stay alive as long as the view
+        return view
 
     def keep_features(self, max_len: int) -> torch.Tensor:
         """From now on store the normed hidden state of every position a full pass computes, in a (max_len, D)
@@ -273,13 +328,15 @@ class Transformer(nn.Module):
         return out.view(*hidden.shape[:-1], weight.shape[0])
 
     def _can_fuse(self, batch: int, rows: int, dtype: torch.dtype, cache: KVCache) -> bool:
-        """Whether this pass can run each layer as one fused C call (the batch-invariant kernel's fused_layer): a
-        few rows of batch 1 in float32 (weights float32 or 16-bit), a plain float32 KV cache, every layer in place."""
-        if self.rowwise is None or batch != 1 or dtype != torch.float32 or (rows > self.rowwise_max_rows
-                                                                              and not self.packed_format):
-            return False  # (packed layers run every row count in the kernel, prefill included)
+        """Whether this pass can run its layers in one fused C call (the batch-invariant kernel's fused_layers): rows
+        of batch 1 in float32 (up to rowwise_max_rows with float32 weights, any number with 16-bit or packed ones), a
+        plain float32 KV cache, every layer in place."""
+        if self.rowwise is None or batch != 1 or dtype != torch.float32:
+            return False
         if self._fused_weights is None or (self._fused_weights is not False and self._weights_replaced()):
             self._fused_weights = self._fused_pointers()  # first use, or the weights were replaced since
+        if rows > self.rowwise_max_rows and self._fused_format == "float32":
+            return False  # a float32 prompt: torch's GEMM is faster (packed and 16-bit ones run in the kernel)
         return (self._fused_weights is not False and type(cache) is KVCache and cache.keys.dtype == torch.float32
                 and cache.keys.is_contiguous() and self.config.head_dim <= 512)
 
@@ -329,6 +386,7 @@ class Transformer(nn.Module):
                    for t, dtype in zip(tensors, expected)):
                 return False
             layers.append(tuple(pointer(t) for t in tensors))
+        self._step = None  # the one-call step's view of the model: made again from these pointers
         self._fused_table = torch.tensor([[p or 0 for p in row] for row in layers], dtype=torch.int64)  # (L, 12)
         self._fused_windows = torch.tensor([block.attn.sliding_window or 0 for block in self.layers],
                                            dtype=torch.int64)  # (L,)

@@ -113,7 +113,7 @@ class SpeculativeDecoding:
         t1 = time.perf_counter()
         feed = torch.tensor([[tokens[-1], *draft.tokens]], device=self.device)  # (1, n + 1)
         start = len(tokens) - 1
-        logits = self.model.logits(self.model(feed, start, self.cache))[0].float()  # (n + 1, V)
+        logits = self.model.forward_logits(feed, start, self.cache)[0].float()  # (n + 1, V)
         t2 = time.perf_counter()
         verdict = self._verify(tokens, draft, logits)
         self.cache.rollback(start + 1 + verdict.accepted)

@@ -34,6 +34,16 @@ def weight_format(dtype: torch.dtype | str) -> int:
     return WEIGHT_FORMATS[dtype if isinstance(dtype, str) else FLOAT_FORMATS[dtype]]
 
 
+class ModelView(ctypes.Structure):
+    """What forward_step_f32 needs of a model beside its rows and cache (csrc/layers.c ModelView)."""
+
+    _fields_ = [("D", ctypes.c_int64), ("H", ctypes.c_int64), ("Hkv", ctypes.c_int64), ("Dh", ctypes.c_int64),
+                ("I", ctypes.c_int64), ("V", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("format", ctypes.c_int32), ("embed_format", ctypes.c_int32), ("norm_format", ctypes.c_int32),
+                ("head_format", ctypes.c_int32), ("weights", ctypes.c_void_p), ("windows", ctypes.c_void_p),
+                ("embed", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("head", ctypes.c_void_p)]
+
+
 class RowwiseMatmul:
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer, size = ctypes.c_void_p, ctypes.c_int64
@@ -67,6 +77,10 @@ class RowwiseMatmul:
                                 ctypes.c_float,
                                 pointer, pointer, ctypes.c_int])
         self._draft.restype = ctypes.c_int64
+        self._step = library.forward_step_f32
+        self._step.argtypes = [ctypes.POINTER(ModelView), pointer, size, size, pointer, size, pointer, pointer, pointer,
+                               pointer, size, size, pointer, pointer, pointer, ctypes.c_int]
+        self._step.restype = None
         self._bandwidth = library.read_bandwidth_probe
         self._bandwidth.argtypes = [pointer, size, ctypes.c_int]
         self._bandwidth.restype = ctypes.c_double
@@ -180,6 +194,23 @@ class RowwiseMatmul:
                      weights.data_ptr(), windows.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
                      values.data_ptr(), keys.shape[3], keys.stride(0), start, eps, scale, scratch.data_ptr(),
                      WEIGHT_FORMATS[weight_format_name], self.thread_count())
+
+    def forward_step(self, view: ModelView, tokens: torch.Tensor, start: int, order: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step or verify pass through the whole model in one call (forward_step_f32): tokens (T,) int64 at
+        positions [start, start + T) through the layers `order`, the final norm and the head -> (hidden (T, D),
+        logits (T, V)) float32. cos/sin (T, Dh) are the rows' rotary tables, keys/values the whole cache
+        (L, 1, Hkv, S, Dh), contiguous; the view (ModelView) and its tensors must outlive the call."""
+        steps = tokens.numel()
+        q_size, kv_size = view.H * view.Dh, view.Hkv * view.Dh
+        scratch = torch.empty(steps * (2 * view.D + 2 * q_size + q_size + 2 * kv_size + 2 * view.I)
+                              + view.H * steps * (start + steps), dtype=torch.float32)
+        hidden = torch.empty(steps, view.D, dtype=torch.float32)  # (T, D)
+        logits = torch.empty(steps, view.V, dtype=torch.float32)  # (T, V)
+        self._step(ctypes.byref(view), tokens.data_ptr(), steps, start, order.data_ptr(), order.numel(),
+                   cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[3], keys.stride(0),
+                   hidden.data_ptr(), logits.data_ptr(), scratch.data_ptr(), self.thread_count())
+        return hidden, logits
 
     def draft_greedy(self, tokens: torch.Tensor, features: torch.Tensor | None, shape: tuple, order: torch.Tensor,
                      weights: torch.Tensor, windows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

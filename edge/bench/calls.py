@@ -47,7 +47,7 @@ def time_calls(model, cache, rows: list[int], context: int, repeats: int) -> dic
             for n in rows:
                 feed = torch.randint(0, vocab, (1, n), generator=generator)  # (1, n)
                 started = time.perf_counter()
-                model.logits(model(feed, context, cache))
+                model.forward_logits(feed, context, cache)
                 elapsed = time.perf_counter() - started
                 cache.rollback(context)
                 if repeat >= 3:

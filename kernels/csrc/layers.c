@@ -187,6 +187,48 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
     free(prepared);
 }
 
+/* What a whole pass through the model needs beside the rows and the cache (kernels/cpu_matmul.py ModelView mirrors
+ * it): dimensions, the layers' weight table, and the embedding, final norm and head with their formats. */
+typedef struct {
+    int64_t D, H, Hkv, Dh, I, V;   /* V: the head's rows */
+    float eps, scale;
+    int32_t format, embed_format, norm_format, head_format;
+    const void *const *weights;    /* 12 pointers per layer, as fused_layers_f32 takes them */
+    const int64_t *windows;        /* each layer's sliding window (0: none) */
+    const void *embed, *norm, *head;
+} ModelView;
+
+/* A decode step or verify pass through the whole model in one parallel region: the embedding rows of tokens (T), the
+ * layers `order`, the final norm into hidden (T, D) and the head into logits (T, V). The same operations, row by
+ * row, as fused_layers_f32, rms_norm_f32 and the head's matmul called one after another. cos/sin (T, Dh) are the rows'
+ * rotary tables; keys/values the cache (L, Hkv, S_max, Dh), layer l at + l * layer_stride. scratch holds
+ * T * (2D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
+void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
+                      int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
+                      int64_t S_max, int64_t layer_stride, float *hidden, float *logits, float *scratch, int threads) {
+    const int64_t D = m->D, Q = m->H * m->Dh;
+    float *x = scratch, *layer_scratch = scratch + T * D;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) x[t * D + d] = weight_at(m->embed, tokens[t] * D + d, m->embed_format);
+    const int64_t widest = D > Q ? (D > m->I ? D : m->I) : (Q > m->I ? Q : m->I);
+    void *prepared = malloc(prepared_bytes(T, widest));
+    if (prepared == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
+#pragma omp parallel num_threads(threads)
+    {
+        const int part = omp_get_thread_num(), parts = omp_get_num_threads();
+        for (int64_t i = 0; i < count; i++) {
+            const int64_t l = order[i];
+            layer_team(x, T, D, m->H, m->Hkv, m->Dh, m->I, m->weights + 12 * l, cos_table, sin_table,
+                       keys + l * layer_stride, values + l * layer_stride, S_max, start, m->windows[l], m->eps,
+                       m->scale, layer_scratch, prepared, m->format, part, parts);
+        }
+#pragma omp single
+        rms_norm_rows(x, m->norm, hidden, T, D, m->eps, m->norm_format);
+        team_matmul(hidden, m->head, NULL, logits, T, m->V, D, m->head_format, prepared, part, parts);
+    }
+    free(prepared);
+}
+
 /* Greedy drafting, k tokens in one call: a draft model (embed -> layers -> norm -> head -> argmax) or a feature
  * drafter (fc(feature | embed) -> its layer -> norm -> head -> argmax, its normed output becoming the next row's
  * feature). The same per-row operations as the Python path's calls, without a Python round trip per token.

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from edge import Engine
+from edge import EdgeError, Engine
 from tui.cli import ConsoleChat, main as chat_main
 
 
@@ -86,7 +86,7 @@ def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
     assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--weights", "fp32", "--quiet"]) == 0
     report_path = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--ar", "--peers", "--max-new-tokens", "12",
+        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--ar", "--peers", "transformers", "--max-new-tokens", "12",
          "--repeats", "1", "--bundles", str(tmp_path / "b"), "--json", str(report_path)],
         capture_output=True, text=True, timeout=300,
     )
@@ -97,6 +97,46 @@ def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
     assert all(r["new_tokens"] == 12 and r["decode_tokens_per_s"] > 0 and r["peak_rss_mib"] > 0
                for r in report["results"])
     assert "| edge torch float32 |" in done.stdout and "| edge onnx fp32 |" in done.stdout
+
+
+def test_bench_ar_interleaves_backends_in_one_process(llama_dir, tmp_path):
+    report_path = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--ar", "--peers", "transformers", "--interleave",
+         "--weights", "int4", "--max-new-tokens", "10", "--repeats", "3", "--json", str(report_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "in one process, taking turns" in done.stderr
+    results = json.loads(report_path.read_text())["results"]
+    assert [r["backend"] for r in results] == ["edge torch int4", "transformers"]
+    assert all(len(r["decode_tokens_per_s_by_repeat"]) == 3 and r["ratio"] > 0 for r in results)
+    assert results[0]["ratio"] == 1.0 and "| edge torch int4 | " in done.stdout
+
+
+def test_bench_llama_cpp_peer_matches_edge_precision_and_says_what_is_missing(checkpoint_factory, monkeypatch,
+                                                                            capsys, tmp_path):
+    from edge.bench import cli, llama_cpp
+
+    path = checkpoint_factory("llama3")  # saved in float32 by the fixtures
+    assert llama_cpp.matching_precision(path, "float32", None) == "f32"
+    assert [llama_cpp.matching_precision(path, "float32", w) for w in ("int8", "int4")] == ["q8_0", "q4_0"]
+    half = tmp_path / "half"
+    half.mkdir()
+    for item in path.iterdir():
+        (half / item.name).write_bytes(item.read_bytes())
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(half / "model.safetensors")
+    save_file({name: t.half() for name, t in tensors.items()}, half / "model.safetensors", metadata={"format": "pt"})
+    assert llama_cpp.matching_precision(half, "float32", None) == "f16"  # 16-bit weights stay 16-bit in edge
+    monkeypatch.setattr(llama_cpp, "available", lambda: False)
+    assert cli.main([str(path), "--ar", "--peers", "llama.cpp", "--max-new-tokens", "4"]) == 2
+    assert "--peers llama.cpp needs llama-cpp-python: pip install 'edge[peers]'" in capsys.readouterr().err
+    assert cli.main([str(path), "--ar", "--peers", "vllm", "--max-new-tokens", "4"]) == 2
+    assert "unknown peer 'vllm'" in capsys.readouterr().err
+    with pytest.raises(EdgeError, match="holds no llama.cpp converter"):
+        llama_cpp.converter_source(tmp_path)
 
 
 def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_path):
@@ -149,6 +189,26 @@ def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
     assert calls_main([str(llama_dir), "--rows", "2", "--context", "4", "--repeats", "2", "--weights",
                        "float32"]) == 0  # a float32 checkpoint: widening is a no-op, the table the same shape
     assert capsys.readouterr().out.splitlines()[0].startswith("| rows |")
+
+
+def test_agreement_bench_compares_quantized_with_float(llama_dir, capsys):
+    from edge.bench.agreement import main as agreement_main
+
+    assert agreement_main([str(llama_dir), "--weights", "int8,int4", "--max-new-tokens", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| weights | same greedy output |")
+    rows = [line.split("|") for line in lines[2:4]]
+    assert [row[1].strip() for row in rows] == ["int8", "int4"]
+    assert all(row[2].strip().endswith("of 15") and 0 <= float(row[4].strip().rstrip("%")) <= 100 for row in rows)
+
+
+def test_kernel_bench_reports_bandwidth_and_row_costs(capsys):
+    from kernels import cpu_bench
+
+    assert cpu_bench.main(["--shape", "builtin", "--paths", "portable", "--formats", "float16,int4", "--rows", "2",
+                           "--repeats", "1", "--bandwidth-megabytes", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "| portable | float16 |" in out and "| portable | int4 |" in out and "| portable | read bandwidth |" in out
 
 
 def test_step_time_bench_reports_each_method(llama_dir, capsys):

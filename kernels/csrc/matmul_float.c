@@ -2,18 +2,16 @@
  * float32, bfloat16 or float16 (16-bit ones widened exactly in registers), inputs and outputs float32.
  *
  * Every output element is one dot product computed in the same order whatever the number of rows M, the row's
- * index or the thread count: four VL-lane accumulators taking k in chunks of VL in turn (a fused multiply-add each,
- * on the paths that have FMA), added as (a0 + a1) + (a2 + a3), simd.h's fixed lane reduction, a scalar tail for
- * k % 4VL, then + bias. So a (k + 1)-row verify pass produces bit for bit the rows that k + 1 single-row decode
- * steps produce, which makes greedy speculative decoding exactly equal to plain decoding (vendor BLAS picks
- * different kernels for 1 and for 5 rows, and they round differently).
+ * index or the thread count: two VL-lane accumulators taking k in chunks of VL in turn (a fused multiply-add each,
+ * on the paths that have FMA), added lane-wise, simd.h's fixed lane reduction, a scalar tail for k % 2VL, then
+ * + bias. So a (k + 1)-row verify pass produces bit for bit the rows that k + 1 single-row decode steps produce,
+ * which makes greedy speculative decoding exactly equal to plain decoding (vendor BLAS picks different kernels for
+ * 1 and for 5 rows, and they round differently).
  *
- * Each thread takes a contiguous range of outputs and reads their weight rows one after another: one sequential
- * stream per thread, which the hardware prefetcher follows at full speed (several rows read side by side measured
- * 15-20% slower on an AVX2 server: short interleaved streams). Each weight row is used for every input row while it
- * is in L1 (ROW_GROUP input rows per pass, four accumulators each: 8 FMA chains on AVX2's 16 registers, 16 on the
- * 32 of AVX-512 and NEON), so it is read from memory once per call whatever the number of rows, and a verify pass
- * costs little more than a decode step when decoding is bound by weight reads.
+ * Each thread takes a contiguous range of outputs; float_outputs says how it walks them (a few long sequential
+ * weight streams, not many short ones: several adjacent rows read side by side measured 15-20% slower). Each
+ * weight row is used for every input row while it is in L1, so it is read from memory once per call whatever the
+ * number of rows, and a verify pass costs little more than a decode step when decoding is bound by weight reads.
  *
  * The build passes -ffp-contract=off, so the compiler never fuses (or declines to fuse) a multiply and an add on its
  * own, which it could do differently in the 4-row loop and the 1-row loop: fusion is explicit (vf_fma).
@@ -22,12 +20,9 @@
 
 #include "simd.h"
 
-#if defined(EDGE_AVX2)
-#define ROW_GROUP 2
-#else
-#define ROW_GROUP 4
-#endif
-#define CHAINS 4
+#define CHAINS 2    /* accumulators per output */
+#define STREAMS 4   /* outputs from separate parts of a thread's range read side by side in a one-row call */
+#define ROW_GROUP 4 /* input rows per pass over a weight row */
 
 enum { F32 = 0, BF16 = 1, F16 = 2 };
 
@@ -43,54 +38,76 @@ static inline __attribute__((always_inline)) float weight_scalar(const void *w, 
     return ((const float *)w)[i];
 }
 
-/* Output n for R input rows (x + r * K), R a compile-time constant. */
+/* Outputs n[0 .. S) for R input rows (x + r * K), R and S compile-time constants, R * S * CHAINS <= 8 accumulators:
+ * each output alone is CHAINS lane-wise chains over k in turn, (a0 + a1), the lane reduction, the tail, the bias. */
 static inline __attribute__((always_inline)) void float_dots(const float *x, const void *w, const float *bias,
-                                                             float *y, int64_t n, int64_t N, int64_t K, const int R,
-                                                             const int format, const int ahead) {
-    vf acc[ROW_GROUP][CHAINS];
+                                                             float *y, const int64_t *n, int64_t N, int64_t K,
+                                                             const int R, const int S, const int format,
+                                                             const int ahead) {
+    vf acc[ROW_GROUP][STREAMS][CHAINS];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 4") for (int c = 0; c < CHAINS; c++) acc[r][c] = vf_zero();
-    const int64_t row = n * K;
-    int64_t k = 0;
+        _Pragma("GCC unroll 4") for (int s = 0; s < S; s++)
+            _Pragma("GCC unroll 2") for (int c = 0; c < CHAINS; c++) acc[r][s][c] = vf_zero();
+    int64_t row[STREAMS];
+    _Pragma("GCC unroll 4") for (int s = 0; s < S; s++) row[s] = n[s] * K;
     const int64_t size = format == F32 ? 4 : 2;
+    int64_t k = 0;
     for (; k + CHAINS * VL <= K; k += CHAINS * VL) {
-        if (ahead)  /* the first pass of a call with more rows than one pass takes (simd.h: prefetch_ahead) */
+        if (ahead)  /* the first pass of a call with several rows (simd.h: prefetch_ahead) */
             for (int64_t line = 0; line < CHAINS * VL * size; line += 64)
-                prefetch_ahead((const char *)w + (row + k) * size + line);
-        _Pragma("GCC unroll 4") for (int c = 0; c < CHAINS; c++) {
-            const vf wv = load_weights(w, row + k + c * VL, format);
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-                acc[r][c] = vf_fma(acc[r][c], vf_load(x + r * K + k + c * VL), wv);
+                prefetch_ahead((const char *)w + (row[0] + k) * size + line);
+        _Pragma("GCC unroll 2") for (int c = 0; c < CHAINS; c++) {
+            vf xs[ROW_GROUP];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) xs[r] = vf_load(x + r * K + k + c * VL);
+            _Pragma("GCC unroll 4") for (int s = 0; s < S; s++) {
+                const vf wv = load_weights(w, row[s] + k + c * VL, format);
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][s][c] = vf_fma(acc[r][s][c], xs[r], wv);
+            }
         }
     }
-    float sums[ROW_GROUP];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        sums[r] = vf_reduce(vf_add(vf_add(acc[r][0], acc[r][1]), vf_add(acc[r][2], acc[r][3])));
-    for (; k < K; k++) {
-        const float wk = weight_scalar(w, row + k, format);
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = sums[r] + x[r * K + k] * wk;
+    _Pragma("GCC unroll 4") for (int s = 0; s < S; s++) {
+        float sums[ROW_GROUP];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = vf_reduce(vf_add(acc[r][s][0], acc[r][s][1]));
+        for (int64_t j = k; j < K; j++) {
+            const float wk = weight_scalar(w, row[s] + j, format);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = sums[r] + x[r * K + j] * wk;
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            y[r * N + n[s]] = sums[r] + (bias ? bias[n[s]] : 0.0f);
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[r * N + n] = sums[r] + (bias ? bias[n] : 0.0f);
 }
 
-/* Outputs [first, end) for all M rows: per output, its weight row against every group of up to ROW_GROUP rows. */
+/* Outputs [first, end) for all M rows. One row: STREAMS outputs at a time from STREAMS equal parts of the range, so
+ * the thread reads that many long sequential streams (measured 23.8 -> 30 GB/s over TinyLlama's float16 matrices on
+ * an AVX2 server: one core keeps more reads in flight). Two rows: two streams. More: one output at a time, its
+ * weight row against groups of up to four rows, read from memory in the first group and from L1 after. */
 static inline __attribute__((always_inline)) void float_outputs(const float *x, const void *w, const float *bias,
                                                                 float *y, int64_t first, int64_t end, int64_t M,
                                                                 int64_t N, int64_t K, const int format) {
-    for (int64_t n = first; n < end; n++)
+    int64_t n = first;
+    if (M <= 2) {
+        const int64_t part = (end - first) / (M == 1 ? STREAMS : 2);
+        for (int64_t i = 0; i < part; i++, n++) {
+            if (M == 1) {
+                const int64_t outputs[STREAMS] = {n, n + part, n + 2 * part, n + 3 * part};
+                float_dots(x, w, bias, y, outputs, N, K, 1, STREAMS, format, 0);
+            } else {
+                const int64_t outputs[2] = {n, n + part};
+                float_dots(x, w, bias, y, outputs, N, K, 2, 2, format, 1);
+            }
+        }
+        n = first + part * (M == 1 ? STREAMS : 2);  /* the few left over, one at a time */
+    }
+    for (; n < end; n++)
         for (int64_t m = 0; m < M; m += ROW_GROUP) {
             const float *xm = x + m * K;
             float *ym = y + m * N;
             const int ahead = m == 0 && M > 1;
             switch (M - m < ROW_GROUP ? M - m : ROW_GROUP) {
-                case 1: float_dots(xm, w, bias, ym, n, N, K, 1, format, ahead); break;
-#if ROW_GROUP == 4
-                case 2: float_dots(xm, w, bias, ym, n, N, K, 2, format, ahead); break;
-                case 3: float_dots(xm, w, bias, ym, n, N, K, 3, format, ahead); break;
-                default: float_dots(xm, w, bias, ym, n, N, K, 4, format, ahead); break;
-#else
-                default: float_dots(xm, w, bias, ym, n, N, K, 2, format, ahead); break;
-#endif
+                case 1: float_dots(xm, w, bias, ym, &n, N, K, 1, 1, format, ahead); break;
+                case 2: float_dots(xm, w, bias, ym, &n, N, K, 2, 1, format, ahead); break;
+                case 3: float_dots(xm, w, bias, ym, &n, N, K, 3, 1, format, ahead); break;
+                default: float_dots(xm, w, bias, ym, &n, N, K, 4, 1, format, ahead); break;
             }
         }
 }
@@ -116,24 +133,21 @@ DEFINE_FLOAT_MATMUL(rowwise_matmul_f32, float, F32)
 DEFINE_FLOAT_MATMUL(rowwise_matmul_bf16, uint16_t, BF16)
 DEFINE_FLOAT_MATMUL(rowwise_matmul_f16, uint16_t, F16)
 
-/* What the machine reads: sums `count` floats in `threads` contiguous slices (kernels/bench.py's bandwidth probe,
- * the reference for the matmuls' GB/s). */
-double read_bandwidth_probe(const float *data, int64_t count, int threads) {
+/* What the machine reads: sums `count` floats, each of `threads` threads a contiguous slice of them read as `streams`
+ * interleaved sequential streams (kernels/cpu_matmul.py read_bandwidth takes the best of several stream counts: the
+ * reference for the matmuls' GB/s). */
+double read_bandwidth_probe(const float *data, int64_t count, int threads, int streams) {
     double total = 0.0;
 #pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : total)
     for (int64_t part = 0; part < threads; part++) {
-        const int64_t begin = count * part / threads, end = count * (part + 1) / threads;
-        vf a = vf_zero(), b = vf_zero(), c = vf_zero(), d = vf_zero();
-        int64_t i = begin;
-        for (; i + 4 * VL <= end; i += 4 * VL) {
-            a = vf_add(a, vf_load(data + i));
-            b = vf_add(b, vf_load(data + i + VL));
-            c = vf_add(c, vf_load(data + i + 2 * VL));
-            d = vf_add(d, vf_load(data + i + 3 * VL));
-        }
-        float rest = 0.0f;
-        for (; i < end; i++) rest += data[i];
-        total += (double)vf_reduce(vf_add(vf_add(a, b), vf_add(c, d))) + rest;
+        const int64_t begin = count * part / threads, length = (count * (part + 1) / threads - begin) / streams;
+        vf sums[16];
+        for (int s = 0; s < streams; s++) sums[s] = vf_zero();
+        for (int64_t i = 0; i + VL <= length; i += VL)
+            for (int s = 0; s < streams; s++) sums[s] = vf_add(sums[s], vf_load(data + begin + s * length + i));
+        vf all = vf_zero();
+        for (int s = 0; s < streams; s++) all = vf_add(all, sums[s]);
+        total += (double)vf_reduce(all);
     }
     return total;
 }

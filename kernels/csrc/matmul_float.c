@@ -133,21 +133,34 @@ DEFINE_FLOAT_MATMUL(rowwise_matmul_f32, float, F32)
 DEFINE_FLOAT_MATMUL(rowwise_matmul_bf16, uint16_t, BF16)
 DEFINE_FLOAT_MATMUL(rowwise_matmul_f16, uint16_t, F16)
 
+/* Sums `length` floats from each of S streams (S a compile-time constant), two vectors per stream per step. */
+static inline __attribute__((always_inline)) float stream_sum(const float *data, int64_t length, const int S) {
+    vf sums[8][2];
+    _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) sums[s][0] = sums[s][1] = vf_zero();
+    for (int64_t i = 0; i + 2 * VL <= length; i += 2 * VL)
+        _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) {
+            sums[s][0] = vf_add(sums[s][0], vf_load(data + s * length + i));
+            sums[s][1] = vf_add(sums[s][1], vf_load(data + s * length + i + VL));
+        }
+    vf all = vf_zero();
+    _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) all = vf_add(all, vf_add(sums[s][0], sums[s][1]));
+    return vf_reduce(all);
+}
+
 /* What the machine reads: sums `count` floats, each of `threads` threads a contiguous slice of them read as `streams`
- * interleaved sequential streams (kernels/cpu_matmul.py read_bandwidth takes the best of several stream counts: the
- * reference for the matmuls' GB/s). */
+ * (1, 2, 4 or 8) interleaved sequential streams (kernels/cpu_matmul.py read_bandwidth takes the best of several
+ * stream counts: the reference for the matmuls' GB/s). */
 double read_bandwidth_probe(const float *data, int64_t count, int threads, int streams) {
     double total = 0.0;
 #pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : total)
     for (int64_t part = 0; part < threads; part++) {
         const int64_t begin = count * part / threads, length = (count * (part + 1) / threads - begin) / streams;
-        vf sums[16];
-        for (int s = 0; s < streams; s++) sums[s] = vf_zero();
-        for (int64_t i = 0; i + VL <= length; i += VL)
-            for (int s = 0; s < streams; s++) sums[s] = vf_add(sums[s], vf_load(data + begin + s * length + i));
-        vf all = vf_zero();
-        for (int s = 0; s < streams; s++) all = vf_add(all, sums[s]);
-        total += (double)vf_reduce(all);
+        switch (streams) {
+            case 1: total += stream_sum(data + begin, length, 1); break;
+            case 2: total += stream_sum(data + begin, length, 2); break;
+            case 4: total += stream_sum(data + begin, length, 4); break;
+            default: total += stream_sum(data + begin, length, 8); break;
+        }
     }
     return total;
 }

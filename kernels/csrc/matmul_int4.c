@@ -60,8 +60,7 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = weights + b * BLOCK_BYTES;
-        if (R > 1)  /* simd.h: prefetch_ahead */
-            for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);
+        for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);  /* simd.h */
         __m512i dots[MAX_ROWS];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = _mm512_setzero_si512();
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
@@ -88,8 +87,7 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = weights + b * BLOCK_BYTES;
-        if (R > 1)  /* simd.h: prefetch_ahead */
-            for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);
+        for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);  /* simd.h */
         __m256i pairs[MAX_ROWS][2];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
@@ -129,8 +127,7 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
     const uint8x16_t low = vdupq_n_u8(0x0F);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = weights + b * BLOCK_BYTES;
-        if (R > 1)  /* simd.h: prefetch_ahead */
-            for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);
+        for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);  /* simd.h */
         int32x4_t dots[MAX_ROWS][4];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) dots[r][q] = vdupq_n_s32(0);
@@ -172,8 +169,7 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
         for (int lane = 0; lane < GROUP; lane++) acc[r][lane] = 0.0f;
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = weights + b * BLOCK_BYTES;
-        if (R > 1)  /* simd.h: prefetch_ahead */
-            for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);
+        for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);  /* simd.h */
         for (int r = 0; r < R; r++) {
             const int8_t *x = rows[r].codes + b * BLOCK;
             for (int lane = 0; lane < GROUP; lane++) {

@@ -253,9 +253,10 @@ static inline vf vf_pow2_bits(vf shifted) {
 static inline float vf_reduce(vf v) { return (v[0] + v[2]) + (v[1] + v[3]); } /* 2, 1 lanes, as the others */
 #endif
 
-/* A call with several rows computes for longer per weight byte, and the hardware prefetcher then runs too little
- * ahead of it: such calls prefetch their weight stream 4 KiB ahead themselves, one line per 64 bytes consumed
- * (measured on an AVX2 server: a 4-row int8 call over TinyLlama's matrices 58 -> 47 ms, one row unchanged). */
+/* Where the hardware prefetcher runs too little ahead of a weight stream, the kernel prefetches it 4 KiB ahead
+ * itself, one line per 64 bytes consumed: calls with several rows (more compute per byte; a 4-row int8 call over
+ * TinyLlama's matrices measured 58 -> 47 ms on an AVX2 server) and int4 decode steps, which read one stream per
+ * thread (29 -> 26 ms). One-row int8 and float calls read several streams per thread and are faster without. */
 #define PREFETCH_AHEAD 4096
 static inline void prefetch_ahead(const void *p) { __builtin_prefetch((const char *)p + PREFETCH_AHEAD); }
 

@@ -67,7 +67,8 @@ def quantization_problem(model, fmt: str) -> str | None:
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return f"{fmt} weights need a CPU model computing in float32 (--dtype float32, the default)"
     if getattr(model, "rowwise", None) is None:
-        return f"{fmt} weights run on edge's CPU kernel, which is not available here (it needs a C compiler with OpenMP)"
+        return (f"{fmt} weights run on edge's CPU kernel, which is not available here (it needs a C compiler with "
+                "OpenMP)")
     if model.packed_format not in (None, fmt):
         return f"this model's weights are already {model.packed_format}; load it again to quantize to {fmt}"
     return None

@@ -28,7 +28,7 @@ from edge.verify import Verdict, verify_greedy, verify_stochastic
 
 
 # adaptive draft length starts at 2: with extra verify rows costing compute, starting at 4 cost the drafters whose
-# best fixed k is 1 or 2 a few percent per reply in interleaved runs (docs/benchmarks.md, session 6)
+# best fixed k is 1 or 2 a few percent per reply in interleaved runs (docs/history/benchmarks-2026-11-21.md, round 6)
 ADAPTIVE_START = 2
 
 
@@ -40,10 +40,10 @@ class DraftLength:
     after a rejection it drops to the tokens accepted + 1 (at most k - 1), within [min_k, max_k]. The drop measured
     level with or slightly ahead of shrinking by one (docs/architecture.md); growing by 1 rather than 2 brought every
     drafter within 5% of its best fixed k in an interleaved suite, now that each extra verify row costs compute
-    (docs/benchmarks.md, session 6). Optionally a drafter also stops early when its probability for the next token
-    is below `stop_below` (SpecDec++/Kangaroo). On the built-in pair this rule measured level with the best fixed
-    k, while the expected-gain rule of Leviathan et al. (pick k from the running acceptance and draft/verify cost
-    ratio) and any confidence threshold measured slower; see docs/benchmarks.md."""
+    (docs/history/benchmarks-2026-11-21.md, round 6). Optionally a drafter also stops early when its probability for
+    the next token is below `stop_below` (SpecDec++/Kangaroo). On the built-in pair this rule measured level with the
+    best fixed k, while the expected-gain rule of Leviathan et al. (pick k from the running acceptance and draft/verify cost
+    ratio) and any confidence threshold measured slower; see docs/history/benchmarks-2026-11-21.md."""
 
     k: int = 4
     adaptive: bool = True

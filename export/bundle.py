@@ -220,7 +220,7 @@ def _copy_files(source: Path, destination: Path, names: tuple[str, ...]) -> None
 def _should_trim(setting: str, drafter) -> bool:
     """auto: trim when the head has more parameters than the drafter's layers. Below that, a drafter step is mostly
     its layers and call overhead, and the rows a trim drops cost acceptance for little speed (measured on the
-    built-in pair: docs/benchmarks.md)."""
+    built-in pair: docs/history/benchmarks-2026-11-21.md)."""
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"vocabulary trim must be auto, on or off, got {setting!r}")
     if setting != "auto":

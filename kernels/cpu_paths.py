@@ -137,8 +137,8 @@ def build(path: str, extra_flags: list[str] | None = None, cc: str | None = None
     handle, temporary = tempfile.mkstemp(suffix=".so", dir=library.parent)
     os.close(handle)
     try:
-        result = subprocess.run([cc, *flags, *map(str, sources()), *LIBRARIES, "-o", temporary], capture_output=True, text=True,
-                                timeout=600)
+        result = subprocess.run([cc, *flags, *map(str, sources()), *LIBRARIES, "-o", temporary],
+                                capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             lines = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()
             raise OSError(f"{cc} failed building the {path} kernel: {lines[0] if lines else 'no output'}")

@@ -106,6 +106,19 @@ def llama_dir(checkpoint_factory) -> Path:
     return checkpoint_factory("llama3")
 
 
+@pytest.fixture(scope="session")
+def half_llama_dir(llama_dir, tmp_path_factory) -> Path:
+    """llama_dir's checkpoint saved in float16 (edge keeps such weights 16-bit on the CPU)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("llama3-float16")
+    for item in llama_dir.iterdir():
+        shutil.copy(item, folder / item.name)
+    tensors = load_file(llama_dir / "model.safetensors")
+    save_file({name: t.half() for name, t in tensors.items()}, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
 # ---- edge's CPU kernel, one library per path this machine can run (kernels/cpu_paths.py) ----
 
 def _emulated_avx512() -> bool:

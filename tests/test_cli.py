@@ -86,8 +86,8 @@ def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
     assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--weights", "fp32", "--quiet"]) == 0
     report_path = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--ar", "--peers", "transformers", "--max-new-tokens", "12",
-         "--repeats", "1", "--bundles", str(tmp_path / "b"), "--json", str(report_path)],
+        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--ar", "--peers", "transformers", "--max-new-tokens",
+         "12", "--repeats", "1", "--bundles", str(tmp_path / "b"), "--json", str(report_path)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -114,22 +114,14 @@ def test_bench_ar_interleaves_backends_in_one_process(llama_dir, tmp_path):
     assert results[0]["ratio"] == 1.0 and "| edge torch int4 | " in done.stdout
 
 
-def test_bench_llama_cpp_peer_matches_edge_precision_and_says_what_is_missing(checkpoint_factory, monkeypatch,
+def test_bench_llama_cpp_peer_matches_edge_precision_and_says_what_is_missing(llama_dir, half_llama_dir, monkeypatch,
                                                                             capsys, tmp_path):
     from edge.bench import cli, llama_cpp
 
-    path = checkpoint_factory("llama3")  # saved in float32 by the fixtures
+    path = llama_dir  # saved in float32 by the fixtures
     assert llama_cpp.matching_precision(path, "float32", None) == "f32"
     assert [llama_cpp.matching_precision(path, "float32", w) for w in ("int8", "int4")] == ["q8_0", "q4_0"]
-    half = tmp_path / "half"
-    half.mkdir()
-    for item in path.iterdir():
-        (half / item.name).write_bytes(item.read_bytes())
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(half / "model.safetensors")
-    save_file({name: t.half() for name, t in tensors.items()}, half / "model.safetensors", metadata={"format": "pt"})
-    assert llama_cpp.matching_precision(half, "float32", None) == "f16"  # 16-bit weights stay 16-bit in edge
+    assert llama_cpp.matching_precision(half_llama_dir, "float32", None) == "f16"  # 16-bit weights stay 16-bit
     monkeypatch.setattr(llama_cpp, "available", lambda: False)
     assert cli.main([str(path), "--ar", "--peers", "llama.cpp", "--max-new-tokens", "4"]) == 2
     assert "--peers llama.cpp needs llama-cpp-python: pip install 'edge[peers]'" in capsys.readouterr().err

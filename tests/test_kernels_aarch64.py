@@ -36,8 +36,9 @@ pytestmark = pytest.mark.skipif(missing, reason="needs gcc-aarch64-linux-gnu and
 def driver(request, tmp_path_factory) -> tuple[str, Path]:
     program = tmp_path_factory.mktemp("aarch64") / f"kernel-driver-{request.param}"
     sources = [str(p) for p in cpu_paths.sources()]
-    subprocess.run([CROSS, *[flag for flag in cpu_paths.COMMON_FLAGS if flag not in ("-fPIC", "-shared")], FLAGS[request.param], *sources, str(DRIVER), "-o",
-                    str(program), "-lm"], check=True, timeout=600)
+    flags = [flag for flag in cpu_paths.COMMON_FLAGS if flag not in ("-fPIC", "-shared")]  # a program, not a library
+    subprocess.run([CROSS, *flags, FLAGS[request.param], *sources, str(DRIVER), "-o", str(program), "-lm"], check=True,
+                   timeout=600)
     return request.param, program
 
 

@@ -94,6 +94,26 @@ def test_a_verify_pass_reproduces_decode_steps_bit_for_bit(checkpoint_factory, f
         assert torch.equal(verify, steps), path
 
 
+@pytest.mark.parametrize("path", cpu_paths.runnable_paths())
+@pytest.mark.parametrize("weights", ["float32", "float16", "int8", "int4"])
+def test_greedy_speculation_equals_plain_decoding_for_every_weights_format_on_every_path(llama_dir, half_llama_dir,
+                                                                                        monkeypatch, path, weights):
+    from edge import Engine
+
+    monkeypatch.setenv("EDGE_CPU_KERNEL", path)
+    folder = half_llama_dir if weights == "float16" else llama_dir
+    packed = weights if weights in ("int8", "int4") else None
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+    plain = Engine.load(folder, max_context=256, weights=packed)
+    fast = Engine.load(folder, max_context=256, weights=packed, drafter="early-exit:1")
+    assert fast.model.rowwise.path.startswith(path)
+    expected = [t for e in plain.generate(prompt, max_new_tokens=60, ignore_eos=True) for t in e.token_ids]
+    events = list(fast.generate(prompt, max_new_tokens=60, ignore_eos=True))
+    assert fast.model._fused_format == weights  # the kernel ran the weights as stored or packed
+    assert [t for e in events for t in e.token_ids] == expected
+    assert events[-1].stats.steps < 60  # it did speculate
+
+
 def test_each_path_can_be_forced_and_a_wrong_one_is_a_clear_error(monkeypatch):
     runnable = cpu_paths.runnable_paths()
     assert runnable[-1] == "portable" and len(runnable) >= 2 or cpu_paths.machine() not in ("x86_64", "aarch64")

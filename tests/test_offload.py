@@ -1,6 +1,7 @@
 """Layer offload: offloaded layers stream from host memory through two staging blocks and compute the same thing;
 the memory planner offloads (on a GPU) only as its last step-down. On this CPU-only machine the streaming runs with
-plain copies, which checks the bookkeeping; the GPU overlap is checked where a GPU is lent (docs/benchmarks.md)."""
+plain copies, which checks the bookkeeping; the GPU overlap is checked where a GPU is lent
+(docs/history/benchmarks-2026-11-21.md)."""
 
 from __future__ import annotations
 

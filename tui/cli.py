@@ -120,8 +120,9 @@ def app_settings(args: argparse.Namespace):
 def default_drafter(args: argparse.Namespace) -> str | None:
     """The drafter asked for; with the built-in model and none asked for, n-gram lookup backed by the built-in
     feature drafter (or the built-in draft model where no feature drafter ships) ("none": off): the fastest of the
-    built-in methods in docs/benchmarks.md for greedy decoding. When sampling (temperature > 0), plain decoding:
-    drafts are accepted less often there, and on the built-in model every drafter measured slower than none."""
+    built-in methods in docs/history/benchmarks-2026-11-21.md for greedy decoding. When sampling (temperature > 0),
+    plain decoding: drafts are accepted less often there, and on the built-in model every drafter measured slower
+    than none."""
     from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
 
     if args.drafter is not None:

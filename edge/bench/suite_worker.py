@@ -146,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--kv-cache", default="float32")
-    parser.add_argument("--weights", default=None, help="int8 or int4: quantize edge's target at load (edge methods only)")
-    parser.add_argument("--draft-weights", default=None, help="a separate draft model's weights: bfloat16, int8 or int4")
+    parser.add_argument("--weights", default=None,
+                        help="int8 or int4: quantize edge's target at load (edge methods only)")
+    parser.add_argument("--draft-weights", default=None,
+                        help="a separate draft model's weights: bfloat16, int8 or int4")
     args = parser.parse_args(argv)
 
     if args.interleave:

@@ -109,6 +109,7 @@ def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, m
         draft.store_weights(parse_dtype(weights))
     if not isinstance(target, Transformer) and draft.rowwise is not None:
         # beside an exported target (onnxruntime's own spinning threads) the drafter's kernel runs on one thread:
-        # measured 4x faster drafting than two threads contending on a 2-core CPU (docs/benchmarks.md)
+        # measured 4x faster drafting than two threads contending on a 2-core CPU
+        # (docs/history/benchmarks-2026-11-21.md)
         draft.use_rowwise_matmul(draft.rowwise.with_threads(1), draft.rowwise_max_rows)
     return DraftModelDrafter(draft, max_len, kv_cache)

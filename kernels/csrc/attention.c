@@ -33,7 +33,8 @@ static void score_keys(const float *query, const float *k, float *scores, int64_
             }
         } else {
             for (int i = 0; i < count; i++)
-                for (int64_t d = 0; d < whole; d += VL) lanes[i] = vf_fma(lanes[i], vf_load(query + d), vf_load(k + (j0 + i) * D + d));
+                for (int64_t d = 0; d < whole; d += VL)
+                    lanes[i] = vf_fma(lanes[i], vf_load(query + d), vf_load(k + (j0 + i) * D + d));
         }
         for (int i = 0; i < count; i++) {
             for (int64_t d = whole; d < D; d++) tails[i] = tails[i] + query[d] * k[(j0 + i) * D + d];

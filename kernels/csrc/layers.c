@@ -238,7 +238,8 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
  * written into the drafter's cache as the layers run. embed (V, D) is in embed_format and head (V, D) in head_format
  * (WEIGHTS_I8 / WEIGHTS_I4: packed), everything else of the drafter (layers, norm, fc (D, 2D)) in format.
  * cos/sin are whole tables: row p is position p. A trimmed head (VocabTrim) holds only some tokens' rows: head_ids
- * (V) names the token of each row (NULL: row v is token v). scratch holds T0 * (4D + 3Q + 2KV + 2I) + H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i.
+ * (V) names the token of each row (NULL: row v is token v). scratch holds T0 * (4D + 3Q + 2KV + 2I) +
+ * H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i.
  * With stop_below > 0, drafting stops before a token (never the first) whose softmax probability is below it.
  * Returns how many tokens were drafted (k unless it stopped). */
 int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,

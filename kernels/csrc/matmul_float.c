@@ -2,11 +2,11 @@
  * float32, bfloat16 or float16 (16-bit ones widened exactly in registers), inputs and outputs float32.
  *
  * Every output element is one dot product computed in the same order whatever the number of rows M, the row's
- * index or the thread count: two VL-lane accumulators taking k in chunks of VL in turn (a fused multiply-add each,
- * on the paths that have FMA), added lane-wise, simd.h's fixed lane reduction, a scalar tail for k % 2VL, then
- * + bias. So a (k + 1)-row verify pass produces bit for bit the rows that k + 1 single-row decode steps produce,
- * which makes greedy speculative decoding exactly equal to plain decoding (vendor BLAS picks different kernels for
- * 1 and for 5 rows, and they round differently).
+ * index or the thread count: one VL-lane accumulator over k in steps of VL (a fused multiply-add each, on the paths
+ * that have FMA), simd.h's fixed lane reduction, a scalar tail for k % VL, then + bias. So a (k + 1)-row verify pass
+ * produces bit for bit the rows that k + 1 single-row decode steps produce, which makes greedy speculative decoding
+ * exactly equal to plain decoding (vendor BLAS picks different kernels for 1 and for 5 rows, and they round
+ * differently).
  *
  * Each thread takes a contiguous range of outputs; float_outputs says how it walks them (a few long sequential
  * weight streams, not many short ones: several adjacent rows read side by side measured 15-20% slower). Each
@@ -20,8 +20,7 @@
 
 #include "simd.h"
 
-#define CHAINS 2    /* accumulators per output */
-#define STREAMS 4   /* outputs from separate parts of a thread's range read side by side in a one-row call */
+#define STREAMS 4   /* at most: outputs from separate parts of a thread's range read side by side */
 #define ROW_GROUP 4 /* input rows per pass over a weight row */
 
 enum { F32 = 0, BF16 = 1, F16 = 2 };
@@ -38,36 +37,34 @@ static inline __attribute__((always_inline)) float weight_scalar(const void *w, 
     return ((const float *)w)[i];
 }
 
-/* Outputs n[0 .. S) for R input rows (x + r * K), R and S compile-time constants, R * S * CHAINS <= 8 accumulators:
- * each output alone is CHAINS lane-wise chains over k in turn, (a0 + a1), the lane reduction, the tail, the bias. */
+/* Outputs n[0 .. S) for R input rows (x + r * K), R and S compile-time constants, R * S <= 8 accumulators: each
+ * output alone is one lane-wise chain over k, the lane reduction, the tail, the bias. Each row's x vector is loaded
+ * once for the S outputs. */
 static inline __attribute__((always_inline)) void float_dots(const float *x, const void *w, const float *bias,
                                                              float *y, const int64_t *n, int64_t N, int64_t K,
                                                              const int R, const int S, const int format,
                                                              const int ahead) {
-    vf acc[ROW_GROUP][STREAMS][CHAINS];
+    vf acc[ROW_GROUP][STREAMS];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 4") for (int s = 0; s < S; s++)
-            _Pragma("GCC unroll 2") for (int c = 0; c < CHAINS; c++) acc[r][s][c] = vf_zero();
+        _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) acc[r][s] = vf_zero();
     int64_t row[STREAMS];
-    _Pragma("GCC unroll 4") for (int s = 0; s < S; s++) row[s] = n[s] * K;
+    _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) row[s] = n[s] * K;
     const int64_t size = format == F32 ? 4 : 2;
     int64_t k = 0;
-    for (; k + CHAINS * VL <= K; k += CHAINS * VL) {
-        if (ahead)  /* the first pass of a call with several rows (simd.h: prefetch_ahead) */
-            for (int64_t line = 0; line < CHAINS * VL * size; line += 64)
-                prefetch_ahead((const char *)w + (row[0] + k) * size + line);
-        _Pragma("GCC unroll 2") for (int c = 0; c < CHAINS; c++) {
-            vf xs[ROW_GROUP];
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) xs[r] = vf_load(x + r * K + k + c * VL);
-            _Pragma("GCC unroll 4") for (int s = 0; s < S; s++) {
-                const vf wv = load_weights(w, row[s] + k + c * VL, format);
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][s][c] = vf_fma(acc[r][s][c], xs[r], wv);
-            }
+    for (; k + VL <= K; k += VL) {
+        if (ahead && (k * size) % 64 == 0)  /* the first pass of a call with several rows (simd.h: prefetch_ahead) */
+            _Pragma("GCC unroll 8") for (int s = 0; s < S; s++)
+                prefetch_ahead((const char *)w + (row[s] + k) * size);
+        vf xs[ROW_GROUP];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) xs[r] = vf_load(x + r * K + k);
+        _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) {
+            const vf wv = load_weights(w, row[s] + k, format);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][s] = vf_fma(acc[r][s], xs[r], wv);
         }
     }
-    _Pragma("GCC unroll 4") for (int s = 0; s < S; s++) {
+    _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) {
         float sums[ROW_GROUP];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = vf_reduce(vf_add(acc[r][s][0], acc[r][s][1]));
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = vf_reduce(acc[r][s]);
         for (int64_t j = k; j < K; j++) {
             const float wk = weight_scalar(w, row[s] + j, format);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = sums[r] + x[r * K + j] * wk;
@@ -77,40 +74,44 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
     }
 }
 
-/* Outputs [first, end) for all M rows. One row: STREAMS outputs at a time from STREAMS equal parts of the range, so
- * the thread reads that many long sequential streams (measured 23.8 -> 30 GB/s over TinyLlama's float16 matrices on
- * an AVX2 server: one core keeps more reads in flight). Two rows: two streams. More: one output at a time, its
- * weight row against groups of up to four rows, read from memory in the first group and from L1 after. */
+/* Outputs [first, end) for all M rows, S outputs at a time from S equal parts of the range, so the thread reads S
+ * long sequential weight streams (one core keeps more reads in flight: 23.8 -> 30 GB/s over TinyLlama's float16
+ * matrices on an AVX2 server with 4 streams against 1; 8 measured 5% slower) and loads each x vector once for S
+ * outputs: 4 streams for one or two rows, 2 for more, whose rows go in groups of up to 4 against the same weight rows
+ * (read from memory in the first group, from L1 after). The few outputs left over go one at a time. */
+#define DOTS(R, S) float_dots(xm, w, bias, ym, outputs, N, K, R, S, format, ahead)
 static inline __attribute__((always_inline)) void float_outputs(const float *x, const void *w, const float *bias,
                                                                 float *y, int64_t first, int64_t end, int64_t M,
                                                                 int64_t N, int64_t K, const int format) {
-    int64_t n = first;
-    if (M <= 2) {
-        const int64_t part = (end - first) / (M == 1 ? STREAMS : 2);
-        for (int64_t i = 0; i < part; i++, n++) {
-            if (M == 1) {
-                const int64_t outputs[STREAMS] = {n, n + part, n + 2 * part, n + 3 * part};
-                float_dots(x, w, bias, y, outputs, N, K, 1, STREAMS, format, 0);
-            } else {
-                const int64_t outputs[2] = {n, n + part};
-                float_dots(x, w, bias, y, outputs, N, K, 2, 2, format, 1);
-            }
-        }
-        n = first + part * (M == 1 ? STREAMS : 2);  /* the few left over, one at a time */
-    }
-    for (; n < end; n++)
+    const int streams = M <= 2 ? 4 : 2;
+    const int64_t part = (end - first) / streams;
+    for (int64_t n = first; n < end; n++) {
+        const int tuple = n < first + part;  /* n and its partners in the other parts, or one left over */
+        if (!tuple && n < first + streams * part) continue;
+        int64_t outputs[STREAMS];
+        for (int s = 0; s < streams; s++) outputs[s] = n + s * part;
         for (int64_t m = 0; m < M; m += ROW_GROUP) {
             const float *xm = x + m * K;
             float *ym = y + m * N;
-            const int ahead = m == 0 && M > 1;
-            switch (M - m < ROW_GROUP ? M - m : ROW_GROUP) {
-                case 1: float_dots(xm, w, bias, ym, &n, N, K, 1, 1, format, ahead); break;
-                case 2: float_dots(xm, w, bias, ym, &n, N, K, 2, 1, format, ahead); break;
-                case 3: float_dots(xm, w, bias, ym, &n, N, K, 3, 1, format, ahead); break;
-                default: float_dots(xm, w, bias, ym, &n, N, K, 4, 1, format, ahead); break;
+            const int ahead = m == 0 && M > 1, rows = M - m < ROW_GROUP ? (int)(M - m) : ROW_GROUP;
+            if (!tuple) {
+                if (rows == 1) DOTS(1, 1);
+                else if (rows == 2) DOTS(2, 1);
+                else if (rows == 3) DOTS(3, 1);
+                else DOTS(4, 1);
+            } else if (streams == 4) {
+                if (rows == 1) DOTS(1, 4);
+                else DOTS(2, 4);
+            } else {
+                if (rows == 1) DOTS(1, 2);
+                else if (rows == 2) DOTS(2, 2);
+                else if (rows == 3) DOTS(3, 2);
+                else DOTS(4, 2);
             }
         }
+    }
 }
+#undef DOTS
 
 /* One thread's share of the outputs (split evenly between `parts` threads): format 0 float32, 1 bfloat16, 2
  * float16. */

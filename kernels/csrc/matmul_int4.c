@@ -103,6 +103,8 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
                                                                              _mm256_maddubs_epi16(odd0, xb)));
                 pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(even1, xa),
                                                                              _mm256_maddubs_epi16(odd1, xb)));
+                pin_register(pairs[r][0]);
+                pin_register(pairs[r][1]);
             }
         }
         const __m256 sw0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 256)));
@@ -137,7 +139,8 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
                 memcpy(quads[r], rows[r].codes + b * BLOCK + 8 * p, sizeof quads[r]);
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                 const uint8x16_t v = vld1q_u8(block + 64 * p + 16 * q);  /* 4 outputs, both chunks */
-                const int8x16_t even = vreinterpretq_s8_u8(vandq_u8(v, low)), odd = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+                const int8x16_t even = vreinterpretq_s8_u8(vandq_u8(v, low));
+                const int8x16_t odd = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
 #if defined(EDGE_DOTPROD)
                     dots[r][q] = vdotq_s32(dots[r][q], even, vreinterpretq_s8_s32(vdupq_n_s32(quads[r][0])));

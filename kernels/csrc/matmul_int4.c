@@ -168,6 +168,11 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) vst1q_f32(acc[r] + 4 * q, sums[r][q]);
 #else
+    /* GCC vectors (SSE2 on x86-64): a quarter of a pair (4 outputs x 4 inputs, both chunks' nibbles) widened to
+     * int16, times the row's activations repeated, summed per lane in int16 over the block (8 products of at most
+     * 15 * 127 each), then each output's 4 lanes added in int32; the float steps per output as on the other paths */
+    typedef uint8_t v16u8 __attribute__((vector_size(16)));
+    typedef int16_t v16i16 __attribute__((vector_size(32)));
     for (int r = 0; r < R; r++)
         for (int lane = 0; lane < GROUP; lane++) acc[r][lane] = 0.0f;
     for (int64_t b = 0; b < blocks; b++) {
@@ -175,16 +180,28 @@ static inline __attribute__((always_inline)) void group_tile(const BlockRow *row
         for (int line = 0; line < BLOCK_BYTES; line += 64) prefetch_ahead(block + line);  /* simd.h */
         for (int r = 0; r < R; r++) {
             const int8_t *x = rows[r].codes + b * BLOCK;
-            for (int lane = 0; lane < GROUP; lane++) {
-                int32_t dot = 0;
-                for (int c = 0; c < 8; c++) {
-                    const uint8_t *pair = block + 64 * (c / 2) + 4 * lane;
-                    for (int i = 0; i < 4; i++)
-                        dot += (int32_t)x[4 * c + i] * ((c % 2 == 0) ? (pair[i] & 0x0F) : (pair[i] >> 4));
+            v16i16 lanes[4] = {{0}};
+            for (int p = 0; p < 4; p++) {
+                const int8_t *xa = x + 8 * p, *xb = xa + 4;
+                const v16i16 even_x = {xa[0], xa[1], xa[2], xa[3], xa[0], xa[1], xa[2], xa[3],
+                                       xa[0], xa[1], xa[2], xa[3], xa[0], xa[1], xa[2], xa[3]};
+                const v16i16 odd_x = {xb[0], xb[1], xb[2], xb[3], xb[0], xb[1], xb[2], xb[3],
+                                      xb[0], xb[1], xb[2], xb[3], xb[0], xb[1], xb[2], xb[3]};
+                for (int q = 0; q < 4; q++) {
+                    v16u8 nibbles;
+                    memcpy(&nibbles, block + 64 * p + 16 * q, sizeof nibbles);
+                    lanes[q] += __builtin_convertvector(nibbles & 0x0F, v16i16) * even_x +
+                                __builtin_convertvector(nibbles >> 4, v16i16) * odd_x;
                 }
-                const float exact = (float)(dot - rows[r].offsets[b]);
-                acc[r][lane] = acc[r][lane] + exact * (scale_at(block, lane) * rows[r].scales[b]);
             }
+            for (int q = 0; q < 4; q++)
+                for (int o = 0; o < 4; o++) {
+                    const int lane = 4 * q + o;
+                    const int32_t dot = (int32_t)lanes[q][4 * o] + lanes[q][4 * o + 1] + lanes[q][4 * o + 2] +
+                                        lanes[q][4 * o + 3];
+                    const float exact = (float)(dot - rows[r].offsets[b]);
+                    acc[r][lane] = acc[r][lane] + exact * (scale_at(block, lane) * rows[r].scales[b]);
+                }
         }
     }
 #endif

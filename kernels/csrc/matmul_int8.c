@@ -118,16 +118,30 @@ static inline __attribute__((always_inline)) void dot_tile(const int8_t *xq, con
         _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) vst1q_s32(sums[r][g] + 4 * q, acc[r][g][q]);
 #else
+    /* GCC vectors (SSE2 on x86-64): 16 codes (4 outputs x 4 inputs) widened to int16, times the row's 4 activations
+     * repeated, summed per lane in int32 over the chunks; each output's 4 lanes added at the end */
     (void)correction;
+    typedef int8_t v16i8 __attribute__((vector_size(16)));
+    typedef int16_t v16i16 __attribute__((vector_size(32)));
+    typedef int32_t v16i32 __attribute__((vector_size(64)));
     for (int r = 0; r < R; r++)
-        for (int g = 0; g < G; g++)
-            for (int lane = 0; lane < GROUP; lane++) {
-                int32_t sum = 0;
-                for (int64_t c = 0; c < chunks; c++)
-                    for (int i = 0; i < 4; i++)
-                        sum += (int32_t)xq[r * Kp + 4 * c + i] * rows[g][c * 64 + lane * 4 + i];
-                sums[r][g][lane] = sum;
+        for (int g = 0; g < G; g++) {
+            v16i32 lanes[4] = {{0}};
+            for (int64_t c = 0; c < chunks; c++) {
+                const int8_t *x4 = xq + r * Kp + 4 * c;
+                const v16i16 xs = {x4[0], x4[1], x4[2], x4[3], x4[0], x4[1], x4[2], x4[3],
+                                   x4[0], x4[1], x4[2], x4[3], x4[0], x4[1], x4[2], x4[3]};
+                for (int q = 0; q < 4; q++) {
+                    v16i8 codes;
+                    memcpy(&codes, rows[g] + c * 64 + 16 * q, sizeof codes);
+                    lanes[q] += __builtin_convertvector(__builtin_convertvector(codes, v16i16) * xs, v16i32);
+                }
             }
+            for (int q = 0; q < 4; q++)
+                for (int o = 0; o < 4; o++)
+                    sums[r][g][4 * q + o] = lanes[q][4 * o] + lanes[q][4 * o + 1] + lanes[q][4 * o + 2] +
+                                            lanes[q][4 * o + 3];
+        }
 #endif
 }
 

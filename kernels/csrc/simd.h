@@ -215,6 +215,7 @@ static inline float vf_reduce(vf v) { /* 2, 1 lanes */
 #else
 typedef float vf __attribute__((vector_size(16)));
 typedef int32_t vi_portable __attribute__((vector_size(16)));
+typedef uint32_t vu_portable __attribute__((vector_size(16)));
 #define VL 4
 static inline vf vf_zero(void) { return (vf){0}; }
 static inline vf vf_set(float a) { return (vf){0} + a; }
@@ -224,11 +225,29 @@ static inline vf vf_load(const float *p) {
     return v;
 }
 static inline void vf_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+/* float16 -> float32 on 4 lanes, exactly, in integer vector arithmetic: the magnitude bits moved to float32's places
+ * and scaled by 2^112 (exact for normal and subnormal halves alike), infinities and NaNs given float32's top
+ * exponent, the sign put back */
 static inline vf vf_load_f16(const uint16_t *p) {
-    return (vf){f16_to_f32(p[0]), f16_to_f32(p[1]), f16_to_f32(p[2]), f16_to_f32(p[3])};
+    const vu_portable half = {p[0], p[1], p[2], p[3]};
+    const vu_portable magnitude = (half & 0x7fff) << 13, sign = (half & 0x8000) << 16;
+    vf scaled;
+    memcpy(&scaled, &magnitude, sizeof scaled);
+    scaled = scaled * 0x1p112f;
+    vu_portable bits;
+    memcpy(&bits, &scaled, sizeof bits);
+    const vu_portable special = (vu_portable)((half & 0x7c00) == 0x7c00);  /* all ones where inf or NaN */
+    bits = (bits & ~special) | ((magnitude | 0x7f800000u) & special);
+    bits |= sign;
+    vf out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
 }
 static inline vf vf_load_bf16(const uint16_t *p) {
-    return (vf){bf16_to_f32(p[0]), bf16_to_f32(p[1]), bf16_to_f32(p[2]), bf16_to_f32(p[3])};
+    const vu_portable bits = (vu_portable){p[0], p[1], p[2], p[3]} << 16;
+    vf out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
 }
 static inline vf vf_add(vf a, vf b) { return a + b; }
 static inline vf vf_sub(vf a, vf b) { return a - b; }

@@ -7,7 +7,7 @@
 Symmetric, one float16 scale per `group_size` consecutive weights of a row (along K): code = round(w / scale)
 clamped to [-2^(b-1), 2^(b-1) - 1], scale = max|w| / (2^(b-1) - 1). int4 codes are stored two per byte (low
 nibble first) as unsigned values code + 8; int8 codes as int8. A group size that does not divide K is refused at
-quantization time.
+quantization time with the sizes that do (edge's CPU packing, kernels/cpu_packing.py, pads instead).
 
 Saved format (`save_quantized` / `load_quantized`): safetensors, each quantized matrix as NAME.qweight (uint8 or
 int8) and NAME.scales (float16), other tensors as they are, and the metadata key "edge_quantization" holding
@@ -59,8 +59,10 @@ def quantize_weight(weight: torch.Tensor, bits: int = 4, group_size: int = 32) -
         raise ValueError(f"bits must be 4 or 8, got {bits}")
     rows, columns = weight.shape
     if group_size < 1 or columns % group_size:
-        raise ValueError(f"group size {group_size} does not divide the input dimension {columns}; pick a divisor "
-                         f"of {columns} (e.g. 32 or 64)")
+        fitting = [str(size) for size in (128, 64, 32, 16, 8, 4, 2) if columns % size == 0]
+        raise ValueError(f"group size {group_size} does not divide the input dimension {columns}; "
+                         + (f"pick one that does: {', '.join(fitting)}" if fitting else
+                            f"{columns} has no even divisor up to 128"))
     if bits == 4 and group_size % 2:
         raise ValueError(f"int4 packs two codes per byte, so the group size must be even, got {group_size}")
     top = 2 ** (bits - 1) - 1

@@ -112,6 +112,7 @@ def test_bench_ar_interleaves_backends_in_one_process(llama_dir, tmp_path):
     assert [r["backend"] for r in results] == ["edge torch int4", "transformers"]
     assert all(len(r["decode_tokens_per_s_by_repeat"]) == 3 and r["ratio"] > 0 for r in results)
     assert results[0]["ratio"] == 1.0 and "| edge torch int4 | " in done.stdout
+    assert "| shared |" in done.stdout and "for all runs together" in done.stdout  # one process, one peak RSS
 
 
 def test_bench_llama_cpp_peer_matches_edge_precision_and_says_what_is_missing(llama_dir, half_llama_dir, monkeypatch,

@@ -18,6 +18,7 @@ import statistics
 import torch
 
 from edge.cli_options import resolve_model_path
+from edge.kv_cache import common_prefix
 
 
 def continuation(engine, ids: list[int], max_new_tokens: int) -> list[int]:
@@ -30,15 +31,6 @@ def next_tokens(model, ids: list[int]) -> torch.Tensor:
     cache = model.new_cache(len(ids) + 1)
     with torch.inference_mode():
         return model.logits(model(torch.tensor([ids]), 0, cache))[0].argmax(dim=-1)  # (T,)
-
-
-def leading_agreement(first: list[int], second: list[int]) -> int:
-    count = 0
-    for a, b in zip(first, second):
-        if a != b:
-            break
-        count += 1
-    return count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         for ids, wanted in zip(prompts, expected):
             got = continuation(quantized, ids, args.max_new_tokens)
             same += got == wanted
-            leading.append(leading_agreement(got, wanted) / max(len(wanted), 1))
+            leading.append(common_prefix(got, wanted) / max(len(wanted), 1))
             full = ids + wanted
             teacher = next_tokens(reference.model, full)[len(ids) - 1:-1]  # the float model's own choices
             student = next_tokens(quantized.model, full)[len(ids) - 1:-1]

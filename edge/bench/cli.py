@@ -25,6 +25,7 @@ import torch
 
 from edge.cli_options import resolve_model_path
 from edge.errors import EdgeError
+from edge.kv_cache import common_prefix
 from edge.tokenizer import Tokenizer
 
 DEFAULT_PROMPT = (
@@ -142,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(model),
         "dtype": args.dtype,
         "command": "edge-bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "interleaved": args.interleave,  # then every run shares one process, so one peak RSS for all
         "results": results,
         "greedy_identical": len({tuple(r["token_ids"]) for r in results}) == 1,
         "identical_to_first": [r["token_ids"] == results[0]["token_ids"] for r in results],
-        "agreeing_prefix": [common_prefix_length(r["token_ids"], results[0]["token_ids"]) for r in results],
+        "agreeing_prefix": [common_prefix(r["token_ids"], results[0]["token_ids"]) for r in results],
     }
     print(markdown_table(report))
     if args.json:
@@ -233,15 +235,6 @@ def peer_runs(args: argparse.Namespace, model: Path) -> list[tuple[str, Path]]:
     return runs
 
 
-def common_prefix_length(first: list[int], second: list[int]) -> int:
-    length = 0
-    for a, b in zip(first, second):
-        if a != b:
-            break
-        length += 1
-    return length
-
-
 def edge_weights(backend: str, model: Path, args: argparse.Namespace) -> str | None:
     """--weights applies to edge on a checkpoint folder (a bundle brings its own)."""
     return args.weights if backend == "edge" and model.is_dir() else None
@@ -287,17 +280,22 @@ def markdown_table(report: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     base = report["results"][0]["decode_tokens_per_s"]
+    shared_process = report.get("interleaved", False)
     for r, same, agree in zip(report["results"], report["identical_to_first"], report["agreeing_prefix"]):
         sameness = "yes" if same else f"first {agree} of {r['new_tokens']}"
         ratio = r.get("ratio", r["decode_tokens_per_s"] / base)
+        rss = "shared" if shared_process else f"{r['peak_rss_mib']:.0f}"
         rows.append(f"| {r['backend']} | {r['decode_tokens_per_s']:.1f} ({ratio:.2f}x) | "
-                    f"{r['prefill_tokens_per_s']:.0f} | {r['first_token_s']:.3f} | {r['peak_rss_mib']:.0f} | "
+                    f"{r['prefill_tokens_per_s']:.0f} | {r['first_token_s']:.3f} | {rss} | "
                     f"{r['load_s']:.2f} | {sameness} |")
     rows.append("")
     rows.append(f"same tokens: greedy output equals the first row's, or how many leading tokens agree (another "
                 f"runtime's rounding flips near-ties, and quantized weights differ more); "
                 f"{report['results'][0]['new_tokens']} new tokens, prompt {report['results'][0]['prompt_tokens']} "
                 f"tokens, {report['dtype']}, {report['machine']}")
+    if shared_process:
+        rows.append(f"peak RSS: {report['results'][-1]['peak_rss_mib']:.0f} MiB for all runs together (interleaved "
+                    f"runs share one process; run without --interleave for each one's own)")
     return "\n".join(rows)
 
 

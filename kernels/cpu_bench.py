@@ -4,11 +4,12 @@
                                 [--rows 1,2,4,8] [--repeats 5]
 
 Bandwidth is kernels.cpu_matmul.RowwiseMatmul.read_bandwidth: a 1 GiB buffer summed on the kernel's threads, the best
-of several passes and stream counts. A token's matmuls are every layer's four matrices and the head of the shape
+of several stream counts, probed in turns with the matmuls of each format (a shared VM's memory speed drifts by tens
+of percent over minutes, so a probe taken once, minutes away, is no reference). A token's matmuls are every layer's four matrices and the head of the shape
 (the weights of a real model's size, far larger than the caches, so they come from memory as in decoding), timed
 for 1 row (a decode step's matmuls) and for k rows (a verify pass's): GB/s is the format's bytes over the 1-row
-time, c(k) the k-row time over the 1-row time. Runs row counts in turns and takes each one's minimum, so drift in the
-machine's speed hits them alike. Attention, norms and the rest of a step are not included (edge.bench.calls times
+time, c(k) the k-row time over the 1-row time. Runs the probe and the row counts in turns and takes each one's best,
+so drift in the machine's speed hits them alike. Attention, norms and the rest of a step are not included (edge.bench.calls times
 whole calls).
 """
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = sorted({1, *(int(r) for r in args.rows.split(","))})
     paths = args.paths.split(",") if args.paths else cpu_paths.runnable_paths()
-    print(f"| path | format | MB per token | 1 row ms | GB/s (share of bandwidth) | "
+    print(f"| path | format | MB per token | 1 row ms | GB/s of probed GB/s (share) | "
           + " | ".join(f"c({k})" for k in rows[1:]) + " |")
     print("|---|---|---:|---:|---:|" + "---:|" * (len(rows) - 1))
     for path in paths:
@@ -65,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
         if kernel is None:
             print(f"| {path} | (cannot be built here) |")
             continue
-        bandwidth = kernel.read_bandwidth(args.bandwidth_megabytes)
         for fmt in args.formats.split(","):
             matrices = token_matrices(args.shape, fmt)
             total = sum(weight.nbytes for weight, _, _ in matrices)
@@ -81,16 +81,17 @@ def main(argv: list[str] | None = None) -> int:
 
             token(1)
             best = {k: float("inf") for k in rows}
+            bandwidth = 0.0
             for _ in range(args.repeats):
+                bandwidth = max(bandwidth, kernel.read_bandwidth(args.bandwidth_megabytes, repeats=1))
                 for k in rows:
                     started = time.perf_counter()
                     token(k)
                     best[k] = min(best[k], time.perf_counter() - started)
             rate = total / best[1] / 1e9
-            print(f"| {kernel.path} | {fmt} | {total / 1e6:.0f} | {best[1] * 1e3:.1f} | {rate:.1f} "
+            print(f"| {kernel.path} | {fmt} | {total / 1e6:.0f} | {best[1] * 1e3:.1f} | {rate:.1f} of {bandwidth:.1f} "
                   f"({100 * rate / bandwidth:.0f}%) | " + " | ".join(f"{best[k] / best[1]:.2f}" for k in rows[1:])
                   + " |")
-        print(f"| {kernel.path} | read bandwidth | | | {bandwidth:.1f} | |")
     print(f"\n{args.shape}: every layer's matrices and the head, {torch.get_num_threads()} threads")
     return 0
 

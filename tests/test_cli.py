@@ -201,7 +201,13 @@ def test_kernel_bench_reports_bandwidth_and_row_costs(capsys):
     assert cpu_bench.main(["--shape", "builtin", "--paths", "portable", "--formats", "float16,int4", "--rows", "2",
                            "--repeats", "1", "--bandwidth-megabytes", "32"]) == 0
     out = capsys.readouterr().out
-    assert "| portable | float16 |" in out and "| portable | int4 |" in out and "| portable | read bandwidth |" in out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| portable |")]
+    assert [row[2].strip() for row in rows] == ["float16", "int4"]
+    for row in rows:  # "GB/s of probed GB/s (share)", the probe taken in turns with the format's matmuls
+        rate, probed = float(row[5].split()[0]), float(row[5].split()[2])
+        share = float(row[5].split("(")[1].rstrip("%) "))
+        assert rate > 0 and probed > 0 and abs(share - 100 * rate / probed) < 2  # the printed figures are rounded
+        assert float(row[6]) > 0  # c(2)
 
 
 def test_step_time_bench_reports_each_method(llama_dir, capsys):

@@ -8,30 +8,6 @@
 
 #include "simd.h"
 
-/* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 / WEIGHTS_I4 the matrices are
- * packed (rowwise_matmul_i8 / rowwise_matmul_i4) and the norms float32. */
-enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_I4 = 4 };
-
-static inline float weight_at(const void *w, int64_t i, int format) {
-    if (format == WEIGHTS_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
-    if (format == WEIGHTS_F16) return f16_to_f32(((const uint16_t *)w)[i]);
-    return ((const float *)w)[i];
-}
-
-static void matmul_rows(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                        int format, int threads) {
-    if (format == WEIGHTS_BF16)
-        rowwise_matmul_bf16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
-    else if (format == WEIGHTS_F16)
-        rowwise_matmul_f16(x, (const uint16_t *)w, bias, y, M, N, K, threads);
-    else if (format == WEIGHTS_I8)
-        rowwise_matmul_i8(x, (const uint8_t *)w, bias, y, M, N, K, threads);
-    else if (format == WEIGHTS_I4)
-        rowwise_matmul_i4(x, (const uint8_t *)w, bias, y, M, N, K, threads);
-    else
-        rowwise_matmul_f32(x, (const float *)w, bias, y, M, N, K, threads);
-}
-
 static void rms_norm_rows(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int format) {
     for (int64_t t = 0; t < T; t++) {
         const float *row = x + t * D;
@@ -77,29 +53,6 @@ static void silu_row(const float *row, float *out, int64_t I) {
         vf_store(result, vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(vf_sub(vf_set(0.0f), g)))), vf_load(up)));
         memcpy(out + i, result, count * sizeof(float));
     }
-}
-
-/* A matmul run by the whole team: one thread prepares a packed format's activations (the others wait), every
- * thread computes its share of the outputs, and all wait until y is complete. Outside a parallel region (one
- * thread) the pragmas are no-ops and it is a plain matmul. */
-static void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                        int format, void *prepared, int part, int parts) {
-    if (format == WEIGHTS_I8 || format == WEIGHTS_I4) {
-#pragma omp single
-        {
-            if (format == WEIGHTS_I8) int8_prepare(x, M, K, prepared);
-            else int4_prepare(x, M, K, prepared);
-        }
-    }
-    if (format == WEIGHTS_I8) int8_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
-    else if (format == WEIGHTS_I4) int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
-    else float_matmul_share(format, x, w, bias, y, M, N, K, part, parts);
-#pragma omp barrier
-}
-
-static int64_t prepared_bytes(int64_t T, int64_t K) {
-    const int64_t int8 = int8_prepared_bytes(T, K), int4 = int4_prepared_bytes(T, K);
-    return int8 > int4 ? int8 : int4;
 }
 
 /* One decoder layer for a few rows, run by a team of threads (this thread is `part` of `parts`): the matmuls and the
@@ -159,44 +112,56 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
     for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
 }
 
+/* What a pass through the model's layers needs beside the rows and the cache (kernels/cpu_matmul.py ModelView mirrors
+ * it): dimensions, the layers' weight table, and for a whole step the embedding, final norm and head with their
+ * formats. weights holds 12 pointers per model layer (attn_norm, wqkv, qkv_bias, q_norm, k_norm, wo, o_bias,
+ * ffn_norm, w_gate_up, gate_up_bias, w_down, down_bias; NULL where absent). */
+typedef struct {
+    int64_t D, H, Hkv, Dh, I, V;   /* V: the head's rows */
+    float eps, scale;
+    int32_t format, embed_format, norm_format, head_format;
+    const void *const *weights;
+    const int64_t *windows;        /* each layer's sliding window (0: none) */
+    const void *embed, *norm, *head;
+} ModelView;
+
+/* Room for T rows' prepared activations at the widest input of any of the model's matmuls */
+static void *layers_prepared(const ModelView *m, int64_t T) {
+    const int64_t Q = m->H * m->Dh, widest = m->D > Q ? (m->D > m->I ? m->D : m->I) : (Q > m->I ? Q : m->I);
+    return prepared_alloc(T, widest);
+}
+
+/* This thread's part of layers order[0 .. count) on x (T, D), inside the team's parallel region */
+static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t start, const int64_t *order,
+                           int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
+                           int64_t S_max, int64_t layer_stride, float *scratch, void *prepared, int part, int parts) {
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t l = order[i];
+        layer_team(x, T, m->D, m->H, m->Hkv, m->Dh, m->I, m->weights + 12 * l, cos_table, sin_table,
+                   keys + l * layer_stride, values + l * layer_stride, S_max, start, m->windows[l], m->eps, m->scale,
+                   scratch, prepared, m->format, part, parts);
+    }
+}
+
 /* Several decoder layers in one call (a decode step or verify pass through the model, or a self-draft's subset):
- * layer order[i], i = 0 .. count - 1, one after another on the same x (T, D), in one parallel region. weights holds
- * 12 pointers per model layer (attn_norm, wqkv, qkv_bias, q_norm, k_norm, wo, o_bias, ffn_norm, w_gate_up,
- * gate_up_bias, w_down, down_bias; NULL where absent); keys/values are the whole cache (L, Hkv, S_max, Dh), layer l
- * at + l * layer_stride; windows[l] is layer l's sliding window (0: none). Keys/values of the T rows are written into
- * the cache at [start, start + T) before the attention reads [0, start + t] for row t. cos/sin (T, Dh) are the
- * rotary tables of the rows' positions. scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
+ * layer order[i], i = 0 .. count - 1, one after another on the same x (T, D), in one parallel region. weights as in
+ * ModelView; keys/values are the whole cache (L, Hkv, S_max, Dh), layer l at + l * layer_stride; windows[l] is layer
+ * l's sliding window (0: none). Keys/values of the T rows are written into the cache at [start, start + T) before the
+ * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. scratch
+ * holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
 void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
                       const int64_t *order, int64_t count, const void *const *weights, const int64_t *windows,
                       const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
                       int64_t layer_stride, int64_t start, float eps, float scale, float *scratch, int format,
                       int threads) {
-    const int64_t widest = D > H * Dh ? (D > I ? D : I) : (H * Dh > I ? H * Dh : I);
-    void *prepared = malloc(prepared_bytes(T, widest));
-    if (prepared == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
+    const ModelView m = {.D = D, .H = H, .Hkv = Hkv, .Dh = Dh, .I = I, .eps = eps, .scale = scale, .format = format,
+                         .weights = weights, .windows = windows};
+    void *prepared = layers_prepared(&m, T);
 #pragma omp parallel num_threads(threads)
-    {
-        const int part = omp_get_thread_num(), parts = omp_get_num_threads();
-        for (int64_t i = 0; i < count; i++) {
-            const int64_t l = order[i];
-            layer_team(x, T, D, H, Hkv, Dh, I, weights + 12 * l, cos_table, sin_table, keys + l * layer_stride,
-                       values + l * layer_stride, S_max, start, windows[l], eps, scale, scratch, prepared, format,
-                       part, parts);
-        }
-    }
+    layers_in_team(&m, x, T, start, order, count, cos_table, sin_table, keys, values, S_max, layer_stride, scratch,
+                   prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);
 }
-
-/* What a whole pass through the model needs beside the rows and the cache (kernels/cpu_matmul.py ModelView mirrors
- * it): dimensions, the layers' weight table, and the embedding, final norm and head with their formats. */
-typedef struct {
-    int64_t D, H, Hkv, Dh, I, V;   /* V: the head's rows */
-    float eps, scale;
-    int32_t format, embed_format, norm_format, head_format;
-    const void *const *weights;    /* 12 pointers per layer, as fused_layers_f32 takes them */
-    const int64_t *windows;        /* each layer's sliding window (0: none) */
-    const void *embed, *norm, *head;
-} ModelView;
 
 /* A decode step or verify pass through the whole model in one parallel region: the embedding rows of tokens (T), the
  * layers `order`, the final norm into hidden (T, D) and the head into logits (T, V). The same operations, row by
@@ -206,22 +171,16 @@ typedef struct {
 void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
                       int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
                       int64_t S_max, int64_t layer_stride, float *hidden, float *logits, float *scratch, int threads) {
-    const int64_t D = m->D, Q = m->H * m->Dh;
+    const int64_t D = m->D;
     float *x = scratch, *layer_scratch = scratch + T * D;
     for (int64_t t = 0; t < T; t++)
         for (int64_t d = 0; d < D; d++) x[t * D + d] = weight_at(m->embed, tokens[t] * D + d, m->embed_format);
-    const int64_t widest = D > Q ? (D > m->I ? D : m->I) : (Q > m->I ? Q : m->I);
-    void *prepared = malloc(prepared_bytes(T, widest));
-    if (prepared == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
+    void *prepared = layers_prepared(m, T);
 #pragma omp parallel num_threads(threads)
     {
         const int part = omp_get_thread_num(), parts = omp_get_num_threads();
-        for (int64_t i = 0; i < count; i++) {
-            const int64_t l = order[i];
-            layer_team(x, T, D, m->H, m->Hkv, m->Dh, m->I, m->weights + 12 * l, cos_table, sin_table,
-                       keys + l * layer_stride, values + l * layer_stride, S_max, start, m->windows[l], m->eps,
-                       m->scale, layer_scratch, prepared, m->format, part, parts);
-        }
+        layers_in_team(m, x, T, start, order, count, cos_table, sin_table, keys, values, S_max, layer_stride,
+                       layer_scratch, prepared, part, parts);
 #pragma omp single
         rms_norm_rows(x, m->norm, hidden, T, D, m->eps, m->norm_format);
         team_matmul(hidden, m->head, NULL, logits, T, m->V, D, m->head_format, prepared, part, parts);
@@ -264,12 +223,12 @@ int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T
             for (int64_t d = 0; d < D; d++) row[d] = weight_at(embed, step_tokens[t] * D + d, embed_format);
             if (fc) memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
         }
-        if (fc) matmul_rows(joined, fc, NULL, x, T, D, 2 * D, format, threads);
+        if (fc) matmul_call(joined, fc, NULL, x, T, D, 2 * D, format, threads);
         fused_layers_f32(x, T, D, H, Hkv, Dh, I, order, count, weights, windows, cos_table + position * Dh,
                          sin_table + position * Dh, keys, values, S_max, layer_stride, position, eps, scale,
                          layer_scratch, format, threads);
         rms_norm_rows(x + (T - 1) * D, norm_weight, normed, 1, D, eps, format);
-        matmul_rows(normed, head, NULL, logits, 1, V, D, head_format, threads);
+        matmul_call(normed, head, NULL, logits, 1, V, D, head_format, threads);
         int64_t best = 0;
         for (int64_t v = 1; v < V; v++)
             if (logits[v] > logits[best]) best = v;  /* the first of equal maxima, as torch.argmax */

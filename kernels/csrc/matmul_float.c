@@ -23,18 +23,11 @@
 #define STREAMS 4   /* at most: outputs from separate parts of a thread's range read side by side */
 #define ROW_GROUP 4 /* input rows per pass over a weight row */
 
-enum { F32 = 0, BF16 = 1, F16 = 2 };
 
 static inline __attribute__((always_inline)) vf load_weights(const void *w, int64_t i, const int format) {
-    if (format == BF16) return vf_load_bf16((const uint16_t *)w + i);
-    if (format == F16) return vf_load_f16((const uint16_t *)w + i);
+    if (format == WEIGHTS_BF16) return vf_load_bf16((const uint16_t *)w + i);
+    if (format == WEIGHTS_F16) return vf_load_f16((const uint16_t *)w + i);
     return vf_load((const float *)w + i);
-}
-
-static inline __attribute__((always_inline)) float weight_scalar(const void *w, int64_t i, const int format) {
-    if (format == BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
-    if (format == F16) return f16_to_f32(((const uint16_t *)w)[i]);
-    return ((const float *)w)[i];
 }
 
 /* Outputs n[0 .. S) for R input rows (x + r * K), R and S compile-time constants, R * S <= 8 accumulators: each
@@ -49,7 +42,7 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
         _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) acc[r][s] = vf_zero();
     int64_t row[STREAMS];
     _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) row[s] = n[s] * K;
-    const int64_t size = format == F32 ? 4 : 2;
+    const int64_t size = format == WEIGHTS_F32 ? 4 : 2;
     int64_t k = 0;
     for (; k + VL <= K; k += VL) {
         if (ahead && (k * size) % 64 == 0)  /* the first pass of a call with several rows (simd.h: prefetch_ahead) */
@@ -66,7 +59,7 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
         float sums[ROW_GROUP];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = vf_reduce(acc[r][s]);
         for (int64_t j = k; j < K; j++) {
-            const float wk = weight_scalar(w, row[s] + j, format);
+            const float wk = weight_at(w, row[s] + j, format);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = sums[r] + x[r * K + j] * wk;
         }
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
@@ -118,21 +111,10 @@ static inline __attribute__((always_inline)) void float_outputs(const float *x, 
 void float_matmul_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N,
                         int64_t K, int part, int parts) {
     const int64_t first = N * part / parts, end = N * (part + 1) / parts;
-    if (format == BF16) float_outputs(x, w, bias, y, first, end, M, N, K, BF16);
-    else if (format == F16) float_outputs(x, w, bias, y, first, end, M, N, K, F16);
-    else float_outputs(x, w, bias, y, first, end, M, N, K, F32);
+    if (format == WEIGHTS_BF16) float_outputs(x, w, bias, y, first, end, M, N, K, WEIGHTS_BF16);
+    else if (format == WEIGHTS_F16) float_outputs(x, w, bias, y, first, end, M, N, K, WEIGHTS_F16);
+    else float_outputs(x, w, bias, y, first, end, M, N, K, WEIGHTS_F32);
 }
-
-#define DEFINE_FLOAT_MATMUL(NAME, WTYPE, FORMAT)                                                                 \
-    void NAME(const float *x, const WTYPE *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,     \
-              int threads) {                                                                                    \
-        _Pragma("omp parallel num_threads(threads)")                                                            \
-        float_matmul_share(FORMAT, x, w, bias, y, M, N, K, omp_get_thread_num(), omp_get_num_threads());      \
-    }
-
-DEFINE_FLOAT_MATMUL(rowwise_matmul_f32, float, F32)
-DEFINE_FLOAT_MATMUL(rowwise_matmul_bf16, uint16_t, BF16)
-DEFINE_FLOAT_MATMUL(rowwise_matmul_f16, uint16_t, F16)
 
 /* Sums `length` floats from each of S streams (S a compile-time constant), two vectors per stream per step. */
 static inline __attribute__((always_inline)) float stream_sum(const float *data, int64_t length, const int S) {

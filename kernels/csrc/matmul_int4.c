@@ -257,14 +257,3 @@ void int4_matmul_share(const void *prepared, const uint8_t *packed, const float 
         }
     }
 }
-
-/* x (M, K) float32 -> y (M, N) float32 through packed int4 weights (layout above). */
-void rowwise_matmul_i4(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
-                       int64_t K, int threads) {
-    void *prepared = malloc(int4_prepared_bytes(M, K));
-    if (prepared == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
-    int4_prepare(x, M, K, prepared);
-#pragma omp parallel num_threads(threads)
-    int4_matmul_share(prepared, packed, bias, y, M, N, K, omp_get_thread_num(), omp_get_num_threads());
-    free(prepared);
-}

@@ -33,6 +33,7 @@ static inline __attribute__((always_inline)) void dot_tile(const int8_t *xq, con
     const int8_t *rows[MAX_GROUPS];
     _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) rows[g] = w + (g0 + g) * GROUP * Kp;
 #if defined(EDGE_VNNI)
+    (void)magnitudes;
     __m512i acc[MAX_ROWS][MAX_GROUPS];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_si512();
@@ -91,7 +92,7 @@ static inline __attribute__((always_inline)) void dot_tile(const int8_t *xq, con
             _mm256_storeu_si256((__m256i *)(sums[r][g] + 8), acc[r][g][1]);
         }
 #elif defined(EDGE_NEON)
-    (void)correction;
+    (void)correction, (void)magnitudes;
     int32x4_t acc[MAX_ROWS][MAX_GROUPS][4];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
@@ -120,7 +121,7 @@ static inline __attribute__((always_inline)) void dot_tile(const int8_t *xq, con
 #else
     /* GCC vectors (SSE2 on x86-64): 16 codes (4 outputs x 4 inputs) widened to int16, times the row's 4 activations
      * repeated, summed per lane in int32 over the chunks; each output's 4 lanes added at the end */
-    (void)correction;
+    (void)correction, (void)magnitudes;
     typedef int8_t v16i8 __attribute__((vector_size(16)));
     typedef int16_t v16i16 __attribute__((vector_size(32)));
     typedef int32_t v16i32 __attribute__((vector_size(64)));
@@ -208,15 +209,4 @@ void int8_matmul_share(const void *prepared, const uint8_t *packed, const float 
             }
         }
     }
-}
-
-/* x (M, K) float32 -> y (M, N) float32 through packed int8 weights (layout above). */
-void rowwise_matmul_i8(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
-                       int64_t K, int threads) {
-    void *prepared = malloc(int8_prepared_bytes(M, K));
-    if (prepared == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
-    int8_prepare(x, M, K, prepared);
-#pragma omp parallel num_threads(threads)
-    int8_matmul_share(prepared, packed, bias, y, M, N, K, omp_get_thread_num(), omp_get_num_threads());
-    free(prepared);
 }

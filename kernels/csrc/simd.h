@@ -315,6 +315,17 @@ static inline vf vf_exp(vf x) {
     return vf_mul(e, vf_pow2_bits(shifted));
 }
 
+/* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 / WEIGHTS_I4 the matrices are
+ * packed (matmul_int8.c, matmul_int4.c) and the norms float32. */
+enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_I4 = 4 };
+
+/* Element i of a float matrix or norm in its format, as float32 */
+static inline float weight_at(const void *w, int64_t i, int format) {
+    if (format == WEIGHTS_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    if (format == WEIGHTS_F16) return f16_to_f32(((const uint16_t *)w)[i]);
+    return ((const float *)w)[i];
+}
+
 /* The kernels' shared entry points (each defined in one .c file of csrc/). A *_share function is one thread's part
  * of the work when a team of `parts` threads runs it (inside one OpenMP parallel region: layers.c runs a whole
  * decode step in one); packed formats read activations prepared once for the team (*_prepare). */
@@ -328,6 +339,12 @@ int64_t int4_prepared_bytes(int64_t M, int64_t K);
 void int4_prepare(const float *x, int64_t M, int64_t K, void *prepared);
 void int4_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int part, int parts);
+int64_t prepared_bytes(int64_t M, int64_t K);  /* matmul.c: room for M rows' activations in any packed format */
+void *prepared_alloc(int64_t M, int64_t K);
+void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                 int format, void *prepared, int part, int parts);
+void matmul_call(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                 int format, int threads);
 void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
                      int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
                      float scale, int part, int parts);

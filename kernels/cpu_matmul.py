@@ -50,15 +50,9 @@ class RowwiseMatmul:
         self.threads: int | None = None  # None: torch's thread count at each call
         library.kernel_path.restype = ctypes.c_char_p
         self.path: str = library.kernel_path().decode()
-        self._kernels = {}
-        for name in ("f32", "bf16", "f16", "i8", "i4"):
-            function = getattr(library, f"rowwise_matmul_{name}")
-            function.argtypes = [pointer, pointer, pointer, pointer, size, size, size, ctypes.c_int]
-            function.restype = None
-            self._kernels[name] = function
-        self._float = {torch.float32: self._kernels["f32"], torch.bfloat16: self._kernels["bf16"],
-                       torch.float16: self._kernels["f16"]}
-        self._packed = {"int8": self._kernels["i8"], "int4": self._kernels["i4"]}
+        self._matmul = library.rowwise_matmul
+        self._matmul.argtypes = [pointer, pointer, pointer, pointer, size, size, size, ctypes.c_int, ctypes.c_int]
+        self._matmul.restype = None
         self._attention = library.rowwise_attention_f32
         self._attention.argtypes = [pointer] * 5 + [size] * 7 + [ctypes.c_float, ctypes.c_int]
         self._attention.restype = None
@@ -114,7 +108,7 @@ class RowwiseMatmul:
         return bound
 
     def supports(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-        return (weight.device.type == "cpu" and weight.dtype in self._float and weight.is_contiguous()
+        return (weight.device.type == "cpu" and weight.dtype in FLOAT_FORMATS and weight.is_contiguous()
                 and (bias is None or bias.dtype == torch.float32))
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -127,10 +121,9 @@ class RowwiseMatmul:
         if not x.is_contiguous():
             x = x.contiguous()
         out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)  # (..., N)
-        self._float[weight.dtype](
-            x.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
-            x.numel() // in_features, out_features, in_features, self.thread_count(),
-        )
+        self._matmul(x.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                     x.numel() // in_features, out_features, in_features, weight_format(weight.dtype),
+                     self.thread_count())
         return out
 
     def quantized(self, x: torch.Tensor, packed: torch.Tensor, fmt: str, out_features: int,
@@ -142,8 +135,8 @@ class RowwiseMatmul:
         if not x.is_contiguous():
             x = x.contiguous()
         out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)  # (..., N)
-        self._packed[fmt](x.data_ptr(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
-                          out.data_ptr(), x.numel() // in_features, out_features, in_features, self.thread_count())
+        self._matmul(x.data_ptr(), packed.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                     x.numel() // in_features, out_features, in_features, WEIGHT_FORMATS[fmt], self.thread_count())
         return out
 
     def int8(self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None

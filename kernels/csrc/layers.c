@@ -223,12 +223,12 @@ int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T
             for (int64_t d = 0; d < D; d++) row[d] = weight_at(embed, step_tokens[t] * D + d, embed_format);
             if (fc) memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
         }
-        if (fc) matmul_call(joined, fc, NULL, x, T, D, 2 * D, format, threads);
+        if (fc) rowwise_matmul(joined, fc, NULL, x, T, D, 2 * D, format, threads);
         fused_layers_f32(x, T, D, H, Hkv, Dh, I, order, count, weights, windows, cos_table + position * Dh,
                          sin_table + position * Dh, keys, values, S_max, layer_stride, position, eps, scale,
                          layer_scratch, format, threads);
         rms_norm_rows(x + (T - 1) * D, norm_weight, normed, 1, D, eps, format);
-        matmul_call(normed, head, NULL, logits, 1, V, D, head_format, threads);
+        rowwise_matmul(normed, head, NULL, logits, 1, V, D, head_format, threads);
         int64_t best = 0;
         for (int64_t v = 1; v < V; v++)
             if (logits[v] > logits[best]) best = v;  /* the first of equal maxima, as torch.argmax */

@@ -1,6 +1,6 @@
-/* The matmul entry points, one per weights format, over one team matmul: the fused layers (layers.c) call
- * team_matmul inside their parallel region; a lone call (rowwise_matmul_*, kernels/cpu_matmul.py) opens a region of
- * its own around it. Every format takes float32 rows x (M, K) to y (M, N) float32 (+ bias (N), NULL where absent). */
+/* The matmul entry point for every weights format, one team matmul: the fused layers (layers.c) call team_matmul
+ * inside their parallel region; a lone call (rowwise_matmul, kernels/cpu_matmul.py) opens a region of its own
+ * around it. Every format takes float32 rows x (M, K) to y (M, N) float32 (+ bias (N), NULL where absent). */
 #include <omp.h>
 #include <stdlib.h>
 
@@ -35,37 +35,12 @@ void team_matmul(const float *x, const void *w, const float *bias, float *y, int
 #pragma omp barrier
 }
 
-void matmul_call(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                 int format, int threads) {
+/* One matmul in a parallel region of its own: x (M, K) through w in `format` (WEIGHTS_*; int8 and int4 packed as in
+ * matmul_int8.c and matmul_int4.c) into y (M, N). kernels/cpu_matmul.py calls it for every format. */
+void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                    int format, int threads) {
     void *prepared = format == WEIGHTS_I8 || format == WEIGHTS_I4 ? prepared_alloc(M, K) : NULL;
 #pragma omp parallel num_threads(threads)
     team_matmul(x, w, bias, y, M, N, K, format, prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);
-}
-
-void rowwise_matmul_f32(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                        int threads) {
-    matmul_call(x, w, bias, y, M, N, K, WEIGHTS_F32, threads);
-}
-
-void rowwise_matmul_bf16(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
-                         int64_t K, int threads) {
-    matmul_call(x, w, bias, y, M, N, K, WEIGHTS_BF16, threads);
-}
-
-void rowwise_matmul_f16(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
-                        int64_t K, int threads) {
-    matmul_call(x, w, bias, y, M, N, K, WEIGHTS_F16, threads);
-}
-
-/* packed int8 weights: matmul_int8.c's layout */
-void rowwise_matmul_i8(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
-                       int64_t K, int threads) {
-    matmul_call(x, packed, bias, y, M, N, K, WEIGHTS_I8, threads);
-}
-
-/* packed int4 weights: matmul_int4.c's layout */
-void rowwise_matmul_i4(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
-                       int64_t K, int threads) {
-    matmul_call(x, packed, bias, y, M, N, K, WEIGHTS_I4, threads);
 }

@@ -343,21 +343,11 @@ int64_t prepared_bytes(int64_t M, int64_t K);  /* matmul.c: room for M rows' act
 void *prepared_alloc(int64_t M, int64_t K);
 void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                  int format, void *prepared, int part, int parts);
-void matmul_call(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                 int format, int threads);
+void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                    int format, int threads);
 void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
                      int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
                      float scale, int part, int parts);
-void rowwise_matmul_f32(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                        int threads);
-void rowwise_matmul_bf16(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
-                         int64_t K, int threads);
-void rowwise_matmul_f16(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
-                        int64_t K, int threads);
-void rowwise_matmul_i8(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
-                       int64_t K, int threads);
-void rowwise_matmul_i4(const float *x, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
-                       int64_t K, int threads);
 void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
                            int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
                            int64_t window, float scale, int threads);

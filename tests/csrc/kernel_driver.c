@@ -15,11 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-void rowwise_matmul_f32(const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int);
-void rowwise_matmul_bf16(const float *, const uint16_t *, const float *, float *, int64_t, int64_t, int64_t, int);
-void rowwise_matmul_f16(const float *, const uint16_t *, const float *, float *, int64_t, int64_t, int64_t, int);
-void rowwise_matmul_i8(const float *, const uint8_t *, const float *, float *, int64_t, int64_t, int64_t, int);
-void rowwise_matmul_i4(const float *, const uint8_t *, const float *, float *, int64_t, int64_t, int64_t, int);
+/* format numbers: csrc/simd.h WEIGHTS_F32, _BF16, _F16, _I8, _I4 */
+void rowwise_matmul(const float *, const void *, const float *, float *, int64_t, int64_t, int64_t, int, int);
 void rowwise_attention_f32(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, int64_t, float, int);
 const char *kernel_path(void);
@@ -39,11 +36,10 @@ static void write_floats(const float *values, int64_t count) { fwrite(values, si
 
 static void matmul(const char *format, const float *x, const void *w, const float *bias, float *y, int64_t M,
                    int64_t N, int64_t K) {
-    if (!strcmp(format, "f32")) rowwise_matmul_f32(x, w, bias, y, M, N, K, 2);
-    else if (!strcmp(format, "bf16")) rowwise_matmul_bf16(x, w, bias, y, M, N, K, 2);
-    else if (!strcmp(format, "f16")) rowwise_matmul_f16(x, w, bias, y, M, N, K, 2);
-    else if (!strcmp(format, "i8")) rowwise_matmul_i8(x, w, bias, y, M, N, K, 2);
-    else rowwise_matmul_i4(x, w, bias, y, M, N, K, 2);
+    static const char *const names[] = {"f32", "bf16", "f16", "i8", "i4"};
+    int code = 0;
+    while (code < 4 && strcmp(format, names[code])) code++;
+    rowwise_matmul(x, w, bias, y, M, N, K, code, 2);
 }
 
 static size_t weight_bytes(const char *format, int64_t N, int64_t K) {

@@ -17,18 +17,13 @@ void *prepared_alloc(int64_t M, int64_t K) {
     return prepared;
 }
 
-/* A matmul run by the whole team: one thread prepares a packed format's activations (the others wait), every
- * thread computes its share of the outputs, and all wait until y is complete. Outside a parallel region (one
+/* A matmul run by the whole team: the threads prepare a packed format's activations together (and wait for each
+ * other), every thread computes its share of the outputs, and all wait until y is complete. Outside a parallel region (one
  * thread) the pragmas are no-ops and it is a plain matmul. */
 void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                  int format, void *prepared, int part, int parts) {
-    if (format == WEIGHTS_I8 || format == WEIGHTS_I4) {
-#pragma omp single
-        {
-            if (format == WEIGHTS_I8) int8_prepare(x, M, K, prepared);
-            else int4_prepare(x, M, K, prepared);
-        }
-    }
+    if (format == WEIGHTS_I8) int8_prepare_share(x, M, K, prepared, part, parts);
+    if (format == WEIGHTS_I4) int4_prepare_share(x, M, K, prepared, part, parts);
     if (format == WEIGHTS_I8) int8_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
     else if (format == WEIGHTS_I4) int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
     else float_matmul_share(format, x, w, bias, y, M, N, K, part, parts);

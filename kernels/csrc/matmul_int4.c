@@ -34,15 +34,14 @@ typedef struct {
     const int32_t *offsets;
 } BlockRow;
 
-static void quantize_blocks(const float *x, int64_t K, int64_t Kp, int8_t *codes, float *scales, int32_t *offsets) {
-    for (int64_t b = 0; b < Kp / BLOCK; b++) {
-        const int64_t k0 = b * BLOCK, width = K - k0 < BLOCK ? K - k0 : BLOCK;
-        memset(codes + k0, 0, BLOCK);
-        scales[b] = quantize_codes(x + k0, codes + k0, width) / 127.0f;
-        int32_t sum = 0;
-        for (int i = 0; i < BLOCK; i++) sum += codes[k0 + i];
-        offsets[b] = 8 * sum;
-    }
+/* Block b of a row x (K floats, padded to K'): its 32 codes, scale and offset (8 * the codes' sum) */
+static void quantize_block(const float *x, int64_t K, int64_t b, int8_t *codes, float *scales, int32_t *offsets) {
+    const int64_t k0 = b * BLOCK, width = K - k0 < BLOCK ? K - k0 : BLOCK;
+    memset(codes + k0, 0, BLOCK);
+    scales[b] = quantize_codes(x + k0, codes + k0, width) / 127.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < BLOCK; i++) sum += codes[k0 + i];
+    offsets[b] = 8 * sum;
 }
 
 static inline float scale_at(const uint8_t *block, int lane) {
@@ -218,13 +217,18 @@ int64_t int4_prepared_bytes(int64_t M, int64_t K) {
     return M * Kp + 64 + M * (Kp / BLOCK) * (int64_t)(sizeof(float) + sizeof(int32_t));
 }
 
-void int4_prepare(const float *x, int64_t M, int64_t K, void *prepared) {
-    const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK;
+/* This thread's part of preparing M rows (inside the team's parallel region; one thread outside it): the rows'
+ * blocks are independent, split evenly between the threads. */
+void int4_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts) {
+    const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK, total = M * blocks;
     int8_t *codes = prepared;
     float *scales = (float *)(codes + M * Kp + 64);
     int32_t *offsets = (int32_t *)(scales + M * blocks);
-    for (int64_t m = 0; m < M; m++)
-        quantize_blocks(x + m * K, K, Kp, codes + m * Kp, scales + m * blocks, offsets + m * blocks);
+    for (int64_t i = total * part / parts; i < total * (part + 1) / parts; i++) {
+        const int64_t m = i / blocks;
+        quantize_block(x + m * K, K, i % blocks, codes + m * Kp, scales + m * blocks, offsets + m * blocks);
+    }
+#pragma omp barrier
 }
 
 /* One thread's share of the outputs (groups of 16 split evenly between `parts` threads), from prepared rows. */

@@ -164,16 +164,36 @@ static inline void int8_epilogue(int32_t sums[MAX_ROWS][MAX_GROUPS][GROUP], cons
     } while (0)
 
 /* Activations for the int8 kernel: M rows of K' codes, the same rows' magnitudes |code| (AVX2's vpmaddubsw takes
- * one unsigned operand), then M float scales. */
-int64_t int8_prepared_bytes(int64_t M, int64_t K) { return 2 * M * round_up(K, 4) + 64 + M * (int64_t)sizeof(float); }
+ * one unsigned operand), then M float scales and M row maxima. */
+int64_t int8_prepared_bytes(int64_t M, int64_t K) {
+    return 2 * M * round_up(K, 4) + 64 + 2 * M * (int64_t)sizeof(float);
+}
 
-void int8_prepare(const float *x, int64_t M, int64_t K, void *prepared) {
+/* This thread's part of preparing M rows (inside the team's parallel region; one thread outside it): one thread
+ * takes each row's maximum, then every thread quantizes its slice of every row at that row's scale. The codes are
+ * those of quantizing each row whole (quantized.h: vector and scalar rounding agree), whatever the split. */
+void int8_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts) {
     const int64_t Kp = round_up(K, 4);
     int8_t *xq = prepared, *mq = xq + M * Kp;
-    float *sx = (float *)(mq + M * Kp + 64);
-    memset(xq, 0, 2 * M * Kp + 64);
-    for (int64_t m = 0; m < M; m++) sx[m] = quantize_codes(x + m * K, xq + m * Kp, K) / 127.0f;
-    for (int64_t i = 0; i < M * Kp; i++) mq[i] = (int8_t)(xq[i] < 0 ? -xq[i] : xq[i]);
+    float *sx = (float *)(mq + M * Kp + 64), *tops = sx + M;
+#pragma omp single
+    {
+        memset(mq + M * Kp, 0, 64);  /* the padding after the magnitudes */
+        for (int64_t m = 0; m < M; m++) {
+            tops[m] = absolute_max(x + m * K, K);
+            sx[m] = tops[m] / 127.0f;
+        }
+    }
+    const int64_t lines = (Kp + 63) / 64, begin = lines * part / parts * 64;
+    const int64_t end = lines * (part + 1) / parts * 64 < Kp ? lines * (part + 1) / parts * 64 : Kp;
+    for (int64_t m = 0; m < M; m++) {
+        int8_t *codes = xq + m * Kp, *magnitudes = mq + m * Kp;
+        const int64_t inside = end < K ? end : K;  /* [begin, inside) from x, [inside, end) padding */
+        if (inside > begin) quantize_with(x + m * K + begin, codes + begin, inside - begin, tops[m]);
+        for (int64_t k = inside > begin ? inside : begin; k < end; k++) codes[k] = 0;
+        for (int64_t k = begin; k < end; k++) magnitudes[k] = (int8_t)(codes[k] < 0 ? -codes[k] : codes[k]);
+    }
+#pragma omp barrier
 }
 
 /* One thread's share of the outputs (groups of 16 split evenly between `parts` threads), from prepared rows. */

@@ -9,13 +9,29 @@
 
 #include "simd.h"
 
-/* x[0, K) -> out[0, K) signed codes; returns max|x| (the caller divides) */
-static inline float quantize_codes(const float *x, int8_t *out, int64_t K) {
+/* max|x[k]| over [0, K): exact in any order, so the vector lanes may take the elements in any grouping */
+static inline float absolute_max(const float *x, int64_t K) {
     float top = 0.0f;
-    for (int64_t k = 0; k < K; k++) top = fabsf(x[k]) > top ? fabsf(x[k]) : top;  /* a maximum: any order */
+    int64_t k = 0;
+#if !defined(EDGE_PORTABLE)
+    vf tops = vf_zero();
+    for (; k + VL <= K; k += VL) {
+        const vf v = vf_load(x + k);
+        tops = vf_max(tops, vf_max(v, vf_sub(vf_zero(), v)));
+    }
+    float lanes[VL];
+    vf_store(lanes, tops);
+    for (int lane = 0; lane < VL; lane++) top = lanes[lane] > top ? lanes[lane] : top;
+#endif
+    for (; k < K; k++) top = fabsf(x[k]) > top ? fabsf(x[k]) : top;
+    return top;
+}
+
+/* x[0, K) -> out[0, K) signed codes at the scale of `top` (max|x| of the whole row or block x belongs to) */
+static inline void quantize_with(const float *x, int8_t *out, int64_t K, float top) {
     if (top == 0.0f) {
         memset(out, 0, K);
-        return 0.0f;
+        return;
     }
     const float inverse = 127.0f / top;
     int64_t k = 0;
@@ -42,6 +58,12 @@ static inline float quantize_codes(const float *x, int8_t *out, int64_t K) {
         q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
         out[k] = (int8_t)q;
     }
+}
+
+/* x[0, K) -> out[0, K) signed codes; returns max|x| (the caller divides) */
+static inline float quantize_codes(const float *x, int8_t *out, int64_t K) {
+    const float top = absolute_max(x, K);
+    quantize_with(x, out, K, top);
     return top;
 }
 

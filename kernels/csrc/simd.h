@@ -328,15 +328,15 @@ static inline float weight_at(const void *w, int64_t i, int format) {
 
 /* The kernels' shared entry points (each defined in one .c file of csrc/). A *_share function is one thread's part
  * of the work when a team of `parts` threads runs it (inside one OpenMP parallel region: layers.c runs a whole
- * decode step in one); packed formats read activations prepared once for the team (*_prepare). */
+ * decode step in one); packed formats read activations the team prepares together first (*_prepare_share). */
 void float_matmul_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N,
                         int64_t K, int part, int parts);
 int64_t int8_prepared_bytes(int64_t M, int64_t K);
-void int8_prepare(const float *x, int64_t M, int64_t K, void *prepared);
+void int8_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts);
 void int8_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int part, int parts);
 int64_t int4_prepared_bytes(int64_t M, int64_t K);
-void int4_prepare(const float *x, int64_t M, int64_t K, void *prepared);
+void int4_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts);
 void int4_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int part, int parts);
 int64_t prepared_bytes(int64_t M, int64_t K);  /* matmul.c: room for M rows' activations in any packed format */

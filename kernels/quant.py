@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 FORMAT_VERSION = 1
 METADATA_KEY = "edge_quantization"
@@ -82,21 +83,31 @@ class QuantizedLinear(nn.Module):
 
     rowwise, max_rows = None, 0  # edge's model asks its projections for a batch-invariant kernel: none here
 
-    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None, in_features: int | None = None
+                 ) -> None:
         super().__init__()
         self.quantized = weight
         self.register_buffer("codes", weight.codes)
         self.register_buffer("scales", weight.scales)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-        self.out_features, self.in_features = weight.shape
+        self.out_features, padded = weight.shape
+        self.in_features = in_features or padded  # the weight may carry zero columns up to a whole group
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int = 4, group_size: int = 32) -> "QuantizedLinear":
-        return cls(quantize_weight(linear.weight, bits, group_size), linear.bias)
+        """Any input width: a width the group size does not divide is padded with zero columns (they add nothing)."""
+        weight = linear.weight.detach()
+        padding = -weight.shape[1] % group_size
+        if padding:
+            weight = F.pad(weight, (0, padding))  # (N, K) -> (N, K + padding)
+        return cls(quantize_weight(weight, bits, group_size), linear.bias, linear.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from kernels.dispatch import quantized_linear
 
+        padded = self.quantized.shape[1]
+        if x.shape[-1] != padded:
+            x = F.pad(x, (0, padded - x.shape[-1]))  # (..., K) -> (..., K + padding) zeros
         return quantized_linear(x, self.quantized, self.bias)  # Triton on a capable GPU, else the reference
 
 

@@ -119,3 +119,39 @@ def test_quantspec_samples_and_refuses_a_plain_cache(target):
     plain = Engine.load(target, max_context=256)
     with pytest.raises(EdgeError, match="hierarchical KV cache"):
         plain.use_drafter("quantspec")
+
+
+@pytest.fixture(scope="module")
+def odd_mlp_target(tmp_path_factory, tokenizer_dir) -> Path:
+    """A llama checkpoint whose MLP is 172 wide: no group size of 32 or 64 divides it."""
+    from tests.conftest import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("mlp172"), "llama3", tokenizer_dir, intermediate_size=172)
+
+
+@pytest.mark.parametrize("case", ["float16 weights", "int8 target", "int4 target", "172-wide MLP"])
+def test_quantspec_runs_on_the_cpu_kernel_for_any_target(case, target, half_llama_dir, odd_mlp_target):
+    from edge.packed_weights import PackedLinear
+
+    path = {"float16 weights": half_llama_dir, "172-wide MLP": odd_mlp_target}.get(case, target)
+    weights = {"int8 target": "int8", "int4 target": "int4"}.get(case)
+    plain = Engine.load(path, max_context=256, kv_cache="hierarchical", weights=weights)
+    fast = Engine.load(path, max_context=256, drafter="quantspec", draft_length=3, weights=weights)
+    for prompt in PROMPTS:
+        assert greedy(fast, prompt) == greedy(plain, prompt), (case, prompt)
+    projections = [m for m in fast.drafter.model.layers.modules() if isinstance(m, PackedLinear)]
+    assert len(projections) == 4 * fast.model.config.num_layers and {m.format for m in projections} == {"int4"}
+    assert all(m.packed.data_ptr() != t.packed.data_ptr() for m, t in zip(
+        projections, [m for m in fast.model.layers.modules() if isinstance(m, PackedLinear)]))
+
+
+def test_quantized_linear_pads_a_width_its_group_size_does_not_divide():
+    from torch import nn
+
+    linear = nn.Linear(172, 24, bias=False)
+    layer = QuantizedLinear.from_linear(linear, bits=4, group_size=32)
+    x = torch.randn(3, 172)
+    reference = layer.quantized.dequantize()[:, :172]  # (24, 172): the zero columns dropped
+    assert layer.in_features == 172 and layer.quantized.shape == (24, 192)
+    torch.testing.assert_close(layer(x), x @ reference.T)
+    assert (layer.quantized.dequantize()[:, 172:] == 0).all()

@@ -2,8 +2,9 @@
 
     engine = Engine.load(path, kv_cache="hierarchical", drafter="quantspec")     # or quantspec:8 for int8 weights
 
-The draft is the target's architecture with every projection of its layers quantized group-wise (kernels/quant.py);
-the embedding, norms and head are shared with the target, not copied. It reads the same cache the target
+The draft is the target's architecture with every projection of its layers quantized: on the CPU packed for edge's
+kernel (int4 in groups of 32; quantspec:8 int8 per output channel), elsewhere group-wise (kernels/quant.py); the
+embedding, norms and head are shared with the target, not copied. It reads the same cache the target
 writes: the target sees 8 bits per value (both nibble planes), the draft only the upper plane, so there is no
 second cache. Its own keys/values for the drafted positions are written past the verified length and rewritten by
 the verifying pass, as for layer-skip drafters. The target verifies in full precision, so the output is the
@@ -12,23 +13,47 @@ target's (with its 8-bit KV cache) token for token.
 
 from __future__ import annotations
 
+import torch
+
 from edge.drafters.base import Draft, DraftSampler
 from edge.drafters.layer_skip import LayerSkipDrafter
 from edge.errors import SamplingError
 from edge.model import Linear, Transformer
+from edge.packed_weights import PackedLinear
 from kernels.quant import QuantizedLinear
 
 
+def cpu_kernel_format(model: Transformer, bits: int, group_size: int) -> str | None:
+    """The CPU kernel's packed format for a `bits`-bit draft of `model` ("int4": groups of 32, as QuantSpec's; "int8":
+    per output channel), or None where the kernel cannot run it (a GPU, 16-bit compute, no C compiler)."""
+    if model.device.type != "cpu" or model.dtype != torch.float32 or getattr(model, "rowwise", None) is None:
+        return None
+    return {4: "int4" if group_size == 32 else None, 8: "int8"}.get(bits)
+
+
 def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> Transformer:
-    """The model with every projection of its layers replaced by a QuantizedLinear; the embedding, norms and head
-    are shared with `model` (the head is read once per step, the layers' projections are most of the bytes)."""
+    """The model with every projection of its layers quantized to `bits`; the embedding, norms and head are shared
+    with `model` (the head is read once per step, the layers' projections are most of the bytes). On the CPU the
+    projections are packed for edge's kernel (edge/packed_weights.py), elsewhere they are QuantizedLinear (Triton
+    on a GPU, the torch reference otherwise); either takes any layer width (padded inside)."""
     draft = Transformer(model.config, device="meta")
-    draft.load_state_dict(model.state_dict(), strict=True, assign=True)  # shares the tensors, copies nothing
+    shared = {name: tensor for name, tensor in model.state_dict().items() if not name.endswith(".packed")}
+    missing, _ = draft.load_state_dict(shared, strict=False, assign=True)  # shares the tensors, copies nothing
     draft.inv_freq = model.inv_freq
-    for module in list(draft.layers.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, Linear):
-                setattr(module, child_name, QuantizedLinear.from_linear(child, bits, group_size))
+    draft.compute_dtype = model.compute_dtype  # float32 activations over 16-bit weights, as the target computes
+    packed = cpu_kernel_format(model, bits, group_size)
+    replaced = set()
+    for name, module in model.layers.named_modules():
+        for child_name, child in module.named_children():
+            if isinstance(child, PackedLinear) and not packed:  # a packed target is on the CPU kernel: cannot happen
+                raise SamplingError("the quantspec drafter of an int8/int4 target runs on edge's CPU kernel")
+            if isinstance(child, (Linear, PackedLinear)):  # a packed target (--weights int8): re-quantized
+                owner = draft.layers.get_submodule(name) if name else draft.layers
+                setattr(owner, child_name, PackedLinear.from_linear(child, packed, model.rowwise) if packed
+                        else QuantizedLinear.from_linear(child, bits, group_size))
+                replaced.update(f"layers.{name}.{child_name}.{part}".replace("..", ".") for part in ("weight", "bias"))
+    if set(missing) - replaced:
+        raise SamplingError(f"the quantspec drafter cannot copy this model: {sorted(set(missing) - replaced)[:3]}")
     return draft.eval().requires_grad_(False)
 
 
@@ -50,4 +75,5 @@ class QuantSpecDrafter(LayerSkipDrafter):
     def memory_bytes(self) -> int:
         """The quantized projections (the rest is the target's), and a trimmed head if any."""
         quantized = sum(m.quantized.nbytes for m in self.model.modules() if isinstance(m, QuantizedLinear))
+        quantized += sum(m.packed.nbytes for m in self.model.modules() if isinstance(m, PackedLinear))
         return quantized + super().memory_bytes()

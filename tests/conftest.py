@@ -88,6 +88,19 @@ def build_checkpoint(folder: Path, family: str, tokenizer_dir: Path, seed: int =
     return folder
 
 
+def transformers_greedy(folder: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy continuation of `prompt` (token ids) from a checkpoint folder, in float32."""
+    import transformers
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    reference.generation_config.eos_token_id = None
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
 @pytest.fixture(scope="session")
 def checkpoint_factory(tmp_path_factory, tokenizer_dir):
     """checkpoint_factory(family) -> folder with config.json, model.safetensors and the tokenizer files."""

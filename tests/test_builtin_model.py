@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import transformers
+from conftest import transformers_greedy
 
 from edge import Engine
 from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path, builtin_model_path
@@ -43,15 +43,9 @@ def test_golden_greedy_output(engine):
 
 def test_transformers_loads_the_shipped_checkpoint_and_agrees(engine):
     folder = builtin_model_path()
-    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "What does the `json` module do?"}])
     ours = [t for e in engine.generate(prompt, max_new_tokens=48, ignore_eos=True) for t in e.token_ids]
-    reference.generation_config.eos_token_id = None
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False,
-                                 pad_token_id=0)
-    assert ours == out[0, len(prompt):].tolist()
+    assert ours == transformers_greedy(folder, prompt, 48)
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     messages = [{"role": "user", "content": "Hi"}]
     assert hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \

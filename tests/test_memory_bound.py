@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-import transformers
+from conftest import transformers_greedy
 
 from edge import Engine
 from edge.bench import memory_bound
@@ -60,13 +59,7 @@ def test_transformers_loads_the_widened_target_and_agrees(widened):
     engine = Engine.load(folder, max_context=256)
     prompt = engine.tokenizer.encode_chat(PROMPT)
     ours = [t for e in engine.generate(prompt, max_new_tokens=16, ignore_eos=True) for t in e.token_ids]
-    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    reference.generation_config.eos_token_id = None
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
-                                 pad_token_id=0)
-    assert ours == out[0, len(prompt):].tolist()
+    assert ours == transformers_greedy(folder, prompt, 16)
 
 
 def test_parameter_counts_parse_and_bad_ones_say_how():

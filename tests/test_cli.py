@@ -167,6 +167,11 @@ def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
         assert len(first["pass_seconds"]) == 3 and first["seconds"] == sorted(first["pass_seconds"])[1]
     assert all(row["identical_to_ar"] for row in report["summary"])
     assert report["summary"][1]["acceptance_rate"] is not None
+    # the decode steps alone (prefill left out): plain decoding against itself is exactly 1
+    assert report["summary"][0]["decode_speedup_six"] == pytest.approx(1.0)
+    assert all(row["decode_speedup_six"] > 0 and row["decode_speedup_by_category"]["code"] > 0
+               for row in report["summary"])
+    assert "decode steps only" in (tmp_path / "suite.md").read_text()
 
 
 def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):

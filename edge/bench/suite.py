@@ -58,7 +58,9 @@ def median_of_passes(results: list[dict]) -> dict:
             raise SystemExit(f"edge-bench: {label(first['method'], first['draft_length'])} gave different outputs "
                              f"in different passes on prompt {index}")
         times = [run["seconds"] for run in runs]
-        prompts.append({**prompt, "seconds": statistics.median(times), "pass_seconds": times})
+        decode = {"decode_seconds": statistics.median(run["decode_seconds"] for run in runs)} \
+            if "decode_seconds" in prompt else {}
+        prompts.append({**prompt, "seconds": statistics.median(times), "pass_seconds": times, **decode})
     return {**first, "prompts": prompts, "peak_rss_mib": max(result["peak_rss_mib"] for result in results)}
 
 
@@ -66,6 +68,9 @@ def faster_baseline(first: dict, last: dict) -> dict:
     """Plain decoding timed at the start and at the end of a suite: per prompt the faster of the two, so a slow
     spell during one of them does not inflate every method's speedup."""
     prompts = [dict(a, seconds=min(a["seconds"], b["seconds"])) for a, b in zip(first["prompts"], last["prompts"])]
+    for prompt, a, b in zip(prompts, first["prompts"], last["prompts"]):
+        if "decode_seconds" in a and "decode_seconds" in b:
+            prompt["decode_seconds"] = min(a["decode_seconds"], b["decode_seconds"])
     return {**first, "prompts": prompts}
 
 
@@ -84,11 +89,14 @@ def summarise(result: dict, baseline: dict) -> dict:
                    for c in CATEGORIES if any(p["category"] == c for p in prompts)}
     steps = sum(p.get("steps", 0) for p in prompts)
     drafted = sum(p.get("drafted", 0) for p in prompts)
+    decode = decode_speedups(prompts, base)
     return {
         "method": label(result["method"], result["draft_length"]),
         "tokens_per_s": sum(p["new_tokens"] for p in prompts) / sum(p["seconds"] for p in prompts),
         "speedup_six": statistics.mean(by_category[c] for c in SPEC_BENCH_CATEGORIES if c in by_category),
         "speedup_by_category": by_category,
+        "decode_speedup_six": decode and statistics.mean(decode[c] for c in SPEC_BENCH_CATEGORIES if c in decode),
+        "decode_speedup_by_category": decode,
         "mean_accepted_tokens": sum(p["new_tokens"] for p in prompts) / steps if steps else None,
         "acceptance_rate": sum(p.get("accepted", 0) for p in prompts) / drafted if drafted else None,
         "peak_rss_mib": result["peak_rss_mib"],
@@ -96,14 +104,27 @@ def summarise(result: dict, baseline: dict) -> dict:
     }
 
 
+def decode_speedups(prompts: list[dict], base: list[dict]) -> dict[str, float]:
+    """Per category, the mean per-prompt speedup of the decode steps alone (time from the first token to the last;
+    the prefill, the same work for every method, left out); empty where a run has no decode timings (the peers)."""
+    if not all("decode_seconds" in p and p.get("decode_tokens") for p in (*prompts, *base)):
+        return {}
+    per_prompt = [(b["decode_seconds"] / b["decode_tokens"]) / (r["decode_seconds"] / r["decode_tokens"])
+                  for r, b in zip(prompts, base)]
+    return {c: statistics.mean(s for s, p in zip(per_prompt, prompts) if p["category"] == c)
+            for c in CATEGORIES if any(p["category"] == c for p in prompts)}
+
+
 def markdown(rows: list[dict]) -> str:
-    header = ["method", "tokens/s", "speedup (6 categories)", "code", *SPEC_BENCH_CATEGORIES, "mean accepted",
-              "acceptance", "peak RSS MiB", "identical"]
+    header = ["method", "tokens/s", "speedup (6 categories)", "code", *SPEC_BENCH_CATEGORIES,
+              "decode steps only: 6 categories", "code", "mean accepted", "acceptance", "peak RSS MiB", "identical"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        by = row["speedup_by_category"]
+        by, decode = row["speedup_by_category"], row.get("decode_speedup_by_category") or {}
         cells = [row["method"], f"{row['tokens_per_s']:.1f}", f"**{row['speedup_six']:.2f}x**",
                  f"{by.get('code', 0):.2f}x", *[f"{by.get(c, 0):.2f}x" for c in SPEC_BENCH_CATEGORIES],
+                 f"{row['decode_speedup_six']:.2f}x" if decode else "-",
+                 f"{decode['code']:.2f}x" if "code" in decode else "-",
                  "-" if row["mean_accepted_tokens"] is None else f"{row['mean_accepted_tokens']:.2f}",
                  "-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.0%}",
                  f"{row['peak_rss_mib']:.0f}", "yes" if row["identical_to_ar"] else "NO"]

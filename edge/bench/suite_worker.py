@@ -49,7 +49,7 @@ def generate_once(engine, prompt_ids: list[int], new_tokens: int) -> tuple[list[
     stats = events[-1].stats
     return [token for event in events for token in event.token_ids], {
         "steps": stats.steps, "drafted": stats.drafted, "accepted": stats.accepted, "draft_s": stats.draft_s,
-        "verify_s": stats.verify_s}
+        "verify_s": stats.verify_s, "decode_tokens": stats.decode_tokens, "decode_seconds": stats.decode_s}
 
 
 def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
@@ -94,7 +94,8 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
                 raise SystemExit(f"{method} gave different outputs in different passes")
             times = [seconds for _, _, seconds in runs]
             rows.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
-                         "seconds": statistics.median(times), "pass_seconds": times, "token_ids": out, **stats})
+                         "seconds": statistics.median(times), "pass_seconds": times, "token_ids": out, **stats,
+                         "decode_seconds": statistics.median(run_stats["decode_seconds"] for _, run_stats, _ in runs)})
         results.append({"method": method, "draft_length": length, "prompts": rows, "peak_rss_mib": peak})
     return results
 

@@ -281,7 +281,7 @@ class Transformer(nn.Module):
     def _step_view(self):
         """The kernel's view of this model for forward_logits (kernels.cpu_matmul.ModelView), made once and again
         when the embedding, norm or head change; None when one of them is in a form the kernel does not read."""
-        from kernels.cpu_matmul import WEIGHT_FORMATS, ModelView, weight_format
+        from kernels.cpu_matmul import ModelView, weight_format
 
         head = self.packed_head if self.packed_head is not None else self.head_weight
         embed, norm = self.embed.weight, self.norm.weight
@@ -295,10 +295,9 @@ class Transformer(nn.Module):
         view = ModelView(
             D=config.hidden_size, H=config.num_heads, Hkv=config.num_kv_heads, Dh=config.head_dim,
             I=config.intermediate_size, V=config.vocab_size, eps=config.rms_norm_eps, scale=config.head_dim ** -0.5,
-            format=WEIGHT_FORMATS[self._fused_format], embed_format=weight_format(embed.dtype),
+            format=weight_format(self._fused_format), embed_format=weight_format(embed.dtype),
             norm_format=weight_format(norm.dtype),
-            head_format=WEIGHT_FORMATS[self.packed_format] if self.packed_head is not None else weight_format(
-                head.dtype),
+            head_format=weight_format(self.packed_format if self.packed_head is not None else head.dtype),
             weights=self._fused_table.data_ptr(), windows=self._fused_windows.data_ptr(), embed=pointers[1],
             norm=pointers[2], head=pointers[0])
         self._step = (view, pointers, (head, embed, norm))  # the tensors stay alive as long as the view

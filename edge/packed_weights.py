@@ -51,20 +51,13 @@ class PackedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Module, fmt: str, rowwise) -> "PackedLinear":
         """From a float Linear, or from another PackedLinear (re-quantizing what its codes stand for)."""
-        weight = linear.dequantized() if isinstance(linear, PackedLinear) else linear.weight
+        if isinstance(linear, PackedLinear):
+            from kernels.cpu_packing import dequantize
+
+            weight = dequantize(linear.packed.data, linear.format, linear.out_features, linear.in_features)
+        else:
+            weight = linear.weight
         return cls(_packer(fmt)(weight), fmt, linear.in_features, linear.out_features, linear.bias, rowwise)
-
-    def dequantized(self) -> torch.Tensor:
-        """The float32 weight (N, K) the packed codes stand for."""
-        from kernels.cpu_packing import unpack_int4, unpack_int8
-
-        rows, columns = self.out_features, self.in_features
-        if self.format == "int8":
-            codes, scales = unpack_int8(self.packed.data, rows, columns)  # (N, K), (N,)
-            return codes.float() * scales[:, None]
-        codes, scales = unpack_int4(self.packed.data, rows, columns)  # (N, K'), (N, K'/32)
-        blocks = codes.float().reshape(rows, -1, 32) * scales.float()[..., None]  # (N, K'/32, 32)
-        return blocks.reshape(rows, -1)[:, :columns]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (..., K) float32 -> (..., N) float32 (quantize_weights only takes models computing in float32)

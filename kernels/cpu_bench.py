@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| path | format | MB per token | 1 row ms | GB/s of probed GB/s (share) | "
           + " | ".join(f"c({k})" for k in rows[1:]) + " |")
     print("|---|---|---:|---:|---:|" + "---:|" * (len(rows) - 1))
+    probe = torch.ones(args.bandwidth_megabytes * 2**20 // 4, dtype=torch.float32)  # read by every bandwidth probe
     for path in paths:
         kernel = RowwiseMatmul.for_path(path)
         if kernel is None:
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             best = {k: float("inf") for k in rows}
             bandwidth = 0.0
             for _ in range(args.repeats):
-                bandwidth = max(bandwidth, kernel.read_bandwidth(args.bandwidth_megabytes, repeats=1))
+                bandwidth = max(bandwidth, kernel.read_bandwidth(repeats=1, data=probe))
                 for k in rows:
                     started = time.perf_counter()
                     token(k)

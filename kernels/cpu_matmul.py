@@ -139,14 +139,6 @@ class RowwiseMatmul:
                      x.numel() // in_features, out_features, in_features, WEIGHT_FORMATS[fmt], self.thread_count())
         return out
 
-    def int8(self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None
-             ) -> torch.Tensor:
-        return self.quantized(x, packed, "int8", out_features, bias)
-
-    def int4(self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None
-             ) -> torch.Tensor:
-        return self.quantized(x, packed, "int4", out_features, bias)
-
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
                   window: int | None) -> torch.Tensor:
         """q (1, H, T, Dh) at positions [start, start+T) over keys/values (1, Hkv, S_max, Dh) -> (1, H, T, Dh).
@@ -238,13 +230,15 @@ class RowwiseMatmul:
             stop_below or 0.0, out.data_ptr(), scratch.data_ptr(), self.thread_count())
         return out[:count].tolist()
 
-    def read_bandwidth(self, megabytes: int = 1024, repeats: int = 5) -> float:
+    def read_bandwidth(self, megabytes: int = 1024, repeats: int = 5, data: torch.Tensor | None = None) -> float:
         """The machine's read bandwidth in GB/s as this path sees it: the best of `repeats` passes summing a buffer far
         larger than the caches on the kernel's threads, each thread reading its slice as 1, 2, 4 or 8 interleaved
-        sequential streams (the best of those too: how many streams a core needs to reach full speed varies)."""
+        sequential streams (the best of those too: how many streams a core needs to reach full speed varies).
+        `data`: a float32 buffer to read (a caller probing repeatedly allocates it once), else `megabytes` fresh."""
         import time
 
-        data = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+        if data is None:
+            data = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
         best = float("inf")
         for _ in range(repeats):
             for streams in (1, 2, 4, 8):

@@ -4,6 +4,7 @@ how the kernel reads them), and unpacking them again for references and tests.
     packed = pack_int8(weight)        # (N, K) float -> uint8 bytes: per output channel int8, w8a8 in the kernel
     packed = pack_int4(weight)        # (N, K) float -> uint8 bytes: int4 in groups of 32 along K, w4a8
     codes, scales = unpack_int4(packed, N, K)
+    weight = dequantize(packed, "int4", N, K)   # (N, K) float32: what the codes stand for
 
 Any shape packs: outputs are padded to a multiple of 16 and inputs to a multiple of 4 (int8) or 32 (int4) with
 zero weights, which add nothing to any dot product; the kernel writes only the N real outputs.
@@ -99,3 +100,13 @@ def unpack_int4(packed: torch.Tensor, rows: int, columns: int) -> tuple[torch.Te
     scales = (data[:, :, 256:].contiguous().view(torch.float16)  # (G, B, 16)
               .permute(0, 2, 1).reshape(padded_rows, blocks))  # (N', B)
     return (nibbles.to(torch.int8) - 8)[:rows], scales[:rows]
+
+
+def dequantize(packed: torch.Tensor, fmt: str, rows: int, columns: int) -> torch.Tensor:
+    """The float32 weight (N, K) a matrix packed in `fmt` ("int8", "int4") stands for."""
+    if fmt == "int8":
+        codes, scales = unpack_int8(packed, rows, columns)  # (N, K), (N,)
+        return codes.float() * scales[:, None]
+    codes, scales = unpack_int4(packed, rows, columns)  # (N, K'), (N, K'/32)
+    blocks = codes.float().view(rows, -1, INT4_BLOCK) * scales.float()[..., None]  # (N, K'/32, 32)
+    return blocks.reshape(rows, -1)[:, :columns]

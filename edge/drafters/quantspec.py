@@ -26,7 +26,7 @@ from kernels.quant import QuantizedLinear
 def cpu_kernel_format(model: Transformer, bits: int, group_size: int) -> str | None:
     """The CPU kernel's packed format for a `bits`-bit draft of `model` ("int4": groups of 32, as QuantSpec's; "int8":
     per output channel), or None where the kernel cannot run it (a GPU, 16-bit compute, no C compiler)."""
-    if model.device.type != "cpu" or model.dtype != torch.float32 or getattr(model, "rowwise", None) is None:
+    if model.device.type != "cpu" or model.dtype != torch.float32 or model.rowwise is None:
         return None
     return {4: "int4" if group_size == 32 else None, 8: "int8"}.get(bits)
 
@@ -38,22 +38,22 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
     on a GPU, the torch reference otherwise); either takes any layer width (padded inside)."""
     draft = Transformer(model.config, device="meta")
     shared = {name: tensor for name, tensor in model.state_dict().items() if not name.endswith(".packed")}
-    missing, _ = draft.load_state_dict(shared, strict=False, assign=True)  # shares the tensors, copies nothing
+    draft.load_state_dict(shared, strict=False, assign=True)  # shares the tensors, copies nothing
     draft.inv_freq = model.inv_freq
     draft.compute_dtype = model.compute_dtype  # float32 activations over 16-bit weights, as the target computes
     packed = cpu_kernel_format(model, bits, group_size)
-    replaced = set()
-    for name, module in model.layers.named_modules():
-        for child_name, child in module.named_children():
-            if isinstance(child, PackedLinear) and not packed:  # a packed target is on the CPU kernel: cannot happen
-                raise SamplingError("the quantspec drafter of an int8/int4 target runs on edge's CPU kernel")
-            if isinstance(child, (Linear, PackedLinear)):  # a packed target (--weights int8): re-quantized
-                owner = draft.layers.get_submodule(name) if name else draft.layers
-                setattr(owner, child_name, PackedLinear.from_linear(child, packed, model.rowwise) if packed
-                        else QuantizedLinear.from_linear(child, bits, group_size))
-                replaced.update(f"layers.{name}.{child_name}.{part}".replace("..", ".") for part in ("weight", "bias"))
-    if set(missing) - replaced:
-        raise SamplingError(f"the quantspec drafter cannot copy this model: {sorted(set(missing) - replaced)[:3]}")
+    for name, module in list(draft.layers.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if not isinstance(child, Linear):
+                continue
+            source = model.layers.get_submodule(f"{name}.{child_name}" if name else child_name)  # float or packed
+            if packed:
+                setattr(module, child_name, PackedLinear.from_linear(source, packed, model.rowwise))
+            elif isinstance(source, PackedLinear):  # only QuantSpec's own group size keeps a packed target's kernel
+                raise SamplingError("the quantspec drafter of an int8/int4 target runs on edge's CPU kernel, with "
+                                    "groups of 32: use --drafter quantspec or quantspec:8")
+            else:
+                setattr(module, child_name, QuantizedLinear.from_linear(source, bits, group_size))
     return draft.eval().requires_grad_(False)
 
 

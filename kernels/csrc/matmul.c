@@ -6,27 +6,27 @@
 
 #include "simd.h"
 
-int64_t prepared_bytes(int64_t M, int64_t K) {
-    const int64_t int8 = int8_prepared_bytes(M, K), int4 = int4_prepared_bytes(M, K);
-    return int8 > int4 ? int8 : int4;
-}
-
 void *prepared_alloc(int64_t M, int64_t K) {
-    void *prepared = malloc(prepared_bytes(M, K));
-    if (prepared == NULL) abort();  /* a few KiB: out of memory here leaves nothing sensible to compute */
+    const int64_t int8 = int8_prepared_bytes(M, K), int4 = int4_prepared_bytes(M, K);
+    void *prepared = malloc(int8 > int4 ? int8 : int4);
+    if (prepared == NULL) abort();  /* M rows of int8 codes: far smaller than the weights; nothing to do without */
     return prepared;
 }
 
 /* A matmul run by the whole team: the threads prepare a packed format's activations together (and wait for each
- * other), every thread computes its share of the outputs, and all wait until y is complete. Outside a parallel region (one
- * thread) the pragmas are no-ops and it is a plain matmul. */
+ * other), every thread computes its share of the outputs, and all wait until y is complete. Outside a parallel
+ * region (one thread) the pragmas are no-ops and it is a plain matmul. */
 void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                  int format, void *prepared, int part, int parts) {
-    if (format == WEIGHTS_I8) int8_prepare_share(x, M, K, prepared, part, parts);
-    if (format == WEIGHTS_I4) int4_prepare_share(x, M, K, prepared, part, parts);
-    if (format == WEIGHTS_I8) int8_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
-    else if (format == WEIGHTS_I4) int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
-    else float_matmul_share(format, x, w, bias, y, M, N, K, part, parts);
+    if (format == WEIGHTS_I8) {
+        int8_prepare_share(x, M, K, prepared, part, parts);
+        int8_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
+    } else if (format == WEIGHTS_I4) {
+        int4_prepare_share(x, M, K, prepared, part, parts);
+        int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
+    } else {
+        float_matmul_share(format, x, w, bias, y, M, N, K, part, parts);
+    }
 #pragma omp barrier
 }
 

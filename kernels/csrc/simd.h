@@ -339,8 +339,7 @@ int64_t int4_prepared_bytes(int64_t M, int64_t K);
 void int4_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts);
 void int4_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int part, int parts);
-int64_t prepared_bytes(int64_t M, int64_t K);  /* matmul.c: room for M rows' activations in any packed format */
-void *prepared_alloc(int64_t M, int64_t K);
+void *prepared_alloc(int64_t M, int64_t K);  /* matmul.c: room for M rows' activations in any packed format */
 void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                  int format, void *prepared, int part, int parts);
 void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,

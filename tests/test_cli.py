@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -172,6 +173,37 @@ def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
     assert all(row["decode_speedup_six"] > 0 and row["decode_speedup_by_category"]["code"] > 0
                for row in report["summary"])
     assert "decode steps only" in (tmp_path / "suite.md").read_text()
+
+
+def test_bench_suite_interleaves_the_peers_with_the_same_draft_model(llama_dir, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--methods", f"ar,draft:{llama_dir}",
+         "--draft-lengths", "2", "--max-new-tokens", "6", "--repeats", "1", "--interleave", "--peers", "transformers",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "suite.json").read_text())
+    assert [row["method"] for row in report["summary"]] == [
+        "ar", f"draft:{llama_dir} (k=2)", "hf", "hf-lookup", f"hf-assisted:{llama_dir}"]  # the draft the methods name
+    assert "pass 1/1" not in done.stderr  # the peers take turns with edge prompt by prompt, in the one worker
+    assert all(row["tokens_per_s"] > 0 for row in report["summary"])
+    assert report["summary"][2]["decode_speedup_six"] == {}  # peers report whole replies only
+
+
+def test_bench_suite_runs_llama_cpp_plain_and_with_prompt_lookup(llama_dir, monkeypatch):
+    import argparse
+
+    from edge.bench import cli, llama_cpp, suite
+
+    monkeypatch.setattr(llama_cpp, "available", lambda: True)
+    monkeypatch.setattr(llama_cpp, "converted", lambda model, precision, source, log: Path(f"/c/m-0123-{precision}.gguf"))
+    args = argparse.Namespace(peers="llama.cpp", dtype="float32", weights="int8", llama_cpp_source=None)
+    runs = cli.suite_peer_runs(args, llama_dir, ["ar", "ngram"])
+    assert runs == [("llama.cpp:/c/m-0123-q8_0.gguf", "adaptive"), ("llama.cpp-lookup:/c/m-0123-q8_0.gguf", "adaptive")]
+    assert [suite.label(method, length) for method, length in runs] == ["llama.cpp q8_0",
+                                                                        "llama.cpp q8_0 + prompt lookup"]
+    assert all(suite.is_peer(method) for method, _ in runs) and not suite.is_peer("hybrid:feature")
 
 
 def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):

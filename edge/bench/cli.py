@@ -7,8 +7,8 @@
 The default mode runs the prompt set (Spec-Bench's six categories plus code) through edge's autoregressive
 decoding and each speculative method, checks that every greedy output is identical to autoregressive decoding,
 and writes a JSON report, a Markdown table and a plot. Each method runs in its own process, one after the other
-in the same run, so peak memory is measured separately and speeds are comparable; with --interleave every edge
-method runs in one process instead, prompt by prompt, which keeps speed ratios steady on a noisy machine.
+in the same run, so peak memory is measured separately and speeds are comparable; with --interleave every
+method (the peers too) runs in one process instead, prompt by prompt, which keeps speed ratios steady on a noisy machine.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "model. With a bundle, the suite runs on ONNX Runtime and peers run its source checkpoint")
     parser.add_argument("--ar", action="store_true", help="plain decoding throughput on one prompt (not the suite)")
     parser.add_argument("--peers", nargs="?", const="all", default=None, metavar="NAMES",
-                        help="also run other runtimes: transformers (generate(), and in the suite its assisted "
-                             "generation with the built-in drafter and its prompt lookup) and, with --ar, llama.cpp "
-                             "when llama-cpp-python is installed (pip install 'edge[peers]'), on the checkpoint "
+                        help="also run other runtimes: transformers (generate(), and in the suite its prompt "
+                             "lookup and its assisted generation with each draft:PATH among --methods, else the "
+                             "built-in drafter) and llama.cpp when llama-cpp-python is installed (pip install "
+                             "'edge[peers]'; in the suite also with its prompt lookup decoding), on the checkpoint "
                              "converted to GGUF at the precision matching edge's (f32, f16, q8_0, q4_0). NAMES "
                              "(comma-separated: transformers, llama.cpp) picks some; default: all installed")
     parser.add_argument("--llama-cpp-source", metavar="DIR",
@@ -65,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "its own process each time, or passes over the prompts with --interleave); medians "
                              "are reported")
     parser.add_argument("--interleave", action="store_true",
-                        help="suite: run every edge method in one process, one prompt at a time (plain decoding, "
-                             "then each method, on the same prompt), so methods are timed seconds apart and share "
+                        help="suite: run every method, the peers included, in one process, one prompt at a time "
+                             "(plain decoding, then each method, on the same prompt), so methods are timed seconds apart and share "
                              "the machine's slow spells; --ar: every backend in one process, taking turns repeat by "
                              "repeat (ratios: the median of per-repeat ratios). Peak memory is then for all "
                              "together")
@@ -157,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     from edge.bench import suite
-    from edge.builtin import builtin_drafter_path
 
     try:
         model = resolve_model_path(args.model)
@@ -170,19 +170,19 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
         methods.insert(0, "ar")
     edge_runs = [(m, "adaptive") if m == "ar" else (m, d) for m in methods for d in (["adaptive"] if m == "ar"
                                                                                        else lengths)]
-    peer_runs = []
-    if args.peers == "all" or "transformers" in (args.peers or "").split(","):  # the suite's peers are transformers'
-        peer_runs += [("hf", "adaptive"), ("hf-lookup", "adaptive")]
-        if builtin_drafter_path() is not None:
-            peer_runs.append((f"hf-assisted:{builtin_drafter_path()}", "adaptive"))
+    try:
+        peers = suite_peer_runs(args, model, methods)
+    except EdgeError as error:
+        print(f"edge-bench: error: {error}", file=sys.stderr)
+        return 2
     if args.interleave:
-        print(f"edge-bench: {len(edge_runs)} edge methods interleaved prompt by prompt, {args.repeats} passes ...",
-              file=sys.stderr)
-        results = suite.run_interleaved(model, edge_runs, args.repeats, args.max_new_tokens, args.dtype,
+        print(f"edge-bench: {len(edge_runs) + len(peers)} methods interleaved prompt by prompt, {args.repeats} "
+              "passes ...", file=sys.stderr)
+        results = suite.run_interleaved(model, edge_runs + peers, args.repeats, args.max_new_tokens, args.dtype,
                                         args.kv_cache, args.weights, args.draft_weights)
-        runs = peer_runs
+        runs = []
     else:  # plain decoding again at the end: the baseline is the faster of the two
-        results, runs = [], edge_runs + peer_runs + [("ar-end", "adaptive")]
+        results, runs = [], edge_runs + peers + [("ar-end", "adaptive")]
     passes: list[list[dict]] = []
     for number in range(args.repeats):  # whole passes over the methods: a slow spell of the machine hits one pass
         passes.append([])
@@ -191,7 +191,7 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
                   file=sys.stderr)
             result = suite.run_method(model, "ar" if method == "ar-end" else method, length,
                                       args.max_new_tokens, args.dtype, args.kv_cache,
-                                      None if method.startswith("hf") else args.weights, args.draft_weights)
+                                      None if suite.is_peer(method) else args.weights, args.draft_weights)
             passes[-1].append({**result, "method": method})
     results += [suite.median_of_passes(runs_of_method) for runs_of_method in zip(*passes)]
     baseline = results[0] if args.interleave else suite.faster_baseline(results[0], results[-1])
@@ -208,7 +208,26 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     plotted = suite.plot(rows, args.out / "suite.png")
     print(table)
     print(f"\nwrote {args.out / 'suite.json'}, suite.md" + (", suite.png" if plotted else ""), file=sys.stderr)
-    return 0 if all(row["identical_to_ar"] for row in rows) else 1
+    return 0 if all(row["identical_to_ar"] for row in rows if not suite.is_peer(row["method"])) else 1
+
+
+def suite_peer_runs(args: argparse.Namespace, model: Path, methods: list[str]) -> list[tuple[str, str]]:
+    """The suite's peers: transformers' generate(), prompt lookup and assisted generation with each draft model among
+    the methods (the built-in drafter when none is), and llama.cpp plain and with prompt lookup on the GGUF file at the
+    precision matching edge's weights."""
+    from edge.bench.suite_worker import source_checkpoint
+    from edge.builtin import builtin_drafter_path
+
+    runs = []
+    for peer, where in peer_runs(args, Path(source_checkpoint(str(model)))):
+        if peer == "transformers":
+            drafts = [m.removeprefix("draft:") for m in methods if m.startswith("draft:")]
+            drafts = drafts or ([str(builtin_drafter_path())] if builtin_drafter_path() is not None else [])
+            runs += [("hf", "adaptive"), ("hf-lookup", "adaptive")]
+            runs += [(f"hf-assisted:{source_checkpoint(draft)}", "adaptive") for draft in drafts]
+        else:
+            runs += [(f"llama.cpp:{where}", "adaptive"), (f"llama.cpp-lookup:{where}", "adaptive")]
+    return runs
 
 
 def peer_runs(args: argparse.Namespace, model: Path) -> list[tuple[str, Path]]:

@@ -121,22 +121,30 @@ def converted(checkpoint: Path, gguf_type: str, source: str | Path | None = None
     return target
 
 
-def llama_cpp_runner(gguf: str, prompt_ids: list[int], max_new_tokens: int, threads: int):
-    """run(n) -> the first n greedy token ids after the prompt (end-of-sequence ignored, as edge's ignore_eos), the
-    prompt prefilled afresh every run."""
+def load(gguf: str | Path, context: int, threads: int, lookup: int | None = None):
+    """llama.cpp's model on the GGUF file; with `lookup`, llama-cpp-python's prompt lookup decoding drafts that many
+    tokens per step from the text so far (its own advice: 10 on a GPU, 2 on a CPU alone)."""
     from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    llm = Llama(model_path=str(gguf), n_ctx=len(prompt_ids) + max_new_tokens + 8, n_batch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup) if lookup else None
+    return Llama(model_path=str(gguf), n_ctx=context, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                 draft_model=draft, verbose=False)
 
-    def run(new_tokens: int) -> list[int]:
-        llm.reset()  # no prefix reuse between repeats
-        ids: list[int] = []
-        for token in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
-                                  reset=True):
-            ids.append(token)
-            if len(ids) == new_tokens:
-                break
-        return ids
 
-    return run
+def greedy(llm, prompt_ids: list[int], new_tokens: int, stop: frozenset[int] = frozenset()) -> list[int]:
+    """The first `new_tokens` greedy token ids after the prompt, prefilled afresh (no prefix reuse between runs);
+    ending after a token in `stop` (edge's end-of-sequence ids), which is kept, as edge keeps it."""
+    llm.reset()
+    ids: list[int] = []
+    for token in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        ids.append(token)
+        if len(ids) == new_tokens or token in stop:
+            break
+    return ids
+
+
+def llama_cpp_runner(gguf: str, prompt_ids: list[int], max_new_tokens: int, threads: int):
+    """run(n) -> the first n greedy token ids after the prompt (end-of-sequence ignored, as edge's ignore_eos)."""
+    llm = load(gguf, len(prompt_ids) + max_new_tokens + 8, threads)
+    return lambda new_tokens: greedy(llm, prompt_ids, new_tokens)

@@ -74,11 +74,21 @@ def faster_baseline(first: dict, last: dict) -> dict:
     return {**first, "prompts": prompts}
 
 
+def is_peer(method: str) -> bool:
+    """transformers (hf, hf-lookup, hf-assisted:PATH) or llama.cpp (llama.cpp:GGUF, llama.cpp-lookup:GGUF), by run
+    or by table label."""
+    return method.startswith(("hf", "llama.cpp"))
+
+
 def label(method: str, draft_length: str) -> str:
     """How a method appears in the tables: drafters carry their draft length; AR and the peers do not."""
     if method == "ar-end":
         return "ar (again, at the end)"
-    return method if method == "ar" or method.startswith("hf") else f"{method} (k={draft_length})"
+    if method.startswith("llama.cpp"):
+        kind, _, gguf = method.partition(":")
+        precision = Path(gguf).name.removesuffix(".gguf").rsplit("-", 1)[-1]  # llama_cpp.converted: NAME-KEY-TYPE
+        return f"llama.cpp {precision}" + (" + prompt lookup" if kind == "llama.cpp-lookup" else "")
+    return method if method == "ar" or is_peer(method) else f"{method} (k={draft_length})"
 
 
 def summarise(result: dict, baseline: dict) -> dict:

@@ -3,14 +3,15 @@
     python -m edge.bench.suite_worker --model PATH --method METHOD [--draft-length adaptive|K] [--max-new-tokens N]
     python -m edge.bench.suite_worker --model PATH --interleave '[["ar", "adaptive"], ["ngram", "2"]]' --passes P
 
-With --interleave, one process and one loaded target run every listed edge method on each prompt in turn, plain
-decoding first, for P passes; it prints {"runs": [one result per method, like the single-method form]}, each
+With --interleave, one process runs every listed method on each prompt in turn (edge's methods on one loaded target,
+plain decoding first; a peer on its own model), for P passes; it prints {"runs": [one result per method, like the single-method form]}, each
 prompt's time the median over the passes. Methods timed seconds apart share the machine's slow spells, which on a
 shared VM move whole minutes' speeds by a third. Peak memory is then the one process's, for all methods together.
 
 METHOD: `ar` (edge, plain decoding), any drafter spec edge takes (`ngram`, `early-exit:4`, `adaptive`,
 `draft:PATH`, `builtin`, `feature`, `hybrid:feature`), or a peer: `hf` (transformers generate), `hf-assisted:PATH`
-(assisted generation with that draft model), `hf-lookup` (transformers prompt lookup). Greedy; generation stops at end-of-sequence or N tokens.
+(assisted generation with that draft model), `hf-lookup` (transformers prompt lookup), `llama.cpp:GGUF` (llama.cpp on
+that file) and `llama.cpp-lookup:GGUF` (with llama-cpp-python's prompt lookup decoding). Greedy; generation stops at end-of-sequence or N tokens.
 Time per prompt is the wall time of the whole call (prefill included), the same measure for every method
 (edge-bench --repeats runs the worker once per pass and takes medians across passes).
 """
@@ -55,35 +56,44 @@ def generate_once(engine, prompt_ids: list[int], new_tokens: int) -> tuple[list[
 def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
                      kv_cache: str = "float32", weights: str | None = None,
                      draft_weights: str | None = None) -> list[dict]:
-    """Every (method, draft length) on each prompt in turn, `passes` times over the prompt set, in this process."""
+    """Every (method, draft length) on each prompt in turn, `passes` times over the prompt set, in this process:
+    edge's methods share one loaded target (each drafter built once), a peer loads its own model."""
     import statistics
 
+    from edge.bench.suite import is_peer
     from edge.engine import Engine
 
     engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache, weights=weights)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
-    setups = []  # (drafter or None, draft length) per method: each drafter is built once
+
+    def edge_run(drafter, length) -> Runner:
+        def run(prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict]:
+            engine.use_drafter(drafter, length)
+            return generate_once(engine, prompt_ids, new_tokens)
+        return run
+
+    runners: list[Runner] = []
     for method, length in methods:
-        if method == "ar":
-            setups.append((None, "adaptive"))
+        if is_peer(method):
+            runners.append(peer_runner(model, method, dtype)[0])
+        elif method == "ar":
+            runners.append(edge_run(None, "adaptive"))
         else:
             engine.use_drafter(method, length, dtype=dtype, draft_weights=draft_weights)
-            setups.append((engine.drafter, engine.draft_length))
+            runners.append(edge_run(engine.drafter, engine.draft_length))
 
-    def run(setup, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict, float]:
-        drafter, length = setup
-        engine.use_drafter(drafter, length)
+    def timed(run: Runner, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict, float]:
         t0 = time.perf_counter()
-        out, stats = generate_once(engine, prompt_ids, new_tokens)
+        out, stats = run(prompt_ids, new_tokens)
         return out, stats, time.perf_counter() - t0
 
-    for setup in setups:
-        run(setup, prompts[0], 16)  # warm-up
+    for run in runners:
+        timed(run, prompts[0], 16)  # warm-up
     records: list[list[list]] = [[[] for _ in PROMPTS] for _ in methods]  # [method][prompt] -> runs
     for _ in range(passes):
         for index, ids in enumerate(prompts):
-            for number, setup in enumerate(setups):
-                records[number][index].append(run(setup, ids, max_new_tokens))
+            for number, run in enumerate(runners):
+                records[number][index].append(timed(run, ids, max_new_tokens))
     peak = peak_rss_mib()
     results = []
     for (method, length), by_prompt in zip(methods, records):
@@ -93,11 +103,17 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
             if any(run_ids != out for run_ids, _, _ in runs):
                 raise SystemExit(f"{method} gave different outputs in different passes")
             times = [seconds for _, _, seconds in runs]
+            if "decode_seconds" in stats:
+                stats = {**stats, "decode_seconds": statistics.median(s["decode_seconds"] for _, s, _ in runs)}
             rows.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
-                         "seconds": statistics.median(times), "pass_seconds": times, "token_ids": out, **stats,
-                         "decode_seconds": statistics.median(run_stats["decode_seconds"] for _, run_stats, _ in runs)})
+                         "seconds": statistics.median(times), "pass_seconds": times, "token_ids": out, **stats})
         results.append({"method": method, "draft_length": length, "prompts": rows, "peak_rss_mib": peak})
     return results
+
+
+def peer_runner(model: str, method: str, dtype: str) -> tuple[Runner, list[list[int]]]:
+    """transformers (hf...) or llama.cpp (llama.cpp...) for a peer method."""
+    return llama_cpp_suite_runner(model, method) if method.startswith("llama.cpp") else hf_runner(model, method, dtype)
 
 
 def hf_runner(model: str, method: str, dtype: str) -> tuple[Runner, list[list[int]]]:
@@ -127,6 +143,27 @@ def hf_runner(model: str, method: str, dtype: str) -> tuple[Runner, list[list[in
         return out[0, len(prompt_ids):].tolist(), {}
 
     return run, prompts
+
+
+LLAMA_CPP_LOOKUP_TOKENS = 2  # llama-cpp-python's advice for prompt lookup on a CPU alone (10 on a GPU)
+
+
+def llama_cpp_suite_runner(model: str, method: str) -> tuple[Runner, list[list[int]]]:
+    """llama.cpp on the GGUF file named in the method, fed the same prompt ids as edge, stopping where edge stops."""
+    import torch
+
+    from edge.bench import llama_cpp
+    from edge.config import ModelConfig
+    from edge.tokenizer import Tokenizer
+
+    kind, _, gguf = method.partition(":")
+    model = source_checkpoint(model)
+    tokenizer = Tokenizer.from_dir(model)
+    stop = frozenset(tokenizer.eos_token_ids) | frozenset(ModelConfig.from_dir(model).eos_token_ids)
+    prompts = [tokenizer.encode_chat(p.messages) for p in PROMPTS]
+    llm = llama_cpp.load(gguf, context=2048, threads=torch.get_num_threads(),
+                         lookup=LLAMA_CPP_LOOKUP_TOKENS if kind == "llama.cpp-lookup" else None)
+    return (lambda prompt_ids, new_tokens: (llama_cpp.greedy(llm, prompt_ids, new_tokens, stop), {})), prompts
 
 
 def source_checkpoint(model: str) -> str:
@@ -160,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.method is None:
         parser.error("give --method or --interleave")
-    if args.method.startswith("hf"):
-        run, prompts = hf_runner(args.model, args.method, args.dtype)
+    if args.method.startswith(("hf", "llama.cpp")):
+        run, prompts = peer_runner(args.model, args.method, args.dtype)
     else:
         run, prompts = edge_runner(args.model, args.method, args.draft_length, args.dtype, args.kv_cache,
                                    args.weights, args.draft_weights)

@@ -27,29 +27,79 @@ from edge.sampling import SamplingParams, apply_repetition_penalty, distribution
 from edge.verify import Verdict, verify_greedy, verify_stochastic
 
 
-# adaptive draft length starts at 2: with extra verify rows costing compute, starting at 4 cost the drafters whose
-# best fixed k is 1 or 2 a few percent per reply in interleaved runs (docs/history/benchmarks-2026-11-21.md, round 6)
+# adaptive draft length starts at 2 and then follows the measured costs (StepCosts)
 ADAPTIVE_START = 2
+
+
+@dataclass
+class StepCosts:
+    """What a speculative step costs on this model and machine, measured as it runs, and how often drafts are
+    accepted: the inputs of the expected-gain rule (Leviathan et al.) that picks the draft length.
+
+    `verify[rows]` is the running time of a verify pass of that many rows (a row count's first three passes keep
+    their fastest, so a one-off warm-up does not count against it; then a running average), `draft_per_token` that
+    of drafting one token, `acceptance` the running share of drafted tokens accepted where they were reached
+    (a draft is read left to right; a token after a rejection was never tried). One table serves every reply of an
+    engine: the costs belong to the model and the machine."""
+
+    verify: dict[int, float] = dataclasses.field(default_factory=dict)
+    seen: dict[int, int] = dataclasses.field(default_factory=dict)
+    draft_per_token: float | None = None
+    acceptance: float = 0.6
+    smoothing: float = 0.2
+
+    def observe(self, accepted: int, drafted: int, draft_s: float, verify_s: float) -> None:
+        rows, keep = drafted + 1, 1.0 - self.smoothing
+        count = self.seen.get(rows, 0)
+        old = self.verify.get(rows, verify_s)
+        self.verify[rows] = min(old, verify_s) if count < 3 else keep * old + self.smoothing * verify_s
+        self.seen[rows] = count + 1
+        if drafted:
+            per_token = draft_s / drafted
+            self.draft_per_token = per_token if self.draft_per_token is None else \
+                keep * self.draft_per_token + self.smoothing * per_token
+            tried = min(accepted + 1, drafted)
+            self.acceptance = keep * self.acceptance + self.smoothing * accepted / tried
+
+    def best_length(self, min_k: int, max_k: int) -> int:
+        """The draft length with the most expected tokens per second: E(k) = 1 + a + ... + a^k tokens for a verify
+        pass of k + 1 rows and k drafted tokens. A row count not yet measured is taken to cost what the largest
+        measured one below it does (fewer rows than any measured: the cheapest measured), and only one row past the largest measured is tried, so the length explores
+        upward one step at a time, and only while the measured costs say a longer draft pays."""
+        if not self.verify:
+            return min_k
+        largest, a = max(self.verify), min(self.acceptance, 0.999)
+        best, best_rate = min_k, -1.0
+        for k in range(min_k, min(max_k, largest) + 1):
+            rows = k + 1
+            below = [self.verify[r] for r in self.verify if r < rows]
+            verify = self.verify.get(rows) or (max(below) if below else min(self.verify.values()))
+            seconds = verify + k * (self.draft_per_token or 0.0)
+            rate = (1.0 - a ** (k + 1)) / (1.0 - a) / seconds
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
 
 
 @dataclass
 class DraftLength:
     """How many tokens to draft per step: fixed, or adaptive.
 
-    Adaptive follows recent acceptance (the engine starts it at k=2): after a fully accepted draft k grows by 1;
-    after a rejection it drops to the tokens accepted + 1 (at most k - 1), within [min_k, max_k]. The drop measured
-    level with or slightly ahead of shrinking by one (docs/architecture.md); growing by 1 rather than 2 brought every
-    drafter within 5% of its best fixed k in an interleaved suite, now that each extra verify row costs compute
-    (docs/history/benchmarks-2026-11-21.md, round 6). Optionally a drafter also stops early when its probability for
-    the next token is below `stop_below` (SpecDec++/Kangaroo). On the built-in pair this rule measured level with the
-    best fixed k, while the expected-gain rule of Leviathan et al. (pick k from the running acceptance and draft/verify cost
-    ratio) and any confidence threshold measured slower; see docs/history/benchmarks-2026-11-21.md."""
+    Adaptive picks, after every step, the k with the most expected tokens per second from what this engine has
+    measured (StepCosts: verify passes by row count, drafting per token, the running acceptance), within
+    [min_k, max_k]. Where a verify pass of a few rows costs about one step (memory-bound decoding) it drafts
+    longer; where every row costs compute (a model in cache) shorter. In interleaved suites this rule measured
+    level with or ahead of the best fixed k and of the grow-by-one/drop-to-accepted rule it replaced, on the
+    500M-parameter-traffic target and on the built-in model (docs/benchmarks.md, "Draft length"). Sampled
+    decoding keeps that older rule (`update` without timings), so that a seed reproduces its output. Optionally a
+    drafter also stops early when its probability for the next token is below `stop_below` (SpecDec++/Kangaroo)."""
 
     k: int = 4
     adaptive: bool = True
     min_k: int = 1
     max_k: int = 12
     stop_below: float | None = None
+    costs: StepCosts = dataclasses.field(default_factory=StepCosts)  # shared by copies: one table per engine
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
@@ -90,10 +140,18 @@ class DraftLength:
                                 f"got {value!r}")
         return cls.fixed(value)
 
-    def update(self, accepted: int, drafted: int) -> None:
+    def update(self, accepted: int, drafted: int, draft_s: float | None = None, verify_s: float | None = None) -> None:
+        """After a step that drafted `drafted` tokens, `accepted` of them, in draft_s + verify_s seconds. Without
+        timings (sampled decoding, where a seed must give the same output on every run, and times never repeat)
+        k follows acceptance alone: +1 after a wholly accepted draft, else the tokens accepted + 1 (at most k - 1)."""
         if not self.adaptive or drafted == 0:
             return
-        self.k = min(self.k + 1, self.max_k) if accepted == drafted else max(min(self.k - 1, accepted + 1), self.min_k)
+        if draft_s is not None and verify_s is not None and verify_s > 0.0:
+            self.costs.observe(accepted, drafted, draft_s, verify_s)
+            self.k = self.costs.best_length(self.min_k, self.max_k)
+        else:
+            self.k = min(self.k + 1, self.max_k) if accepted == drafted else \
+                max(min(self.k - 1, accepted + 1), self.min_k)
 
 
 class SpeculativeDecoding:
@@ -118,7 +176,8 @@ class SpeculativeDecoding:
         verdict = self._verify(tokens, draft, logits)
         self.cache.rollback(start + 1 + verdict.accepted)
         t3 = time.perf_counter()
-        self.length.update(verdict.accepted, len(draft.tokens))
+        timings = (t1 - t0, t2 - t1) if self.params.greedy else ()  # a seeded sample must not depend on time
+        self.length.update(verdict.accepted, len(draft.tokens), *timings)
         self.drafter.observe(verdict.accepted, len(draft.tokens), t3 - t0)
         emitted = verdict.tokens(draft.tokens)
         return Step(tokens=emitted, drafted=[True] * verdict.accepted + [False], drafted_count=len(draft.tokens),

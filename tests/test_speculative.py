@@ -217,40 +217,53 @@ def test_half_precision_speculation_warns_that_it_may_not_be_exact(checkpoints, 
     assert "not guaranteed token-identical" in caplog.text
 
 
-def test_adaptive_draft_length_grows_by_one_on_full_acceptance_and_drops_to_what_was_accepted_plus_one():
+def test_draft_length_parses_adaptive_fixed_and_a_confidence_stop():
+    from edge.engine import _draft_length
     from edge.speculative import DraftLength
 
-    length = DraftLength()  # starts at k=4
-    length.update(4, 4)
-    assert length.k == 5
-    length.update(4, 5)
-    assert length.k == 4  # one less than drafted, as 4 accepted + 1 is more
-    length.update(3, 4)
-    assert length.k == 3
-    length.update(2, 2)  # a draft cut short (a stop, the budget) that was wholly accepted still grows k
-    assert length.k == 4
-    length.update(1, 5)
-    assert length.k == 2  # the accepted tokens + 1
-    for _ in range(10):
-        length.update(0, length.k)
-    assert length.k == length.min_k == 1
-    for _ in range(20):
-        length.update(length.k, length.k)
-    assert length.k == length.max_k
     fixed = DraftLength.fixed(5)
-    fixed.update(0, 5)
-    assert fixed.k == 5
-    from edge.engine import _draft_length
-
+    fixed.update(0, 5, draft_s=0.001, verify_s=0.01)
+    assert fixed.k == 5 and fixed.costs.verify == {}  # a fixed length measures nothing and never moves
     engine_default = _draft_length("adaptive")  # what --draft-length adaptive (the default) starts from
     assert engine_default.adaptive and engine_default.k == 2 and engine_default.max_k == 12
     assert engine_default.stop_below is None
     stopping = DraftLength.parse("adaptive:0.3")  # adaptive, and a draft stops below probability 0.3
     assert stopping.adaptive and stopping.k == 2 and stopping.stop_below == 0.3
     assert DraftLength.parse("5") == DraftLength.parse(5) == DraftLength.fixed(5)
-    for bad in ("adaptive:1.5", "adaptive:x", "adaptive:0", "soon"):
+    for bad in ("adaptive:1.5", "adaptive:x", "adaptive:0", "soon", "cost"):
         with pytest.raises(SamplingError, match="draft length"):
             DraftLength.parse(bad)
+
+
+def test_adaptive_draft_length_follows_measured_verify_costs_and_explores_one_row_at_a_time():
+    import dataclasses
+
+    from edge.speculative import DraftLength
+
+    length = DraftLength.parse("adaptive")
+    assert length.adaptive and length.k == 2
+    assert dataclasses.replace(length).costs is length.costs  # every reply of an engine shares the measured costs
+
+    def verify_seconds(rows: int) -> float:  # memory-bound: flat to 4 rows, then the weights are read twice
+        return 0.020 if rows <= 4 else 0.036
+
+    chosen = []
+    for _ in range(30):
+        drafted = length.k
+        accepted = drafted if len(chosen) % 3 else 0  # two of three drafts wholly accepted
+        length.update(accepted, drafted, draft_s=0.0005 * drafted, verify_s=verify_seconds(drafted + 1))
+        chosen.append(length.k)
+    assert max(chosen) == 4 and sorted(length.costs.verify) == [3, 4, 5]  # tried 5 rows once, and went back
+    assert chosen[-5:] == [3] * 5  # the longest draft whose verify pass still costs one step
+    flat = DraftLength.parse("adaptive")  # when every row count costs the same, drafting longer always pays
+    for _ in range(6):
+        flat.update(flat.k, flat.k, draft_s=0.0, verify_s=0.02)
+    assert flat.k == 8 and max(flat.costs.verify) == 8  # one row further per step, never a jump
+    by_acceptance = DraftLength.parse("adaptive")  # without timings (sampling: a seed must reproduce the output)
+    by_acceptance.update(2, 2)
+    assert by_acceptance.k == 3 and by_acceptance.costs.verify == {}  # +1 after a wholly accepted draft
+    by_acceptance.update(0, 3)
+    assert by_acceptance.k == 1  # the accepted tokens + 1
 
 
 def test_a_draft_model_with_a_short_window_stays_lossless(checkpoints):

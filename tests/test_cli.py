@@ -206,6 +206,35 @@ def test_bench_suite_runs_llama_cpp_plain_and_with_prompt_lookup(llama_dir, monk
     assert all(suite.is_peer(method) for method, _ in runs) and not suite.is_peer("hybrid:feature")
 
 
+def test_bench_scaling_puts_suite_reports_side_by_side_by_weight_bytes(tmp_path, capsys):
+    from edge.bench import cli
+
+    def report(folder: str, gib: float, feature: float) -> Path:
+        rows = [{"method": "ar", "speedup_six": 1.0, "speedup_by_category": {"code": 1.0}, "decode_speedup_six": 1.0,
+                 "decode_speedup_by_category": {"code": 1.0}, "mean_accepted_tokens": 1.0},
+                {"method": "feature (k=adaptive)", "speedup_six": feature, "speedup_by_category": {"code": 2.0},
+                 "decode_speedup_six": feature + 0.25, "decode_speedup_by_category": {"code": 2.5},
+                 "mean_accepted_tokens": 2.2}]
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "suite.json").write_text(json.dumps({
+            "model": f"/m/{folder}/target", "weights": "int8", "target_weight_bytes": int(gib * 2**30),
+            "command": f"edge-bench /m/{folder}/target", "date": "2026-11-24", "machine": "test", "summary": rows}))
+        return tmp_path / folder
+
+    big, small = report("1b", 1.0, 1.5), report("150m", 0.15, 1.1)
+    assert cli.main(["--scaling", f"{big},{small / 'suite.json'}", "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "scaling.md").read_text()
+    assert "| method | 150m/target (0.15 GiB, int8) | 1b/target (1.00 GiB, int8) |" in text  # smallest first
+    assert "| feature (k=adaptive) | 1.10x | 1.50x |" in text and "| feature (k=adaptive) | 2.20 | 2.20 |" in text
+    assert (tmp_path / "out" / "scaling.png").stat().st_size > 0
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "suite.json").write_text(json.dumps({"summary": []}))
+    assert cli.main(["--scaling", str(tmp_path / "old"), "--out", str(tmp_path / "out")]) == 2
+    assert "does not say how many bytes of weights" in capsys.readouterr().err
+    assert cli.main(["--scaling", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
+    assert "no suite report there" in capsys.readouterr().err
+
+
 def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
     from edge.bench.calls import expected_tokens, main as calls_main
 

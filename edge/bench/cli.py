@@ -3,6 +3,7 @@
     edge-bench [MODEL] [--methods ar,ngram,early-exit,adaptive,builtin] [--draft-lengths adaptive,4] [--peers]
     edge-bench [MODEL] --ar [--peers [NAMES]]   plain decoding throughput on one prompt, edge vs transformers and
                                                 llama.cpp (at the precision matching edge's weights)
+    edge-bench --scaling R1,R2,R3 --out DIR     suite reports side by side, by the target's weight bytes
 
 The default mode runs the prompt set (Spec-Bench's six categories plus code) through edge's autoregressive
 decoding and each speculative method, checks that every greedy output is identical to autoregressive decoding,
@@ -89,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", action="store_true",
                         help="print the memory plan for the first speculative method in --methods (JSON) and exit "
                              "without loading weights or benchmarking")
+    parser.add_argument("--scaling", metavar="R1,R2",
+                        help="no run: put suite reports side by side (each an --out folder of a suite run, e.g. on "
+                             "the 150M, 500M and 1B targets of python -m edge.bench.memory_bound), ordered by the "
+                             "bytes of weights the target reads per step; writes scaling.md and scaling.png in --out")
     parser.add_argument("--memory-budget", metavar="SIZE",
                         help="--plan: the budget to plan for, e.g. 512MiB (default: the free memory)")
     return parser
@@ -116,6 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.plan:
         return print_bench_plan(args)
+    if args.scaling:
+        from edge.bench import scaling
+
+        try:
+            text, plotted = scaling.write([r for r in args.scaling.split(",") if r], args.out)
+        except EdgeError as error:
+            print(f"edge-bench: error: {error}", file=sys.stderr)
+            return 2
+        print(text)
+        print(f"wrote {args.out / 'scaling.md'}" + (", scaling.png" if plotted else ""), file=sys.stderr)
+        return 0
     if not args.ar:
         return run_suite(args, argv)
     try:
@@ -201,6 +217,8 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
               "model": str(model), "dtype": args.dtype, "weights": args.weights or "as stored",
               "max_new_tokens": args.max_new_tokens,
+              "target_weight_bytes": next((r["target_weight_bytes"] for r in results if "target_weight_bytes" in r),
+                                          None),
               "command": "edge-bench " + " ".join(sys.argv[1:] if argv is None else argv), "summary": rows,
               "runs": results}
     (args.out / "suite.json").write_text(json.dumps(report, indent=1) + "\n")

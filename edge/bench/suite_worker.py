@@ -31,7 +31,8 @@ Runner = Callable[[list[int], int], tuple[list[int], dict]]
 
 
 def edge_runner(model: str, method: str, draft_length: str, dtype: str, kv_cache: str = "float32",
-                weights: str | None = None, draft_weights: str | None = None) -> tuple[Runner, list[list[int]]]:
+                weights: str | None = None, draft_weights: str | None = None) -> tuple[Runner, list[list[int]], int]:
+    """run(prompt_ids, new_tokens), the prompt set's ids, and the bytes of the target's weights (what a step reads)."""
     from edge.engine import Engine
 
     engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache, weights=weights)
@@ -39,7 +40,8 @@ def edge_runner(model: str, method: str, draft_length: str, dtype: str, kv_cache
         engine.use_drafter(method, draft_length, dtype=dtype, draft_weights=draft_weights)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
 
-    return (lambda prompt_ids, new_tokens: generate_once(engine, prompt_ids, new_tokens)), prompts
+    return (lambda prompt_ids, new_tokens: generate_once(engine, prompt_ids, new_tokens)), prompts, \
+        engine.model.weight_bytes()
 
 
 def generate_once(engine, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict]:
@@ -107,7 +109,9 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
                 stats = {**stats, "decode_seconds": statistics.median(s["decode_seconds"] for _, s, _ in runs)}
             rows.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
                          "seconds": statistics.median(times), "pass_seconds": times, "token_ids": out, **stats})
-        results.append({"method": method, "draft_length": length, "prompts": rows, "peak_rss_mib": peak})
+        weight_bytes = {} if is_peer(method) else {"target_weight_bytes": engine.model.weight_bytes()}
+        results.append({"method": method, "draft_length": length, "prompts": rows, "peak_rss_mib": peak,
+                        **weight_bytes})
     return results
 
 
@@ -197,11 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.method is None:
         parser.error("give --method or --interleave")
+    weight_bytes = {}
     if args.method.startswith(("hf", "llama.cpp")):
         run, prompts = peer_runner(args.model, args.method, args.dtype)
     else:
-        run, prompts = edge_runner(args.model, args.method, args.draft_length, args.dtype, args.kv_cache,
-                                   args.weights, args.draft_weights)
+        run, prompts, target_bytes = edge_runner(args.model, args.method, args.draft_length, args.dtype,
+                                                 args.kv_cache, args.weights, args.draft_weights)
+        weight_bytes = {"target_weight_bytes": target_bytes}
     run(prompts[0], 16)  # warm-up
     results = []
     for prompt, ids in zip(PROMPTS, prompts):
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
                         "seconds": seconds, "token_ids": out, **stats})
     json.dump({"method": args.method, "draft_length": args.draft_length, "prompts": results,
-               "peak_rss_mib": peak_rss_mib()}, sys.stdout)
+               "peak_rss_mib": peak_rss_mib(), **weight_bytes}, sys.stdout)
     return 0
 
 

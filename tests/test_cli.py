@@ -212,6 +212,7 @@ def test_bench_scaling_puts_suite_reports_side_by_side_by_weight_bytes(tmp_path,
     def report(folder: str, gib: float, feature: float) -> Path:
         rows = [{"method": "ar", "speedup_six": 1.0, "speedup_by_category": {"code": 1.0}, "decode_speedup_six": 1.0,
                  "decode_speedup_by_category": {"code": 1.0}, "mean_accepted_tokens": 1.0},
+                {"method": f"draft:/m/{folder}/draft (k=2)", "speedup_six": gib, "speedup_by_category": {}},
                 {"method": "feature (k=adaptive)", "speedup_six": feature, "speedup_by_category": {"code": 2.0},
                  "decode_speedup_six": feature + 0.25, "decode_speedup_by_category": {"code": 2.5},
                  "mean_accepted_tokens": 2.2}]
@@ -226,6 +227,7 @@ def test_bench_scaling_puts_suite_reports_side_by_side_by_weight_bytes(tmp_path,
     text = (tmp_path / "out" / "scaling.md").read_text()
     assert "| method | 150m/target (0.15 GiB, int8) | 1b/target (1.00 GiB, int8) |" in text  # smallest first
     assert "| feature (k=adaptive) | 1.10x | 1.50x |" in text and "| feature (k=adaptive) | 2.20 | 2.20 |" in text
+    assert "| draft:draft (k=2) | 0.15x | 1.00x |" in text  # each target's own draft model, one row
     assert (tmp_path / "out" / "scaling.png").stat().st_size > 0
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "suite.json").write_text(json.dumps({"summary": []}))

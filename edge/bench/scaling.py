@@ -58,10 +58,24 @@ def value(row: dict, key: str, category: str | None) -> float | None:
     return found if isinstance(found, (int, float)) else None
 
 
+def method_key(label: str) -> str:
+    """A method's label with a draft model's path cut to its folder name: `draft:/runs/1b/draft (k=2)` and
+    `draft:/runs/150m/draft (k=2)` are one method, each target with its own draft model."""
+    for prefix in ("draft:", "hf-assisted:"):
+        if label.startswith(prefix):
+            path, space, rest = label.removeprefix(prefix).partition(" ")
+            return prefix + Path(path).name + space + rest
+    return label
+
+
+def rows_by_method(report: dict) -> dict[str, dict]:
+    return {method_key(row["method"]): row for row in report["summary"]}
+
+
 def methods_in(reports: list[dict]) -> list[str]:
     seen: list[str] = []
     for report in reports:
-        seen += [row["method"] for row in report["summary"] if row["method"] not in seen]
+        seen += [method for method in rows_by_method(report) if method not in seen]
     return seen
 
 
@@ -73,7 +87,7 @@ def markdown(reports: list[dict]) -> str:
         for method in methods_in(reports):
             cells = []
             for report in reports:
-                row = next((row for row in report["summary"] if row["method"] == method), None)
+                row = rows_by_method(report).get(method)
                 found = value(row, key, category) if row else None
                 suffix = "" if key == "mean_accepted_tokens" else "x"
                 cells.append("-" if found is None else f"{found:.2f}{suffix}")
@@ -97,8 +111,8 @@ def plot(reports: list[dict], path: Path) -> bool:
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=110, sharey=True)
     for axis, (key, category, title) in zip(axes, MEASURES[:2]):
         for method in methods_in(reports):
-            points = [(size, value(row, key, category)) for size, report in zip(sizes, reports)
-                      for row in report["summary"] if row["method"] == method]
+            points = [(size, value(rows_by_method(report)[method], key, category))
+                      for size, report in zip(sizes, reports) if method in rows_by_method(report)]
             points = [(x, y) for x, y in points if y is not None]
             if method != "ar" and points:
                 axis.plot(*zip(*points), marker="o", label=method)

@@ -237,6 +237,15 @@ def test_bench_scaling_puts_suite_reports_side_by_side_by_weight_bytes(tmp_path,
     assert "no suite report there" in capsys.readouterr().err
 
 
+def test_step_time_bench_splits_a_step_into_draft_and_verify(capsys):
+    from edge.bench.steps import main as steps_main
+
+    assert steps_main(["--methods", "ar,ngram:2", "--max-new-tokens", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| method | tokens/s |") and lines[2].startswith("| ar |")
+    assert lines[3].startswith("| ngram:2 |") and float(lines[3].split("|")[-2]) >= 1.0  # tokens per step
+
+
 def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
     from edge.bench.calls import expected_tokens, main as calls_main
 

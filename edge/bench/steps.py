@@ -1,6 +1,7 @@
 """Where a decoding step's time goes: drafting, the verify pass, and the rest, per method.
 
     python -m edge.bench.steps [MODEL] [--methods ar,ngram:2,builtin:2] [--max-new-tokens 128] [--weights int8|int4]
+                               [--kv-cache float32|int8|int8-int4|hierarchical]
 
 A method is `ar` or DRAFTER:K (K a fixed draft length or `adaptive`). Each runs the bench prompt set twice in this
 process and reports the second pass (the first warms up): tokens/s, milliseconds per step, the engine's own draft
@@ -15,11 +16,12 @@ import time
 from edge.cli_options import resolve_model_path
 
 
-def measure(model: str, method: str, max_new_tokens: int, weights: str | None = None) -> dict:
+def measure(model: str, method: str, max_new_tokens: int, weights: str | None = None,
+            kv_cache: str = "float32") -> dict:
     from edge.bench.suite_worker import edge_runner
 
     spec, _, length = method.rpartition(":") if method != "ar" else ("ar", "", "")
-    run, prompts = edge_runner(model, spec, length or "adaptive", "float32", weights=weights)
+    run, prompts, _ = edge_runner(model, spec, length or "adaptive", "float32", kv_cache=kv_cache, weights=weights)
     for _ in range(2):  # the second pass is reported
         seconds = draft_s = verify_s = 0.0
         tokens = steps = 0
@@ -40,12 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--weights", choices=["int8", "int4"], default=None,
                         help="quantize the target at load (edge/packed_weights.py)")
+    parser.add_argument("--kv-cache", choices=["float32", "int8", "int8-int4", "hierarchical"], default="float32",
+                        help="KV cache format for every method (hierarchical: what the quantspec drafter reads)")
     args = parser.parse_args(argv)
     model = resolve_model_path(args.model)
     print("| method | tokens/s | ms per step | draft ms | verify ms | tokens per step |")
     print("|---|---:|---:|---:|---:|---:|")
     for method in args.methods.split(","):
-        row = measure(model, method, args.max_new_tokens, args.weights)
+        row = measure(model, method, args.max_new_tokens, args.weights, args.kv_cache)
         print(f"| {row['method']} | {row['tokens_per_s']:.1f} | {row['ms_per_step']:.3f} | {row['draft_ms']:.3f} | "
               f"{row['verify_ms']:.3f} | {row['tokens_per_step']:.2f} |")
     return 0

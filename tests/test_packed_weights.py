@@ -199,3 +199,47 @@ def test_a_quantized_draft_model_keeps_the_float_target_lossless(checkpoint_fact
     for prompt in ["The quick brown fox jumps over the lazy dog. The quick", "import os\nfor name in os"]:
         expected = [t for e in plain.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids]
         assert [t for e in fast.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids] == expected
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_speculative_sampling_on_quantized_weights_keeps_their_distribution(checkpoint_factory, tmp_path_factory,
+                                                                            tokenizer_dir, fmt):
+    """Sampled speculation with an int8/int4 target and an int8/int4 draft model: the first three tokens' joint
+    distribution is the target's own (top-2 at temperature 1: 8 outcomes), by a chi-square test over 3000 replies."""
+    from conftest import build_checkpoint
+    from edge.sampling import SamplingParams, distribution
+
+    target = checkpoint_factory("llama3")
+    small = build_checkpoint(tmp_path_factory.mktemp(f"{fmt}-sampling-drafter"), "llama3", tokenizer_dir, seed=7,
+                             num_hidden_layers=1)
+    plain = Engine.load(target, max_context=64, weights=fmt)
+    fast = Engine.load(target, max_context=64, weights=fmt, drafter=f"draft:{small}", draft_weights=fmt,
+                       draft_length=2)
+    prompt = plain.tokenizer.encode("The quick brown fox")
+    params = SamplingParams(temperature=1.0, top_k=2)
+    none = torch.empty(0, dtype=torch.long)
+
+    def next_token_probs(ids: list[int]) -> torch.Tensor:  # (V,): the target's sampling distribution after ids
+        with torch.inference_mode():
+            logits = plain.model.forward_logits(torch.tensor([ids]), 0, plain.model.new_cache(64))[0, -1].float()
+        return distribution(logits[None], params, none)[0]
+
+    expected: dict[tuple[int, ...], float] = {}
+    first = next_token_probs(prompt)
+    for a in first.nonzero().flatten().tolist():
+        second = next_token_probs(prompt + [a])
+        for b in second.nonzero().flatten().tolist():
+            third = next_token_probs(prompt + [a, b])
+            for c in third.nonzero().flatten().tolist():
+                expected[(a, b, c)] = float(first[a] * second[b] * third[c])
+    samples, counts = 3000, {}
+    for seed in range(samples):
+        ids = [t for e in fast.generate(prompt, max_new_tokens=3, temperature=1.0, top_k=2, seed=seed,
+                                        ignore_eos=True) for t in e.token_ids]
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+    assert set(counts) <= set(expected) and len(expected) == 8
+    statistic = sum((counts.get(key, 0) - p * samples) ** 2 / (p * samples) for key, p in expected.items())
+    degrees = torch.tensor((len(expected) - 1) / 2, dtype=torch.float64)
+    p_value = float(torch.special.gammaincc(degrees, torch.tensor(statistic / 2, dtype=torch.float64)))
+    assert p_value > 1e-3, (counts, expected)
+    assert fast.drafter.model.packed_format == fmt  # the draft model is quantized like the target

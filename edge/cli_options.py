@@ -65,8 +65,10 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
                             "the built-in feature drafter) for the built-in model when greedy, plain decoding when "
                             "sampling and for other checkpoints")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
-                       help="tokens drafted per step: 'adaptive' (default), 'adaptive:P' (adaptive, and a draft "
-                            "also stops before a token its drafter gives a probability below P) or a fixed number")
+                       help="tokens drafted per step: 'adaptive' (default: each step the length with the most "
+                            "expected tokens per second, from the verify and draft times measured so far and the "
+                            "acceptance), 'adaptive:P' (adaptive, and a draft also stops before a token its drafter "
+                            "gives a probability below P) or a fixed number")
     group.add_argument("--draft-context", type=int, default=None, metavar="N",
                        help="a separate draft model's own cache length: it drafts from a window of the newest N "
                             "tokens (less memory; default: the whole context)")

@@ -63,19 +63,20 @@ class StepCosts:
 
     def best_length(self, min_k: int, max_k: int) -> int:
         """The draft length with the most expected tokens per second: E(k) = 1 + a + ... + a^k tokens for a verify
-        pass of k + 1 rows and k drafted tokens. A row count not yet measured is taken to cost what the largest
-        measured one below it does (fewer rows than any measured: the cheapest measured), and only one row past the largest measured is tried, so the length explores
-        upward one step at a time, and only while the measured costs say a longer draft pays."""
+        pass of k + 1 rows and k drafted tokens. A row count not yet measured is taken to cost the most any fewer
+        rows measured (fewer rows than any measured: the cheapest measured), and only one row past the largest
+        measured is tried, so the length explores upward one step at a time, and only while the measured costs say
+        a longer draft pays."""
         if not self.verify:
             return min_k
         largest, a = max(self.verify), min(self.acceptance, 0.999)
+        below = [cost for rows, cost in self.verify.items() if rows <= min_k]
+        ceiling = max(below) if below else min(self.verify.values())  # the dearest pass of fewer rows, as k grows
         best, best_rate = min_k, -1.0
         for k in range(min_k, min(max_k, largest) + 1):
-            rows = k + 1
-            below = [self.verify[r] for r in self.verify if r < rows]
-            verify = self.verify.get(rows) or (max(below) if below else min(self.verify.values()))
-            seconds = verify + k * (self.draft_per_token or 0.0)
-            rate = (1.0 - a ** (k + 1)) / (1.0 - a) / seconds
+            verify = self.verify.get(k + 1, ceiling)
+            ceiling = max(ceiling, verify)
+            rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (verify + k * (self.draft_per_token or 0.0))
             if rate > best_rate:
                 best, best_rate = k, rate
         return best

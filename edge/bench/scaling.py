@@ -72,22 +72,21 @@ def rows_by_method(report: dict) -> dict[str, dict]:
     return {method_key(row["method"]): row for row in report["summary"]}
 
 
-def methods_in(reports: list[dict]) -> list[str]:
-    seen: list[str] = []
-    for report in reports:
-        seen += [method for method in rows_by_method(report) if method not in seen]
-    return seen
+def methods_in(tables: list[dict[str, dict]]) -> list[str]:
+    """Every method of the reports' rows_by_method tables, in order of first appearance."""
+    return list(dict.fromkeys(method for table in tables for method in table))
 
 
 def markdown(reports: list[dict]) -> str:
     headings = [column(r) for r in reports]
+    tables = [rows_by_method(report) for report in reports]
     blocks = []
     for key, category, title in MEASURES:
         lines = [f"**{title}**", "", "| method | " + " | ".join(headings) + " |", "|---|" + "---:|" * len(reports)]
-        for method in methods_in(reports):
+        for method in methods_in(tables):
             cells = []
-            for report in reports:
-                row = rows_by_method(report).get(method)
+            for table in tables:
+                row = table.get(method)
                 found = value(row, key, category) if row else None
                 suffix = "" if key == "mean_accepted_tokens" else "x"
                 cells.append("-" if found is None else f"{found:.2f}{suffix}")
@@ -108,11 +107,12 @@ def plot(reports: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     sizes = [r["target_weight_bytes"] / 2**30 for r in reports]
+    tables = [rows_by_method(report) for report in reports]
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=110, sharey=True)
     for axis, (key, category, title) in zip(axes, MEASURES[:2]):
-        for method in methods_in(reports):
-            points = [(size, value(rows_by_method(report)[method], key, category))
-                      for size, report in zip(sizes, reports) if method in rows_by_method(report)]
+        for method in methods_in(tables):
+            points = [(size, value(table[method], key, category)) for size, table in zip(sizes, tables)
+                      if method in table]
             points = [(x, y) for x, y in points if y is not None]
             if method != "ar" and points:
                 axis.plot(*zip(*points), marker="o", label=method)

@@ -201,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.method is None:
         parser.error("give --method or --interleave")
+    from edge.bench.suite import is_peer
+
     weight_bytes = {}
-    if args.method.startswith(("hf", "llama.cpp")):
+    if is_peer(args.method):
         run, prompts = peer_runner(args.model, args.method, args.dtype)
     else:
         run, prompts, target_bytes = edge_runner(args.model, args.method, args.draft_length, args.dtype,

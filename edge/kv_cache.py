@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from edge.config import ModelConfig
+from kernels.cpu_matmul import KernelCache
 
 
 class KVCache:
@@ -32,6 +33,7 @@ class KVCache:
         self.values = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, S, D)
         self.max_len = max_len
         self.length = 0  # positions [0, length) hold valid entries for every layer
+        self._kernel_cache: KernelCache | None = None
 
     @classmethod
     def for_model(cls, config: ModelConfig, max_len: int, **kwargs) -> "KVCache":
@@ -51,6 +53,16 @@ class KVCache:
         self.keys[layer, :, :, start:end] = keys
         self.values[layer, :, :, start:end] = values
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]  # (B, H, end, D) each
+
+    def kernel_cache(self) -> KernelCache | None:
+        """This cache as edge's fused CPU step reads and writes it, or None where the step cannot (16-bit, a batch,
+        not in the CPU's memory)."""
+        if type(self) is not KVCache or self.keys.dtype != torch.float32 or self.keys.device.type != "cpu" \
+                or self.keys.shape[1] != 1 or not self.keys.is_contiguous():
+            return None
+        if self._kernel_cache is None:
+            self._kernel_cache = KernelCache(self.keys, self.values, self.max_len)
+        return self._kernel_cache
 
     def rollback(self, length: int) -> None:
         """Forget positions >= length (no memory is touched)."""

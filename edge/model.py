@@ -272,7 +272,7 @@ class Transformer(nn.Module):
             return self.logits(self(tokens, start, cache))
         cos, sin = self._rope(start, end, torch.float32)
         hidden, logits = self.rowwise.forward_step(view, tokens[0], start, self._layer_order(range(len(self.layers))),
-                                                   cos, sin, cache.keys, cache.values)  # (T, D), (T, V)
+                                                   cos, sin, cache.kernel_cache())  # (T, D), (T, V)
         cache.length = end
         if self.features is not None and end <= self.features.shape[0]:
             self.features[start:end] = hidden
@@ -329,15 +329,16 @@ class Transformer(nn.Module):
     def _can_fuse(self, batch: int, rows: int, dtype: torch.dtype, cache: KVCache) -> bool:
         """Whether this pass can run its layers in one fused C call (the batch-invariant kernel's fused_layers): rows
         of batch 1 in float32 (up to rowwise_max_rows with float32 weights, any number with 16-bit or packed ones), a
-        plain float32 KV cache, every layer in place."""
+        float32 or hierarchical KV cache (cache.kernel_cache()), every layer in place."""
         if self.rowwise is None or batch != 1 or dtype != torch.float32:
             return False
         if self._fused_weights is None or (self._fused_weights is not False and self._weights_replaced()):
             self._fused_weights = self._fused_pointers()  # first use, or the weights were replaced since
         if rows > self.rowwise_max_rows and self._fused_format == "float32":
             return False  # a float32 prompt: torch's GEMM is faster (packed and 16-bit ones run in the kernel)
-        return (self._fused_weights is not False and type(cache) is KVCache and cache.keys.dtype == torch.float32
-                and cache.keys.is_contiguous() and self.config.head_dim <= 512)
+        kernel_cache = getattr(cache, "kernel_cache", None)
+        return (self._fused_weights is not False and kernel_cache is not None and kernel_cache() is not None
+                and self.config.head_dim <= 512)
 
     def _weights_replaced(self) -> bool:
         """Whether the last layer, or its first matrix, is not the one the pointers were taken from (a replaced
@@ -401,7 +402,7 @@ class Transformer(nn.Module):
         cos, sin = rope
         self.rowwise.layers(x, self._layer_order(order), self._fused_table, self._fused_windows,
                             (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
-                             config.intermediate_size), cos, sin, cache.keys, cache.values, start,
+                             config.intermediate_size), cos, sin, cache.kernel_cache(), start,
                             config.rms_norm_eps, config.head_dim ** -0.5, self._fused_format)
 
     def _layer_order(self, layers) -> torch.Tensor:
@@ -454,7 +455,7 @@ class Transformer(nn.Module):
             torch.tensor(tokens, dtype=torch.int64), features, (config.hidden_size, config.num_heads,
                                                                 config.num_kv_heads, config.head_dim,
                                                                 config.intermediate_size),
-            order, self._fused_table, self._fused_windows, cos, sin, cache.keys, cache.values, start,
+            order, self._fused_table, self._fused_windows, cos, sin, cache.kernel_cache(), start,
             config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_format, embed, head, k,
             head_ids, stop_below, head_rows, head_model.packed_format)
         if layers is None:  # rows run: the fed tokens, then each drafted token but a full draft's last (a draft that

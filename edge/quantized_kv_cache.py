@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from edge.kv_cache import KVCache
+from kernels.cpu_matmul import HierarchicalCache, HierarchicalPlanes, KernelCache
 from kernels.kv_quant import KV_FORMATS, PackedVectors, dequantize, quantize
 
 KV_CACHE_CHOICES = ("float32", "int8", "int8-int4", "hierarchical")  # int8-int4: int8 keys, int4 values
@@ -62,6 +63,11 @@ class _Store:
         if self.low is not None:
             self.low[layer, :, :, start:end] = packed.low
 
+    def kernel_planes(self) -> HierarchicalPlanes:
+        """A hierarchical store's planes for the fused CPU step (batch 1, contiguous)."""
+        upper, lower = self.planes
+        return HierarchicalPlanes(upper.data_ptr(), lower.data_ptr(), self.scale.data_ptr(), self.low.data_ptr())
+
     def packed(self, layer: int) -> PackedVectors:
         """Layer `layer`'s storage (batch 0) as PackedVectors over (Hkv, max_len, ...), for the fused kernels."""
         return PackedVectors(self.kind, tuple(p[layer, 0] for p in self.planes), self.scale[layer, 0],
@@ -84,6 +90,7 @@ class QuantizedKVCache(KVCache):
         self.max_len = max_len
         self.length = 0
         self.draft_view = False  # True while a QuantSpec draft runs: reads use the upper 4 bits only
+        self._kernel_caches: dict[bool, KernelCache] = {}  # the fused step's view, for the target and the draft
 
     @property
     def nbytes(self) -> int:
@@ -100,6 +107,19 @@ class QuantizedKVCache(KVCache):
         self.values_store.write(layer, start, end, values)
         return (self.keys_store.read(layer, end, self.draft_view),
                 self.values_store.read(layer, end, self.draft_view))
+
+    def kernel_cache(self) -> KernelCache | None:
+        """A hierarchical cache in the CPU's memory as edge's fused CPU step reads and writes it (the draft's view
+        inside drafting()); None for the other formats, which run the reference path."""
+        if (self.formats != ("hierarchical", "hierarchical") or self.max_len == 0
+                or self.keys_store.scale.device.type != "cpu" or self.keys_store.scale.shape[1] != 1):
+            return None
+        cached = self._kernel_caches.get(self.draft_view)
+        if cached is None:
+            view = HierarchicalCache(self.keys_store.kernel_planes(), self.values_store.kernel_planes(),
+                                     int(self.draft_view))
+            cached = self._kernel_caches[self.draft_view] = KernelCache(None, None, self.max_len, view)
+        return cached
 
     def fused_attention(self, layer: int, start: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                         window: int | None) -> torch.Tensor | None:

@@ -44,6 +44,38 @@ class ModelView(ctypes.Structure):
                 ("embed", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("head", ctypes.c_void_p)]
 
 
+class HierarchicalPlanes(ctypes.Structure):
+    """Keys or values of a hierarchical KV cache (csrc/simd.h): nibble planes (L, Hkv, S, Dh/2), float16 step/low."""
+
+    _fields_ = [("upper", ctypes.c_void_p), ("lower", ctypes.c_void_p), ("step", ctypes.c_void_p),
+                ("low", ctypes.c_void_p)]
+
+
+class HierarchicalCache(ctypes.Structure):
+    """QuantSpec's hierarchical KV cache as the fused step reads and writes it (csrc/kv_hierarchical.c); `draft` reads
+    the upper planes alone. The tensors behind the pointers must outlive every call that is given it."""
+
+    _fields_ = [("keys", HierarchicalPlanes), ("values", HierarchicalPlanes), ("draft", ctypes.c_int32)]
+
+
+class KernelCache:
+    """The KV cache a fused call reads and writes: float32 keys/values (L, 1, Hkv, S, Dh), or a hierarchical one."""
+
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, max_len: int,
+                 hierarchical: HierarchicalCache | None = None) -> None:
+        self.keys, self.values, self.max_len, self.hierarchical = keys, values, max_len, hierarchical
+
+    def arguments(self) -> tuple:
+        """(keys, values, hierarchical, S_max, layer_stride) as the C functions take them."""
+        if self.hierarchical is not None:
+            return None, None, ctypes.byref(self.hierarchical), self.max_len, 0
+        return self.keys.data_ptr(), self.values.data_ptr(), None, self.max_len, self.keys.stride(0)
+
+    def dequantized_floats(self, kv_heads: int, head_dim: int, span: int) -> int:
+        """Scratch floats a call over `span` positions needs for the dequantized rows (0 for a float32 cache)."""
+        return 0 if self.hierarchical is None else 2 * kv_heads * head_dim * span
+
+
 class RowwiseMatmul:
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer, size = ctypes.c_void_p, ctypes.c_int64
@@ -58,7 +90,7 @@ class RowwiseMatmul:
         self._attention.restype = None
         self._layers = library.fused_layers_f32
         self._layers.argtypes = ([pointer, size, size, size, size, size, size, pointer, size, pointer, pointer,
-                                  pointer, pointer, pointer, pointer, size, size, size, ctypes.c_float,
+                                  pointer, pointer, pointer, pointer, pointer, size, size, size, ctypes.c_float,
                                   ctypes.c_float, pointer, ctypes.c_int, ctypes.c_int])
         self._layers.restype = None
         self._norm = library.rms_norm_f32
@@ -66,15 +98,19 @@ class RowwiseMatmul:
         self._norm.restype = None
         self._draft = library.draft_greedy_f32
         self._draft.argtypes = ([pointer, pointer] + [size] * 6 + [pointer, size, pointer, pointer, pointer, pointer,
-                                pointer, pointer, size, size, size, ctypes.c_float, ctypes.c_float, pointer, pointer,
+                                pointer, pointer, pointer, size, size, size, ctypes.c_float, ctypes.c_float, pointer,
+                                pointer,
                                 ctypes.c_int, pointer, pointer, pointer, size, ctypes.c_int, ctypes.c_int, size,
                                 ctypes.c_float,
                                 pointer, pointer, ctypes.c_int])
         self._draft.restype = ctypes.c_int64
         self._step = library.forward_step_f32
         self._step.argtypes = [ctypes.POINTER(ModelView), pointer, size, size, pointer, size, pointer, pointer, pointer,
-                               pointer, size, size, pointer, pointer, pointer, ctypes.c_int]
+                               pointer, pointer, size, size, pointer, pointer, pointer, ctypes.c_int]
         self._step.restype = None
+        self._store_hierarchical = library.hierarchical_store
+        self._store_hierarchical.argtypes = [ctypes.POINTER(HierarchicalCache), size, pointer, pointer] + [size] * 6
+        self._store_hierarchical.restype = None
         self._bandwidth = library.read_bandwidth_probe
         self._bandwidth.argtypes = [pointer, size, ctypes.c_int, ctypes.c_int]
         self._bandwidth.restype = ctypes.c_double
@@ -163,72 +199,80 @@ class RowwiseMatmul:
         return out
 
     def layers(self, x: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, windows: torch.Tensor,
-               shape: tuple, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               start: int, eps: float, scale: float, weight_format_name: str = "float32") -> None:
+               shape: tuple, cos: torch.Tensor, sin: torch.Tensor, cache: KernelCache, start: int, eps: float,
+               scale: float, weight_format_name: str = "float32") -> None:
         """Layers `order` (int64) over x (T, D) in place, in one C call (fused_layers_f32): `weights` is the int64
         table (L, 12) of the layers' pointers (0 for absent tensors), `windows` (L,) int64 the sliding windows (0:
-        none), keys/values the whole cache (L, 1, Hkv, S, Dh), contiguous; `weight_format_name` the layers' matrices
+        none), `cache` the whole KV cache (KernelCache); `weight_format_name` the layers' matrices
         ("float32", or "bfloat16" / "float16" widened exactly in registers, with norms alike; or "int8" / "int4"
         packed, with float32 norms)."""
         steps = x.shape[0]
         dims, heads, kv_heads, head_dim, inner = shape
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
         scratch = torch.empty(steps * (dims + 2 * q_size + q_size + 2 * kv_size + 2 * inner)
-                              + heads * steps * (start + steps), dtype=torch.float32)
+                              + heads * steps * (start + steps)
+                              + cache.dequantized_floats(kv_heads, head_dim, start + steps), dtype=torch.float32)
         self._layers(x.data_ptr(), steps, dims, heads, kv_heads, head_dim, inner, order.data_ptr(), order.numel(),
-                     weights.data_ptr(), windows.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
-                     values.data_ptr(), keys.shape[3], keys.stride(0), start, eps, scale, scratch.data_ptr(),
-                     WEIGHT_FORMATS[weight_format_name], self.thread_count())
+                     weights.data_ptr(), windows.data_ptr(), cos.data_ptr(), sin.data_ptr(), *cache.arguments(), start,
+                     eps, scale, scratch.data_ptr(), WEIGHT_FORMATS[weight_format_name], self.thread_count())
 
     def forward_step(self, view: ModelView, tokens: torch.Tensor, start: int, order: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     sin: torch.Tensor, cache: KernelCache) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode step or verify pass through the whole model in one call (forward_step_f32): tokens (T,) int64 at
         positions [start, start + T) through the layers `order`, the final norm and the head -> (hidden (T, D),
-        logits (T, V)) float32. cos/sin (T, Dh) are the rows' rotary tables, keys/values the whole cache
-        (L, 1, Hkv, S, Dh), contiguous; the view (ModelView) and its tensors must outlive the call."""
+        logits (T, V)) float32. cos/sin (T, Dh) are the rows' rotary tables, `cache` the whole KV cache (KernelCache);
+        the view (ModelView) and its tensors must outlive the call."""
         steps = tokens.numel()
         q_size, kv_size = view.H * view.Dh, view.Hkv * view.Dh
         scratch = torch.empty(steps * (2 * view.D + 2 * q_size + q_size + 2 * kv_size + 2 * view.I)
-                              + view.H * steps * (start + steps), dtype=torch.float32)
+                              + view.H * steps * (start + steps)
+                              + cache.dequantized_floats(view.Hkv, view.Dh, start + steps), dtype=torch.float32)
         hidden = torch.empty(steps, view.D, dtype=torch.float32)  # (T, D)
         logits = torch.empty(steps, view.V, dtype=torch.float32)  # (T, V)
         self._step(ctypes.byref(view), tokens.data_ptr(), steps, start, order.data_ptr(), order.numel(),
-                   cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[3], keys.stride(0),
-                   hidden.data_ptr(), logits.data_ptr(), scratch.data_ptr(), self.thread_count())
+                   cos.data_ptr(), sin.data_ptr(), *cache.arguments(), hidden.data_ptr(), logits.data_ptr(),
+                   scratch.data_ptr(), self.thread_count())
         return hidden, logits
 
     def draft_greedy(self, tokens: torch.Tensor, features: torch.Tensor | None, shape: tuple, order: torch.Tensor,
                      weights: torch.Tensor, windows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     keys: torch.Tensor, values: torch.Tensor, start: int, eps: float, scale: float,
-                     norm: torch.Tensor, fc: torch.Tensor | None, weight_format_name: str, embed: torch.Tensor,
-                     head: torch.Tensor, k: int, head_ids: torch.Tensor | None = None,
-                     stop_below: float | None = None, head_rows: int | None = None,
-                     head_format: str | None = None) -> list[int]:
+                     cache: KernelCache, start: int, eps: float, scale: float, norm: torch.Tensor,
+                     fc: torch.Tensor | None, weight_format_name: str, embed: torch.Tensor, head: torch.Tensor, k: int,
+                     head_ids: torch.Tensor | None = None, stop_below: float | None = None,
+                     head_rows: int | None = None, head_format: str | None = None) -> list[int]:
         """k greedy draft tokens in one C call (draft_greedy_f32): `tokens` (T0,) int64 at positions [start, ...)
         (with `features` (T0, D) float32 and the fusion `fc` (D, 2D) for a feature drafter), then one token per
         step. cos/sin are whole rotary tables from position 0; `norm`, `fc` and the layers are in
         `weight_format_name`, `embed` and `head` (V', D) in their dtypes (a head packed by kernels/cpu_packing.py is
-        uint8, names its `head_format` and needs `head_rows`); keys/values the drafter's cache (L, 1, Hkv, S, Dh),
-        contiguous. `head_ids` (V',) int64: the token id of each head row, for a trimmed head (None: row v is token
-        v). `stop_below`: stop before a token (not the first) whose probability is below it; fewer than k come
-        back."""
+        uint8, names its `head_format` and needs `head_rows`); `cache` the drafter's KV cache (KernelCache).
+        `head_ids` (V',) int64: the token id of each head row, for a trimmed head (None: row v is token v).
+        `stop_below`: stop before a token (not the first) whose probability is below it; fewer than k come back."""
         steps = tokens.numel()
         dims, heads, kv_heads, head_dim, inner = shape
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
         packed = head.dtype == torch.uint8
         vocab = head_rows if packed else head.shape[0]
         scratch = torch.empty(steps * (4 * dims + 3 * q_size + 2 * kv_size + 2 * inner)
-                              + heads * steps * (start + steps + k) + dims + vocab, dtype=torch.float32)
+                              + heads * steps * (start + steps + k) + dims + vocab
+                              + cache.dequantized_floats(kv_heads, head_dim, start + steps + k), dtype=torch.float32)
         out = torch.empty(k, dtype=torch.int64)
         count = self._draft(
             tokens.data_ptr(), features.data_ptr() if features is not None else None, steps, dims, heads, kv_heads,
             head_dim, inner, order.data_ptr(), order.numel(), weights.data_ptr(), windows.data_ptr(), cos.data_ptr(),
-            sin.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[3], keys.stride(0), start, eps, scale,
-            norm.data_ptr(), fc.data_ptr() if fc is not None else None, WEIGHT_FORMATS[weight_format_name],
+            sin.data_ptr(), *cache.arguments(), start, eps, scale, norm.data_ptr(), fc.data_ptr() if fc is not None else None, WEIGHT_FORMATS[weight_format_name],
             embed.data_ptr(), head.data_ptr(), head_ids.data_ptr() if head_ids is not None else None, vocab,
             WEIGHT_FORMATS[head_format] if packed else weight_format(head.dtype), weight_format(embed.dtype), k,
             stop_below or 0.0, out.data_ptr(), scratch.data_ptr(), self.thread_count())
         return out[:count].tolist()
+
+    def store_hierarchical(self, cache: KernelCache, layer: int, keys: torch.Tensor, values: torch.Tensor,
+                           start: int) -> None:
+        """The fused step's quantize-on-append alone (the tests hold it to kernels/kv_quant.py): keys/values
+        (T, Hkv, Dh) float32 into positions [start, start + T) of `layer` of a hierarchical cache."""
+        steps, kv_heads, head_dim = keys.shape
+        keys, values = keys.contiguous(), values.contiguous()
+        self._store_hierarchical(ctypes.byref(cache.hierarchical), layer, keys.data_ptr(), values.data_ptr(),
+                                 kv_heads * head_dim, steps, start, kv_heads, head_dim, cache.max_len)
 
     def read_bandwidth(self, megabytes: int = 1024, repeats: int = 5, data: torch.Tensor | None = None) -> float:
         """The machine's read bandwidth in GB/s as this path sees it: the best of `repeats` passes summing a buffer far

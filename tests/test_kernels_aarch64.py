@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from kernels import cpu_paths
 from kernels.cpu_matmul import RowwiseMatmul
 from kernels.cpu_packing import pack_int4, pack_int8
+from kernels.kv_quant import dequantize, quantize
 
 CROSS, QEMU, SYSROOT = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64"), "/usr/aarch64-linux-gnu"
 DRIVER = Path(__file__).parent / "csrc" / "kernel_driver.c"
@@ -98,3 +99,36 @@ def test_attention_on_aarch64(driver, window, kv_heads, dim, start):
         allowed &= key_pos > query_pos - window
     expected = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=allowed, enable_gqa=True)
     torch.testing.assert_close(whole, expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_hierarchical_kv_cache_on_aarch64(driver):
+    """The fused step's quantize-on-append stores the reference's codes, steps and lows; reads match the reference."""
+    _, program = driver
+    steps, kv_heads, dim = 5, 2, 64
+    generator = torch.Generator().manual_seed(11)
+    keys, values = torch.randn(2, steps, kv_heads, dim, generator=generator) * 3  # (T, Hkv, D) each
+    data = b"".join(t.contiguous().numpy().tobytes() for t in (keys, values))
+    result = subprocess.run([QEMU, "-L", SYSROOT, str(program), "hierarchical", *map(str, (steps, kv_heads, dim))], input=data,
+                            capture_output=True, timeout=600)
+    assert result.returncode == 0, result.stderr.decode()
+    out, offset = bytearray(result.stdout), 0
+
+    def take(count: int, dtype: torch.dtype) -> torch.Tensor:
+        nonlocal offset
+        size = count * torch.empty(0, dtype=dtype).element_size()
+        chunk = torch.frombuffer(out[offset:offset + size], dtype=dtype)
+        offset += size
+        return chunk
+
+    slots = kv_heads * steps
+    for source in (keys, values):
+        expected = quantize(source.transpose(0, 1), "hierarchical")  # (Hkv, T, ...)
+        for reference in expected.planes:
+            assert torch.equal(take(slots * dim // 2, torch.uint8).view(kv_heads, steps, dim // 2), reference)
+        assert torch.equal(take(slots, torch.float16).view(kv_heads, steps, 1), expected.scale)
+        assert torch.equal(take(slots, torch.float16).view(kv_heads, steps, 1), expected.low)
+    stored = quantize(keys.transpose(0, 1), "hierarchical")
+    for draft in (False, True):
+        read = take(slots * dim, torch.float32).view(kv_heads, steps, dim)
+        assert torch.equal(read, dequantize(stored, draft=draft))
+    assert offset == len(out)

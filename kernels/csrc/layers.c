@@ -72,8 +72,9 @@ static void silu_rows_team(float *gate_up, int64_t T, int64_t I, int part, int p
  * operations as a 1-row call, so each row's result does not depend on how many rows share the call. */
 static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
                        const void *const *w, const float *cos_table, const float *sin_table, float *keys,
-                       float *values, int64_t S_max, int64_t start, int64_t window, float eps, float scale,
-                       float *scratch, void *prepared, int format, int part, int parts) {
+                       float *values, const HierarchicalCache *hier, int64_t layer, int64_t S_max, int64_t start,
+                       int64_t window, float eps, float scale, float *scratch, void *prepared, int format, int part,
+                       int parts) {
     const void *attn_norm = w[0], *wqkv = w[1], *q_norm = w[3], *k_norm = w[4], *wo = w[5], *ffn_norm = w[7];
     const void *w_gate_up = w[8], *w_down = w[10];
     const float *qkv_bias = w[2], *o_bias = w[6], *gate_up_bias = w[9], *down_bias = w[11];
@@ -84,6 +85,8 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
     float *q_heads = attended + T * Q;      /* (H, T, Dh) */
     float *gate_up = q_heads + T * Q;       /* (T, 2I) */
     float *scores = gate_up + T * 2 * I;    /* H * T * (start + T) */
+    float *cached_keys = scores + H * T * (start + T);            /* (Hkv, start + T, Dh) each: a hierarchical */
+    float *cached_values = cached_keys + Hkv * (start + T) * Dh;  /* cache's rows dequantized for the attention */
 
 #pragma omp single
     rms_norm_rows(x, attn_norm, normed, T, D, eps, format);
@@ -98,14 +101,23 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
         }
         rope_rows(row, cos_table + t * Dh, sin_table + t * Dh, H, Dh);
         rope_rows(row + Q, cos_table + t * Dh, sin_table + t * Dh, Hkv, Dh);
-        for (int64_t h = 0; h < Hkv; h++) {
+        for (int64_t h = 0; h < Hkv && !hier; h++) {
             memcpy(keys + (h * S_max + start + t) * Dh, row + Q + h * Dh, Dh * sizeof(float));
             memcpy(values + (h * S_max + start + t) * Dh, row + Q + KV + h * Dh, Dh * sizeof(float));
         }
         for (int64_t h = 0; h < H; h++) memcpy(q_heads + (h * T + t) * Dh, row + h * Dh, Dh * sizeof(float));
     }
-    attention_share(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, scale, part,
-                    parts);
+    if (hier) {  /* quantize the rows' keys/values into the cache, then read the prefix back as float32 */
+#pragma omp single
+        hierarchical_store(hier, layer, qkv + Q, qkv + Q + KV, N, T, start, Hkv, Dh, S_max);
+        hierarchical_load_share(hier, layer, cached_keys, cached_values, start + T, Hkv, Dh, S_max, part, parts);
+#pragma omp barrier
+        attention_share(q_heads, cached_keys, cached_values, attended, scores, H, Hkv, T, Dh, (start + T) * Dh, start,
+                        window, scale, part, parts);
+    } else {
+        attention_share(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, scale,
+                        part, parts);
+    }
 #pragma omp barrier
 #pragma omp single
     for (int64_t t = 0; t < T; t++)        /* (H, T, Dh) -> (T, H*Dh), reusing qkv as the row buffer */
@@ -145,12 +157,13 @@ static void *layers_prepared(const ModelView *m, int64_t T) {
 /* This thread's part of layers order[0 .. count) on x (T, D), inside the team's parallel region */
 static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t start, const int64_t *order,
                            int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
-                           int64_t S_max, int64_t layer_stride, float *scratch, void *prepared, int part, int parts) {
+                           const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch,
+                           void *prepared, int part, int parts) {
     for (int64_t i = 0; i < count; i++) {
         const int64_t l = order[i];
         layer_team(x, T, m->D, m->H, m->Hkv, m->Dh, m->I, m->weights + 12 * l, cos_table, sin_table,
-                   keys + l * layer_stride, values + l * layer_stride, S_max, start, m->windows[l], m->eps, m->scale,
-                   scratch, prepared, m->format, part, parts);
+                   hier ? NULL : keys + l * layer_stride, hier ? NULL : values + l * layer_stride, hier, l, S_max,
+                   start, m->windows[l], m->eps, m->scale, scratch, prepared, m->format, part, parts);
     }
 }
 
@@ -158,30 +171,33 @@ static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t star
  * layer order[i], i = 0 .. count - 1, one after another on the same x (T, D), in one parallel region. weights as in
  * ModelView; keys/values are the whole cache (L, Hkv, S_max, Dh), layer l at + l * layer_stride; windows[l] is layer
  * l's sliding window (0: none). Keys/values of the T rows are written into the cache at [start, start + T) before the
- * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. scratch
- * holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
+ * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. With
+ * `hier` (QuantSpec's hierarchical cache, kv_hierarchical.c) the cache is that instead, and keys/values are unused.
+ * scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) + 2 * Hkv * (start + T) * Dh floats. */
 void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
                       const int64_t *order, int64_t count, const void *const *weights, const int64_t *windows,
-                      const float *cos_table, const float *sin_table, float *keys, float *values, int64_t S_max,
-                      int64_t layer_stride, int64_t start, float eps, float scale, float *scratch, int format,
-                      int threads) {
+                      const float *cos_table, const float *sin_table, float *keys, float *values,
+                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, int64_t start, float eps,
+                      float scale, float *scratch, int format, int threads) {
     const ModelView m = {.D = D, .H = H, .Hkv = Hkv, .Dh = Dh, .I = I, .eps = eps, .scale = scale, .format = format,
                          .weights = weights, .windows = windows};
     void *prepared = layers_prepared(&m, T);
 #pragma omp parallel num_threads(threads)
-    layers_in_team(&m, x, T, start, order, count, cos_table, sin_table, keys, values, S_max, layer_stride, scratch,
-                   prepared, omp_get_thread_num(), omp_get_num_threads());
+    layers_in_team(&m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride,
+                   scratch, prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);
 }
 
 /* A decode step or verify pass through the whole model in one parallel region: the embedding rows of tokens (T), the
  * layers `order`, the final norm into hidden (T, D) and the head into logits (T, V). The same operations, row by
  * row, as fused_layers_f32, rms_norm_f32 and the head's matmul called one after another. cos/sin (T, Dh) are the rows'
- * rotary tables; keys/values the cache (L, Hkv, S_max, Dh), layer l at + l * layer_stride. scratch holds
- * T * (2D + Q + 2KV + 2Q + 2I) + H * T * (start + T) floats. */
+ * rotary tables; keys/values the cache (L, Hkv, S_max, Dh), layer l at + l * layer_stride, or `hier` (as in
+ * fused_layers_f32). scratch holds T * (2D + Q + 2KV + 2Q + 2I) + H * T * (start + T) + 2 * Hkv * (start + T) * Dh
+ * floats. */
 void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
                       int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
-                      int64_t S_max, int64_t layer_stride, float *hidden, float *logits, float *scratch, int threads) {
+                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *hidden,
+                      float *logits, float *scratch, int threads) {
     const int64_t D = m->D;
     float *x = scratch, *layer_scratch = scratch + T * D;
     for (int64_t t = 0; t < T; t++)
@@ -190,7 +206,7 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
 #pragma omp parallel num_threads(threads)
     {
         const int part = omp_get_thread_num(), parts = omp_get_num_threads();
-        layers_in_team(m, x, T, start, order, count, cos_table, sin_table, keys, values, S_max, layer_stride,
+        layers_in_team(m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride,
                        layer_scratch, prepared, part, parts);
 #pragma omp single
         rms_norm_rows(x, m->norm, hidden, T, D, m->eps, m->norm_format);
@@ -208,14 +224,16 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
  * written into the drafter's cache as the layers run. embed (V, D) is in embed_format and head (V, D) in head_format
  * (WEIGHTS_I8 / WEIGHTS_I4: packed), everything else of the drafter (layers, norm, fc (D, 2D)) in format.
  * cos/sin are whole tables: row p is position p. A trimmed head (VocabTrim) holds only some tokens' rows: head_ids
- * (V) names the token of each row (NULL: row v is token v). scratch holds T0 * (4D + 3Q + 2KV + 2I) +
- * H * T0 * (start + T0 + k) + D + V floats. out[i] receives draft token i.
+ * (V) names the token of each row (NULL: row v is token v). The cache is keys/values or `hier`, as in
+ * fused_layers_f32. scratch holds T0 * (4D + 3Q + 2KV + 2I) + (H * T0 + 2 * Hkv * Dh) * (start + T0 + k) + D + V
+ * floats. out[i] receives draft token i.
  * With stop_below > 0, drafting stops before a token (never the first) whose softmax probability is below it.
  * Returns how many tokens were drafted (k unless it stopped). */
 int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,
                          int64_t Dh, int64_t I, const int64_t *order, int64_t count, const void *const *weights,
                          const int64_t *windows, const float *cos_table, const float *sin_table, float *keys,
-                         float *values, int64_t S_max, int64_t layer_stride, int64_t start, float eps, float scale,
+                         float *values, const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride,
+                         int64_t start, float eps, float scale,
                          const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
                          const int64_t *head_ids, int64_t V, int head_format, int embed_format, int64_t k,
                          float stop_below,
@@ -236,7 +254,7 @@ int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T
         }
         if (fc) rowwise_matmul(joined, fc, NULL, x, T, D, 2 * D, format, threads);
         fused_layers_f32(x, T, D, H, Hkv, Dh, I, order, count, weights, windows, cos_table + position * Dh,
-                         sin_table + position * Dh, keys, values, S_max, layer_stride, position, eps, scale,
+                         sin_table + position * Dh, keys, values, hier, S_max, layer_stride, position, eps, scale,
                          layer_scratch, format, threads);
         rms_norm_rows(x + (T - 1) * D, norm_weight, normed, 1, D, eps, format);
         rowwise_matmul(normed, head, NULL, logits, 1, V, D, head_format, threads);

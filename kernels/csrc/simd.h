@@ -351,4 +351,19 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
                            int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
                            int64_t window, float scale, int threads);
 
+/* kv_hierarchical.c: QuantSpec's hierarchical KV cache (kernels/kv_quant.py) as the fused step reads and writes it.
+ * Each of keys/values: two nibble planes (L, Hkv, S_max, Dh / 2) and float16 step and low (L, Hkv, S_max). */
+typedef struct {
+    uint8_t *upper, *lower;
+    uint16_t *step, *low;
+} HierarchicalPlanes;
+typedef struct {
+    HierarchicalPlanes keys, values;
+    int32_t draft;  /* read the upper planes alone (the draft's 4-bit view) */
+} HierarchicalCache;
+void hierarchical_store(const HierarchicalCache *cache, int64_t layer, const float *keys, const float *values,
+                        int64_t row_stride, int64_t T, int64_t start, int64_t Hkv, int64_t Dh, int64_t S_max);
+void hierarchical_load_share(const HierarchicalCache *cache, int64_t layer, float *keys_out, float *values_out,
+                             int64_t span, int64_t Hkv, int64_t Dh, int64_t S_max, int part, int parts);
+
 #endif

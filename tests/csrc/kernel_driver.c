@@ -5,6 +5,9 @@
  *                 computed one row per call (the test checks the two are equal: batch invariance)
  *   kernel_driver attention H HKV T D START WINDOW < q (H*T*D), keys, values (HKV*(START+T)*D each)
  *                 > out (H*T*D f32), then out again computed one query position per call
+ *   kernel_driver hierarchical T HKV D < keys, values ((T, HKV, D) f32 each) > for keys then values: the upper and
+ *                 lower planes ((HKV, T, D/2) bytes each), step and low ((HKV, T) float16 bits each); then the keys
+ *                 read back for the target and for the draft ((HKV, T, D) f32 each)
  *
  * FORMAT: f32, bf16, f16 (weights N*K of that type), i8, i4 (packed bytes, kernels/cpu_packing.py; their size
  * follows from N and K). Prints the kernel's path name to stderr.
@@ -20,6 +23,18 @@ void rowwise_matmul(const float *, const void *, const float *, float *, int64_t
 void rowwise_attention_f32(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, int64_t, float, int);
 const char *kernel_path(void);
+typedef struct {  /* csrc/simd.h */
+    uint8_t *upper, *lower;
+    uint16_t *step, *low;
+} HierarchicalPlanes;
+typedef struct {
+    HierarchicalPlanes keys, values;
+    int32_t draft;
+} HierarchicalCache;
+void hierarchical_store(const HierarchicalCache *, int64_t, const float *, const float *, int64_t, int64_t, int64_t,
+                        int64_t, int64_t, int64_t);
+void hierarchical_load_share(const HierarchicalCache *, int64_t, float *, float *, int64_t, int64_t, int64_t, int64_t,
+                             int, int);
 
 static int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -86,6 +101,33 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
-    fprintf(stderr, "usage: kernel_driver matmul FORMAT M N K BIAS | attention H HKV T D START WINDOW\n");
+    if (argc == 5 && !strcmp(argv[1], "hierarchical")) {
+        const int64_t T = atoll(argv[2]), Hkv = atoll(argv[3]), D = atoll(argv[4]), slots = Hkv * T;
+        float *keys = read_exactly(T * Hkv * D * sizeof(float)), *values = read_exactly(T * Hkv * D * sizeof(float));
+        HierarchicalCache cache = {0};
+        HierarchicalPlanes *stores[2] = {&cache.keys, &cache.values};
+        for (int i = 0; i < 2; i++) {
+            stores[i]->upper = calloc(slots * D / 2, 1);
+            stores[i]->lower = calloc(slots * D / 2, 1);
+            stores[i]->step = calloc(slots, 2);
+            stores[i]->low = calloc(slots, 2);
+        }
+        hierarchical_store(&cache, 0, keys, values, Hkv * D, T, 0, Hkv, D, T);
+        for (int i = 0; i < 2; i++) {
+            fwrite(stores[i]->upper, 1, slots * D / 2, stdout);
+            fwrite(stores[i]->lower, 1, slots * D / 2, stdout);
+            fwrite(stores[i]->step, 2, slots, stdout);
+            fwrite(stores[i]->low, 2, slots, stdout);
+        }
+        float *read_keys = malloc(slots * D * sizeof(float)), *read_values = malloc(slots * D * sizeof(float));
+        for (int draft = 0; draft < 2; draft++) {
+            cache.draft = draft;
+            hierarchical_load_share(&cache, 0, read_keys, read_values, T, Hkv, D, T, 0, 1);
+            write_floats(read_keys, slots * D);
+        }
+        return 0;
+    }
+    fprintf(stderr, "usage: kernel_driver matmul FORMAT M N K BIAS | attention H HKV T D START WINDOW | "
+                    "hierarchical T HKV D\n");
     return 2;
 }

@@ -64,6 +64,13 @@ class KVCache:
             self._kernel_cache = KernelCache(self.keys, self.values, self.max_len)
         return self._kernel_cache
 
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """Move slots start + rows[i] to start + i (rows increasing, rows[i] >= i: a token tree's accepted path)."""
+        source = torch.tensor(rows, device=self.keys.device) + start  # (n,)
+        end = start + len(rows)
+        self.keys[:, :, :, start:end] = self.keys[:, :, :, source]  # (L, B, H, n, D): gathered, then written
+        self.values[:, :, :, start:end] = self.values[:, :, :, source]
+
     def rollback(self, length: int) -> None:
         """Forget positions >= length (no memory is touched)."""
         if not 0 <= length <= self.length:

@@ -16,7 +16,7 @@ and KV cache; computing logits over a subset of the vocabulary is how a trimmed 
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from edge.rope import apply_rope, inverse_frequencies
 FLOAT_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel reads as floats
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
 FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
+TREE_ROWS = 64  # the most rows of a token tree's verify pass (kernels/csrc/attention.c TREE_ROWS)
 
 
 class Linear(nn.Linear):
@@ -154,6 +155,15 @@ class Block(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
+class KernelDraft(NamedTuple):
+    """What one-call greedy drafting returns: the tokens, and when asked each step's runner-up token and the
+    probabilities [draft token's, runner-up's] (Transformer.draft_greedy)."""
+
+    tokens: list[int]
+    runners_up: list[int] | None = None
+    probabilities: list[list[float]] | None = None
+
+
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
         """`device="meta"` builds the structure without memory (the loader then assigns the checkpoint's tensors)."""
@@ -258,25 +268,57 @@ class Transformer(nn.Module):
             self.features[start:end] = hidden[0]
         return hidden
 
-    def forward_logits(self, tokens: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+    def forward_logits(self, tokens: torch.Tensor, start: int, cache: KVCache,
+                       parents: list[int] | None = None) -> torch.Tensor:
         """logits(forward(tokens, start, cache)): (B, T, V) for tokens (B, T), every layer. A decode step or verify
         pass that the fused kernel runs goes through embedding, layers, final norm and head in one C call: the same
-        numbers, without Python between them."""
+        numbers, without Python between them.
+
+        `parents` makes the rows a token tree (only where verifies_trees()): row t continues row parents[t] (-1: the
+        cache) at position start + its depth and sees only the rows on its path; its keys/values go to slot
+        start + t, and keep_rows() then moves the accepted path's into place."""
         steps = tokens.shape[1]
         end = start + steps
+        if parents is not None and not self.verifies_trees(cache, steps):
+            raise ValueError("token trees run on edge's fused CPU step, which this model and cache do not use")
         if (steps > FUSED_CHUNK or start > cache.length or end > cache.max_len
                 or not self._can_fuse(tokens.shape[0], steps, self.dtype, cache)):
             return self.logits(self(tokens, start, cache))
         view = self._step_view()
         if view is None:
             return self.logits(self(tokens, start, cache))
-        cos, sin = self._rope(start, end, torch.float32)
+        tree = None
+        if parents is None:
+            cos, sin = self._rope(start, end, torch.float32)  # (T, Dh) each
+        else:
+            depths: list[int] = []
+            for parent in parents:
+                depths.append(depths[parent] + 1 if parent >= 0 else 0)
+            cos, sin = self._rope(0, start + max(depths) + 1, torch.float32)
+            rows = torch.tensor(depths) + start  # (T,) each row's position
+            cos, sin, tree = cos[rows], sin[rows], torch.tensor(parents, dtype=torch.int64)  # (T, Dh) each, (T,)
         hidden, logits = self.rowwise.forward_step(view, tokens[0], start, self._layer_order(range(len(self.layers))),
-                                                   cos, sin, cache.kernel_cache())  # (T, D), (T, V)
+                                                   cos, sin, cache.kernel_cache(), tree)  # (T, D), (T, V)
         cache.length = end
         if self.features is not None and end <= self.features.shape[0]:
             self.features[start:end] = hidden
         return logits[None]  # (1, T, V)
+
+    def verifies_trees(self, cache: KVCache, rows: int = 2) -> bool:
+        """Whether a token tree of `rows` rows can be verified in one pass (forward_logits(parents=...)): the fused
+        CPU step over this cache."""
+        return (rows <= min(FUSED_CHUNK, TREE_ROWS) and self._can_fuse(1, rows, self.dtype, cache)
+                and self._step_view() is not None)
+
+    def keep_rows(self, start: int, rows: list[int], cache: KVCache) -> None:
+        """After a token tree's pass from `start`: move the keys/values (and kept features) of pass rows `rows`
+        (increasing, the accepted path from the first row) to slots start, start + 1, ..., and set the cache's
+        length to just past them."""
+        cache.keep_rows(start, rows)
+        if self.features is not None:
+            source = torch.tensor(rows, device=self.features.device) + start  # (n,)
+            self.features[start:start + len(rows)] = self.features[source]
+        cache.length = start + len(rows)
 
     def _step_view(self):
         """The kernel's view of this model for forward_logits (kernels.cpu_matmul.ModelView), made once and again
@@ -417,7 +459,7 @@ class Transformer(nn.Module):
                      head_model: "Transformer | None" = None, features: torch.Tensor | None = None,
                      fc: torch.Tensor | None = None, vocab_size: int | None = None,
                      trimmed_head: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     stop_below: float | None = None) -> list[int] | None:
+                     stop_below: float | None = None, runners_up: bool = False) -> "KernelDraft | None":
         """k greedy draft tokens in one C call, or None where that path is not available (then the caller drafts
         step by step). Runs `tokens` at positions [start, start + T) through `layers` (default: all; a subset is a
         self-draft, which leaves cache.length alone like a partial forward), this model's norm, and
@@ -428,7 +470,8 @@ class Transformer(nn.Module):
         (V',)) replaces the head by some of its rows, each row's token id given (VocabTrim); otherwise a head_model with
         a packed head (edge/packed_weights.py) drafts through it, as its logits() do. `stop_below` stops
         before a token (not the first) whose probability is below it, so fewer than k may come back. With every layer
-        it sets cache.length like a full pass over the rows it ran."""
+        it sets cache.length like a full pass over the rows it ran. `runners_up` also returns each step's second most
+        likely token and both tokens' probabilities (what a token tree is built from)."""
         head_model = head_model or self
         end = start + len(tokens) + k - 1
         embed = head_model.embed.weight  # (V, D)
@@ -451,16 +494,17 @@ class Transformer(nn.Module):
         config = self.config
         order = self._layer_order(range(config.num_layers) if layers is None else layers)
         cos, sin = self._rope(0, end, torch.float32)  # (end, Dh) each, from position 0
-        drafted = self.rowwise.draft_greedy(
+        drafted, second, probabilities = self.rowwise.draft_greedy(
             torch.tensor(tokens, dtype=torch.int64), features, (config.hidden_size, config.num_heads,
                                                                 config.num_kv_heads, config.head_dim,
                                                                 config.intermediate_size),
             order, self._fused_table, self._fused_windows, cos, sin, cache.kernel_cache(), start,
             config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_format, embed, head, k,
-            head_ids, stop_below, head_rows, head_model.packed_format)
+            head_ids, stop_below, head_rows, head_model.packed_format, runners_up)
         if layers is None:  # rows run: the fed tokens, then each drafted token but a full draft's last (a draft that
             cache.length = start + len(tokens) + min(len(drafted), k - 1)  # stopped ran its last to score the next)
-        return drafted
+        return KernelDraft(drafted, second.tolist() if second is not None else None,
+                           probabilities.tolist() if probabilities is not None else None)
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""

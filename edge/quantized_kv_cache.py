@@ -68,6 +68,13 @@ class _Store:
         upper, lower = self.planes
         return HierarchicalPlanes(upper.data_ptr(), lower.data_ptr(), self.scale.data_ptr(), self.low.data_ptr())
 
+    def keep_rows(self, start: int, source: torch.Tensor) -> None:
+        """Move slots `source` (n,) to start .. start + n of every layer (QuantizedKVCache.keep_rows)."""
+        end = start + source.numel()
+        for tensor in (*self.planes, self.scale, self.low):
+            if tensor is not None:
+                tensor[:, :, :, start:end] = tensor[:, :, :, source]
+
     def packed(self, layer: int) -> PackedVectors:
         """Layer `layer`'s storage (batch 0) as PackedVectors over (Hkv, max_len, ...), for the fused kernels."""
         return PackedVectors(self.kind, tuple(p[layer, 0] for p in self.planes), self.scale[layer, 0],
@@ -107,6 +114,12 @@ class QuantizedKVCache(KVCache):
         self.values_store.write(layer, start, end, values)
         return (self.keys_store.read(layer, end, self.draft_view),
                 self.values_store.read(layer, end, self.draft_view))
+
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """Move slots start + rows[i] to start + i, codes, scales and lows (KVCache.keep_rows)."""
+        source = torch.tensor(rows, device=self.keys_store.scale.device) + start  # (n,)
+        self.keys_store.keep_rows(start, source)
+        self.values_store.keep_rows(start, source)
 
     def kernel_cache(self) -> KernelCache | None:
         """A hierarchical cache in the CPU's memory as edge's fused CPU step reads and writes it (the draft's view

@@ -8,6 +8,12 @@
       emit draft[:a] + [next];  drafter.observe(a, n);  k adapts
 
 The cache invariant holds after the step: it holds every emitted token but the last.
+
+Token trees (Sequoia, DySpec): in greedy decoding with an adaptive length, on the fused CPU step, the pass may also
+verify the drafter's runner-up at some positions, each a leaf beside the draft token it replaces, where the measured
+cost of the extra rows is below what they are expected to add (StepCosts.tree_branches). The target's argmax is
+followed down the tree from the first row; the accepted path's keys/values are moved into place and the rest
+dropped, so the output is still the target's own greedy output.
 """
 
 from __future__ import annotations
@@ -48,8 +54,9 @@ class StepCosts:
     acceptance: float = 0.6
     smoothing: float = 0.2
 
-    def observe(self, accepted: int, drafted: int, draft_s: float, verify_s: float) -> None:
-        rows, keep = drafted + 1, 1.0 - self.smoothing
+    def observe(self, accepted: int, drafted: int, draft_s: float, verify_s: float, rows: int | None = None) -> None:
+        """After a step: `accepted` of `drafted` chain tokens, a verify pass of `rows` rows (default drafted + 1)."""
+        rows, keep = rows or drafted + 1, 1.0 - self.smoothing
         count = self.seen.get(rows, 0)
         old = self.verify.get(rows, verify_s)
         self.verify[rows] = min(old, verify_s) if count < 3 else keep * old + self.smoothing * verify_s
@@ -79,6 +86,44 @@ class StepCosts:
             rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (verify + k * (self.draft_per_token or 0.0))
             if rate > best_rate:
                 best, best_rate = k, rate
+        return best
+
+    def verify_estimate(self, rows: int) -> float | None:
+        """A verify pass of `rows` rows: as measured, else the dearest pass of fewer rows measured (so a row count is
+        tried once before its own cost decides); None past one row beyond the largest measured."""
+        if rows in self.verify:
+            return self.verify[rows]
+        if not self.verify or rows > max(self.verify) + 1:
+            return None
+        fewer = [cost for count, cost in self.verify.items() if count < rows]
+        return max(fewer) if fewer else None
+
+    def tree_branches(self, confidences: list[float], runners_up: list[float]) -> list[int]:
+        """Which positions of a drafted chain to give a second candidate (the drafter's runner-up, a leaf beside the
+        draft token), from the drafter's probabilities: a runner-up at position j adds P(chain reaches j) times its
+        probability to the expected tokens of the step. The set with the most expected tokens per second of drafting
+        plus verifying, counting each row at its measured cost; empty where extra rows do not pay."""
+        n = len(confidences)
+        if n == 0 or self.draft_per_token is None:
+            return []
+        reach, expected, gains = 1.0, 1.0, []
+        for j in range(n):
+            gains.append((reach * runners_up[j], j))
+            reach *= confidences[j]
+            expected += reach
+        drafting = n * self.draft_per_token
+        base = self.verify_estimate(n + 1)
+        if base is None:
+            return []
+        best, best_rate, chosen = [], expected / (base + drafting), []
+        for gain, j in sorted(gains, reverse=True):
+            chosen.append(j)
+            expected += gain
+            cost = self.verify_estimate(n + 1 + len(chosen))
+            if cost is None:
+                break
+            if expected / (cost + drafting) > best_rate:
+                best, best_rate = sorted(chosen), expected / (cost + drafting)
         return best
 
 
@@ -141,14 +186,16 @@ class DraftLength:
                                 f"got {value!r}")
         return cls.fixed(value)
 
-    def update(self, accepted: int, drafted: int, draft_s: float | None = None, verify_s: float | None = None) -> None:
-        """After a step that drafted `drafted` tokens, `accepted` of them, in draft_s + verify_s seconds. Without
+    def update(self, accepted: int, drafted: int, draft_s: float | None = None, verify_s: float | None = None,
+               rows: int | None = None) -> None:
+        """After a step that drafted `drafted` tokens, `accepted` of them, in draft_s + verify_s seconds (a verify
+        pass of `rows` rows: drafted + 1 unless a token tree added some). Without
         timings (sampled decoding, where a seed must give the same output on every run, and times never repeat)
         k follows acceptance alone: +1 after a wholly accepted draft, else the tokens accepted + 1 (at most k - 1)."""
         if not self.adaptive or drafted == 0:
             return
         if draft_s is not None and verify_s is not None and verify_s > 0.0:
-            self.costs.observe(accepted, drafted, draft_s, verify_s)
+            self.costs.observe(accepted, drafted, draft_s, verify_s, rows)
             self.k = self.costs.best_length(self.min_k, self.max_k)
         else:
             self.k = min(self.k + 1, self.max_k) if accepted == drafted else \
@@ -164,14 +211,23 @@ class SpeculativeDecoding:
         self.drafter, self.length = drafter, length
         self.device = model.device
         self.sampler = DraftSampler(params, generator, length.stop_below, model.config.vocab_size)
+        verifies_trees = getattr(model, "verifies_trees", None)
+        self.sampler.runners_up = (self.sampler.plain_greedy and length.adaptive and verifies_trees is not None
+                                   and verifies_trees(cache))  # token trees: chosen step by step by measured costs
+        self.tree_rows = 0  # rows token trees have added to verify passes so far, and those accepted
+        self.tree_accepted = 0
 
     def step(self, tokens: list[int], budget: int) -> Step:
         t0 = time.perf_counter()
         k = min(self.length.k, budget - 1)  # the step also emits the target's own token
         draft = self.drafter.propose(tokens, k, self.sampler) if k > 0 else Draft(tokens=[])
+        branches = (self.length.costs.tree_branches(draft.confidences, [p for _, p in draft.runners_up])
+                    if draft.runners_up else [])
         t1 = time.perf_counter()
-        feed = torch.tensor([[tokens[-1], *draft.tokens]], device=self.device)  # (1, n + 1)
         start = len(tokens) - 1
+        if branches:
+            return self._tree_step(tokens, draft, branches, start, t0, t1)
+        feed = torch.tensor([[tokens[-1], *draft.tokens]], device=self.device)  # (1, n + 1)
         logits = self.model.forward_logits(feed, start, self.cache)[0].float()  # (n + 1, V)
         t2 = time.perf_counter()
         verdict = self._verify(tokens, draft, logits)
@@ -182,6 +238,35 @@ class SpeculativeDecoding:
         self.drafter.observe(verdict.accepted, len(draft.tokens), t3 - t0)
         emitted = verdict.tokens(draft.tokens)
         return Step(tokens=emitted, drafted=[True] * verdict.accepted + [False], drafted_count=len(draft.tokens),
+                    draft_s=t1 - t0, verify_s=t2 - t1, sample_s=t3 - t2)
+
+    def _tree_step(self, tokens: list[int], draft: Draft, branches: list[int], start: int, t0: float,
+                   t1: float) -> Step:
+        """Verify the drafted chain and the runners-up at `branches` in one pass (greedy): rows are the last token,
+        the chain (row j + 1 continues row j) and one leaf per branch (continuing the row its chain token does)."""
+        n = len(draft.tokens)
+        feed_tokens = [tokens[-1], *draft.tokens, *(draft.runners_up[j][0] for j in branches)]
+        parents = [-1, *range(n), *branches]
+        feed = torch.tensor([feed_tokens], device=self.device)  # (1, rows)
+        logits = self.model.forward_logits(feed, start, self.cache, parents=parents)[0]  # (rows, V)
+        t2 = time.perf_counter()
+        choices = logits.argmax(-1).tolist()  # the target's greedy token after each row
+        children: dict[int, dict[int, int]] = {}
+        for row in range(1, len(feed_tokens)):
+            children.setdefault(parents[row], {})[feed_tokens[row]] = row
+        path, row = [], 0
+        while (child := children.get(row, {}).get(choices[row])) is not None:
+            path.append(child)
+            row = child
+        self.model.keep_rows(start, [0, *path], self.cache)  # the accepted path's keys/values into place
+        t3 = time.perf_counter()
+        on_chain = sum(1 for i, row in enumerate(path) if row == i + 1)  # chain tokens accepted, from the first
+        self.tree_rows += len(branches)
+        self.tree_accepted += len(path) - on_chain
+        self.length.update(on_chain, n, t1 - t0, t2 - t1, rows=len(feed_tokens))
+        self.drafter.observe(len(path), n, t3 - t0)
+        emitted = [feed_tokens[row] for row in path] + [choices[row]]
+        return Step(tokens=emitted, drafted=[True] * len(path) + [False], drafted_count=n,
                     draft_s=t1 - t0, verify_s=t2 - t1, sample_s=t3 - t2)
 
     def _verify(self, tokens: list[int], draft: Draft, logits: torch.Tensor) -> Verdict:

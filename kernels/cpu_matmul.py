@@ -101,12 +101,11 @@ class RowwiseMatmul:
                                 pointer, pointer, pointer, size, size, size, ctypes.c_float, ctypes.c_float, pointer,
                                 pointer,
                                 ctypes.c_int, pointer, pointer, pointer, size, ctypes.c_int, ctypes.c_int, size,
-                                ctypes.c_float,
-                                pointer, pointer, ctypes.c_int])
+                                ctypes.c_float, pointer, pointer, pointer, pointer, ctypes.c_int])
         self._draft.restype = ctypes.c_int64
         self._step = library.forward_step_f32
         self._step.argtypes = [ctypes.POINTER(ModelView), pointer, size, size, pointer, size, pointer, pointer, pointer,
-                               pointer, pointer, size, size, pointer, pointer, pointer, ctypes.c_int]
+                               pointer, pointer, size, size, pointer, pointer, pointer, pointer, ctypes.c_int]
         self._step.restype = None
         self._store_hierarchical = library.hierarchical_store
         self._store_hierarchical.argtypes = [ctypes.POINTER(HierarchicalCache), size, pointer, pointer] + [size] * 6
@@ -217,11 +216,13 @@ class RowwiseMatmul:
                      eps, scale, scratch.data_ptr(), WEIGHT_FORMATS[weight_format_name], self.thread_count())
 
     def forward_step(self, view: ModelView, tokens: torch.Tensor, start: int, order: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, cache: KernelCache) -> tuple[torch.Tensor, torch.Tensor]:
+                     sin: torch.Tensor, cache: KernelCache,
+                     parents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode step or verify pass through the whole model in one call (forward_step_f32): tokens (T,) int64 at
         positions [start, start + T) through the layers `order`, the final norm and the head -> (hidden (T, D),
         logits (T, V)) float32. cos/sin (T, Dh) are the rows' rotary tables, `cache` the whole KV cache (KernelCache);
-        the view (ModelView) and its tensors must outlive the call."""
+        the view (ModelView) and its tensors must outlive the call. `parents` (T,) int64 makes the rows a token tree
+        (row t continues row parents[t], -1 the cache; cos/sin then hold each row's depth position)."""
         steps = tokens.numel()
         q_size, kv_size = view.H * view.Dh, view.Hkv * view.Dh
         scratch = torch.empty(steps * (2 * view.D + 2 * q_size + q_size + 2 * kv_size + 2 * view.I)
@@ -230,7 +231,8 @@ class RowwiseMatmul:
         hidden = torch.empty(steps, view.D, dtype=torch.float32)  # (T, D)
         logits = torch.empty(steps, view.V, dtype=torch.float32)  # (T, V)
         self._step(ctypes.byref(view), tokens.data_ptr(), steps, start, order.data_ptr(), order.numel(),
-                   cos.data_ptr(), sin.data_ptr(), *cache.arguments(), hidden.data_ptr(), logits.data_ptr(),
+                   cos.data_ptr(), sin.data_ptr(), *cache.arguments(),
+                   parents.data_ptr() if parents is not None else None, hidden.data_ptr(), logits.data_ptr(),
                    scratch.data_ptr(), self.thread_count())
         return hidden, logits
 
@@ -239,14 +241,17 @@ class RowwiseMatmul:
                      cache: KernelCache, start: int, eps: float, scale: float, norm: torch.Tensor,
                      fc: torch.Tensor | None, weight_format_name: str, embed: torch.Tensor, head: torch.Tensor, k: int,
                      head_ids: torch.Tensor | None = None, stop_below: float | None = None,
-                     head_rows: int | None = None, head_format: str | None = None) -> list[int]:
+                     head_rows: int | None = None, head_format: str | None = None,
+                     runners_up: bool = False) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
         """k greedy draft tokens in one C call (draft_greedy_f32): `tokens` (T0,) int64 at positions [start, ...)
         (with `features` (T0, D) float32 and the fusion `fc` (D, 2D) for a feature drafter), then one token per
         step. cos/sin are whole rotary tables from position 0; `norm`, `fc` and the layers are in
         `weight_format_name`, `embed` and `head` (V', D) in their dtypes (a head packed by kernels/cpu_packing.py is
         uint8, names its `head_format` and needs `head_rows`); `cache` the drafter's KV cache (KernelCache).
         `head_ids` (V',) int64: the token id of each head row, for a trimmed head (None: row v is token v).
-        `stop_below`: stop before a token (not the first) whose probability is below it; fewer than k come back."""
+        `stop_below`: stop before a token (not the first) whose probability is below it; fewer than k come back.
+        Returns the tokens, and with `runners_up` each step's second most likely token (n,) int64 and the two
+        tokens' probabilities (n, 2) float32 (else None, None)."""
         steps = tokens.numel()
         dims, heads, kv_heads, head_dim, inner = shape
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
@@ -256,14 +261,19 @@ class RowwiseMatmul:
                               + heads * steps * (start + steps + k) + dims + vocab
                               + cache.dequantized_floats(kv_heads, head_dim, start + steps + k), dtype=torch.float32)
         out = torch.empty(k, dtype=torch.int64)
+        second = torch.empty(k, dtype=torch.int64) if runners_up else None
+        probabilities = torch.empty(k, 2, dtype=torch.float32) if runners_up else None
         count = self._draft(
             tokens.data_ptr(), features.data_ptr() if features is not None else None, steps, dims, heads, kv_heads,
             head_dim, inner, order.data_ptr(), order.numel(), weights.data_ptr(), windows.data_ptr(), cos.data_ptr(),
             sin.data_ptr(), *cache.arguments(), start, eps, scale, norm.data_ptr(), fc.data_ptr() if fc is not None else None, WEIGHT_FORMATS[weight_format_name],
             embed.data_ptr(), head.data_ptr(), head_ids.data_ptr() if head_ids is not None else None, vocab,
             WEIGHT_FORMATS[head_format] if packed else weight_format(head.dtype), weight_format(embed.dtype), k,
-            stop_below or 0.0, out.data_ptr(), scratch.data_ptr(), self.thread_count())
-        return out[:count].tolist()
+            stop_below or 0.0, out.data_ptr(), second.data_ptr() if runners_up else None,
+            probabilities.data_ptr() if runners_up else None, scratch.data_ptr(), self.thread_count())
+        if not runners_up:
+            return out[:count].tolist(), None, None
+        return out[:count].tolist(), second[:count], probabilities[:count]
 
     def store_hierarchical(self, cache: KernelCache, layer: int, keys: torch.Tensor, values: torch.Tensor,
                            start: int) -> None:

@@ -24,6 +24,16 @@ class Draft:
     tokens: list[int]
     probs: torch.Tensor | None = None  # (n, V) sampling distributions the tokens were drawn from; None: deterministic
     confidences: list[float] = field(default_factory=list)  # the drafter's probability of each token
+    runners_up: list[tuple[int, float]] | None = None  # per token: the drafter's second choice there, its probability
+
+    @classmethod
+    def from_kernel(cls, drafted) -> "Draft":
+        """From one-call greedy drafting (edge.model.KernelDraft), runners-up included when they were asked for."""
+        if drafted.runners_up is None:
+            return cls(tokens=drafted.tokens)
+        return cls(tokens=drafted.tokens, confidences=[first for first, _ in drafted.probabilities],
+                   runners_up=[(token, second) for token, (_, second) in zip(drafted.runners_up,
+                                                                            drafted.probabilities)])
 
 
 @dataclass
@@ -34,6 +44,7 @@ class DraftSampler:
     generator: torch.Generator
     stop_below: float | None = None  # stop drafting when the next token's probability is below this
     vocab_size: int | None = None  # the target's vocabulary size (draft probabilities are over it)
+    runners_up: bool = False  # also report each step's second choice (a token tree may verify it too)
 
     @property
     def plain_greedy(self) -> bool:

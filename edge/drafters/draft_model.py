@@ -72,8 +72,9 @@ class DraftModelDrafter:
         if sampler.plain_greedy and isinstance(self.model, Transformer):
             drafted = self.model.draft_greedy(window[reuse:], reuse, self.cache, k,  # all k in one C call
                                               vocab_size=sampler.vocab_size, stop_below=sampler.stop_below,
-                                              trimmed_head=self.head.rows if self.head is not None else None)
-        draft = (Draft(tokens=drafted) if drafted is not None
+                                              trimmed_head=self.head.rows if self.head is not None else None,
+                                              runners_up=sampler.runners_up)
+        draft = (Draft.from_kernel(drafted) if drafted is not None
                  else draft_autoregressively(self._step, window, window[reuse:], reuse, k, sampler))
         self._cached = window + draft.tokens[:-1]
         return draft

@@ -87,9 +87,10 @@ class FeatureDrafter:
         drafted = self.layer.draft_greedy(tokens[reuse + 1:], reuse, self.cache, k, head_model=self.target,
                                           features=self.target.features[reuse:last], fc=self.fc.weight,
                                           trimmed_head=self.head.rows if self.head is not None else None,
-                                          stop_below=sampler.stop_below) if sampler.plain_greedy else None
+                                          stop_below=sampler.stop_below,
+                                          runners_up=sampler.runners_up) if sampler.plain_greedy else None
         if drafted is not None:  # all k drafts in one C call
-            draft = Draft(tokens=drafted)
+            draft = Draft.from_kernel(drafted)
         else:
             draft = draft_autoregressively(self._step, tokens, tokens[reuse + 1:], reuse, k, sampler)
         self._seen, self._true_rows = list(tokens), last  # a snapshot: the caller extends its list

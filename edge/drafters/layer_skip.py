@@ -71,9 +71,9 @@ class LayerSkipDrafter:
             drafted = self.model.draft_greedy([tokens[-1]], start, self.cache, k, layers=self.layers,
                                               vocab_size=sampler.vocab_size,
                                               trimmed_head=self.head.rows if self.head is not None else None,
-                                              stop_below=sampler.stop_below)
+                                              stop_below=sampler.stop_below, runners_up=sampler.runners_up)
             if drafted is not None:
-                return Draft(tokens=drafted)
+                return Draft.from_kernel(drafted)
         return draft_autoregressively(self._step, tokens, [tokens[-1]], start, k, sampler)
 
     def _step(self, feed: list[int], start: int) -> torch.Tensor:

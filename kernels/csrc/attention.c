@@ -6,12 +6,19 @@
  * reduction), their maximum, exp and sum in VL-key blocks from lo, values accumulated in key order; so its result
  * does not depend on T, on which queries share a pass or on the thread count. scratch holds H * T * (start + T)
  * floats for the scores.
+ *
+ * A token tree (parents != NULL) verifies several candidate continuations in one pass: row t sits at depth d(t) below
+ * the cache (parents[t] is the row it continues, -1 for the first row), at position start + d(t), and sees the
+ * cache's keys [lo, start) and then the rows on its own path, in depth order. Its arithmetic is that of a chain's
+ * query at that position over those keys (the same per-key scores, the same exp-sum lanes, the same value order),
+ * so the rows of the path that is accepted compute exactly what decode steps compute.
  */
 #include <omp.h>
 
 #include "simd.h"
 
 #define KEYS 4 /* keys scored side by side: independent chains, each key's operations unchanged */
+#define TREE_ROWS 64 /* the most rows a token tree's pass may hold */
 
 /* scores[j] = (q . k_j) * scale for j in [lo, hi] */
 static void score_keys(const float *query, const float *k, float *scores, int64_t lo, int64_t hi, int64_t D,
@@ -43,10 +50,8 @@ static void score_keys(const float *query, const float *k, float *scores, int64_
     }
 }
 
-/* Softmax weights of one query over keys [lo, hi]: scores[j] = exp(score_j - max); returns their sum. */
-static float query_scores(const float *query, const float *k, float *scores, int64_t lo, int64_t hi, int64_t D,
-                          float scale) {
-    score_keys(query, k, scores, lo, hi, D, scale);
+/* Softmax weights from scores [lo, hi] in place: scores[j] = exp(score_j - max); returns their sum. */
+static float softmax_weights(float *scores, int64_t lo, int64_t hi) {
     float top = -INFINITY;
     for (int64_t j = lo; j <= hi; j++) top = scores[j] > top ? scores[j] : top;  /* a maximum: the same in any order */
     vf sums = vf_zero();
@@ -60,6 +65,43 @@ static float query_scores(const float *query, const float *k, float *scores, int
         sums = vf_add(sums, vf_load(exps));
     }
     return vf_reduce(sums);
+}
+
+/* Softmax weights of one query over keys [lo, hi]: scores[j] = exp(score_j - max); returns their sum. */
+static float query_scores(const float *query, const float *k, float *scores, int64_t lo, int64_t hi, int64_t D,
+                          float scale) {
+    score_keys(query, k, scores, lo, hi, D, scale);
+    return softmax_weights(scores, lo, hi);
+}
+
+/* One query of a token tree over logical positions [lo, start + depth]: position p < start is cache slot p, position
+ * start + i is row path[i] of the pass (slot start + path[i]; path[depth] is the query's own row). The scores, the
+ * softmax and the value sums are those of query_scores and weighted_values for one query over a contiguous prefix,
+ * operation for operation, with only the slots of the rows changed. */
+static void tree_query(const float *query, const float *k, const float *v, float *out, float *scores,
+                       const int64_t *path, int64_t depth, int64_t start, int64_t lo, int64_t D, float scale) {
+    const int64_t hi = start + depth, whole = D - D % VL;
+    if (lo < start) score_keys(query, k, scores, lo, start - 1, D, scale);
+    for (int64_t p = lo > start ? lo : start; p <= hi; p++)  /* key p read from its row's slot */
+        score_keys(query, k + (start + path[p - start] - p) * D, scores, p, p, D, scale);
+    const float inverse = 1.0f / softmax_weights(scores, lo, hi);
+    for (int64_t c = 0; c < whole; c += VL) {
+        vf acc = vf_zero();
+        for (int64_t p = lo; p <= hi; p++) {
+            const int64_t slot = p < start ? p : start + path[p - start];
+            acc = vf_fma(acc, vf_set(scores[p]), vf_load(v + slot * D + c));
+        }
+        vf_store(out + c, acc);
+    }
+    for (int64_t d = whole; d < D; d++) {
+        float sum = 0.0f;
+        for (int64_t p = lo; p <= hi; p++) {
+            const int64_t slot = p < start ? p : start + path[p - start];
+            sum = sum + scores[p] * v[slot * D + d];
+        }
+        out[d] = sum;
+    }
+    for (int64_t d = 0; d < D; d++) out[d] *= inverse;
 }
 
 /* N queries' weighted sums of value rows over W * VL columns from column c, in registers (N and W compile-time):
@@ -118,7 +160,7 @@ static void weighted_values(const float *const *weights, float *const *results, 
  * there are fewer KV heads than threads. Each query's arithmetic is the same however the queries are grouped. */
 void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
                      int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
-                     float scale, int part, int parts) {
+                     float scale, const int64_t *parents, int part, int parts) {
     const int64_t group = H / Hkv, span = start + T, per_head = group * T;
     int64_t splits = (parts + Hkv - 1) / Hkv;
     if (splits > per_head) splits = per_head;
@@ -128,6 +170,19 @@ void attention_share(const float *q, const float *keys, const float *values, flo
         const int64_t kv = unit / splits, piece = unit % splits;
         const int64_t first = per_head * piece / splits, end = per_head * (piece + 1) / splits;
         const float *k = keys + kv * kv_head_stride, *v = values + kv * kv_head_stride;
+        if (parents) {  /* a token tree: each query over its own path */
+            for (int64_t i = first; i < end; i++) {
+                const int64_t ht = kv * per_head + i, t = ht % T;
+                int64_t path[TREE_ROWS], depth = 0;
+                for (int64_t row = t; row >= 0; row = parents[row]) depth++;  /* rows on the path, root included */
+                int64_t row = t;
+                for (int64_t at = depth - 1; at >= 0; at--, row = parents[row]) path[at] = row;
+                const int64_t position = start + depth - 1;
+                const int64_t lo = (window > 0 && position - window + 1 > 0) ? position - window + 1 : 0;
+                tree_query(q + ht * D, k, v, out + ht * D, scratch + ht * span, path, depth - 1, start, lo, D, scale);
+            }
+            continue;
+        }
         for (int64_t i0 = first; i0 < end; i0 += VALUE_QUERIES) {
             const float *weights[VALUE_QUERIES];
             float *results[VALUE_QUERIES], inverse[VALUE_QUERIES];
@@ -151,6 +206,6 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
                            int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
                            int64_t window, float scale, int threads) {
 #pragma omp parallel num_threads(threads)
-    attention_share(q, keys, values, out, scratch, H, Hkv, T, D, kv_head_stride, start, window, scale,
+    attention_share(q, keys, values, out, scratch, H, Hkv, T, D, kv_head_stride, start, window, scale, NULL,
                     omp_get_thread_num(), omp_get_num_threads());
 }

@@ -73,8 +73,8 @@ static void silu_rows_team(float *gate_up, int64_t T, int64_t I, int part, int p
 static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
                        const void *const *w, const float *cos_table, const float *sin_table, float *keys,
                        float *values, const HierarchicalCache *hier, int64_t layer, int64_t S_max, int64_t start,
-                       int64_t window, float eps, float scale, float *scratch, void *prepared, int format, int part,
-                       int parts) {
+                       int64_t window, float eps, float scale, const int64_t *parents, float *scratch, void *prepared,
+                       int format, int part, int parts) {
     const void *attn_norm = w[0], *wqkv = w[1], *q_norm = w[3], *k_norm = w[4], *wo = w[5], *ffn_norm = w[7];
     const void *w_gate_up = w[8], *w_down = w[10];
     const float *qkv_bias = w[2], *o_bias = w[6], *gate_up_bias = w[9], *down_bias = w[11];
@@ -113,10 +113,10 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
         hierarchical_load_share(hier, layer, cached_keys, cached_values, start + T, Hkv, Dh, S_max, part, parts);
 #pragma omp barrier
         attention_share(q_heads, cached_keys, cached_values, attended, scores, H, Hkv, T, Dh, (start + T) * Dh, start,
-                        window, scale, part, parts);
+                        window, scale, parents, part, parts);
     } else {
         attention_share(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, scale,
-                        part, parts);
+                        parents, part, parts);
     }
 #pragma omp barrier
 #pragma omp single
@@ -157,13 +157,13 @@ static void *layers_prepared(const ModelView *m, int64_t T) {
 /* This thread's part of layers order[0 .. count) on x (T, D), inside the team's parallel region */
 static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t start, const int64_t *order,
                            int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
-                           const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch,
-                           void *prepared, int part, int parts) {
+                           const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride,
+                           const int64_t *parents, float *scratch, void *prepared, int part, int parts) {
     for (int64_t i = 0; i < count; i++) {
         const int64_t l = order[i];
         layer_team(x, T, m->D, m->H, m->Hkv, m->Dh, m->I, m->weights + 12 * l, cos_table, sin_table,
                    hier ? NULL : keys + l * layer_stride, hier ? NULL : values + l * layer_stride, hier, l, S_max,
-                   start, m->windows[l], m->eps, m->scale, scratch, prepared, m->format, part, parts);
+                   start, m->windows[l], m->eps, m->scale, parents, scratch, prepared, m->format, part, parts);
     }
 }
 
@@ -183,7 +183,7 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
                          .weights = weights, .windows = windows};
     void *prepared = layers_prepared(&m, T);
 #pragma omp parallel num_threads(threads)
-    layers_in_team(&m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride,
+    layers_in_team(&m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride, NULL,
                    scratch, prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);
 }
@@ -192,12 +192,14 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
  * layers `order`, the final norm into hidden (T, D) and the head into logits (T, V). The same operations, row by
  * row, as fused_layers_f32, rms_norm_f32 and the head's matmul called one after another. cos/sin (T, Dh) are the rows'
  * rotary tables; keys/values the cache (L, Hkv, S_max, Dh), layer l at + l * layer_stride, or `hier` (as in
- * fused_layers_f32). scratch holds T * (2D + Q + 2KV + 2Q + 2I) + H * T * (start + T) + 2 * Hkv * (start + T) * Dh
- * floats. */
+ * fused_layers_f32). With parents (T) the rows are a token tree (attention.c): row t continues row parents[t] (-1:
+ * the cache), its rotary rows are those of its depth's position, and its keys/values are still stored at slot
+ * start + t (the caller keeps the accepted path's slots and moves them into place). scratch holds
+ * T * (2D + Q + 2KV + 2Q + 2I) + H * T * (start + T) + 2 * Hkv * (start + T) * Dh floats. */
 void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
                       int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
-                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *hidden,
-                      float *logits, float *scratch, int threads) {
+                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, const int64_t *parents,
+                      float *hidden, float *logits, float *scratch, int threads) {
     const int64_t D = m->D;
     float *x = scratch, *layer_scratch = scratch + T * D;
     for (int64_t t = 0; t < T; t++)
@@ -207,7 +209,7 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
     {
         const int part = omp_get_thread_num(), parts = omp_get_num_threads();
         layers_in_team(m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride,
-                       layer_scratch, prepared, part, parts);
+                       parents, layer_scratch, prepared, part, parts);
 #pragma omp single
         rms_norm_rows(x, m->norm, hidden, T, D, m->eps, m->norm_format);
         team_matmul(hidden, m->head, NULL, logits, T, m->V, D, m->head_format, prepared, part, parts);
@@ -228,6 +230,8 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
  * fused_layers_f32. scratch holds T0 * (4D + 3Q + 2KV + 2I) + (H * T0 + 2 * Hkv * Dh) * (start + T0 + k) + D + V
  * floats. out[i] receives draft token i.
  * With stop_below > 0, drafting stops before a token (never the first) whose softmax probability is below it.
+ * With runners_up (k), step i's second most likely token goes to runners_up[i], and the probabilities of the draft
+ * token and of the runner-up to probabilities[2i], [2i + 1]: what a token tree is built from.
  * Returns how many tokens were drafted (k unless it stopped). */
 int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,
                          int64_t Dh, int64_t I, const int64_t *order, int64_t count, const void *const *weights,
@@ -236,8 +240,8 @@ int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T
                          int64_t start, float eps, float scale,
                          const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
                          const int64_t *head_ids, int64_t V, int head_format, int embed_format, int64_t k,
-                         float stop_below,
-                         int64_t *out, float *scratch, int threads) {
+                         float stop_below, int64_t *out, int64_t *runners_up, float *probabilities, float *scratch,
+                         int threads) {
     float *x = scratch;                     /* (T0, D) the rows being run */
     float *joined = x + T0 * D;             /* (T0, 2D) feature | embedding, the fc's input */
     float *normed = joined + 2 * T0 * D;    /* (D) the last row after the norm: the next feature */
@@ -261,10 +265,18 @@ int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T
         int64_t best = 0;
         for (int64_t v = 1; v < V; v++)
             if (logits[v] > logits[best]) best = v;  /* the first of equal maxima, as torch.argmax */
-        if (stop_below > 0.0f && i > 0) {
+        if ((stop_below > 0.0f && i > 0) || runners_up) {
             double total = 0.0;  /* the best token's probability is 1 / sum(exp(logit - best logit)) */
             for (int64_t v = 0; v < V; v++) total += expf(logits[v] - logits[best]);
-            if (1.0 / total < stop_below) return i;
+            if (stop_below > 0.0f && i > 0 && 1.0 / total < stop_below) return i;
+            if (runners_up) {  /* the runner-up too: a token tree's candidate beside the draft's own */
+                int64_t second = best == 0 ? 1 : 0;
+                for (int64_t v = second + 1; v < V; v++)
+                    if (v != best && logits[v] > logits[second]) second = v;
+                runners_up[i] = head_ids ? head_ids[second] : second;
+                probabilities[2 * i] = (float)(1.0 / total);
+                probabilities[2 * i + 1] = (float)(exp((double)logits[second] - logits[best]) / total);
+            }
         }
         out[i] = head_ids ? head_ids[best] : best;
         position += T;

@@ -346,7 +346,7 @@ void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, 
                     int format, int threads);
 void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
                      int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
-                     float scale, int part, int parts);
+                     float scale, const int64_t *parents, int part, int parts);
 void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
                            int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
                            int64_t window, float scale, int threads);

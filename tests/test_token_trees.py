@@ -1,0 +1,118 @@
+"""Token trees: one verify pass over several candidate continuations (edge/speculative.py, kernels/csrc/attention.c).
+Each row of a tree computes exactly what decode steps along its path compute, the accepted path's keys/values are
+moved into place, and greedy speculation with trees equals plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import edge.engine
+from edge import Engine
+from edge.builtin import builtin_model_path
+from edge.kv_cache import KVCache
+from edge.loading import load_model
+from edge.quantized_kv_cache import QuantizedKVCache
+from edge.speculative import SpeculativeDecoding, StepCosts
+from kernels import cpu_paths
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+
+
+def new_cache(model, kind: str):
+    if kind == "hierarchical":
+        return QuantizedKVCache.for_model(model.config, 64, key_format="hierarchical", value_format="hierarchical")
+    return KVCache.for_model(model.config, 64)
+
+
+@pytest.mark.parametrize("path", cpu_paths.runnable_paths())
+@pytest.mark.parametrize("weights, kv_cache", [("float32", "float32"), ("int8", "float32"), ("int4", "hierarchical")])
+def test_each_path_of_a_tree_computes_what_decode_steps_compute(llama_dir, monkeypatch, path, weights, kv_cache):
+    from edge.packed_weights import quantize_weights
+
+    monkeypatch.setenv("EDGE_CPU_KERNEL", path)
+    model = load_model(llama_dir)
+    if weights != "float32":
+        quantize_weights(model, weights)
+    tokens = torch.randint(0, model.config.vocab_size, (1, 26), generator=torch.Generator().manual_seed(5))
+    prompt, (r, a, b, c, x, y) = tokens[:, :20], tokens[0, 20:].tolist()
+    #        rows: 0  1  2  3  4  5     two continuations of r: a b c, and x y
+    tree_tokens, parents = [r, a, b, c, x, y], [-1, 0, 1, 2, 0, 4]
+    tree_cache, chain_cache = new_cache(model, kv_cache), new_cache(model, kv_cache)
+    with torch.inference_mode():
+        for cache in (tree_cache, chain_cache):
+            model.forward_logits(prompt, 0, cache)
+        assert model.verifies_trees(tree_cache, 6)
+        tree = model.forward_logits(torch.tensor([tree_tokens]), 20, tree_cache, parents=parents)[0]  # (6, V)
+        for rows in ([0, 1, 2, 3], [0, 4, 5]):  # each path, as decode steps from the prompt
+            chain_cache.rollback(20)
+            steps = torch.cat([model.forward_logits(torch.tensor([[tree_tokens[row]]]), 20 + i, chain_cache)[0]
+                               for i, row in enumerate(rows)])
+            assert torch.equal(tree[rows], steps), rows
+        model.keep_rows(20, [0, 4, 5], tree_cache)  # accept r x y: the cache now holds the prompt and r x y
+        assert tree_cache.length == chain_cache.length == 23
+        after_tree = model.forward_logits(torch.tensor([[a]]), 23, tree_cache)
+        after_steps = model.forward_logits(torch.tensor([[a]]), 23, chain_cache)
+    assert torch.equal(after_tree, after_steps)
+
+
+def _forced_trees(monkeypatch) -> list[SpeculativeDecoding]:
+    """Give every drafted position a runner-up, whatever it costs; return the strategies the engine makes."""
+    monkeypatch.setattr(StepCosts, "tree_branches", lambda self, confidences, runners_up: list(range(len(confidences))))
+    made = []
+
+    class Recorded(SpeculativeDecoding):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(edge.engine, "SpeculativeDecoding", Recorded)
+    return made
+
+
+def greedy(engine: Engine, prompt: str, tokens: int = 60) -> list[int]:
+    engine.reset()
+    return [t for e in engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True) for t in e.token_ids]
+
+
+@pytest.mark.parametrize("drafter, weights, kv_cache", [("early-exit:1", None, "float32"),
+                                                        ("early-exit:1", "int8", "float32"),
+                                                        ("quantspec", None, "hierarchical")])
+def test_greedy_speculation_with_token_trees_equals_plain_decoding(llama_dir, monkeypatch, drafter, weights, kv_cache):
+    plain = Engine.load(llama_dir, max_context=256, weights=weights, kv_cache=kv_cache)
+    expected = [greedy(plain, prompt) for prompt in (PROMPT, "import os\nfor name in")]
+    made = _forced_trees(monkeypatch)
+    fast = Engine.load(llama_dir, max_context=256, weights=weights, kv_cache=kv_cache, drafter=drafter)
+    assert [greedy(fast, prompt) for prompt in (PROMPT, "import os\nfor name in")] == expected
+    assert made[-1].sampler.runners_up and sum(s.tree_rows for s in made) > 0
+
+
+def test_trees_on_the_builtin_model_keep_the_output_and_accept_runners_up(monkeypatch):
+    plain, prompts = Engine.load(builtin_model_path()), ["def fibonacci(n):", "Once upon a time there was", "The capital of"]
+    expected = [greedy(plain, prompt, 80) for prompt in prompts]
+    made = _forced_trees(monkeypatch)
+    for drafter in ("feature", "builtin"):
+        fast = Engine.load(builtin_model_path(), drafter=drafter)
+        assert [greedy(fast, prompt, 80) for prompt in prompts] == expected, drafter
+    assert sum(s.tree_accepted for s in made) > 0  # some runner-up was the target's token: the tree did its job
+
+
+def test_sampled_and_fixed_length_decoding_draft_chains(monkeypatch):
+    made = _forced_trees(monkeypatch)
+    fast = Engine.load(builtin_model_path(), drafter="feature")
+    list(fast.generate(PROMPT, max_new_tokens=24, temperature=0.8, seed=3))
+    fixed = Engine.load(builtin_model_path(), drafter="feature", draft_length=3)
+    list(fixed.generate(PROMPT, max_new_tokens=24))
+    assert [s.sampler.runners_up for s in made] == [False, False] and sum(s.tree_rows for s in made) == 0
+
+
+def test_the_cost_model_adds_rows_only_where_they_pay():
+    confidences, runners_up = [0.9, 0.5, 0.8], [0.05, 0.4, 0.1]
+    costs = StepCosts(draft_per_token=0.001)
+    assert costs.tree_branches(confidences, runners_up) == []  # nothing measured yet
+    costs.verify = {4: 0.030, 5: 0.031, 6: 0.031, 7: 0.031}  # memory-bound: a few more rows cost almost nothing
+    assert costs.tree_branches(confidences, runners_up) == [0, 1, 2]
+    costs.verify = {4: 0.030, 5: 0.060, 6: 0.090}  # compute-bound: every row costs a step
+    assert costs.tree_branches(confidences, runners_up) == []
+    costs.verify = {4: 0.030}  # one row beyond the measured is tried once (at the dearest cost below it), no more
+    assert costs.tree_branches(confidences, runners_up) == [1]

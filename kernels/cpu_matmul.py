@@ -266,7 +266,8 @@ class RowwiseMatmul:
         count = self._draft(
             tokens.data_ptr(), features.data_ptr() if features is not None else None, steps, dims, heads, kv_heads,
             head_dim, inner, order.data_ptr(), order.numel(), weights.data_ptr(), windows.data_ptr(), cos.data_ptr(),
-            sin.data_ptr(), *cache.arguments(), start, eps, scale, norm.data_ptr(), fc.data_ptr() if fc is not None else None, WEIGHT_FORMATS[weight_format_name],
+            sin.data_ptr(), *cache.arguments(), start, eps, scale, norm.data_ptr(),
+            fc.data_ptr() if fc is not None else None, WEIGHT_FORMATS[weight_format_name],
             embed.data_ptr(), head.data_ptr(), head_ids.data_ptr() if head_ids is not None else None, vocab,
             WEIGHT_FORMATS[head_format] if packed else weight_format(head.dtype), weight_format(embed.dtype), k,
             stop_below or 0.0, out.data_ptr(), second.data_ptr() if runners_up else None,

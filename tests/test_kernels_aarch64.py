@@ -108,8 +108,8 @@ def test_hierarchical_kv_cache_on_aarch64(driver):
     generator = torch.Generator().manual_seed(11)
     keys, values = torch.randn(2, steps, kv_heads, dim, generator=generator) * 3  # (T, Hkv, D) each
     data = b"".join(t.contiguous().numpy().tobytes() for t in (keys, values))
-    result = subprocess.run([QEMU, "-L", SYSROOT, str(program), "hierarchical", *map(str, (steps, kv_heads, dim))], input=data,
-                            capture_output=True, timeout=600)
+    result = subprocess.run([QEMU, "-L", SYSROOT, str(program), "hierarchical", *map(str, (steps, kv_heads, dim))],
+                            input=data, capture_output=True, timeout=600)
     assert result.returncode == 0, result.stderr.decode()
     out, offset = bytearray(result.stdout), 0
 
@@ -132,3 +132,29 @@ def test_hierarchical_kv_cache_on_aarch64(driver):
         read = take(slots * dim, torch.float32).view(kv_heads, steps, dim)
         assert torch.equal(read, dequantize(stored, draft=draft))
     assert offset == len(out)
+
+
+def test_token_tree_attention_on_aarch64(driver):
+    """Each row of a token tree computes bit for bit what a one-query pass over its own path computes."""
+    _, program = driver
+    heads, kv_heads, dim, start = 4, 2, 24, 9
+    parents = [-1, 0, 1, 0, 3, 1]  # two branches below row 0, and one below row 1
+    steps = len(parents)
+    generator = torch.Generator().manual_seed(13)
+    q = torch.randn(heads, steps, dim, generator=generator)
+    keys = torch.randn(kv_heads, start + steps, dim, generator=generator)
+    values = torch.randn(kv_heads, start + steps, dim, generator=generator)
+    data = b"".join(t.contiguous().numpy().tobytes() for t in (q, keys, values, torch.tensor(parents)))
+    arguments = ["tree", *map(str, (heads, kv_heads, steps, dim, start))]
+    result = subprocess.run([QEMU, "-L", SYSROOT, str(program), *arguments], input=data, capture_output=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr.decode()
+    tree = torch.frombuffer(bytearray(result.stdout), dtype=torch.float32).view(heads, steps, dim)
+    for row in range(steps):
+        path = [row]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        slots = list(range(start)) + [start + r for r in path]  # the cache, then the rows on the path in depth order
+        _, out = run(program, ["attention", heads, kv_heads, 1, dim, len(slots) - 1, 0],
+                     [q[:, row:row + 1], keys[:, slots], values[:, slots]], heads * dim)
+        assert torch.equal(tree[:, row], out[: heads * dim].view(heads, dim)), row

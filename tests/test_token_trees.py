@@ -88,7 +88,8 @@ def test_greedy_speculation_with_token_trees_equals_plain_decoding(llama_dir, mo
 
 
 def test_trees_on_the_builtin_model_keep_the_output_and_accept_runners_up(monkeypatch):
-    plain, prompts = Engine.load(builtin_model_path()), ["def fibonacci(n):", "Once upon a time there was", "The capital of"]
+    plain = Engine.load(builtin_model_path())
+    prompts = ["def fibonacci(n):", "Once upon a time there was", "The capital of"]
     expected = [greedy(plain, prompt, 80) for prompt in prompts]
     made = _forced_trees(monkeypatch)
     for drafter in ("feature", "builtin"):

@@ -5,6 +5,8 @@
  *                 computed one row per call (the test checks the two are equal: batch invariance)
  *   kernel_driver attention H HKV T D START WINDOW < q (H*T*D), keys, values (HKV*(START+T)*D each)
  *                 > out (H*T*D f32), then out again computed one query position per call
+ *   kernel_driver tree H HKV T D START < q (H*T*D), keys, values (HKV*(START+T)*D each), parents (T int64)
+ *                 > out (H*T*D f32): the T rows as a token tree (row t continues row parents[t], -1 the cache)
  *   kernel_driver hierarchical T HKV D < keys, values ((T, HKV, D) f32 each) > for keys then values: the upper and
  *                 lower planes ((HKV, T, D/2) bytes each), step and low ((HKV, T) float16 bits each); then the keys
  *                 read back for the target and for the draft ((HKV, T, D) f32 each)
@@ -31,6 +33,8 @@ typedef struct {
     HierarchicalPlanes keys, values;
     int32_t draft;
 } HierarchicalCache;
+void attention_share(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t, int64_t,
+                     int64_t, int64_t, int64_t, float, const int64_t *, int, int);
 void hierarchical_store(const HierarchicalCache *, int64_t, const float *, const float *, int64_t, int64_t, int64_t,
                         int64_t, int64_t, int64_t);
 void hierarchical_load_share(const HierarchicalCache *, int64_t, float *, float *, int64_t, int64_t, int64_t, int64_t,
@@ -101,6 +105,18 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
+    if (argc == 7 && !strcmp(argv[1], "tree")) {
+        const int64_t H = atoll(argv[2]), Hkv = atoll(argv[3]), T = atoll(argv[4]), D = atoll(argv[5]);
+        const int64_t start = atoll(argv[6]), S = start + T;
+        float *q = read_exactly(H * T * D * sizeof(float));
+        float *keys = read_exactly(Hkv * S * D * sizeof(float)), *values = read_exactly(Hkv * S * D * sizeof(float));
+        int64_t *parents = read_exactly(T * sizeof(int64_t));
+        float *out = malloc(H * T * D * sizeof(float)), *scratch = malloc(H * T * S * sizeof(float));
+        attention_share(q, keys, values, out, scratch, H, Hkv, T, D, S * D, start, 0, 1.0f / sqrtf((float)D), parents,
+                        0, 1);
+        write_floats(out, H * T * D);
+        return 0;
+    }
     if (argc == 5 && !strcmp(argv[1], "hierarchical")) {
         const int64_t T = atoll(argv[2]), Hkv = atoll(argv[3]), D = atoll(argv[4]), slots = Hkv * T;
         float *keys = read_exactly(T * Hkv * D * sizeof(float)), *values = read_exactly(T * Hkv * D * sizeof(float));
@@ -128,6 +144,6 @@ int main(int argc, char **argv) {
         return 0;
     }
     fprintf(stderr, "usage: kernel_driver matmul FORMAT M N K BIAS | attention H HKV T D START WINDOW | "
-                    "hierarchical T HKV D\n");
+                    "tree H HKV T D START | hierarchical T HKV D\n");
     return 2;
 }

@@ -66,10 +66,8 @@ class KVCache:
 
     def keep_rows(self, start: int, rows: list[int]) -> None:
         """Move slots start + rows[i] to start + i (rows increasing, rows[i] >= i: a token tree's accepted path)."""
-        source = torch.tensor(rows, device=self.keys.device) + start  # (n,)
-        end = start + len(rows)
-        self.keys[:, :, :, start:end] = self.keys[:, :, :, source]  # (L, B, H, n, D): gathered, then written
-        self.values[:, :, :, start:end] = self.values[:, :, :, source]
+        for tensor in (self.keys, self.values):
+            keep_slots(tensor, start, rows)
 
     def rollback(self, length: int) -> None:
         """Forget positions >= length (no memory is touched)."""
@@ -79,6 +77,13 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+
+def keep_slots(tensor: torch.Tensor, start: int, rows: list[int]) -> None:
+    """Along the slot axis (-2: a cache's (..., S, D), a feature buffer's (S, D)), move slot start + rows[i] to
+    start + i: gathered first, then written, so a slot is read before it is overwritten."""
+    source = torch.tensor(rows, device=tensor.device) + start  # (n,)
+    tensor[..., start:start + len(rows), :] = tensor[..., source, :]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -24,7 +24,7 @@ from torch import nn
 
 from edge.config import ModelConfig
 from edge.errors import UnsupportedModelError
-from edge.kv_cache import KVCache
+from edge.kv_cache import KVCache, keep_slots
 from edge.rope import apply_rope, inverse_frequencies
 
 
@@ -279,13 +279,12 @@ class Transformer(nn.Module):
         start + t, and keep_rows() then moves the accepted path's into place."""
         steps = tokens.shape[1]
         end = start + steps
-        if parents is not None and not self.verifies_trees(cache, steps):
-            raise ValueError("token trees run on edge's fused CPU step, which this model and cache do not use")
-        if (steps > FUSED_CHUNK or start > cache.length or end > cache.max_len
-                or not self._can_fuse(tokens.shape[0], steps, self.dtype, cache)):
-            return self.logits(self(tokens, start, cache))
-        view = self._step_view()
+        fused = (steps <= (FUSED_CHUNK if parents is None else min(FUSED_CHUNK, TREE_ROWS)) and start <= cache.length
+                 and end <= cache.max_len and self._can_fuse(tokens.shape[0], steps, self.dtype, cache))
+        view = self._step_view() if fused else None
         if view is None:
+            if parents is not None:
+                raise ValueError("token trees run on edge's fused CPU step, which this model and cache do not use")
             return self.logits(self(tokens, start, cache))
         tree = None
         if parents is None:
@@ -316,8 +315,7 @@ class Transformer(nn.Module):
         length to just past them."""
         cache.keep_rows(start, rows)
         if self.features is not None:
-            source = torch.tensor(rows, device=self.features.device) + start  # (n,)
-            self.features[start:start + len(rows)] = self.features[source]
+            keep_slots(self.features, start, rows)
         cache.length = start + len(rows)
 
     def _step_view(self):

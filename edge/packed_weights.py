@@ -81,6 +81,16 @@ def quantization_problem(model, fmt: str) -> str | None:
     return None
 
 
+def widen_norms(model) -> None:
+    """Every RMSNorm weight of `model` in float32 (a new tensor only where it is narrower), as the kernel reads them
+    beside packed matrices."""
+    norms = [model.norm] + [norm for block in model.layers
+                            for norm in (block.attn_norm, block.ffn_norm, block.attn.q_norm, block.attn.k_norm)]
+    for norm in norms:
+        if norm is not None:
+            norm.weight = nn.Parameter(norm.weight.detach().float(), requires_grad=False)
+
+
 def quantize_weights(model, fmt: str) -> None:
     """Replace each layer's four matrices by PackedLinear in `fmt`, widen its norms to float32 and pack a copy of the
     head (`model.packed_head`, which logits() and one-call drafting then use), in place."""
@@ -92,10 +102,7 @@ def quantize_weights(model, fmt: str) -> None:
             linear = getattr(owner, name)
             if not isinstance(linear, PackedLinear):
                 setattr(owner, name, PackedLinear.from_linear(linear, fmt, model.rowwise))
-        for norm in (block.attn_norm, block.ffn_norm, block.attn.q_norm, block.attn.k_norm):
-            if norm is not None:
-                norm.weight = nn.Parameter(norm.weight.detach().float(), requires_grad=False)
-    model.norm.weight = nn.Parameter(model.norm.weight.detach().float(), requires_grad=False)
+    widen_norms(model)
     model.packed_head = _packer(fmt)(model.head_weight)  # (V, D) packed; the embedding keeps its rows for lookups
     model.packed_format = fmt
     model._fused_weights = None  # the pointers change: found again at the next forward

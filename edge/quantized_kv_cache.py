@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
-from edge.kv_cache import KVCache
+from edge.kv_cache import KVCache, keep_slots
 from kernels.cpu_matmul import HierarchicalCache, HierarchicalPlanes, KernelCache
 from kernels.kv_quant import KV_FORMATS, PackedVectors, dequantize, quantize
 
@@ -68,12 +68,11 @@ class _Store:
         upper, lower = self.planes
         return HierarchicalPlanes(upper.data_ptr(), lower.data_ptr(), self.scale.data_ptr(), self.low.data_ptr())
 
-    def keep_rows(self, start: int, source: torch.Tensor) -> None:
-        """Move slots `source` (n,) to start .. start + n of every layer (QuantizedKVCache.keep_rows)."""
-        end = start + source.numel()
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """Move slots start + rows[i] to start + i of every layer: codes, scales and lows (KVCache.keep_rows)."""
         for tensor in (*self.planes, self.scale, self.low):
             if tensor is not None:
-                tensor[:, :, :, start:end] = tensor[:, :, :, source]
+                keep_slots(tensor, start, rows)
 
     def packed(self, layer: int) -> PackedVectors:
         """Layer `layer`'s storage (batch 0) as PackedVectors over (Hkv, max_len, ...), for the fused kernels."""
@@ -116,10 +115,8 @@ class QuantizedKVCache(KVCache):
                 self.values_store.read(layer, end, self.draft_view))
 
     def keep_rows(self, start: int, rows: list[int]) -> None:
-        """Move slots start + rows[i] to start + i, codes, scales and lows (KVCache.keep_rows)."""
-        source = torch.tensor(rows, device=self.keys_store.scale.device) + start  # (n,)
-        self.keys_store.keep_rows(start, source)
-        self.values_store.keep_rows(start, source)
+        self.keys_store.keep_rows(start, rows)
+        self.values_store.keep_rows(start, rows)
 
     def kernel_cache(self) -> KernelCache | None:
         """A hierarchical cache in the CPU's memory as edge's fused CPU step reads and writes it (the draft's view

@@ -77,26 +77,24 @@ class StepCosts:
         if not self.verify:
             return min_k
         largest, a = max(self.verify), min(self.acceptance, 0.999)
-        below = [cost for rows, cost in self.verify.items() if rows <= min_k]
-        ceiling = max(below) if below else min(self.verify.values())  # the dearest pass of fewer rows, as k grows
         best, best_rate = min_k, -1.0
         for k in range(min_k, min(max_k, largest) + 1):
-            verify = self.verify.get(k + 1, ceiling)
-            ceiling = max(ceiling, verify)
+            verify = self.verify_estimate(k + 1)
             rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (verify + k * (self.draft_per_token or 0.0))
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
 
     def verify_estimate(self, rows: int) -> float | None:
-        """A verify pass of `rows` rows: as measured, else the dearest pass of fewer rows measured (so a row count is
-        tried once before its own cost decides); None past one row beyond the largest measured."""
+        """A verify pass of `rows` rows: as measured, else the dearest pass of fewer rows measured (fewer rows than
+        any measured: the cheapest measured), so a row count is tried once before its own cost decides; None with
+        nothing measured, or past one row beyond the largest measured."""
         if rows in self.verify:
             return self.verify[rows]
         if not self.verify or rows > max(self.verify) + 1:
             return None
         fewer = [cost for count, cost in self.verify.items() if count < rows]
-        return max(fewer) if fewer else None
+        return max(fewer) if fewer else min(self.verify.values())
 
     def tree_branches(self, confidences: list[float], runners_up: list[float]) -> list[int]:
         """Which positions of a drafted chain to give a second candidate (the drafter's runner-up, a leaf beside the

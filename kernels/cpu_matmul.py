@@ -99,8 +99,7 @@ class RowwiseMatmul:
         self._draft = library.draft_greedy_f32
         self._draft.argtypes = ([pointer, pointer] + [size] * 6 + [pointer, size, pointer, pointer, pointer, pointer,
                                 pointer, pointer, pointer, size, size, size, ctypes.c_float, ctypes.c_float, pointer,
-                                pointer,
-                                ctypes.c_int, pointer, pointer, pointer, size, ctypes.c_int, ctypes.c_int, size,
+                                pointer, ctypes.c_int, pointer, pointer, pointer, size, ctypes.c_int, ctypes.c_int, size,
                                 ctypes.c_float, pointer, pointer, pointer, pointer, ctypes.c_int])
         self._draft.restype = ctypes.c_int64
         self._step = library.forward_step_f32

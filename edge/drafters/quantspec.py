@@ -14,13 +14,12 @@ target's (with its 8-bit KV cache) token for token.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from edge.drafters.base import Draft, DraftSampler
 from edge.drafters.layer_skip import LayerSkipDrafter
 from edge.errors import SamplingError
 from edge.model import Linear, Transformer
-from edge.packed_weights import PackedLinear
+from edge.packed_weights import PackedLinear, widen_norms
 from kernels.quant import QuantizedLinear
 
 
@@ -56,10 +55,7 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
             else:
                 setattr(module, child_name, QuantizedLinear.from_linear(source, bits, group_size))
     if packed:  # the kernel's fused step and one-call drafting: float32 norms beside packed matrices, as the target's
-        for norm in [draft.norm] + [n for block in draft.layers
-                                    for n in (block.attn_norm, block.ffn_norm, block.attn.q_norm, block.attn.k_norm)]:
-            if norm is not None:
-                norm.weight = nn.Parameter(norm.weight.detach().float(), requires_grad=False)
+        widen_norms(draft)
         draft.rowwise, draft.rowwise_max_rows = model.rowwise, model.rowwise_max_rows
         draft.packed_format = packed  # the head stays the target's float one (packed_head None)
     return draft.eval().requires_grad_(False)

@@ -11,7 +11,7 @@ the dropped tokens impossible for the drafter. The target still verifies over th
 unchanged: a token outside the kept set is simply never drafted, and the target produces it itself.
 
 The calibration prompts below are general requests of the kind a chat model answers; they are deliberately not the
-benchmark's prompts (edge/bench/prompts.py), so benchmark figures are not fitted to the calibration.
+benchmark's prompts (bench/prompts.py), so benchmark figures are not fitted to the calibration.
 """
 
 from __future__ import annotations

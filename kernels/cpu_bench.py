@@ -9,7 +9,7 @@ of percent over minutes, so a probe taken once, minutes away, is no reference). 
 (the weights of a real model's size, far larger than the caches, so they come from memory as in decoding), timed
 for 1 row (a decode step's matmuls) and for k rows (a verify pass's): GB/s is the format's bytes over the 1-row
 time, c(k) the k-row time over the 1-row time. Runs the probe and the row counts in turns and takes each one's best,
-so drift in the machine's speed hits them alike. Attention, norms and the rest of a step are not included (edge.bench.calls times
+so drift in the machine's speed hits them alike. Attention, norms and the rest of a step are not included (bench.calls times
 whole calls).
 """
 

@@ -87,7 +87,7 @@ def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
     assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--weights", "fp32", "--quiet"]) == 0
     report_path = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--ar", "--peers", "transformers", "--max-new-tokens",
+        [sys.executable, "-m", "bench.cli", str(llama_dir), "--ar", "--peers", "transformers", "--max-new-tokens",
          "12", "--repeats", "1", "--bundles", str(tmp_path / "b"), "--json", str(report_path)],
         capture_output=True, text=True, timeout=300,
     )
@@ -103,7 +103,7 @@ def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
 def test_bench_ar_interleaves_backends_in_one_process(llama_dir, tmp_path):
     report_path = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--ar", "--peers", "transformers", "--interleave",
+        [sys.executable, "-m", "bench.cli", str(llama_dir), "--ar", "--peers", "transformers", "--interleave",
          "--weights", "int4", "--max-new-tokens", "10", "--repeats", "3", "--json", str(report_path)],
         capture_output=True, text=True, timeout=300,
     )
@@ -118,7 +118,7 @@ def test_bench_ar_interleaves_backends_in_one_process(llama_dir, tmp_path):
 
 def test_bench_llama_cpp_peer_matches_edge_precision_and_says_what_is_missing(llama_dir, half_llama_dir, monkeypatch,
                                                                             capsys, tmp_path):
-    from edge.bench import cli, llama_cpp
+    from bench import cli, llama_cpp
 
     path = llama_dir  # saved in float32 by the fixtures
     assert llama_cpp.matching_precision(path, "float32", None) == "f32"
@@ -135,7 +135,7 @@ def test_bench_llama_cpp_peer_matches_edge_precision_and_says_what_is_missing(ll
 
 def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--methods", "ar,ngram,early-exit:1",
+        [sys.executable, "-m", "bench.cli", str(llama_dir), "--methods", "ar,ngram,early-exit:1",
          "--draft-lengths", "adaptive,2", "--max-new-tokens", "8", "--repeats", "2", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )
@@ -155,7 +155,7 @@ def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_
 
 def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--methods", "ar,ngram,early-exit:1",
+        [sys.executable, "-m", "bench.cli", str(llama_dir), "--methods", "ar,ngram,early-exit:1",
          "--draft-lengths", "2", "--max-new-tokens", "8", "--repeats", "3", "--interleave", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )
@@ -177,7 +177,7 @@ def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
 
 def test_bench_suite_interleaves_the_peers_with_the_same_draft_model(llama_dir, tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "edge.bench.cli", str(llama_dir), "--methods", f"ar,draft:{llama_dir}",
+        [sys.executable, "-m", "bench.cli", str(llama_dir), "--methods", f"ar,draft:{llama_dir}",
          "--draft-lengths", "2", "--max-new-tokens", "6", "--repeats", "1", "--interleave", "--peers", "transformers",
          "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
@@ -194,7 +194,7 @@ def test_bench_suite_interleaves_the_peers_with_the_same_draft_model(llama_dir, 
 def test_bench_suite_runs_llama_cpp_plain_and_with_prompt_lookup(llama_dir, monkeypatch):
     import argparse
 
-    from edge.bench import cli, llama_cpp, suite
+    from bench import cli, llama_cpp, suite
 
     monkeypatch.setattr(llama_cpp, "available", lambda: True)
     monkeypatch.setattr(llama_cpp, "converted", lambda model, precision, source, log: Path(f"/c/m-0123-{precision}.gguf"))
@@ -207,7 +207,7 @@ def test_bench_suite_runs_llama_cpp_plain_and_with_prompt_lookup(llama_dir, monk
 
 
 def test_bench_scaling_puts_suite_reports_side_by_side_by_weight_bytes(tmp_path, capsys):
-    from edge.bench import cli
+    from bench import cli
 
     def report(folder: str, gib: float, feature: float) -> Path:
         rows = [{"method": "ar", "speedup_six": 1.0, "speedup_by_category": {"code": 1.0}, "decode_speedup_six": 1.0,
@@ -238,7 +238,7 @@ def test_bench_scaling_puts_suite_reports_side_by_side_by_weight_bytes(tmp_path,
 
 
 def test_step_time_bench_splits_a_step_into_draft_and_verify(capsys):
-    from edge.bench.steps import main as steps_main
+    from bench.steps import main as steps_main
 
     assert steps_main(["--methods", "ar,ngram:2", "--max-new-tokens", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -247,7 +247,7 @@ def test_step_time_bench_splits_a_step_into_draft_and_verify(capsys):
 
 
 def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
-    from edge.bench.calls import expected_tokens, main as calls_main
+    from bench.calls import expected_tokens, main as calls_main
 
     assert expected_tokens(0.5, 2) == 1.75 and expected_tokens(1.0, 4) == 5.0
     assert calls_main([str(llama_dir), "--rows", "3", "--context", "4", "--repeats", "2",
@@ -262,7 +262,7 @@ def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
 
 
 def test_agreement_bench_compares_quantized_with_float(llama_dir, capsys):
-    from edge.bench.agreement import main as agreement_main
+    from bench.agreement import main as agreement_main
 
     assert agreement_main([str(llama_dir), "--weights", "int8,int4", "--max-new-tokens", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -288,7 +288,7 @@ def test_kernel_bench_reports_bandwidth_and_row_costs(capsys):
 
 
 def test_step_time_bench_reports_each_method(llama_dir, capsys):
-    from edge.bench.steps import main as steps_main
+    from bench.steps import main as steps_main
 
     assert steps_main([str(llama_dir), "--methods", "ar,ngram:2", "--max-new-tokens", "3"]) == 0
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]

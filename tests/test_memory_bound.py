@@ -1,4 +1,4 @@
-"""edge.bench.memory_bound: the built-in pair widened into memory-bound benchmark targets keeps its tokens."""
+"""bench.memory_bound: the built-in pair widened into memory-bound benchmark targets keeps its tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from conftest import transformers_greedy
 
 from edge import Engine
-from edge.bench import memory_bound
+from bench import memory_bound
 from edge.builtin import builtin_drafter_path, builtin_model_path
 
 pytestmark = pytest.mark.skipif(builtin_model_path() is None, reason="this checkout ships no built-in model")

@@ -1,7 +1,7 @@
 """Run the whole prompt set with one decoding method in its own process; print one JSON object.
 
-    python -m edge.bench.suite_worker --model PATH --method METHOD [--draft-length adaptive|K] [--max-new-tokens N]
-    python -m edge.bench.suite_worker --model PATH --interleave '[["ar", "adaptive"], ["ngram", "2"]]' --passes P
+    python -m bench.suite_worker --model PATH --method METHOD [--draft-length adaptive|K] [--max-new-tokens N]
+    python -m bench.suite_worker --model PATH --interleave '[["ar", "adaptive"], ["ngram", "2"]]' --passes P
 
 With --interleave, one process runs every listed method on each prompt in turn (edge's methods on one loaded target,
 plain decoding first; a peer on its own model), for P passes; it prints {"runs": [one result per method, like the single-method form]}, each
@@ -24,8 +24,11 @@ import sys
 import time
 from typing import Callable
 
-from edge.bench.prompts import PROMPTS
-from edge.bench.worker import peak_rss_mib
+from bench import llama_cpp
+from bench.checkpoints import source_checkpoint
+from bench.process import peak_rss_mib
+from bench.prompts import PROMPTS
+from bench.suite import is_peer
 
 Runner = Callable[[list[int], int], tuple[list[int], dict]]
 
@@ -62,7 +65,6 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
     edge's methods share one loaded target (each drafter built once), a peer loads its own model."""
     import statistics
 
-    from edge.bench.suite import is_peer
     from edge.engine import Engine
 
     engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache, weights=weights)
@@ -156,7 +158,6 @@ def llama_cpp_suite_runner(model: str, method: str) -> tuple[Runner, list[list[i
     """llama.cpp on the GGUF file named in the method, fed the same prompt ids as edge, stopping where edge stops."""
     import torch
 
-    from edge.bench import llama_cpp
     from edge.config import ModelConfig
     from edge.tokenizer import Tokenizer
 
@@ -170,15 +171,8 @@ def llama_cpp_suite_runner(model: str, method: str) -> tuple[Runner, list[list[i
     return (lambda prompt_ids, new_tokens: (llama_cpp.greedy(llm, prompt_ids, new_tokens, stop), {})), prompts
 
 
-def source_checkpoint(model: str) -> str:
-    """A peer runs a bundle's source checkpoint (it cannot read edge's graphs): the same weights, unquantized."""
-    from edge.bundle import is_bundle, read_bundle
-
-    return read_bundle(model, verify=False).manifest["source"]["path"] if is_bundle(model) else model
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.bench.suite_worker")
+    parser = argparse.ArgumentParser(prog="python -m bench.suite_worker")
     parser.add_argument("--model", required=True)
     parser.add_argument("--method")
     parser.add_argument("--interleave", help='JSON [[METHOD, DRAFT_LENGTH], ...]: every edge method in this '
@@ -201,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.method is None:
         parser.error("give --method or --interleave")
-    from edge.bench.suite import is_peer
-
     weight_bytes = {}
     if is_peer(args.method):
         run, prompts = peer_runner(args.model, args.method, args.dtype)

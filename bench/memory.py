@@ -1,6 +1,6 @@
 """The memory plan against measured peak resident memory, one fresh process per method.
 
-    python -m edge.bench.memory [MODEL] [--methods ar,ngram,early-exit:3,builtin,builtin+ctx256] [--max-context 2048]
+    python -m bench.memory [MODEL] [--methods ar,ngram,early-exit:3,builtin,builtin+ctx256] [--max-context 2048]
 
 A method is a drafter spec (or `ar`), optionally with `+ctxN` (a draft model with its own N-token cache) and
 `+bf16` (its weights stored in bfloat16).
@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from edge.bench.suite import run_child
+from bench.suite import run_child
 from edge.cli_options import resolve_model_path
 
 MiB = 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.bench.memory", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
     parser.add_argument("--methods", default="ar,ngram,early-exit:3,builtin")
     parser.add_argument("--max-context", type=int, default=2048)
@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                 extra += ["--draft-weights", "bfloat16"]
             else:
                 parser.error(f"unknown method option +{option} in {method}; expected +ctxN or +bf16")
-        rows.append(run_child("edge.bench.memory_worker", ["--model", str(model), "--method", spec,
-                                                           "--max-context", str(args.max_context),
-                                                           "--max-new-tokens", str(args.max_new_tokens), *extra],
+        rows.append(run_child("bench.memory_worker", ["--model", str(model), "--method", spec,
+                                                      "--max-context", str(args.max_context),
+                                                      "--max-new-tokens", str(args.max_new_tokens), *extra],
                               method))
     print("| method | runtime MiB | plan MiB (weights + KV + speculation) | predicted peak MiB | measured peak MiB "
           "| measured / predicted | tokens/s |")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edge.bench.prompts import CATEGORIES
+from bench.prompts import CATEGORIES
 
 SPEC_BENCH_CATEGORIES = [c for c in CATEGORIES if c != "code"]  # Spec-Bench's six; "code" is reported on its own
 
@@ -24,21 +24,21 @@ def run_child(module: str, args: list[str], label: str) -> dict:
 
 def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str,
                kv_cache: str = "float32", weights: str | None = None, draft_weights: str | None = None) -> dict:
-    return run_child("edge.bench.suite_worker", ["--model", str(model), "--method", method, "--draft-length",
-                                                 draft_length, "--max-new-tokens", str(max_new_tokens),
-                                                 "--dtype", dtype, "--kv-cache", kv_cache,
-                                                 *weights_options(weights, draft_weights)],
+    return run_child("bench.suite_worker", ["--model", str(model), "--method", method, "--draft-length",
+                                            draft_length, "--max-new-tokens", str(max_new_tokens),
+                                            "--dtype", dtype, "--kv-cache", kv_cache,
+                                            *weights_options(weights, draft_weights)],
                      label(method, draft_length))
 
 
 def run_interleaved(model: Path, runs: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
                     kv_cache: str = "float32", weights: str | None = None,
                     draft_weights: str | None = None) -> list[dict]:
-    """Every edge method in one worker process, prompt by prompt (edge.bench.suite_worker --interleave)."""
-    return run_child("edge.bench.suite_worker", ["--model", str(model), "--interleave", json.dumps(runs),
-                                                 "--passes", str(passes), "--max-new-tokens", str(max_new_tokens),
-                                                 "--dtype", dtype, "--kv-cache", kv_cache,
-                                                 *weights_options(weights, draft_weights)],
+    """Every edge method in one worker process, prompt by prompt (bench.suite_worker --interleave)."""
+    return run_child("bench.suite_worker", ["--model", str(model), "--interleave", json.dumps(runs),
+                                            "--passes", str(passes), "--max-new-tokens", str(max_new_tokens),
+                                            "--dtype", dtype, "--kv-cache", kv_cache,
+                                            *weights_options(weights, draft_weights)],
                      "interleaved run")["runs"]
 
 

@@ -1,6 +1,6 @@
 """One benchmark backend in its own process, so its peak memory is its own. Prints one JSON object.
 
-    python -m edge.bench.worker --backend edge|transformers|llama.cpp --model PATH --prompt-ids JSON ...
+    python -m bench.worker --backend edge|transformers|llama.cpp --model PATH --prompt-ids JSON ...
 
 Decode speed uses the same method for every backend: the median wall time of generating N tokens minus the
 median time of generating 1 token (prefill + first token), over N - 1 tokens. With --interleave several backends
@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import time
 from typing import Callable
 
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+from bench.checkpoints import source_checkpoint
+from bench.process import peak_rss_mib
 
 
 def timed(run: Callable[[int], list[int]], new_tokens: int, repeats: int) -> tuple[float, list[int]]:
@@ -55,8 +53,6 @@ def transformers_runner(model: str, dtype: str, prompt_ids: list[int], max_new_t
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edge.bench.suite_worker import source_checkpoint
-
     hf = AutoModelForCausalLM.from_pretrained(source_checkpoint(model), dtype=getattr(torch, dtype)).eval()
     hf.generation_config.eos_token_id = None  # ignore end-of-sequence, like edge's ignore_eos
     pad = hf.config.pad_token_id if hf.config.pad_token_id is not None else 0
@@ -75,7 +71,7 @@ def llama_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: 
                  weights: str | None = None) -> Callable[[int], list[int]]:
     import torch
 
-    from edge.bench.llama_cpp import llama_cpp_runner
+    from bench.llama_cpp import llama_cpp_runner  # imports edge, the whole runtime: not before the baseline memory
 
     return llama_cpp_runner(model, prompt_ids, max_new_tokens, threads=torch.get_num_threads())
 
@@ -100,7 +96,7 @@ RUNNERS = {"edge": edge_runner, "transformers": transformers_runner, "llama.cpp"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.bench.worker")
+    parser = argparse.ArgumentParser(prog="python -m bench.worker")
     parser.add_argument("--backend", choices=sorted(RUNNERS))
     parser.add_argument("--model")
     parser.add_argument("--interleave", metavar="JSON",

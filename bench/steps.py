@@ -1,6 +1,6 @@
 """Where a decoding step's time goes: drafting, the verify pass, and the rest, per method.
 
-    python -m edge.bench.steps [MODEL] [--methods ar,ngram:2,builtin:2] [--max-new-tokens 128] [--weights int8|int4]
+    python -m bench.steps [MODEL] [--methods ar,ngram:2,builtin:2] [--max-new-tokens 128] [--weights int8|int4]
                                [--kv-cache float32|int8|int8-int4|hierarchical]
 
 A method is `ar` or DRAFTER:K (K a fixed draft length or `adaptive`). Each runs the bench prompt set twice in this
@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import time
 
+from bench.suite_worker import edge_runner
 from edge.cli_options import resolve_model_path
 
 
 def measure(model: str, method: str, max_new_tokens: int, weights: str | None = None,
             kv_cache: str = "float32") -> dict:
-    from edge.bench.suite_worker import edge_runner
-
     spec, _, length = method.rpartition(":") if method != "ar" else ("ar", "", "")
     run, prompts, _ = edge_runner(model, spec, length or "adaptive", "float32", kv_cache=kv_cache, weights=weights)
     for _ in range(2):  # the second pass is reported
@@ -36,7 +35,7 @@ def measure(model: str, method: str, max_new_tokens: int, weights: str | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.bench.steps", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.steps", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
     parser.add_argument("--methods", default="ar,ngram:2,builtin:2")
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -1,6 +1,6 @@
 """How close a quantized model stays to the float one: greedy outputs and top-1 agreement over edge-bench's prompts.
 
-    python -m edge.bench.agreement [MODEL] [--weights int8,int4] [--max-new-tokens 64]
+    python -m bench.agreement [MODEL] [--weights int8,int4] [--max-new-tokens 64]
 
 For each prompt the float model (the checkpoint as stored) decodes greedily; then, per weights format:
   - greedy: whether the quantized model's own greedy output is the same, and how many leading tokens agree;
@@ -17,6 +17,7 @@ import statistics
 
 import torch
 
+from bench.prompts import PROMPTS
 from edge.cli_options import resolve_model_path
 from edge.kv_cache import common_prefix
 
@@ -34,12 +35,11 @@ def next_tokens(model, ids: list[int]) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.bench.agreement", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.agreement", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
     parser.add_argument("--weights", default="int8,int4", help="comma-separated formats to compare (int8, int4)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args(argv)
-    from edge.bench.prompts import PROMPTS
     from edge.engine import Engine
 
     path = resolve_model_path(args.model)

@@ -112,7 +112,7 @@ def converted(checkpoint: Path, gguf_type: str, source: str | Path | None = None
             raise EdgeError(f"llama.cpp could not quantize {full} to q4_0")
     else:
         log(f"edge-bench: converting {checkpoint} to GGUF {gguf_type} with llama.cpp's converter ...")
-        done = subprocess.run([sys.executable, "-m", "edge.bench.gguf_convert", str(converter_source(source)),
+        done = subprocess.run([sys.executable, "-m", "bench.gguf_convert", str(converter_source(source)),
                                str(checkpoint), str(partial), gguf_type], capture_output=True, text=True)
         if done.returncode != 0:
             raise EdgeError(f"llama.cpp's converter failed on {checkpoint}: "

@@ -1,6 +1,6 @@
 """What one target call costs as the number of rows grows: the quantity that bounds speculative decoding.
 
-    python -m edge.bench.calls [MODEL] [--rows 1,2,3,5,8] [--context 64] [--drafter PATH] [--repeats 50]
+    python -m bench.calls [MODEL] [--rows 1,2,3,5,8] [--context 64] [--drafter PATH] [--repeats 50]
                                [--weights float32|int8|int4]
 
 A verify pass over k drafted tokens feeds k + 1 rows. If it costs c times a 1-row decode step, a step must emit
@@ -63,7 +63,7 @@ def load(path: str, max_context: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.bench.calls", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.calls", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
     parser.add_argument("--rows", default="1,2,3,5,8", help="row counts to time (1 is always included)")
     parser.add_argument("--context", type=int, default=64, help="tokens already in the cache (default 64)")

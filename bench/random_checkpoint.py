@@ -1,6 +1,6 @@
 """Build a random-weight checkpoint with the shape of a real model, for speed and memory benchmarks.
 
-    python -m edge.bench.random_checkpoint OUT [--shape smollm-135m] [--seed 0] [--dtype float32|float16|bfloat16]
+    python -m bench.random_checkpoint OUT [--shape smollm-135m] [--seed 0] [--dtype float32|float16|bfloat16]
 
 Nothing can be downloaded here, but decoding speed depends on a model's shape, not on its weights. This writes an
 ordinary Hugging Face checkpoint (config.json, model.safetensors) with transformers' own random initialisation,
@@ -56,7 +56,7 @@ def build_tokenizer(out: Path, vocab_size: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.bench.random_checkpoint", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.random_checkpoint", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm-135m")
     parser.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,6 @@
 """Run llama.cpp's own converter (convert_hf_to_gguf.py) on a checkpoint, in its own process.
 
-    python -m edge.bench.gguf_convert LLAMA_CPP_SOURCE CHECKPOINT OUTFILE OUTTYPE
+    python -m bench.gguf_convert LLAMA_CPP_SOURCE CHECKPOINT OUTFILE OUTTYPE
 
 LLAMA_CPP_SOURCE is a llama.cpp source tree (convert_hf_to_gguf.py with its conversion/ and gguf-py/ folders; the
 llama-cpp-python sdist carries one in vendor/llama.cpp). One thing is changed around it: a byte-level BPE tokenizer

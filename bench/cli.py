@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from bench import llama_cpp, scaling, suite
+from bench.checkpoints import source_checkpoint
 from edge.cli_options import resolve_model_path
 from edge.errors import EdgeError
 from edge.kv_cache import common_prefix
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "without loading weights or benchmarking")
     parser.add_argument("--scaling", metavar="R1,R2",
                         help="no run: put suite reports side by side (each an --out folder of a suite run, e.g. on "
-                             "the 150M, 500M and 1B targets of python -m edge.bench.memory_bound), ordered by the "
+                             "the 150M, 500M and 1B targets of python -m bench.memory_bound), ordered by the "
                              "bytes of weights the target reads per step; writes scaling.md and scaling.png in --out")
     parser.add_argument("--memory-budget", metavar="SIZE",
                         help="--plan: the budget to plan for, e.g. 512MiB (default: the free memory)")
@@ -122,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         return print_bench_plan(args)
     if args.scaling:
-        from edge.bench import scaling
-
         try:
             text, plotted = scaling.write([r for r in args.scaling.split(",") if r], args.out)
         except EdgeError as error:
@@ -173,8 +173,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from edge.bench import suite
-
     try:
         model = resolve_model_path(args.model)
     except EdgeError as error:
@@ -233,7 +231,6 @@ def suite_peer_runs(args: argparse.Namespace, model: Path, methods: list[str]) -
     """The suite's peers: transformers' generate(), prompt lookup and assisted generation with each draft model among
     the methods (the built-in drafter when none is), and llama.cpp plain and with prompt lookup on the GGUF file at the
     precision matching edge's weights."""
-    from edge.bench.suite_worker import source_checkpoint
     from edge.builtin import builtin_drafter_path
 
     runs = []
@@ -252,8 +249,6 @@ def peer_runs(args: argparse.Namespace, model: Path) -> list[tuple[str, Path]]:
     """The --ar peers to run: transformers on the checkpoint, llama.cpp on its GGUF at the matching precision."""
     if args.peers is None:
         return []
-    from edge.bench import llama_cpp
-
     wanted = {"transformers", "llama.cpp"} if args.peers == "all" else set(args.peers.split(","))
     unknown = wanted - {"transformers", "llama.cpp"}
     if unknown:
@@ -278,27 +273,23 @@ def edge_weights(backend: str, model: Path, args: argparse.Namespace) -> str | N
 
 
 def run_worker(backend: str, model: Path, args: argparse.Namespace, prompt_ids: list[int]) -> dict:
-    from edge.bench.suite import run_child
-
     weights = edge_weights(backend, model, args)
-    return run_child("edge.bench.worker", ["--backend", backend, "--model", str(model), "--dtype", args.dtype,
-                                           "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
-                                           str(args.max_new_tokens), "--repeats", str(args.repeats),
-                                           *(["--weights", weights] if weights else [])], backend)
+    return suite.run_child("bench.worker", ["--backend", backend, "--model", str(model), "--dtype", args.dtype,
+                                            "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
+                                            str(args.max_new_tokens), "--repeats", str(args.repeats),
+                                            *(["--weights", weights] if weights else [])], backend)
 
 
 def run_interleaved_workers(runs: list[tuple[str, Path]], args: argparse.Namespace, prompt_ids: list[int]
                             ) -> list[dict]:
     """Every backend in one worker process, timed in turns; each gets the median of its per-repeat ratios to the
     first backend (`ratio`), the steadiest comparison on a machine whose speed drifts."""
-    from edge.bench.suite import run_child
-
     specs = [{"backend": backend, "model": str(path), "weights": edge_weights(backend, path, args)}
              for backend, path in runs]
-    results = run_child("edge.bench.worker", ["--interleave", json.dumps(specs), "--dtype", args.dtype,
-                                              "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
-                                              str(args.max_new_tokens), "--repeats", str(args.repeats)],
-                        "interleaved run")
+    results = suite.run_child("bench.worker", ["--interleave", json.dumps(specs), "--dtype", args.dtype,
+                                               "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
+                                               str(args.max_new_tokens), "--repeats", str(args.repeats)],
+                              "interleaved run")
     first = results[0]["decode_tokens_per_s_by_repeat"]
     for result in results:
         result["ratio"] = statistics.median(rate / base for rate, base in

@@ -1,6 +1,6 @@
 """Memory-bound benchmark targets with a trained model's behaviour: the built-in model pair, widened.
 
-    python -m edge.bench.memory_bound OUT [--params 500M] [--draft-params 50M]
+    python -m bench.memory_bound OUT [--params 500M] [--draft-params 50M]
 
 Speculative decoding pays when a decode step is bound by reading the weights; the built-in model (10M parameters)
 sits in the CPU's cache, and no real 0.5-8B checkpoint can be downloaded here. This writes OUT/target: the built-in
@@ -88,7 +88,7 @@ def widen(source: Path, out: Path, params: int, seed: int = 0) -> dict:
     traffic = weight_traffic(config, width)
     (out / "README.md").write_text(
         f"# {source.name}, widened to {traffic / 1e6:.0f}M parameters of weight traffic\n\n"
-        f"Written by `python -m edge.bench.memory_bound` from edge's built-in `{source.name}` model: MLP width "
+        f"Written by `python -m bench.memory_bound` from edge's built-in `{source.name}` model: MLP width "
         f"{base} -> {width}; the extra channels' down-projection columns are zero, so its tokens are the built-in "
         f"model's while every decode step reads {traffic / 1e6:.0f}M parameters. A benchmark target, not a model "
         f"to use.\n")
@@ -96,7 +96,7 @@ def widen(source: Path, out: Path, params: int, seed: int = 0) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.bench.memory_bound", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.memory_bound", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder to write target/ and draft/ into")
     parser.add_argument("--params", type=parse_count, default=parse_count("500M"),
                         help="the target's weight traffic per step, e.g. 150M, 500M, 1B (default 500M)")

@@ -1,7 +1,7 @@
 """One memory measurement in a fresh process: resident memory after imports (the runtime's own overhead), then the
 plan's prediction against the peak resident memory of loading the engine and generating.
 
-    python -m edge.bench.memory_worker --model PATH --method builtin --max-context 2048 --max-new-tokens 128
+    python -m bench.memory_worker --model PATH --method builtin --max-context 2048 --max-new-tokens 128
 
 Prints one JSON object. Peak RSS is the process's ru_maxrss (kernel-measured high-water mark)."""
 
@@ -42,7 +42,7 @@ def main() -> None:
     import torch  # noqa: F401 - measured as part of the runtime's overhead
 
     from edge import Engine
-    from edge.bench.prompts import PROMPTS
+    from bench.prompts import PROMPTS
     from kernels.cpu_matmul import RowwiseMatmul
 
     RowwiseMatmul.load()

@@ -26,10 +26,12 @@ import torch
 
 from bench import llama_cpp, scaling, suite
 from bench.checkpoints import source_checkpoint
-from edge.cli_options import resolve_model_path
+from edge.cli_options import print_plan, resolve_model_path
 from edge.errors import EdgeError
 from edge.kv_cache import common_prefix
+from edge.load_spec import LoadSpec
 from edge.tokenizer import Tokenizer
+from memory.budget import BudgetError
 
 DEFAULT_PROMPT = (
     "Write a short Python function that reads a text file and returns the ten most common words with their "
@@ -102,20 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def print_bench_plan(args: argparse.Namespace) -> int:
-    from edge.planning import plan_for
-    from memory.budget import BudgetError
-
+    """--plan: the plan for the first speculative method of --methods, with the suite's load options."""
     methods = [method for method in args.methods.split(",") if method and method != "ar"]
     lengths = [length for length in args.draft_lengths.split(",") if length]
     try:
-        plan = plan_for(resolve_model_path(args.model), budget=args.memory_budget, dtype=args.dtype,
-                        max_context=4096, drafter=methods[0] if methods else None,
-                        draft_length=lengths[0] if lengths else "adaptive")
+        print_plan(LoadSpec.from_options(resolve_model_path(args.model), memory_budget=args.memory_budget,
+                                         dtype=args.dtype, weights=args.weights, kv_cache=args.kv_cache,
+                                         max_context=suite.SUITE_CONTEXT, drafter=methods[0] if methods else None,
+                                         draft_length=lengths[0] if lengths else "adaptive",
+                                         draft_weights=args.draft_weights))
     except (EdgeError, BudgetError) as error:
         print(f"edge-bench: error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(plan.to_dict(), indent=1))
-    print(plan.summary(), file=sys.stderr)
     return 0
 
 

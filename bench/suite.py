@@ -11,6 +11,8 @@ from pathlib import Path
 
 from bench.prompts import CATEGORIES
 
+SUITE_CONTEXT = 2048  # the context every edge method of the suite loads with (and --plan plans for)
+
 SPEC_BENCH_CATEGORIES = [c for c in CATEGORIES if c != "code"]  # Spec-Bench's six; "code" is reported on its own
 
 

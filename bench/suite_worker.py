@@ -28,7 +28,7 @@ from bench import llama_cpp
 from bench.checkpoints import source_checkpoint
 from bench.process import peak_rss_mib
 from bench.prompts import PROMPTS
-from bench.suite import is_peer
+from bench.suite import SUITE_CONTEXT, is_peer
 
 Runner = Callable[[list[int], int], tuple[list[int], dict]]
 
@@ -38,7 +38,7 @@ def edge_runner(model: str, method: str, draft_length: str, dtype: str, kv_cache
     """run(prompt_ids, new_tokens), the prompt set's ids, and the bytes of the target's weights (what a step reads)."""
     from edge.engine import Engine
 
-    engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache, weights=weights)
+    engine = Engine.load(model, dtype=dtype, max_context=SUITE_CONTEXT, kv_cache=kv_cache, weights=weights)
     if method != "ar":
         engine.use_drafter(method, draft_length, dtype=dtype, draft_weights=draft_weights)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
@@ -67,7 +67,7 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
 
     from edge.engine import Engine
 
-    engine = Engine.load(model, dtype=dtype, max_context=2048, kv_cache=kv_cache, weights=weights)
+    engine = Engine.load(model, dtype=dtype, max_context=SUITE_CONTEXT, kv_cache=kv_cache, weights=weights)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
 
     def edge_run(drafter, length) -> Runner:

@@ -133,19 +133,3 @@ def verify_files(bundle: Bundle) -> None:
             raise BundleError(f"bundle file {name} does not match its sha256 in the manifest (modified or "
                               "corrupted); re-export the bundle")
 
-
-def bundle_drafter(path: "str | Path | Bundle", tokenizer, max_len: int, backend: str = "onnx"):
-    """The drafter a bundle (a folder, or one already read) carries, as a DraftModelDrafter on `backend`; its
-    tokenizer must be `tokenizer`'s."""
-    from edge.drafters.draft_model import DraftModelDrafter
-
-    bundle = path if isinstance(path, Bundle) else read_bundle(path)
-    if not bundle.has_drafter:
-        raise BundleError(f"the bundle {bundle.root} holds no drafter; export it with --drafter, or use ngram")
-    if bundle.manifest["drafter"]["tokenizer_sha256"] != tokenizer.fingerprint()["vocab_sha256"]:
-        raise BundleError(f"the drafter in {bundle.root} was exported with a different tokenizer than the target's; "
-                          "a drafter must share the target's tokenizer")
-    if backend not in bundle.backends("drafter"):
-        backend = bundle.backends("drafter")[0]
-    # one thread: the draft graph is small, and a second session's spinning workers would slow the target's
-    return DraftModelDrafter(bundle.open_model("drafter", backend, threads=1), max_len)

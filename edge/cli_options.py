@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
-from edge.engine import DEFAULT_MAX_CONTEXT, GenerationOptions
+from edge.builtin import builtin_model_path
+from edge.drafters.registry import usage as drafter_usage
+from edge.engine import GenerationOptions
 from edge.errors import CheckpointError
+from edge.load_spec import BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, LoadSpec
+from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
+from edge.planning import plan
+from edge.quantized_kv_cache import KV_CACHE_CHOICES
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
@@ -17,16 +25,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="weight and KV-cache dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--weights", default=None, choices=["int8", "int4"],
+    parser.add_argument("--weights", default=None, choices=WEIGHT_QUANTIZATIONS,
                         help="quantize the layers' matrices and the head at load for edge's CPU kernel: int8 (per "
                              "output channel, activations per row) or int4 (groups of 32, about half of int8's "
                              "bytes). Each is a slightly different model (logits move by about 1%% at int8, more at "
                              "int4); speculation stays exactly equal to its own plain decoding (default: the "
                              "checkpoint's weights as stored)")
-    parser.add_argument("--kv-cache", default=None, choices=["float32", "int8", "int8-int4", "hierarchical"],
+    parser.add_argument("--kv-cache", default=None, choices=KV_CACHE_CHOICES,
                         help="store the KV cache quantized: int8, int8-int4 (int8 keys, int4 values) or "
                              "hierarchical (QuantSpec's int4+int4; --drafter quantspec selects it); default: --dtype")
-    parser.add_argument("--backend", choices=["torch", "onnx", "torchscript", "torch-export"], default=None,
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="what runs the model. A checkpoint folder runs on torch by default; onnx exports it "
                              "once (int8, cached in ~/.cache/edge/bundles; needs pip install 'edge[export]') and runs "
                              "it on ONNX Runtime, several times faster on a CPU. A bundle runs its first target "
@@ -42,26 +50,26 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
                              "and exit without loading weights")
 
 
-def print_plan(args: argparse.Namespace, drafter: str | None) -> None:
-    """--plan: the plan for these options, from config files only."""
-    import json
+def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
+    """The load spec the command line names (`drafter`: the drafter chosen, with the command's own default)."""
+    return LoadSpec.from_options(resolve_model_path(args.model), dtype=args.dtype, device=args.device,
+                                 weights=args.weights, max_context=args.max_context, backend=args.backend,
+                                 kv_cache=args.kv_cache, memory_budget=args.memory_budget, drafter=drafter,
+                                 draft_length=args.draft_length, draft_context=args.draft_context,
+                                 draft_weights=args.draft_weights, draft_kv=args.draft_kv)
 
-    from edge.planning import plan_for
 
-    plan = plan_for(resolve_model_path(args.model), budget=args.memory_budget, device=args.device, dtype=args.dtype,
-                    max_context=args.max_context, drafter=drafter, draft_length=args.draft_length,
-                    draft_context=getattr(args, "draft_context", None),
-                    draft_weights=getattr(args, "draft_weights", None), draft_kv=getattr(args, "draft_kv", None))
-    print(json.dumps(plan.to_dict(), indent=1))
-    print(plan.summary(), file=__import__("sys").stderr)
+def print_plan(spec: LoadSpec) -> None:
+    """--plan: the plan for this spec (the one Engine.from_spec loads under its budget), from config files only."""
+    chosen = plan(spec)
+    print(json.dumps(chosen.to_dict(), indent=1))
+    print(chosen.summary(), file=sys.stderr)
 
 
 def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
-    from edge.drafters import DRAFTER_SPECS
-
     group = parser.add_argument_group("speculative decoding (lossless: the output is the target's own)")
     group.add_argument("--drafter", default=None, metavar="SPEC",
-                       help=f"draft with: {DRAFTER_SPECS}, or none; default: hybrid:feature (n-gram lookup, then "
+                       help=f"draft with: {drafter_usage()}, or none; default: hybrid:feature (n-gram lookup, then "
                             "the built-in feature drafter) for the built-in model when greedy, plain decoding when "
                             "sampling and for other checkpoints")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
@@ -72,11 +80,11 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-context", type=int, default=None, metavar="N",
                        help="a separate draft model's own cache length: it drafts from a window of the newest N "
                             "tokens (less memory; default: the whole context)")
-    group.add_argument("--draft-weights", choices=["float32", "bfloat16", "int8", "int4"], default=None,
+    group.add_argument("--draft-weights", choices=DRAFT_WEIGHTS, default=None,
                        help="store a separate draft model's weights in bfloat16 while computing in float32 (half its "
                             "weight memory), or quantize its layers to int8 or int4 (edge's CPU kernel: faster "
                             "drafting, notably beside an ONNX bundle); the output is unchanged (default: --dtype)")
-    group.add_argument("--draft-kv", choices=["float32", "int8", "int8-int4"], default=None,
+    group.add_argument("--draft-kv", choices=DRAFT_KV_CACHES, default=None,
                        help="store a separate draft model's own KV cache quantized (default: float32)")
 
 
@@ -111,8 +119,6 @@ def resolve_model_path(model: str | None) -> Path:
     """The checkpoint to load: the one given, or the built-in model once the package ships one."""
     if model:
         return Path(model)
-    from edge.builtin import builtin_model_path
-
     builtin = builtin_model_path()
     if builtin is None:
         raise CheckpointError(

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -26,21 +27,24 @@ import torch
 
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
-from edge.drafters import Drafter, make_drafter
-from edge.drafters.hybrid import HybridDrafter
-from edge.bundle import bundle_drafter, is_bundle, read_bundle
+from edge.bundle import is_bundle, read_bundle
+from edge.drafters import Drafter
+from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
 from edge.errors import BundleError, CheckpointError, PromptError, SamplingError
 from edge.events import Event, Stats
 from edge.kv_cache import common_prefix
-from edge.loading import load_model, parse_dtype
+from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
+from edge.loading import load_model
 from edge.model import Transformer
-from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
+from edge.offload import offload_layers
+from edge.packed_weights import quantize_weights
+from edge.planning import fit_to_budget
+from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
 from edge.sampling import SamplingParams, history_tensor, next_token
 from edge.speculative import DraftLength, SpeculativeDecoding
 from edge.stopping import StopStrings
 from edge.tokenizer import StreamDecoder, Tokenizer
 
-DEFAULT_MAX_CONTEXT = 4096
 log = logging.getLogger(__name__)
 
 
@@ -89,8 +93,6 @@ class Engine:
         if kv_cache in (None, "float32") or kv_cache == str(model.dtype).removeprefix("torch."):
             self.cache = model.new_cache(self.max_context)
         elif isinstance(model, Transformer):
-            from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
-
             keys, values = kv_formats(kv_cache)
             self.cache = QuantizedKVCache.for_model(config, self.max_context, key_format=keys, value_format=values,
                                                     device=self.device)
@@ -103,165 +105,119 @@ class Engine:
         self.plan = None  # the memory plan this engine was sized by (Engine.load with a memory_budget)
         self.bundle = None  # the edge-export bundle this engine runs, when loaded from one
         self.backend = "torch"  # or the bundle's backend: onnx, torchscript, torch-export
+        self.spec: LoadSpec | None = None  # what Engine.load / from_spec loaded (None: made from a model directly)
 
     @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        *,
-        dtype: str | torch.dtype = "float32",
-        device: str = "cpu",
-        max_context: int = DEFAULT_MAX_CONTEXT,
-        drafter: str | None = None,
-        draft_length: int | str = "adaptive",
-        progress: Callable[[str, float], None] | None = None,
-        memory_budget: str | int | None = None,
-        backend: str | None = None,
-        draft_vocab: "str | Path | torch.Tensor | None" = None,
-        draft_context: int | None = None,
-        draft_weights: str | None = None,
-        kv_cache: str | None = None,
-        draft_kv: str | None = None,
-        offload_layers: list[int] | None = None,
-        weights: str | None = None,
-    ) -> "Engine":
-        """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json).
+    def load(cls, path: str | Path, *, progress: Callable[[str, float], None] | None = None, **options) -> "Engine":
+        """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json) or an edge-export
+        bundle: `Engine.from_spec(LoadSpec.from_options(path, **options))`. The options (edge/load_spec.py):
 
-        `drafter` turns on speculative decoding (see `edge.drafters.make_drafter` for the forms it takes);
-        `draft_length` is "adaptive" or a fixed number of drafted tokens per step. `progress(stage, fraction)`,
-        if given, is called as each loading stage starts (for a loading screen). With `memory_budget` ("6GiB" or
-        bytes) the memory planner sizes the context and may step the drafter down to fit; `engine.plan` says
-        what it chose and why. Without one, what is requested is allocated as asked. `path` may also be an edge-export
-        bundle: it then runs on `backend` ("onnx", "torchscript" or "torch-export"; default: the first the bundle
-        has, ONNX Runtime when exported), and drafter "bundle" is the bundle's own. `draft_vocab` (token ids, or a
-        JSON file from `python -m export.vocab_trim`) trims a model drafter's head to those tokens (VocabTrim);
-        `draft_context` gives a separate draft model a shorter cache than the target's (it then drafts from a window of
-        the newest tokens); `draft_weights="bfloat16"` stores its matrices in bfloat16, "int8" or "int4" quantizes them.
-        `kv_cache` stores the KV cache quantized: "int8", "int8-int4" (int8 keys, int4 values) or "hierarchical"
-        (QuantSpec's int4+int4, which drafter "quantspec" needs and selects by default); `draft_kv` ("int8") does
-        the same for a separate draft model's own cache. `offload_layers` keeps those layers' weights in host memory,
-        streamed in as they run (edge/offload.py); on a GPU the memory planner chooses them when the model does not
-        fit otherwise. `weights="int8"` or `"int4"` quantizes the layers' matrices and the head at load for edge's CPU
-        kernel (edge/packed_weights.py): a faster, slightly different model, whose speculative output equals its own
-        plain decoding."""
+        `dtype`, `device`, `max_context`; `drafter` turns on speculative decoding (a spec, edge/drafters/registry.py)
+        and `draft_length` is "adaptive", "adaptive:P" or a fixed number of drafted tokens per step. With
+        `memory_budget` ("6GiB" or bytes) the memory planner sizes the context and may step the drafter down to fit;
+        `engine.plan` says what it chose and why. Without one, what is requested is allocated as asked. A bundle runs
+        on `backend` ("onnx", "torchscript" or "torch-export"; default: the first the bundle has), and drafter
+        "bundle" is the bundle's own; a checkpoint folder with backend "onnx" is exported once into the cache (int8)
+        and run from there. `draft_vocab` (a JSON file from `python -m export.vocab_trim`) trims a model drafter's
+        head to those tokens (VocabTrim); `draft_context` gives a separate draft model a shorter cache than the
+        target's (it then drafts from a window of the newest tokens); `draft_weights="bfloat16"` stores its matrices
+        in bfloat16, "int8" or "int4" quantizes them. `kv_cache` stores the KV cache quantized: "int8", "int8-int4"
+        (int8 keys, int4 values) or "hierarchical" (QuantSpec's int4+int4, which drafter "quantspec" needs and
+        selects by default); `draft_kv` ("int8") does the same for a separate draft model's own cache.
+        `offload_layers` keeps those layers' weights in host memory, streamed in as they run (edge/offload.py); on a
+        GPU the memory planner chooses them when the model does not fit otherwise. `weights="int8"` or `"int4"`
+        quantizes the layers' matrices and the head at load for edge's CPU kernel (edge/packed_weights.py): a
+        faster, slightly different model, whose speculative output equals its own plain decoding.
+        `progress(stage, fraction)`, if given, is called as each loading stage starts (for a loading screen)."""
+        return cls.from_spec(LoadSpec.from_options(path, **options), progress=progress)
+
+    @classmethod
+    def from_spec(cls, spec: LoadSpec, *, progress: Callable[[str, float], None] | None = None) -> "Engine":
+        """Load what `spec` names; `engine.spec` is the spec it loaded (after the memory plan, when it had a
+        budget)."""
         report = progress or (lambda stage, fraction: None)
-        if not isinstance(max_context, int) or max_context < 2:
-            raise PromptError(f"max_context must be an integer >= 2, got {max_context!r}")
-        parse_dtype(dtype)
-        if not Path(path).is_dir():
-            raise CheckpointError(f"checkpoint folder {path} does not exist; pass the folder holding config.json")
-        if weights not in (None, *WEIGHT_QUANTIZATIONS):
-            raise CheckpointError(f"weights {weights!r}: the load-time quantizations are "
-                                  f"{', '.join(WEIGHT_QUANTIZATIONS)} (leave it out to use the checkpoint's weights "
-                                  "as stored)")
-        if weights and (is_bundle(path) or backend not in (None, "torch") or offload_layers):
-            raise CheckpointError(f"--weights {weights} quantizes a checkpoint folder for the torch backend on the "
-                                  "CPU; a bundle or another backend brings its own quantization, and offloaded layers "
-                                  "stay as stored (leave out --weights)")
-        if is_bundle(path):
-            if memory_budget is not None:
-                raise BundleError("--memory-budget plans checkpoint folders; a bundle's memory needs are in its "
-                                  "manifest.json (load the source checkpoint folder to plan against a budget)")
-            return cls._load_bundle(path, max_context=max_context, drafter=drafter, draft_length=draft_length,
-                                    report=report, backend=backend, draft_vocab=draft_vocab,
-                                    draft_context=draft_context, draft_weights=draft_weights)
-        if backend == "onnx":  # a checkpoint on ONNX Runtime: export it once into the cache (int8), then run that
-            from edge.auto_export import cached_bundle
-            from edge.planning import drafter_kind
-
-            report("exporting to ONNX (once; cached)", 0.0)
-            model_drafter = bool(drafter) and drafter_kind(drafter) == "model"
-            bundle = cached_bundle(path, drafter=drafter if model_drafter else None)
-            return cls.load(bundle, max_context=max_context, drafter="bundle" if model_drafter else drafter,
-                            draft_length=draft_length, progress=progress, backend="onnx", draft_vocab=draft_vocab,
-                            draft_context=draft_context, memory_budget=memory_budget)
-        if backend not in (None, "torch"):
-            raise CheckpointError(f"backend {backend!r} runs exported bundles; {path} is a checkpoint folder (run it "
-                                  "on torch or onnx, or export it with edge-export --format torchscript)")
+        if not spec.path.is_dir():
+            raise CheckpointError(f"checkpoint folder {spec.path} does not exist; pass the folder holding config.json")
+        bundled = is_bundle(spec.path)
+        spec.check_combination(bundled)
+        if bundled:
+            return cls._load_bundle(spec, report)
+        if spec.backend == "onnx":  # a checkpoint on ONNX Runtime: export it once into the cache (int8), then run that
+            return cls.from_spec(_exported(spec, report), progress=progress)
+        if spec.backend not in (None, "torch"):
+            raise CheckpointError(f"backend {spec.backend!r} runs exported bundles; {spec.path} is a checkpoint folder "
+                                  "(run it on torch or onnx, or export it with edge-export --format torchscript)")
         plan = None
-        if memory_budget is not None:
-            from edge.planning import plan_for, planned_drafter
-
-            plan = plan_for(path, budget=memory_budget, device=device, dtype=str(dtype).removeprefix("torch."),
-                            max_context=max_context, drafter=drafter, draft_length=draft_length,
-                            draft_context=draft_context, draft_weights=draft_weights, draft_kv=draft_kv,
-                            kv_cache=kv_cache)
-            offload_layers = plan.offloaded_layers or offload_layers
-            max_context, drafter = plan.max_context, planned_drafter(drafter, plan)
-            draft_context, draft_weights, draft_kv = plan.draft_context, plan.drafter_weights, plan.draft_kv
+        if spec.memory_budget is not None:
+            spec, plan = fit_to_budget(spec)
         report("reading the tokenizer", 0.0)
-        tokenizer = Tokenizer.from_dir(path)
+        tokenizer = Tokenizer.from_dir(spec.path)
         report("mapping the weights", 0.1)
-        if offload_layers:  # split on the host, then move what stays to the device
-            from edge.offload import offload_layers as offload
-
-            model = load_model(path, dtype=dtype, device="cpu")
-            offload(model, list(offload_layers), device)
-            model = model.to(device)
-            if torch.device(device).type != "cpu":
+        if spec.offload_layers:  # split on the host, then move what stays to the device
+            model = load_model(spec.path, dtype=spec.dtype, device="cpu")
+            offload_layers(model, list(spec.offload_layers), spec.device)
+            model = model.to(spec.device)
+            if torch.device(spec.device).type != "cpu":
                 model.use_rowwise_matmul(None)  # the batch-invariant kernel is the CPU's
         else:
-            model = load_model(path, dtype=dtype, device=device)
-        if weights:
-            from edge.packed_weights import quantize_weights
-
-            report(f"quantizing the weights to {weights}", 0.6)
-            quantize_weights(model, weights)
+            model = load_model(spec.path, dtype=spec.dtype, device=spec.device)
+        if spec.weights:
+            report(f"quantizing the weights to {spec.weights}", 0.6)
+            quantize_weights(model, spec.weights)
         report("allocating the KV cache", 0.7)
-        if kv_cache is None and drafter and drafter.startswith("quantspec"):
-            kv_cache = "hierarchical"  # what the QuantSpec draft reads
-        engine = cls(model, tokenizer, max_context=max_context, kv_cache=kv_cache or "float32")
-        if drafter:
-            report(f"loading the drafter ({drafter})", 0.8)
-            engine.use_drafter(drafter, draft_length, dtype=str(dtype).removeprefix("torch."), draft_vocab=draft_vocab,
-                               draft_context=draft_context, draft_weights=draft_weights, draft_kv=draft_kv)
+        engine = cls(model, tokenizer, max_context=spec.max_context, kv_cache=spec.kv_format or "float32")
+        engine.spec = spec
+        if spec.drafter is not None:
+            report(f"loading the drafter ({spec.drafter})", 0.8)
+        engine.use_drafter(spec.drafter, spec.draft_length)
         engine.plan = plan
         report("loaded", 1.0)
         return engine
 
     @classmethod
-    def _load_bundle(cls, path: str | Path, *, max_context: int, drafter: str | None, draft_length: int | str,
-                     report: Callable[[str, float], None], backend: str | None,
-                     draft_vocab: "str | Path | torch.Tensor | None", draft_context: int | None,
-                     draft_weights: str | None = None) -> "Engine":
+    def _load_bundle(cls, spec: LoadSpec, report: Callable[[str, float], None]) -> "Engine":
         """An edge-export bundle on one of its backends; drafter "bundle" (or "builtin") is the bundle's own."""
         report("checking the bundle's files", 0.0)
-        bundle = read_bundle(path)
-        backend = bundle.pick_backend(backend)
+        bundle = read_bundle(spec.path)
+        backend = bundle.pick_backend(spec.backend)
         report("reading the tokenizer", 0.3)
-        tokenizer = Tokenizer.from_dir(path)
+        tokenizer = Tokenizer.from_dir(spec.path)
         report(f"opening the target ({backend})", 0.4)
-        engine = cls(bundle.open_model("target", backend), tokenizer, max_context=max_context)
-        engine.bundle, engine.backend = bundle, backend
-        if drafter:
-            report(f"opening the drafter ({drafter})", 0.8)
-            engine.use_drafter(drafter, draft_length, draft_vocab=draft_vocab, draft_context=draft_context,
-                               draft_weights=draft_weights)
+        engine = cls(bundle.open_model("target", backend), tokenizer, max_context=spec.max_context)
+        engine.bundle, engine.backend, engine.spec = bundle, backend, spec
+        if spec.drafter is not None:
+            report(f"opening the drafter ({spec.drafter})", 0.8)
+        engine.use_drafter(spec.drafter, spec.draft_length)
         report("loaded", 1.0)
         return engine
 
-    def use_drafter(self, drafter: "str | Drafter | None", draft_length: int | str = "adaptive", *,
-                    dtype: str = "float32", draft_vocab: "str | Path | torch.Tensor | None" = None,
+    def use_drafter(self, drafter: "str | DrafterSpec | Drafter | None", draft_length: int | str = "adaptive", *,
+                    dtype: str | None = None, draft_vocab: "str | Path | torch.Tensor | None" = None,
                     draft_context: int | None = None, draft_weights: str | None = None,
                     draft_kv: str | None = None) -> None:
         """Speculate with `drafter` (a spec such as "early-exit:4", or a Drafter), or stop speculating (None).
-        `draft_vocab` trims a model drafter's head to those token ids (or a JSON file of them); `draft_context`
-        sizes a separate draft model's cache (default: the engine's context); `draft_weights` ("bfloat16" or
-        "int8") stores a separate draft model's matrices narrower than `dtype`."""
+        A separate draft model computes in `dtype` with its own options (`draft_context`, `draft_weights`,
+        `draft_kv`); each one left out is the engine's load spec's (edge/load_spec.py). `draft_vocab` trims a model
+        drafter's head to those token ids (or a JSON file of them)."""
         length = _draft_length(draft_length)
-        draft_max_len = self._draft_context(draft_context, length)
-        if isinstance(drafter, str) and "@" in drafter:  # SPEC@VOCAB.json: VocabTrim the drafter's head
-            drafter, _, draft_vocab = drafter.rpartition("@")
-        if isinstance(drafter, str):
-            hybrid = drafter.startswith("hybrid:")
-            drafter = self._build_drafter(drafter.removeprefix("hybrid:"), draft_max_len, dtype, draft_weights,
-                                          draft_kv)
-            if hybrid:
-                drafter = HybridDrafter(drafter)
+        loaded = self.spec.draft if self.spec is not None else DraftModelOptions()
+        options = DraftModelOptions(draft_context if draft_context is not None else loaded.context,
+                                    draft_weights or loaded.weights, draft_kv or loaded.kv_cache)
+        if isinstance(drafter, (str, DrafterSpec)) or drafter is None:
+            spec = DrafterSpec.parse(drafter)
+            if self.spec is not None:
+                self.spec = self.spec.replace(drafter=spec, draft=options)
+            drafter = spec.build(DraftTarget(self.model, self.cache, self.tokenizer,
+                                             self._draft_context(options.context, length),
+                                             dtype or (self.spec.dtype if self.spec is not None else "float32"),
+                                             options.weights, options.kv_cache, self.bundle, self.backend)
+                                 ) if spec is not None else None
         if draft_vocab is not None and drafter is not None:
-            _trim_drafter(drafter, draft_vocab)
+            trim_vocabulary(drafter, draft_vocab)
         self.drafter = drafter
         self.draft_length = length
+        if self.spec is not None and isinstance(draft_length, (int, str)):
+            self.spec = self.spec.replace(draft_length=str(draft_length))
         if self.model.rowwise is not None and self.draft_length.longest + 1 > self.model.rowwise_max_rows:
             # a verify pass of k + 1 tokens must take the same batch-invariant path as a 1-token decode step
             self.model.use_rowwise_matmul(self.model.rowwise, self.draft_length.longest + 1)
@@ -269,16 +225,6 @@ class Engine:
             log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "
                         "exact output", str(self.model.dtype).removeprefix("torch."))
-
-    def _build_drafter(self, spec: str, max_len: int, dtype: str, weights: str | None,
-                       kv_cache: str | None = None) -> Drafter:
-        if spec in ("bundle", "builtin") and self.bundle is not None:
-            return bundle_drafter(self.bundle, self.tokenizer, max_len, self.backend)  # the bundle's own
-        if spec == "bundle":
-            raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; load a bundle folder")
-        # a draft never reaches past the context: steps are capped by the budget
-        return make_drafter(spec, self.model, self.cache, self.tokenizer, max_len=max_len, dtype=dtype,
-                            weights=weights, kv_cache=kv_cache)
 
     def _draft_context(self, requested: int | None, length: DraftLength) -> int:
         if requested is None:
@@ -491,10 +437,26 @@ def _draft_length(value: int | str | DraftLength) -> DraftLength:
     return value if isinstance(value, DraftLength) else DraftLength.parse(value)
 
 
-def _trim_drafter(drafter: Drafter, vocab: "str | Path | torch.Tensor") -> None:
-    from edge.drafters.trimmed_head import read_vocabulary
 
-    if not hasattr(drafter, "trim_vocabulary"):
-        raise SamplingError(f"the {drafter.name} drafter has no head to trim; a draft vocabulary applies to draft "
-                            "models, layer-skip and feature drafters")
-    drafter.trim_vocabulary(vocab if isinstance(vocab, torch.Tensor) else read_vocabulary(vocab))
+def _exported(spec: LoadSpec, report: Callable[[str, float], None]) -> LoadSpec:
+    """The spec that runs a checkpoint folder on ONNX Runtime: its int8 export in the cache, made once by the
+    exporter edge-export registers (the "edge.exporters" entry point: export/auto_export.py). A draft checkpoint
+    rides in the export as the bundle's drafter, unless its own weights or cache are asked for: then it runs on
+    torch beside the exported target."""
+    drafter = spec.drafter
+    bake = (drafter is not None and drafter.kind in ("draft", "builtin") and not drafter.is_exported()
+            and not (spec.draft.weights or spec.draft.kv_cache))
+    report("exporting to ONNX (once; cached)", 0.0)
+    bundle = _exporter("onnx")(spec.path, draft=drafter.folder() if bake else None)
+    return spec.replace(path=bundle, drafter=dataclasses.replace(drafter, kind="bundle", argument="") if bake
+                        else drafter)
+
+
+def _exporter(name: str) -> Callable[..., Path]:
+    found = entry_points(group="edge.exporters", name=name)
+    try:
+        return next(iter(found)).load()
+    except (StopIteration, ImportError) as error:
+        missing = getattr(error, "name", None) or "edge's exporter"
+        raise BundleError(f"running a checkpoint on ONNX Runtime exports it first, which needs {missing}: pip install "
+                          "'edge[export]', or export it yourself with edge-export") from None

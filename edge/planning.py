@@ -1,137 +1,106 @@
-"""From a checkpoint and the options a user gave to a memory plan, without loading any weights."""
+"""From a load spec to a memory plan, without loading any weights; and from a plan back to the spec to load.
+
+    plan = planning.plan(spec)                     # what edge-chat --plan prints
+    spec, plan = planning.fit_to_budget(spec)      # what Engine.from_spec loads under spec.memory_budget
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
+import torch
+
+from edge.bundle import is_bundle, read_bundle
 from edge.config import ModelConfig
-from edge.drafters import DRAFTER_SPECS
+from edge.drafters.registry import DrafterSpec
 from edge.errors import SamplingError
+from edge.load_spec import DraftModelOptions, LoadSpec
+from edge.loading import checkpoint_dtype, parse_dtype, storage_dtype
 from edge.speculative import DraftLength
 from memory.device import probe
 from memory.plan import Plan, PlanRequest, make_plan
 
-PLAN_DRAFTERS = {"ngram": "ngram", "early-exit": "self", "skip": "self", "adaptive": "self", "quantspec": "quantspec",
-                 "builtin": "model", "feature": "model",  # a feature drafter: one layer and its cache, counted alike
-                 "draft": "model"}
+BUNDLE_WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
 
 
-def drafter_kind(spec: str | None) -> str:
-    """What the planner counts for a drafter spec: none, ngram, self (shares the target's memory) or model."""
-    if not spec or spec == "none":
-        return "none"
-    spec = without_vocabulary(spec).removeprefix("hybrid:")
-    name = spec.partition(":")[0]
-    if name in PLAN_DRAFTERS:
-        return PLAN_DRAFTERS[name]
-    if Path(spec).is_dir():
-        return "model"
-    raise SamplingError(f"unknown drafter {spec!r}; expected one of: {DRAFTER_SPECS}")
-
-
-def without_vocabulary(spec: str) -> str:
-    """The drafter spec without its VocabTrim suffix ("early-exit:3@vocab.json" -> "early-exit:3")."""
-    return spec.rpartition("@")[0] if "@" in spec else spec
-
-
-def drafter_folder(spec: str) -> Path:
-    name, _, arg = without_vocabulary(spec).removeprefix("hybrid:").partition(":")
-    if name == "feature" and not arg:
-        from edge.builtin import builtin_feature_drafter_path
-
-        path = builtin_feature_drafter_path()
-        if path is None:
-            raise SamplingError("this installation ships no built-in feature drafter; pass feature:PATH")
-        return path
-    if name == "builtin":
-        from edge.builtin import builtin_drafter_path
-
-        path = builtin_drafter_path()
-        if path is None:
-            raise SamplingError("this installation ships no built-in drafter; pass draft:PATH to a draft checkpoint")
-        return path
-    return Path(arg if name in ("draft", "feature") else spec)
-
-
-def plan_for(model: str | Path, *, budget: str | int | None, device: str = "cpu", dtype: str = "float32",
-             max_context: int, drafter: str | None = None, draft_length: int | str = "adaptive",
-             draft_context: int | None = None, draft_weights: str | None = None,
-             draft_kv: str | None = None, kv_cache: str | None = None) -> Plan:
-    """The plan for serving `model` with `drafter` in the budget (None: what the device has free)."""
-    config = ModelConfig.from_dir(model)
-    weight_dtype = kept_weight_dtype(model, dtype, device)  # what load_model will store the weights in
-    kind = drafter_kind(drafter)
-    kv_dtype = kv_cache or ("hierarchical" if kind == "quantspec" else str(dtype))  # what the engine allocates
-    spec = without_vocabulary(drafter or "").removeprefix("hybrid:")
-    bits = int(spec.partition(":")[2] or 4) if kind == "quantspec" else 4
+def plan(spec: LoadSpec) -> Plan:
+    """The plan for loading `spec` in its memory budget (None: what the device has free)."""
+    config = ModelConfig.from_dir(spec.path)
+    drafter = spec.drafter
+    kind = drafter.plan_kind if drafter is not None else "none"
+    bits = int(drafter.argument or 4) if kind == "quantspec" else 4
     # an exported drafter's weights and cache are fixed by its export; a feature drafter has no narrower forms
-    torch_drafter = not is_bundle_spec(drafter) and spec.partition(":")[0] != "feature"
-    drafter_shape, drafter_dtype = (drafter_description(drafter, draft_weights, str(dtype), device) if kind == "model"
-                                    else (None, None))
-    longest = DraftLength.parse(draft_length).longest
-    context = min(max_context, config.max_position_embeddings)
+    narrowable = kind == "model" and drafter.entry.narrowable and not drafter.is_exported()
+    drafter_shape, drafter_dtype = drafter_description(drafter, spec) if kind == "model" else (None, None)
+    longest = DraftLength.parse(spec.draft_length).longest
+    context = min(spec.max_context, config.max_position_embeddings)
     request = PlanRequest(target=config.shape(), context=context, drafter=kind, drafter_shape=drafter_shape,
-                          draft_length=longest, weight_dtype=weight_dtype, kv_dtype=kv_dtype, quantspec_bits=bits,
-                          min_context=min(256, context), draft_context=draft_context,
+                          draft_length=longest, weight_dtype=kept_weight_dtype(spec.path, spec.dtype, spec.device),
+                          kv_dtype=spec.kv_format or spec.dtype, quantspec_bits=bits, min_context=min(256, context),
+                          draft_context=spec.draft.context,
                           min_draft_context=max(2 * (longest + 1), min(256, context)),
-                          drafter_weight_dtype=drafter_dtype, narrow_drafter=drafter_dtype == str(dtype) == "float32"
-                          and torch_drafter, draft_kv_dtype=draft_kv,
-                          quantizable_draft_kv=kind == "model" and draft_kv is None and torch_drafter,
-                          can_offload=device.startswith("cuda"))
-    plan = make_plan(request, probe(device, budget).budget)
-    plan.runtime_overhead = runtime_overhead(device)
-    return plan
+                          drafter_weight_dtype=drafter_dtype,
+                          narrow_drafter=narrowable and drafter_dtype == spec.dtype == "float32",
+                          draft_kv_dtype=spec.draft.kv_cache,
+                          quantizable_draft_kv=narrowable and spec.draft.kv_cache is None,
+                          can_offload=spec.device.startswith("cuda"))
+    result = make_plan(request, probe(spec.device, spec.memory_budget).budget)
+    result.runtime_overhead = runtime_overhead(spec.device)
+    return result
+
+
+def fit_to_budget(spec: LoadSpec) -> tuple[LoadSpec, Plan]:
+    """The spec to load under `spec.memory_budget` (context, drafter, the draft model's options and offloaded layers
+    as the plan chose them), and the plan."""
+    chosen = plan(spec)
+    draft = DraftModelOptions(chosen.draft_context or spec.draft.context,
+                              chosen.drafter_weights or spec.draft.weights, chosen.draft_kv or spec.draft.kv_cache)
+    fitted = spec.replace(max_context=chosen.max_context, drafter=planned_drafter(spec.drafter, chosen), draft=draft,
+                          offload_layers=tuple(chosen.offloaded_layers) or spec.offload_layers)
+    return fitted, chosen
+
+
+def plan_for(model: str | Path, *, budget: str | int | None, **options) -> Plan:
+    """The plan for `model` loaded with Engine.load's keyword `options` in `budget` (None: the free memory)."""
+    return plan(LoadSpec.from_options(model, memory_budget=budget, **options))
 
 
 def runtime_overhead(device: str) -> int:
     """The runtime's own memory as the planner runs (imports done, no weights yet): the process's resident memory
     on a CPU, the CUDA context and allocator reserve on a GPU."""
     if device.startswith("cuda"):
-        import torch
-
         return torch.cuda.memory_reserved(torch.device(device))
-    import psutil
-
     return psutil.Process().memory_info().rss
-
-
-BUNDLE_WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
 
 
 def kept_weight_dtype(folder: str | Path, dtype: str, device: str) -> str:
     """The dtype load_model keeps a checkpoint's weights in when computing in `dtype` (edge.loading.storage_dtype:
     a 16-bit checkpoint computed in float32 on the CPU stays 16-bit)."""
-    import torch
-
-    from edge.loading import checkpoint_dtype, parse_dtype, storage_dtype
-
     kept = storage_dtype(checkpoint_dtype(folder), parse_dtype(dtype), torch.device(device))
     return str(kept).removeprefix("torch.")
 
 
-def drafter_description(spec: str, weights: str | None, dtype: str = "float32", device: str = "cpu"):
-    """The shape and weight dtype of a draft model: a checkpoint folder is stored in `weights` when given, else as
-    load_model keeps it computing in `dtype`; an edge-export bundle's drafter keeps the weight format it was
-    exported with."""
-    from edge.bundle import is_bundle, read_bundle
-
-    folder = drafter_folder(spec)
+def drafter_description(drafter: DrafterSpec, spec: LoadSpec):
+    """The shape and weight dtype of a draft model: a checkpoint folder is stored in the draft weights asked for,
+    else as load_model keeps it computing in the spec's dtype; an edge-export bundle's drafter keeps the weight
+    format it was exported with."""
+    if drafter.kind == "bundle":
+        raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; plan its source checkpoint")
+    folder = drafter.folder()
     if is_bundle(folder):
         bundle = read_bundle(folder, verify=False)
         if not bundle.has_drafter:
             raise SamplingError(f"the bundle {folder} holds no drafter; export it with --drafter, or use ngram")
         return bundle.config("drafter").shape(), BUNDLE_WEIGHT_DTYPES[bundle.manifest["quantization"]["weights"]]
-    return ModelConfig.from_dir(folder).shape(), weights or kept_weight_dtype(folder, dtype, device)
+    return (ModelConfig.from_dir(folder).shape(),
+            spec.draft.weights or kept_weight_dtype(folder, spec.dtype, spec.device))
 
 
-def is_bundle_spec(spec: str | None) -> bool:
-    from edge.bundle import is_bundle
-
-    return drafter_kind(spec) == "model" and is_bundle(drafter_folder(spec))
-
-
-def planned_drafter(requested: str | None, plan: Plan) -> str | None:
-    """The drafter spec to load under `plan`: the requested one, or what the plan stepped down to."""
-    if plan.drafter == "none":
+def planned_drafter(requested: DrafterSpec | None, chosen: Plan) -> DrafterSpec | None:
+    """The drafter to load under a plan: the requested one, or what the plan stepped down to."""
+    if chosen.drafter == "none":
         return None
-    return requested if drafter_kind(requested) == plan.drafter else plan.drafter
+    if requested is not None and requested.plan_kind == chosen.drafter:
+        return requested
+    return DrafterSpec.parse(chosen.drafter)

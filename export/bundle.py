@@ -22,25 +22,34 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 import torch
 
-import edge
-from edge.bundle import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
+from edge.bundle import MANIFEST, read_bundle
+from edge.config import ModelConfig
+from edge.drafters.registry import DrafterSpec, load_draft_model
+from edge.engine import Engine
 from edge.errors import BundleError, UnsupportedModelError
+from edge.tokenizer import Tokenizer
+from export.bundle_files import (
+    CONFIG_FILES,
+    TOKENIZER_FILES,
+    TOLERANCE,
+    copy_files,
+    file_table,
+    kv_per_token,
+    manifest_head,
+    write_json_atomic,
+)
 from export.onnx_graph import build_graph
+from export.optimum_export import export_with_optimum
 from export.progress import StageProgress
 from export.quantize import QuantSettings, quantize
 from export.vocab_trim import CALIBRATION_PROMPTS, calibrate
 
-TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 6e-2, "int4": 0.3}  # max relative logits error per format
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "tokenizer.model", "vocab.json", "merges.txt")
-CONFIG_FILES = ("config.json", "generation_config.json")
 VALIDATION_TOKENS = 32
 
 
@@ -73,12 +82,10 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
         if unsupported is None:
             manifest = _export_edge_graphs(checkpoint, workdir, options, progress)
         else:
-            from export.optimum_export import export_with_optimum
-
             manifest = export_with_optimum(checkpoint, workdir, options, progress, unsupported)
         progress.stage("writing the manifest and moving the bundle into place")
-        manifest["files"] = _file_table(workdir)
-        _write_json_atomic(workdir / MANIFEST, manifest)
+        manifest["files"] = file_table(workdir)
+        write_json_atomic(workdir / MANIFEST, manifest)
         if output.exists():
             shutil.rmtree(output)  # only reached with overwrite=True (checked before any work)
         os.replace(workdir, output)
@@ -91,8 +98,6 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
 
 def _unsupported_by_edge(checkpoint: Path) -> UnsupportedModelError | None:
     """None when edge's model file covers the checkpoint; else the error saying why (optimum may export it)."""
-    from edge.config import ModelConfig
-
     if not checkpoint.is_dir():
         raise BundleError(f"checkpoint folder {checkpoint} does not exist; pass the folder holding config.json")
     try:
@@ -104,16 +109,14 @@ def _unsupported_by_edge(checkpoint: Path) -> UnsupportedModelError | None:
 
 def _export_edge_graphs(checkpoint: Path, workdir: Path, options: ExportOptions, progress: StageProgress) -> dict:
     """Graphs built from edge's own model (export/onnx_graph.py, export/torch_targets.py), validated against it."""
-    from edge.engine import Engine
-
     progress.stage("reading the checkpoint")
     engine = Engine.load(checkpoint)  # float32 eager: the reference the graphs are validated against
     draft_engine = _load_drafter(options.drafter, engine) if options.drafter else None
-    manifest = _manifest_head(checkpoint, engine.tokenizer, options)
+    manifest = manifest_head(checkpoint, engine.tokenizer, options)
     progress.stage(f"building the target ({', '.join(options.formats)}; onnx weights {options.quant.weights})")
     files = _write_model(workdir, "target", engine.model, None, options, checkpoint)
     manifest["target"] = {**files, "config_dir": "target", "parameters": _parameters(engine.model)}
-    _copy_files(checkpoint, workdir, TOKENIZER_FILES)
+    copy_files(checkpoint, workdir, TOKENIZER_FILES)
     if draft_engine is not None:
         kept = None
         if _should_trim(options.vocab_trim, draft_engine["model"]):
@@ -134,7 +137,7 @@ def _export_edge_graphs(checkpoint: Path, workdir: Path, options: ExportOptions,
             manifest["drafter"]["vocab_map"] = "drafter/vocab_map.json"
     progress.stage("validating the graphs against eager edge")
     manifest["memory"] = _memory(workdir, manifest, engine, draft_engine)
-    manifest["files"] = _file_table(workdir)
+    manifest["files"] = file_table(workdir)
     (workdir / MANIFEST).write_text(json.dumps(manifest, indent=1))  # read by the validating engine
     manifest["validation"] = validate(workdir, engine, draft_engine["model"] if draft_engine else None, options)
     return manifest
@@ -152,33 +155,14 @@ def _check_output(output: Path, overwrite: bool) -> None:
 
 def _load_drafter(spec: str, engine) -> dict:
     """The draft checkpoint named by `spec` ("builtin", "draft:PATH" or a folder), checked against the target."""
-    from edge.drafters import load_draft_model
-    from edge.planning import drafter_folder, drafter_kind
-    from edge.tokenizer import Tokenizer
-
-    if drafter_kind(spec) != "model":
+    drafter_spec = DrafterSpec.parse(spec)
+    if drafter_spec is None or drafter_spec.kind not in ("draft", "builtin"):
         raise BundleError(f"--drafter {spec!r} is not a draft model; a bundle carries a separate draft checkpoint "
                           "('builtin' or a folder). ngram needs no export, and layer-skip drafters run on the "
                           "torch backend")
-    path = drafter_folder(spec)
+    path = drafter_spec.folder()
     drafter = load_draft_model(path, engine.model, engine.tokenizer, max_len=64)
     return {"model": drafter.model, "path": path, "tokenizer": Tokenizer.from_dir(path)}
-
-
-def _manifest_head(checkpoint: Path, tokenizer, options: ExportOptions) -> dict:
-    fingerprint = tokenizer.fingerprint()
-    return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "created_by": f"edge-export {edge.__version__}",
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "source": {"path": str(checkpoint.resolve()),
-                   "files": {p.name: sha256_file(p) for p in sorted(checkpoint.iterdir()) if p.is_file()}},
-        "tokenizer": {"sha256": fingerprint["vocab_sha256"], "chat_template_sha256": fingerprint["chat_template_sha256"]},
-        "quantization": options.quant.describe(),
-        "row_invariant": options.quant.row_invariant,
-        "backend": "onnxruntime",
-    }
 
 
 def _check_formats(options: ExportOptions) -> None:
@@ -207,14 +191,8 @@ def _write_model(root: Path, part: str, model, head_rows: list[int] | None, opti
         save_torchscript(step, folder / "model.ts")
         save_exported(step, folder / "model.pt2")
         files.update(torchscript=f"{part}/model.ts", torch_export=f"{part}/model.pt2")
-    _copy_files(source, folder, CONFIG_FILES)
+    copy_files(source, folder, CONFIG_FILES)
     return files
-
-
-def _copy_files(source: Path, destination: Path, names: tuple[str, ...]) -> None:
-    for name in names:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, destination / name)
 
 
 def _should_trim(setting: str, drafter) -> bool:
@@ -249,27 +227,9 @@ def _memory(workdir: Path, manifest: dict, engine, draft_engine: dict | None) ->
     return memory
 
 
-def kv_per_token(config) -> int:
-    """Bytes of keys and values per position for a float32 cache (what the exported backends allocate)."""
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
-
-
-def _file_table(root: Path) -> dict:
-    return {str(path.relative_to(root)): {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-            for path in sorted(root.rglob("*")) if path.is_file() and path.name != MANIFEST}
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(data, indent=1))
-    os.replace(temporary, path)
-
-
 def validate(bundle_dir: Path, engine, draft_model, options: ExportOptions) -> dict:
     """Compare every backend of the bundle with eager edge (see the module docstring); raise BundleError when one
     is out of tolerance. Returns {"sequence_tokens": n, backend: {...}} for each backend."""
-    from edge.bundle import read_bundle
-
     messages = [{"role": "user", "content": CALIBRATION_PROMPTS[0]}]
     reference_text = "".join(e.text for e in engine.chat(messages, max_new_tokens=VALIDATION_TOKENS, speculate=False))
     sequence = engine.history  # prompt + greedy reply: the teacher-forced validation sequence
@@ -285,8 +245,6 @@ def validate(bundle_dir: Path, engine, draft_model, options: ExportOptions) -> d
 
 def _validate_backend(bundle_dir: Path, backend: str, engine, draft_model, messages: list[dict],
                       sequence: list[int], reference_text: str, weights: str, exact: bool) -> dict:
-    from edge.engine import Engine
-
     drafter = "bundle" if draft_model is not None else "ngram"
     bundled = Engine.load(bundle_dir, max_context=len(sequence) + VALIDATION_TOKENS + 16, drafter=drafter,
                           backend=backend)

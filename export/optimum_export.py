@@ -19,8 +19,10 @@ from pathlib import Path
 import onnx
 import torch
 
+from edge.engine import Engine
 from edge.errors import BundleError, UnsupportedModelError
 from edge.tokenizer import Tokenizer
+from export.bundle_files import CONFIG_FILES, TOKENIZER_FILES, TOLERANCE, copy_files, file_table, kv_per_token, manifest_head
 from export.progress import StageProgress
 from export.quantize import quantize
 
@@ -31,8 +33,6 @@ LARGE_GRAPH_BYTES = 1_500_000_000  # above this, weights go to an external data 
 
 def export_with_optimum(checkpoint: Path, workdir: Path, options, progress: StageProgress,
                         unsupported: UnsupportedModelError) -> dict:
-    from export.bundle import CONFIG_FILES, TOKENIZER_FILES, _copy_files, _file_table, _manifest_head
-
     try:
         from optimum.exporters.onnx import main_export
         from transformers import AutoModelForCausalLM
@@ -60,28 +60,25 @@ def export_with_optimum(checkpoint: Path, workdir: Path, options, progress: Stag
     external = graph.ByteSize() > LARGE_GRAPH_BYTES
     onnx.save(graph, str(target / "model.onnx"), save_as_external_data=external, location="model.onnx.data")
     shutil.rmtree(staging)
-    _copy_files(checkpoint, target, CONFIG_FILES)
-    _copy_files(checkpoint, workdir, TOKENIZER_FILES)
+    copy_files(checkpoint, target, CONFIG_FILES)
+    copy_files(checkpoint, workdir, TOKENIZER_FILES)
 
     tokenizer = Tokenizer.from_dir(checkpoint)
     reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    manifest = _manifest_head(checkpoint, tokenizer, options)
+    manifest = manifest_head(checkpoint, tokenizer, options)
     manifest["target"] = {"onnx": "target/model.onnx", "graph": "optimum", "config_dir": "target",
                           "architecture": reference.config.model_type,
                           "parameters": sum(p.numel() for p in reference.parameters())}
     if external:
         manifest["target"]["onnx_data"] = "target/model.onnx.data"
     progress.stage("validating against transformers")
-    manifest["files"] = _file_table(workdir)
+    manifest["files"] = file_table(workdir)
     (workdir / "manifest.json").write_text(json.dumps(manifest, indent=1))  # read by the validating engine
     manifest["validation"], manifest["memory"] = validate_optimum(workdir, reference, tokenizer, options)
     return manifest
 
 
 def validate_optimum(bundle_dir: Path, reference, tokenizer: Tokenizer, options) -> tuple[dict, dict]:
-    from edge.engine import Engine
-    from export.bundle import TOLERANCE, kv_per_token
-
     prompt = tokenizer.encode(VALIDATION_PROMPT, add_special_tokens=True)
     with torch.inference_mode():
         generated = reference.generate(torch.tensor([prompt]), max_new_tokens=VALIDATION_TOKENS, do_sample=False,

@@ -23,6 +23,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from edge.engine import Engine
+from edge.errors import EdgeError
+
 CALIBRATION_PROMPTS = (
     "How do I read a text file line by line in Python?",
     "Write a function that returns the n-th Fibonacci number.",
@@ -117,9 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-text", type=Path, help="UTF-8 text whose tokens also count")
     parser.add_argument("--calibration-tokens", type=int, default=96, help="tokens generated per prompt")
     args = parser.parse_args(argv)
-    from edge.engine import Engine
-    from edge.errors import EdgeError
-
     try:
         text = args.calibration_text.read_text(encoding="utf-8") if args.calibration_text else None
         engine = Engine.load(args.checkpoint)

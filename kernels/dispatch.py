@@ -18,7 +18,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from kernels.quant import QuantizedWeight
+from kernels.quant_weight import QuantizedWeight
 
 MIN_CAPABILITY = (8, 0)
 log = logging.getLogger(__name__)

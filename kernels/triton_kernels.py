@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels.kv_quant import PackedVectors
-from kernels.quant import QuantizedWeight
+from kernels.quant_weight import QuantizedWeight
 
 
 @triton.jit

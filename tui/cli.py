@@ -11,18 +11,24 @@ import argparse
 import sys
 from typing import Iterator, TextIO
 
+from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.cli_options import (
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,
     generation_options,
+    load_spec,
     print_plan,
-    resolve_model_path,
 )
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from edge.events import Event
+from edge.load_spec import LoadSpec
 from memory.budget import BudgetError
+from tui.app import EdgeChatApp
+from tui.history import ConversationStore
+from tui.loader import SessionLoader
+from tui.settings import DRAFTER_CHOICES, ChatSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,23 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.plan:
-        try:
-            print_plan(args, default_drafter(args))
-        except (EdgeError, BudgetError) as error:
-            print(f"edge-chat: error: {error}", file=sys.stderr)
-            return 2
-        return 0
+    try:
+        spec = load_spec(args, default_drafter(args))
+        if args.plan:
+            print_plan(spec)
+            return 0
+    except (EdgeError, BudgetError) as error:
+        print(f"edge-chat: error: {error}", file=sys.stderr)
+        return 2
     if args.prompt is None and not (args.plain or args.raw) and sys.stdin.isatty() and sys.stdout.isatty():
-        return run_app(args)
+        return run_app(args, spec)
     try:
         options = generation_options(args)
-        engine = Engine.load(resolve_model_path(args.model), dtype=args.dtype, device=args.device,
-                             max_context=args.max_context, drafter=default_drafter(args),
-                             draft_length=args.draft_length, memory_budget=args.memory_budget,
-                             backend=args.backend, draft_context=args.draft_context,
-                             draft_weights=args.draft_weights, kv_cache=args.kv_cache, draft_kv=args.draft_kv,
-                             weights=args.weights)
+        engine = Engine.from_spec(spec)
         for step in engine.plan.steps if engine.plan else ():
             print(f"edge-chat: memory plan: {step}", file=sys.stderr)
         if args.prompt is None and not sys.stdin.isatty():
@@ -80,41 +82,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_app(args: argparse.Namespace) -> int:
+def run_app(args: argparse.Namespace, spec: LoadSpec) -> int:
     """The Textual chat app; loading errors are shown in the app, bad options here as one line."""
-    from tui.app import EdgeChatApp
-    from tui.history import ConversationStore
-    from tui.loader import SessionLoader
-    from tui.settings import DRAFTER_CHOICES
-
-    try:
-        path = resolve_model_path(args.model)
-        settings = app_settings(args)
-    except (EdgeError, BudgetError) as error:
-        print(f"edge-chat: error: {error}", file=sys.stderr)
-        return 2
-    drafters = [choice for choice in DRAFTER_CHOICES if "builtin" not in choice[1] or args.model is None]
-    loader = SessionLoader(path, settings, ConversationStore(), dtype=args.dtype, device=args.device,
-                           max_context=args.max_context, measure_baseline=not args.no_baseline,
-                           memory_budget=args.memory_budget, backend=args.backend,
-                           draft_context=args.draft_context, draft_weights=args.draft_weights,
-                           kv_cache=args.kv_cache, draft_kv=args.draft_kv, weights=args.weights)
-    app = EdgeChatApp(loader, drafters=drafters)
+    app = EdgeChatApp(app_loader(args, spec), drafters=[choice for choice in DRAFTER_CHOICES
+                                                        if "builtin" not in choice[1] or args.model is None])
     app.run()
     if app.load_error:
         print(f"edge-chat: error: {app.load_error}", file=sys.stderr)
     return app.return_code or 0
 
 
-def app_settings(args: argparse.Namespace):
-    """The app's starting settings from the command line (every sampling option carries over)."""
-    from tui.settings import ChatSettings
+def app_loader(args: argparse.Namespace, spec: LoadSpec) -> SessionLoader:
+    """What the app loads: the command line's load spec and the chat settings that go with it."""
+    return SessionLoader(spec, app_settings(args, spec), ConversationStore(),
+                         measure_baseline=not args.no_baseline)
 
-    options = generation_options(args)
-    return ChatSettings(drafter=default_drafter(args) or "none", draft_length=str(args.draft_length),
-                        temperature=options.temperature, top_p=options.top_p, max_tokens=options.max_new_tokens,
-                        system_prompt=args.system or "", top_k=options.top_k, min_p=options.min_p,
-                        repetition_penalty=options.repetition_penalty, seed=options.seed, stop=options.stop).check()
+
+def app_settings(args: argparse.Namespace, spec: LoadSpec | None = None) -> ChatSettings:
+    """The app's starting settings: the drafter and draft length of the load spec, and every sampling option of the
+    command line."""
+    spec = spec or load_spec(args, default_drafter(args))
+    return ChatSettings.from_spec(spec, generation_options(args), system_prompt=args.system or "")
 
 
 def default_drafter(args: argparse.Namespace) -> str | None:
@@ -123,8 +111,6 @@ def default_drafter(args: argparse.Namespace) -> str | None:
     built-in methods in docs/history/benchmarks-2026-11-21.md for greedy decoding. When sampling (temperature > 0),
     plain decoding: drafts are accepted less often there, and on the built-in model every drafter measured slower
     than none."""
-    from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
-
     if args.drafter is not None:
         return None if args.drafter == "none" else args.drafter
     if args.model is not None or args.temperature > 0:

@@ -107,13 +107,12 @@ class ChatSession:
         self._check_budget(settings)
         changed = []
         if settings.drafter != self.drafter_spec:
-            self.engine.use_drafter(None if settings.drafter == "none" else settings.drafter, settings.draft_length,
-                                    dtype=_dtype_name(self.engine))
+            self.engine.use_drafter(settings.drafter, settings.draft_length)
             self.drafter_spec = settings.drafter
             self.engine.plan = None  # the plan described the old drafter; the memory bar now counts real tensors
             changed.append(f"drafter {settings.drafter}")
         elif settings.draft_length != self.settings.draft_length and self.engine.drafter is not None:
-            self.engine.use_drafter(self.engine.drafter, settings.draft_length, dtype=_dtype_name(self.engine))
+            self.engine.use_drafter(self.engine.drafter, settings.draft_length)
             changed.append(f"draft length {settings.draft_length}")
         if settings.system_prompt != self.settings.system_prompt:
             self.conversation.system = settings.system_prompt
@@ -148,6 +147,3 @@ def summarise(event: Event, drafter: str) -> dict:
             "mean_accepted_tokens": round(stats.mean_accepted_tokens, 3),
             "acceptance_rate": round(stats.acceptance_rate, 4), "drafter": drafter, "at": time.time()}
 
-
-def _dtype_name(engine: Engine) -> str:
-    return str(engine.model.dtype).removeprefix("torch.")

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from edge.drafters.registry import DrafterSpec
 from edge.engine import GenerationOptions
 from edge.errors import SamplingError
+from edge.load_spec import LoadSpec
+from edge.speculative import DraftLength
 from memory.budget import BudgetError, parse_size
 
 DRAFTER_CHOICES = (
@@ -23,8 +26,8 @@ DRAFTER_CHOICES = (
 
 @dataclass(frozen=True)
 class ChatSettings:
-    drafter: str = "none"  # a drafter spec (see edge.drafters.make_drafter) or "none"
-    draft_length: str = "adaptive"  # "adaptive" or a whole number
+    drafter: str = "none"  # a drafter spec (edge/drafters/registry.py) or "none"
+    draft_length: str = "adaptive"  # "adaptive", "adaptive:P" or a whole number
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 512
@@ -36,6 +39,19 @@ class ChatSettings:
     repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+
+    @classmethod
+    def from_spec(cls, spec: LoadSpec, options: GenerationOptions, *, system_prompt: str = "") -> "ChatSettings":
+        """The settings a chat starts with: the load spec's drafter and draft length, and these sampling options."""
+        return cls(drafter=str(spec.drafter) if spec.drafter is not None else "none",
+                   draft_length=spec.draft_length, temperature=options.temperature, top_p=options.top_p,
+                   max_tokens=options.max_new_tokens, system_prompt=system_prompt, top_k=options.top_k,
+                   min_p=options.min_p, repetition_penalty=options.repetition_penalty, seed=options.seed,
+                   stop=options.stop).check()
+
+    def applied_to(self, spec: LoadSpec) -> LoadSpec:
+        """`spec` with these settings' drafter and draft length."""
+        return spec.replace(drafter=DrafterSpec.parse(self.drafter), draft_length=self.draft_length)
 
     def generation_options(self) -> GenerationOptions:
         return GenerationOptions(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -51,8 +67,8 @@ class ChatSettings:
 
     def check(self) -> "ChatSettings":
         """Return self if every value is usable; raise SamplingError/BudgetError naming the field and the fix."""
-        if not self.draft_length == "adaptive" and not (self.draft_length.isdigit() and int(self.draft_length) >= 1):
-            raise SamplingError(f"draft length must be 'adaptive' or a whole number >= 1, got {self.draft_length!r}")
+        DrafterSpec.parse(self.drafter)  # the forms edge-chat --drafter takes
+        DraftLength.parse(self.draft_length)  # the forms edge-chat --draft-length takes
         if not 0.0 <= self.temperature <= 5.0:
             raise SamplingError(f"temperature must be between 0 and 5 (0 = greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

@@ -1,0 +1,256 @@
+"""Drafter specs, parsed in one place, and the registry of drafter kinds: what each one is, how it is built, and
+what the memory planner counts for it.
+
+    spec = DrafterSpec.parse("hybrid:early-exit:3@vocab.json")
+    spec.kind, spec.argument, spec.hybrid, spec.vocabulary   # "early-exit", "3", True, "vocab.json"
+    drafter = spec.build(DraftTarget(model, cache, tokenizer, max_len=4096))
+
+The text forms (as the command line takes them):
+
+    KIND[:ARG]           one of the kinds below, with its argument
+    PATH                 a draft checkpoint folder (or an edge-export bundle): the same as draft:PATH
+    hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
+    SPEC@VOCAB.json      a model drafter with its head trimmed to the token ids in VOCAB.json (VocabTrim; make one
+                         with `python -m export.vocab_trim`)
+
+Adding a drafter is one `DrafterKind` entry in `KINDS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
+from edge.bundle import Bundle, is_bundle, read_bundle
+from edge.drafters.base import Drafter
+from edge.drafters.draft_model import DraftModelDrafter
+from edge.drafters.feature import FeatureDrafter
+from edge.drafters.hybrid import HybridDrafter
+from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
+from edge.drafters.ngram import NGramDrafter
+from edge.drafters.quantspec import QuantSpecDrafter
+from edge.drafters.trimmed_head import read_vocabulary
+from edge.errors import BundleError, SamplingError
+from edge.kv_cache import KVCache
+from edge.loading import load_model, parse_dtype
+from edge.model import Transformer
+from edge.packed_weights import quantize_weights
+from edge.tokenizer import Tokenizer
+
+# what the memory planner counts (memory.plan.DRAFTERS): a drafter without weights, one sharing the target's weights
+# and cache (self), the target's quantized copy reading its hierarchical cache (quantspec), or a separate model
+PLAN_KINDS = ("ngram", "self", "quantspec", "model")
+
+
+@dataclass(frozen=True)
+class DraftTarget:
+    """What a drafter is built against: the engine's target, its cache and tokenizer, the draft's cache length, and
+    a separate draft model's own options (compute dtype, weight storage, KV cache format)."""
+
+    model: "Transformer | object"  # a Transformer, or an exported model (OnnxModel, TorchStepModel)
+    cache: KVCache
+    tokenizer: Tokenizer
+    max_len: int
+    dtype: str = "float32"
+    weights: str | None = None  # a draft model's weights: bfloat16, int8 or int4 (None: as loaded)
+    kv_cache: str | None = None  # a draft model's own cache format (None: float32)
+    bundle: Bundle | None = None  # the bundle the target runs from, if any
+    backend: str = "torch"
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    usage: str  # the text form, e.g. "ngram[:N]"
+    plan: str  # PLAN_KINDS: what the planner counts
+    build: Callable[["DrafterSpec", DraftTarget], Drafter]
+    argument: str = "none"  # "none", "number", "numbers" (comma-separated), "path"
+    argument_required: bool = False
+    runs_target_layers: bool = False  # runs part of the target: needs the torch backend
+    narrowable: bool = False  # a torch draft model whose weights and cache the planner may store narrower
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    kind: str
+    argument: str = ""
+    hybrid: bool = False  # n-gram lookup first, this drafter where there is no match
+    vocabulary: str | None = None  # a VocabTrim file: the head's kept token ids
+
+    @classmethod
+    def parse(cls, text: "str | DrafterSpec | None") -> "DrafterSpec | None":
+        """The spec a text names, or None for no drafter (None, "" or "none"); SamplingError names a bad one."""
+        if text is None or isinstance(text, DrafterSpec):
+            return text
+        if not isinstance(text, str):
+            raise SamplingError(f"a drafter spec is text, got {text!r}; expected one of: {usage()}")
+        if text in ("", "none"):
+            return None
+        spec, vocabulary = (text.rpartition("@")[0], text.rpartition("@")[2]) if "@" in text else (text, None)
+        hybrid = spec.startswith("hybrid:")
+        spec = spec.removeprefix("hybrid:")
+        name, colon, argument = spec.partition(":")
+        if name not in KINDS:
+            if not Path(spec).is_dir():
+                raise SamplingError(f"unknown drafter {text!r}; expected one of: {usage()}")
+            name, argument = "draft", spec  # a bare checkpoint folder
+        parsed = cls(name, argument, hybrid, vocabulary or None)
+        parsed._check_argument(text, bool(colon))
+        return parsed
+
+    def __str__(self) -> str:
+        text = f"{self.kind}:{self.argument}" if self.argument else self.kind
+        return f"{'hybrid:' if self.hybrid else ''}{text}{'@' + self.vocabulary if self.vocabulary else ''}"
+
+    @property
+    def entry(self) -> DrafterKind:
+        return KINDS[self.kind]
+
+    @property
+    def plan_kind(self) -> str:
+        return self.entry.plan
+
+    def numbers(self) -> list[int]:
+        return [int(part) for part in self.argument.split(",") if part.strip()]
+
+    def folder(self) -> Path:
+        """A model drafter's checkpoint (or bundle) folder."""
+        if self.kind == "feature" and not self.argument:
+            return _shipped(builtin_feature_drafter_path(), "feature drafter", "feature:PATH")
+        if self.kind == "builtin":
+            return _shipped(builtin_drafter_path(), "drafter", "draft:PATH to a draft checkpoint")
+        if self.kind in ("draft", "feature"):
+            return Path(self.argument)
+        raise SamplingError(f"the {self.kind} drafter has no checkpoint of its own")
+
+    def is_exported(self) -> bool:
+        """Whether this is a model drafter read from an edge-export bundle (its weights fixed by the export)."""
+        return self.kind == "bundle" or (self.kind == "draft" and is_bundle(self.folder()))
+
+    def build(self, target: DraftTarget) -> Drafter:
+        """The drafter this spec names, against `target`: hybrid-wrapped and head-trimmed as the spec says."""
+        if self.entry.runs_target_layers and not isinstance(target.model, Transformer):
+            raise SamplingError(f"the {self.kind} drafter runs part of the target's layers, which needs the torch "
+                                "backend; with an exported bundle use its drafter ('bundle') or ngram")
+        drafter = self.entry.build(self, target)
+        if self.vocabulary is not None:
+            trim_vocabulary(drafter, self.vocabulary)
+        return HybridDrafter(drafter) if self.hybrid else drafter
+
+    def _check_argument(self, text: str, colon: bool) -> None:
+        entry = self.entry
+        if colon and not self.argument or self.argument and entry.argument == "none" or (
+                entry.argument_required and not self.argument):
+            raise SamplingError(f"cannot read the drafter {text!r}: the form is {entry.usage}")
+        if entry.argument in ("number", "numbers") and self.argument:
+            try:
+                numbers = self.numbers()
+            except ValueError:
+                numbers = []
+            if not numbers or entry.argument == "number" and len(numbers) != 1:
+                raise SamplingError(f"cannot read the drafter {text!r}: the form is {entry.usage}")
+
+
+def trim_vocabulary(drafter: Drafter, vocabulary: "str | Path | torch.Tensor") -> None:
+    """VocabTrim: the drafter's head keeps only these token ids (a tensor, or a JSON file of them)."""
+    if not hasattr(drafter, "trim_vocabulary"):
+        raise SamplingError(f"the {drafter.name} drafter has no head to trim; a draft vocabulary applies to draft "
+                            "models, layer-skip and feature drafters")
+    drafter.trim_vocabulary(vocabulary if isinstance(vocabulary, torch.Tensor) else read_vocabulary(vocabulary))
+
+
+def _shipped(path: Path | None, what: str, instead: str) -> Path:
+    if path is None:
+        raise SamplingError(f"this installation ships no built-in {what}; pass {instead}")
+    return path
+
+
+def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, max_len: int,
+                     dtype: str = "float32", weights: str | None = None,
+                     kv_cache: str | None = None) -> DraftModelDrafter:
+    """A draft checkpoint computing in `dtype`; `weights="bfloat16"` stores its matrices in bfloat16 (half the
+    memory) and `weights="int8"` / `"int4"` quantizes its layers (edge/packed_weights.py: a quarter or an eighth of
+    float32, and faster drafting); the target still verifies in its own precision, so output is unchanged."""
+    draft_tokenizer = Tokenizer.from_dir(path)
+    draft = load_model(path, dtype=dtype, device=target.device)
+    DraftModelDrafter.check_compatible(target, tokenizer, draft, draft_tokenizer)
+    if weights in ("int8", "int4"):
+        quantize_weights(draft, weights)
+    elif weights is not None and parse_dtype(weights) != draft.dtype:
+        draft.store_weights(parse_dtype(weights))
+    if not isinstance(target, Transformer) and draft.rowwise is not None:
+        # beside an exported target (onnxruntime's own spinning threads) the drafter's kernel runs on one thread:
+        # measured 4x faster drafting than two threads contending on a 2-core CPU
+        # (docs/history/benchmarks-2026-11-21.md)
+        draft.use_rowwise_matmul(draft.rowwise.with_threads(1), draft.rowwise_max_rows)
+    return DraftModelDrafter(draft, max_len, kv_cache)
+
+
+def bundle_drafter(path: "str | Path | Bundle", tokenizer: Tokenizer, max_len: int,
+                   backend: str = "onnx") -> DraftModelDrafter:
+    """The drafter a bundle (a folder, or one already read) carries, on `backend`; its tokenizer must be
+    `tokenizer`'s."""
+    bundle = path if isinstance(path, Bundle) else read_bundle(path)
+    if not bundle.has_drafter:
+        raise BundleError(f"the bundle {bundle.root} holds no drafter; export it with --drafter, or use ngram")
+    if bundle.manifest["drafter"]["tokenizer_sha256"] != tokenizer.fingerprint()["vocab_sha256"]:
+        raise BundleError(f"the drafter in {bundle.root} was exported with a different tokenizer than the target's; "
+                          "a drafter must share the target's tokenizer")
+    if backend not in bundle.backends("drafter"):
+        backend = bundle.backends("drafter")[0]
+    # one thread: the draft graph is small, and a second runtime's spinning workers would slow the target's
+    return DraftModelDrafter(bundle.open_model("drafter", backend, threads=1), max_len)
+
+
+def _draft_model(spec: DrafterSpec, target: DraftTarget) -> Drafter:
+    if spec.kind == "builtin" and target.bundle is not None:
+        return _bundle(spec, target)  # a bundle's "builtin" drafter is its own
+    folder = spec.folder()
+    if is_bundle(folder):  # an edge-export bundle's drafter graph on the ONNX backend
+        return bundle_drafter(folder, target.tokenizer, target.max_len)
+    return load_draft_model(folder, target.model, target.tokenizer, max_len=target.max_len, dtype=target.dtype,
+                            weights=target.weights, kv_cache=target.kv_cache)
+
+
+def _bundle(spec: DrafterSpec, target: DraftTarget) -> Drafter:
+    if target.bundle is None:
+        raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; load a bundle folder")
+    return bundle_drafter(target.bundle, target.tokenizer, target.max_len, target.backend)
+
+
+def _early_exit(spec: DrafterSpec, target: DraftTarget) -> Drafter:
+    exit_layer = spec.numbers()[0] if spec.argument else max(1, target.model.config.num_layers // 3)
+    return LayerSkipDrafter.early_exit(target.model, target.cache, exit_layer)
+
+
+KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
+    DrafterKind("ngram", "ngram[:N]", "ngram", argument="number",
+                build=lambda spec, target: NGramDrafter(max_ngram=spec.numbers()[0] if spec.argument else 4)),
+    DrafterKind("early-exit", "early-exit[:E]", "self", argument="number", runs_target_layers=True,
+                build=_early_exit),
+    DrafterKind("skip", "skip:L1,L2,...", "self", argument="numbers", argument_required=True,
+                runs_target_layers=True,
+                build=lambda spec, target: LayerSkipDrafter.skipping(target.model, target.cache, spec.numbers())),
+    DrafterKind("adaptive", "adaptive", "self", runs_target_layers=True,
+                build=lambda spec, target: AdaptiveLayerSkipDrafter(target.model, target.cache)),
+    DrafterKind("quantspec", "quantspec[:B]", "quantspec", argument="number", runs_target_layers=True,
+                build=lambda spec, target: QuantSpecDrafter(target.model, target.cache,
+                                                            bits=spec.numbers()[0] if spec.argument else 4)),
+    DrafterKind("draft", "draft:PATH", "model", argument="path", argument_required=True, narrowable=True,
+                build=_draft_model),
+    DrafterKind("builtin", "builtin", "model", narrowable=True, build=_draft_model),
+    # a feature drafter: one layer and its cache, counted like a draft model; it has no narrower forms
+    DrafterKind("feature", "feature[:PATH]", "model", argument="path",
+                build=lambda spec, target: FeatureDrafter.load(spec.folder(), target.model, target.max_len)),
+    DrafterKind("bundle", "bundle", "model", build=_bundle),
+)}
+
+
+def usage() -> str:
+    """Every drafter's text form, for help and error messages."""
+    return ", ".join(kind.usage for kind in KINDS.values()) + ", PATH, hybrid:SPEC (+ @VOCAB.json)"

@@ -1,0 +1,58 @@
+"""What both exporters (export/bundle.py's own graphs, export/optimum_export.py's) write the same way: the files a
+bundle copies from its checkpoint, the manifest's head and file table, and the logits tolerance per weight format."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import edge
+from edge.bundle import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
+
+TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 6e-2, "int4": 0.3}  # max relative logits error per format
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model", "vocab.json", "merges.txt")
+CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+def manifest_head(checkpoint: Path, tokenizer, options) -> dict:
+    """The manifest's fields every bundle has: format, provenance, tokenizer fingerprint and quantization
+    (`options`: export.bundle.ExportOptions)."""
+    fingerprint = tokenizer.fingerprint()
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "created_by": f"edge-export {edge.__version__}",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": {"path": str(checkpoint.resolve()),
+                   "files": {p.name: sha256_file(p) for p in sorted(checkpoint.iterdir()) if p.is_file()}},
+        "tokenizer": {"sha256": fingerprint["vocab_sha256"], "chat_template_sha256": fingerprint["chat_template_sha256"]},
+        "quantization": options.quant.describe(),
+        "row_invariant": options.quant.row_invariant,
+        "backend": "onnxruntime",
+    }
+
+
+def copy_files(source: Path, destination: Path, names: tuple[str, ...]) -> None:
+    for name in names:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, destination / name)
+
+
+def kv_per_token(config) -> int:
+    """Bytes of keys and values per position for a float32 cache (what the exported backends allocate)."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
+
+
+def file_table(root: Path) -> dict:
+    return {str(path.relative_to(root)): {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+            for path in sorted(root.rglob("*")) if path.is_file() and path.name != MANIFEST}
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(data, indent=1))
+    os.replace(temporary, path)

@@ -29,7 +29,9 @@ from bench.checkpoints import source_checkpoint
 from edge.cli_options import print_plan, resolve_model_path
 from edge.errors import EdgeError
 from edge.kv_cache import common_prefix
-from edge.load_spec import LoadSpec
+from edge.load_spec import DRAFT_WEIGHTS, DTYPES, LoadSpec
+from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
+from edge.quantized_kv_cache import KV_CACHE_CHOICES
 from edge.tokenizer import Tokenizer
 from memory.budget import BudgetError
 
@@ -76,16 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "the machine's slow spells; --ar: every backend in one process, taking turns repeat by "
                              "repeat (ratios: the median of per-repeat ratios). Peak memory is then for all "
                              "together")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--weights", default=None, choices=["int8", "int4"],
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--weights", default=None, choices=WEIGHT_QUANTIZATIONS,
                         help="quantize edge's target (layers and head) to int8 or int4 at load "
                              "(edge/packed_weights.py): in the suite for every edge method, the plain-decoding "
                              "baseline included (transformers runs the checkpoint as stored); with --ar for edge, "
                              "and llama.cpp runs q8_0 or q4_0")
-    parser.add_argument("--draft-weights", default=None, choices=["float32", "bfloat16", "int8", "int4"],
+    parser.add_argument("--draft-weights", default=None, choices=DRAFT_WEIGHTS,
                         help="suite: how a separate draft model (draft:PATH, builtin) stores its weights; int8 "
                              "quantizes its layers for edge's CPU kernel (default: as its checkpoint)")
-    parser.add_argument("--kv-cache", default="float32", choices=["float32", "int8", "int8-int4", "hierarchical"],
+    parser.add_argument("--kv-cache", default="float32", choices=KV_CACHE_CHOICES,
                         help="suite: KV cache format for every edge method, the plain-decoding baseline included "
                              "(hierarchical: QuantSpec's int4+int4, which the quantspec drafter reads)")
     parser.add_argument("--json", type=Path, help="--ar: write the results as JSON here")

@@ -11,7 +11,7 @@ from edge.builtin import builtin_model_path
 from edge.drafters.registry import usage as drafter_usage
 from edge.engine import GenerationOptions
 from edge.errors import CheckpointError
-from edge.load_spec import BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, LoadSpec
+from edge.load_spec import BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LoadSpec
 from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.planning import plan
 from edge.quantized_kv_cache import KV_CACHE_CHOICES
@@ -22,7 +22,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
                  "edge-export bundle")
     if positional:
         parser.add_argument("model", nargs="?", help=help_text + "; default: the built-in model")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="weight and KV-cache dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--weights", default=None, choices=WEIGHT_QUANTIZATIONS,

@@ -26,6 +26,7 @@ from edge.quantized_kv_cache import KV_CACHE_CHOICES
 from edge.speculative import DraftLength
 
 DEFAULT_MAX_CONTEXT = 4096
+DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("torch", "onnx", "torchscript", "torch-export")
 DRAFT_WEIGHTS = ("float32", "bfloat16", *WEIGHT_QUANTIZATIONS)
 DRAFT_KV_CACHES = ("float32", "int8", "int8-int4")

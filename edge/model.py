@@ -16,7 +16,7 @@ and KV cache; computing logits over a subset of the vocabulary is how a trimmed 
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +26,10 @@ from edge.config import ModelConfig
 from edge.errors import UnsupportedModelError
 from edge.kv_cache import KVCache, keep_slots
 from edge.rope import apply_rope, inverse_frequencies
+from kernels.cpu_matmul import KernelDraft
+from kernels.fused_model import FeatureRows, FusedWeights, KernelHead, ModelEnds, ModelShape
 
 
-FLOAT_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel reads as floats
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
 FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
 TREE_ROWS = 64  # the most rows of a token tree's verify pass (kernels/csrc/attention.c TREE_ROWS)
@@ -154,14 +155,18 @@ class Block(nn.Module):
         x = x + self.attn(self.attn_norm(x), layer, start, cache, rope, mask)
         return x + self.ffn(self.ffn_norm(x))
 
-
-class KernelDraft(NamedTuple):
-    """What one-call greedy drafting returns: the tokens, and when asked each step's runner-up token and the
-    probabilities [draft token's, runner-up's] (Transformer.draft_greedy)."""
-
-    tokens: list[int]
-    runners_up: list[int] | None = None
-    probabilities: list[list[float]] | None = None
+    def kernel_tensors(self, matrix_type: type, matrix: str) -> tuple | None:
+        """This layer's 12 tensors in the fused C table's order (kernels.fused_model.TABLE_KINDS), None where one is
+        absent; the matrices are the tensors named `matrix` of its four `matrix_type` projections. None when a
+        projection is another module."""
+        attn, ffn = self.attn, self.ffn
+        projections = (attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down)
+        if not all(isinstance(m, matrix_type) for m in projections):
+            return None
+        wqkv, wo, gate_up, down = (getattr(m, matrix) for m in projections)
+        q_norm, k_norm = (norm.weight if norm is not None else None for norm in (attn.q_norm, attn.k_norm))
+        return (self.attn_norm.weight, wqkv, attn.wqkv.bias, q_norm, k_norm, wo, attn.wo.bias,
+                self.ffn_norm.weight, gate_up, ffn.w_gate_up.bias, down, ffn.w_down.bias)
 
 
 class Transformer(nn.Module):
@@ -181,9 +186,7 @@ class Transformer(nn.Module):
         self.rowwise = None  # the batch-invariant matmul, when use_rowwise_matmul() set one
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
-        self._fused_weights = None  # per-layer weight pointers for the fused C layer (False: not fusable)
-        self._step = None  # (ModelView, pointers, tensors) for forward_logits, made by _step_view()
-        self._fused_format = "float32"  # the layers' weights (16-bit ones are widened in the kernel; int8/int4 packed)
+        self._fused_weights: FusedWeights | bool | None = None  # made at first use; False: not fusable
         self.packed_format: str | None = None  # "int8"/"int4": set by edge.packed_weights.quantize_weights
         self.packed_head: torch.Tensor | None = None  # the head packed in that format
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
@@ -249,14 +252,15 @@ class Transformer(nn.Module):
         if self._can_fuse(x.shape[0], x.shape[1], x.dtype, cache):  # decode steps, verify passes: one C call
             if end > cache.max_len:
                 raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {end} does not fit")
+            fused = self._fused_weights
             x = x[0].contiguous()  # (T, D), updated in place layer by layer
             cos, sin = rope
             for first in range(0, steps, FUSED_CHUNK):  # a prompt in chunks: each row's operations are unchanged
                 last = min(first + FUSED_CHUNK, steps)
-                self._fused_layers(x[first:last], order, start + first, cache, (cos[first:last], sin[first:last]))
-            norm = self.norm.weight
-            hidden = (self.rowwise.rms_norm(x, norm, self.norm.eps) if norm.dtype in FLOAT_WEIGHTS
-                      else self.norm(x))[None]  # (1, T, D): the final norm in the same C library, one call
+                fused.layers(x[first:last], order, start + first, cache.kernel_cache(),
+                             (cos[first:last], sin[first:last]))
+            normed = fused.norm(x, self.norm.weight)  # (T, D): the final norm in the same C library, one call
+            hidden = (normed if normed is not None else self.norm(x))[None]  # (1, T, D)
         else:
             mask = self._mask(start, steps)
             for layer in order:
@@ -281,23 +285,12 @@ class Transformer(nn.Module):
         end = start + steps
         fused = (steps <= (FUSED_CHUNK if parents is None else min(FUSED_CHUNK, TREE_ROWS)) and start <= cache.length
                  and end <= cache.max_len and self._can_fuse(tokens.shape[0], steps, self.dtype, cache))
-        view = self._step_view() if fused else None
-        if view is None:
+        stepped = self._fused_step(tokens[0], start, cache, parents) if fused else None
+        if stepped is None:
             if parents is not None:
                 raise ValueError("token trees run on edge's fused CPU step, which this model and cache do not use")
             return self.logits(self(tokens, start, cache))
-        tree = None
-        if parents is None:
-            cos, sin = self._rope(start, end, torch.float32)  # (T, Dh) each
-        else:
-            depths: list[int] = []
-            for parent in parents:
-                depths.append(depths[parent] + 1 if parent >= 0 else 0)
-            cos, sin = self._rope(0, start + max(depths) + 1, torch.float32)
-            rows = torch.tensor(depths) + start  # (T,) each row's position
-            cos, sin, tree = cos[rows], sin[rows], torch.tensor(parents, dtype=torch.int64)  # (T, Dh) each, (T,)
-        hidden, logits = self.rowwise.forward_step(view, tokens[0], start, self._layer_order(range(len(self.layers))),
-                                                   cos, sin, cache.kernel_cache(), tree)  # (T, D), (T, V)
+        hidden, logits = stepped  # (T, D), (T, V)
         cache.length = end
         if self.features is not None and end <= self.features.shape[0]:
             self.features[start:end] = hidden
@@ -307,7 +300,7 @@ class Transformer(nn.Module):
         """Whether a token tree of `rows` rows can be verified in one pass (forward_logits(parents=...)): the fused
         CPU step over this cache."""
         return (rows <= min(FUSED_CHUNK, TREE_ROWS) and self._can_fuse(1, rows, self.dtype, cache)
-                and self._step_view() is not None)
+                and self._fused_weights.reads(self._kernel_ends()))
 
     def keep_rows(self, start: int, rows: list[int], cache: KVCache) -> None:
         """After a token tree's pass from `start`: move the keys/values (and kept features) of pass rows `rows`
@@ -317,31 +310,6 @@ class Transformer(nn.Module):
         if self.features is not None:
             keep_slots(self.features, start, rows)
         cache.length = start + len(rows)
-
-    def _step_view(self):
-        """The kernel's view of this model for forward_logits (kernels.cpu_matmul.ModelView), made once and again
-        when the embedding, norm or head change; None when one of them is in a form the kernel does not read."""
-        from kernels.cpu_matmul import ModelView, weight_format
-
-        head = self.packed_head if self.packed_head is not None else self.head_weight
-        embed, norm = self.embed.weight, self.norm.weight
-        pointers = (head.data_ptr(), embed.data_ptr(), norm.data_ptr())
-        if self._step is not None and self._step[1] == pointers:
-            return self._step[0]
-        if not (embed.dtype in FLOAT_WEIGHTS and norm.dtype in FLOAT_WEIGHTS and embed.is_contiguous()
-                and head.is_contiguous() and (self.packed_head is not None or head.dtype in FLOAT_WEIGHTS)):
-            return None
-        config = self.config
-        view = ModelView(
-            D=config.hidden_size, H=config.num_heads, Hkv=config.num_kv_heads, Dh=config.head_dim,
-            I=config.intermediate_size, V=config.vocab_size, eps=config.rms_norm_eps, scale=config.head_dim ** -0.5,
-            format=weight_format(self._fused_format), embed_format=weight_format(embed.dtype),
-            norm_format=weight_format(norm.dtype),
-            head_format=weight_format(self.packed_format if self.packed_head is not None else head.dtype),
-            weights=self._fused_table.data_ptr(), windows=self._fused_windows.data_ptr(), embed=pointers[1],
-            norm=pointers[2], head=pointers[0])
-        self._step = (view, pointers, (head, embed, norm))  # the tensors stay alive as long as the view
-        return view
 
     def keep_features(self, max_len: int) -> torch.Tensor:
         """From now on store the normed hidden state of every position a full pass computes, in a (max_len, D)
@@ -364,145 +332,88 @@ class Transformer(nn.Module):
         # a 2-D matmul: a strided 3-D input (e.g. hidden[:, -1:]) would make torch copy the whole weight
         flat = hidden.reshape(-1, hidden.shape[-1])  # (B*T, D)
         out = linear(flat, weight.contiguous(), None, self.rowwise, self.rowwise_max_rows)
-        return out.view(*hidden.shape[:-1], weight.shape[0])
+        return out.view(*hidden.shape[:-1], weight.shape[0])  # (B, T, V')
 
     def _can_fuse(self, batch: int, rows: int, dtype: torch.dtype, cache: KVCache) -> bool:
-        """Whether this pass can run its layers in one fused C call (the batch-invariant kernel's fused_layers): rows
-        of batch 1 in float32 (up to rowwise_max_rows with float32 weights, any number with 16-bit or packed ones), a
-        float32 or hierarchical KV cache (cache.kernel_cache()), every layer in place."""
+        """Whether this pass can run its layers in one fused C call: rows of batch 1 in float32 (up to
+        rowwise_max_rows with float32 weights, any number with 16-bit or packed ones), a float32 or hierarchical KV
+        cache (cache.kernel_cache()), every layer in a form the kernel reads."""
         if self.rowwise is None or batch != 1 or dtype != torch.float32:
             return False
-        if self._fused_weights is None or (self._fused_weights is not False and self._weights_replaced()):
-            self._fused_weights = self._fused_pointers()  # first use, or the weights were replaced since
-        if rows > self.rowwise_max_rows and self._fused_format == "float32":
-            return False  # a float32 prompt: torch's GEMM is faster (packed and 16-bit ones run in the kernel)
+        if self._fused_weights is None or (self._fused_weights and self._fused_weights.replaced()):
+            self._fused_weights = self._build_fused_weights() or False  # first use, or the weights were replaced
         kernel_cache = getattr(cache, "kernel_cache", None)
-        return (self._fused_weights is not False and kernel_cache is not None and kernel_cache() is not None
-                and self.config.head_dim <= 512)
+        return (self._fused_weights is not False and self._fused_weights.fuses(rows, self.rowwise_max_rows)
+                and kernel_cache is not None and kernel_cache() is not None)
 
-    def _weights_replaced(self) -> bool:
-        """Whether the last layer, or its first matrix, is not the one the pointers were taken from (a replaced
-        module, or load_state_dict(assign=True)): dictionary lookups, cheaper than module attributes each step."""
-        modules, key, block, parameters, name, pointer = self._watched
-        return modules.get(key) is not block or parameters[name].data_ptr() != pointer
-
-    def _fused_pointers(self) -> "list[tuple] | bool":
-        """Each layer's 12 weight pointers for fused_layer_f32 (None where a tensor is absent), or False when some
-        layer cannot be fused (narrow or offloaded weights)."""
-        def pointer(tensor):
-            return None if tensor is None else tensor.data_ptr()
-
+    def _build_fused_weights(self) -> FusedWeights | None:
+        """The layers handed to the fused C calls, or None where one is not a Block of Linear projections
+        (PackedLinear ones when packed) or holds weights the kernel does not read (offloaded, QuantizedLinear)."""
         from edge.packed_weights import PackedLinear
 
-        layers = []
-        if not isinstance(self.layers[0], Block):
-            return False
-        if self.packed_format:  # packed int8/int4 matrices (uint8 bytes), float32 norms
-            fused_format, matrix_type, matrix_dtype, norm_dtype = self.packed_format, PackedLinear, torch.uint8, \
-                torch.float32
-        else:
-            matrix_type, matrix_dtype = Linear, self.layers[0].attn.wqkv.weight.dtype
-            norm_dtype = matrix_dtype
-            if matrix_dtype not in FLOAT_WEIGHTS:
-                return False
-            fused_format = str(matrix_dtype).removeprefix("torch.")  # 16-bit: stored narrow, computed in float32
-        self._fused_format = fused_format
-        matrix = "packed" if self.packed_format else "weight"
-        for block in self.layers:
-            if not isinstance(block, Block):
-                return False
-            attn, ffn = block.attn, block.ffn
-            if not all(isinstance(m, matrix_type) for m in (attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down)):
-                return False
-            tensors = [block.attn_norm.weight, getattr(attn.wqkv, matrix), attn.wqkv.bias,
-                       attn.q_norm.weight if attn.q_norm is not None else None,
-                       attn.k_norm.weight if attn.k_norm is not None else None, getattr(attn.wo, matrix),
-                       attn.wo.bias, block.ffn_norm.weight, getattr(ffn.w_gate_up, matrix), ffn.w_gate_up.bias,
-                       getattr(ffn.w_down, matrix), ffn.w_down.bias]
-            # norms, matrices and biases (always float32) in the table's order
-            expected = [norm_dtype, matrix_dtype, torch.float32, norm_dtype, norm_dtype, matrix_dtype, torch.float32,
-                        norm_dtype, matrix_dtype, torch.float32, matrix_dtype, torch.float32]
-            if any(t is not None and (t.dtype != dtype or not t.is_contiguous())
-                   for t, dtype in zip(tensors, expected)):
-                return False
-            layers.append(tuple(pointer(t) for t in tensors))
-        self._step = None  # the one-call step's view of the model: made again from these pointers
-        self._fused_table = torch.tensor([[p or 0 for p in row] for row in layers], dtype=torch.int64)  # (L, 12)
-        self._fused_windows = torch.tensor([block.attn.sliding_window or 0 for block in self.layers],
-                                           dtype=torch.int64)  # (L,)
-        self._layer_orders: dict[tuple[int, ...], torch.Tensor] = {}
-        last = self.layers[-1]
-        self._watched = (self.layers._modules, str(len(self.layers) - 1), last, last.attn.wqkv._parameters,
-                         matrix, getattr(last.attn.wqkv, matrix).data_ptr())
-        return layers
+        matrix_type, matrix = (PackedLinear, "packed") if self.packed_format else (Linear, "weight")
+        tensors = [block.kernel_tensors(matrix_type, matrix) if isinstance(block, Block) else None
+                   for block in self.layers]
+        if None in tensors:
+            return None
+        config, last = self.config, self.layers[-1]
+        shape = ModelShape(config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+                           config.intermediate_size, config.rms_norm_eps)
+        windows = [block.attn.sliding_window or 0 for block in self.layers]
+        # replaced when the last layer, or its first matrix, is not the one the pointers were taken from
+        watch = ((self.layers._modules, str(len(self.layers) - 1)), (last.attn.wqkv._parameters, matrix))
+        return FusedWeights.build(self.rowwise, shape, tensors, windows, self.packed_format, watch)
 
-    def _fused_layers(self, x: torch.Tensor, order, start: int, cache: KVCache, rope) -> None:
-        """Run the layers `order` over x (T, D) in place, in one C call."""
-        config = self.config
-        cos, sin = rope
-        self.rowwise.layers(x, self._layer_order(order), self._fused_table, self._fused_windows,
-                            (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
-                             config.intermediate_size), cos, sin, cache.kernel_cache(), start,
-                            config.rms_norm_eps, config.head_dim ** -0.5, self._fused_format)
+    @property
+    def _fused_format(self) -> str | None:
+        """The format the fused C calls read the layers in ("float32", "bfloat16", "float16", "int8", "int4"), None
+        before any fused pass or where they do not read them."""
+        return self._fused_weights.format if self._fused_weights else None
 
-    def _layer_order(self, layers) -> torch.Tensor:
-        """The int64 tensor (n,) of a layer set for the C calls, made once per set (all, or a self-draft's)."""
-        key = tuple(layers)
-        order = self._layer_orders.get(key)
-        if order is None:
-            order = self._layer_orders[key] = torch.tensor(key, dtype=torch.int64)  # (n,)
-        return order
+    def _fused_step(self, tokens: torch.Tensor, start: int, cache: KVCache,
+                    parents: list[int] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """tokens (T,) through the whole model in one C call -> hidden (T, D), logits (T, V); None where the kernel
+        does not read the embedding, final norm or head."""
+        tree = None if parents is None else torch.tensor(parents, dtype=torch.int64)  # (T,)
+        end = start + tokens.shape[0]
+        rope = self._rope(start, end, torch.float32) if parents is None else self._tree_rope(start, parents)
+        return self._fused_weights.step(self._kernel_ends(), tokens, start, cache.kernel_cache(), rope, tree)
 
-    def draft_greedy(self, tokens: list[int], start: int, cache: KVCache, k: int, *, layers: list[int] | None = None,
-                     head_model: "Transformer | None" = None, features: torch.Tensor | None = None,
-                     fc: torch.Tensor | None = None, vocab_size: int | None = None,
-                     trimmed_head: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     stop_below: float | None = None, runners_up: bool = False) -> "KernelDraft | None":
+    def _kernel_ends(self, head: KernelHead | None = None) -> ModelEnds:
+        """The embedding, final norm and `head` (default: this model's) as a whole pass in one C call reads them."""
+        return ModelEnds(self.embed.weight, self.norm.weight, head if head is not None else self.kernel_head())
+
+    def kernel_head(self, rows: int | None = None) -> KernelHead:
+        """This head as the fused C calls read it: the packed one when there is one and every row is wanted (as
+        logits() does), else the leading `rows` float rows (a draft vocabulary padded beyond the target's)."""
+        if self.packed_head is not None and rows in (None, self.config.vocab_size):
+            return KernelHead(self.packed_head, self.config.vocab_size, packed_format=self.packed_format)
+        weight = self.head_weight if rows is None else self.head_weight[:rows]  # (V', D): leading rows, contiguous
+        return KernelHead(weight, weight.shape[0])
+
+    def draft_greedy(self, tokens: list[int], start: int, cache: KVCache, k: int, head: KernelHead, *,
+                     layers: list[int] | None = None, features: FeatureRows | None = None,
+                     stop_below: float | None = None, runners_up: bool = False) -> KernelDraft | None:
         """k greedy draft tokens in one C call, or None where that path is not available (then the caller drafts
         step by step). Runs `tokens` at positions [start, start + T) through `layers` (default: all; a subset is a
-        self-draft, which leaves cache.length alone like a partial forward), this model's norm, and
-        the head of `head_model` (default: this model) with argmax; each later step runs the token just drafted.
-        With `fc` (D, 2D) the rows are fc(cat(feature, embedding)) and the normed output feeds the next step as its
-        feature (a feature drafter; `features` (T, D) for the first rows). `vocab_size` limits the argmax to the
-        first rows of the head (a draft vocabulary padded beyond the target's). `trimmed_head` (weight (V', D), ids
-        (V',)) replaces the head by some of its rows, each row's token id given (VocabTrim); otherwise a head_model with
-        a packed head (edge/packed_weights.py) drafts through it, as its logits() do. `stop_below` stops
-        before a token (not the first) whose probability is below it, so fewer than k may come back. With every layer
-        it sets cache.length like a full pass over the rows it ran. `runners_up` also returns each step's second most
-        likely token and both tokens' probabilities (what a token tree is built from)."""
-        head_model = head_model or self
+        self-draft, which leaves cache.length alone like a partial forward), this model's norm and `head` (see
+        kernel_head()) with argmax; each later step runs the token just drafted. With `features` the rows are
+        fc(cat(feature, embedding)) and the normed output feeds the next step as its feature (a feature drafter).
+        `stop_below` stops before a token (not the first) whose probability is below it, so fewer than k may come
+        back. With every layer it sets cache.length like a full pass over the rows it ran. `runners_up` also returns
+        each step's second most likely token and both tokens' probabilities (what a token tree is built from)."""
         end = start + len(tokens) + k - 1
-        embed = head_model.embed.weight  # (V, D)
-        packed_head = head_model.packed_head
-        head_rows = head_model.config.vocab_size
-        if trimmed_head is not None:
-            head, head_ids = trimmed_head  # (V', D), (V',)
-        elif packed_head is not None and vocab_size in (None, head_rows):
-            head, head_ids = packed_head, None  # packed bytes (uint8)
-        else:  # the leading rows of a padded head stay contiguous
-            head, head_ids = head_model.head_weight[:vocab_size], None  # (V', D)
-        if not self._can_fuse(1, len(tokens), torch.float32, cache):
+        if not self._can_fuse(1, len(tokens), torch.float32, cache) or end > cache.max_len or start > cache.length:
             return None
-        layer_dtype = torch.float32 if self.packed_format else getattr(torch, self._fused_format)  # norms, fc
-        if (end > cache.max_len or start > cache.length or self.norm.weight.dtype != layer_dtype
-                or (fc is not None and fc.dtype != layer_dtype) or embed.dtype not in FLOAT_WEIGHTS
-                or head.dtype not in (*FLOAT_WEIGHTS, torch.uint8)
-                or not (embed.is_contiguous() and head.is_contiguous())):
-            return None
-        config = self.config
-        order = self._layer_order(range(config.num_layers) if layers is None else layers)
-        cos, sin = self._rope(0, end, torch.float32)  # (end, Dh) each, from position 0
-        drafted, second, probabilities = self.rowwise.draft_greedy(
-            torch.tensor(tokens, dtype=torch.int64), features, (config.hidden_size, config.num_heads,
-                                                                config.num_kv_heads, config.head_dim,
-                                                                config.intermediate_size),
-            order, self._fused_table, self._fused_windows, cos, sin, cache.kernel_cache(), start,
-            config.rms_norm_eps, config.head_dim ** -0.5, self.norm.weight, fc, self._fused_format, embed, head, k,
-            head_ids, stop_below, head_rows, head_model.packed_format, runners_up)
-        if layers is None:  # rows run: the fed tokens, then each drafted token but a full draft's last (a draft that
-            cache.length = start + len(tokens) + min(len(drafted), k - 1)  # stopped ran its last to score the next)
-        return KernelDraft(drafted, second.tolist() if second is not None else None,
-                           probabilities.tolist() if probabilities is not None else None)
+        order = range(self.config.num_layers) if layers is None else layers
+        rope = self._rope(0, end, torch.float32)  # cos, sin (end, Dh) each, from position 0
+        drafted = self._fused_weights.draft(self._kernel_ends(head), tokens, order, start, cache.kernel_cache(), rope,
+                                            k, features=features, stop_below=stop_below, runners_up=runners_up)
+        if drafted is not None and layers is None:
+            # the rows run: the fed tokens, then each drafted token but a full draft's last (a draft that stopped ran
+            # its last to score the next)
+            cache.length = start + len(tokens) + min(len(drafted.tokens), k - 1)
+        return drafted
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""
@@ -514,6 +425,7 @@ class Transformer(nn.Module):
             raise UnsupportedModelError(f"this model's {self.packed_format} weights run only on edge's CPU kernel; "
                                         "keep it on the CPU")
         self.rowwise = matmul if supported else None
+        self._fused_weights = None  # the fused calls run on this matmul: made again at the next pass
         for module in linears:
             module.rowwise, module.max_rows = self.rowwise, max_rows
         for module in self.modules():
@@ -533,6 +445,16 @@ class Transformer(nn.Module):
             table = self._rope_tables[dtype] = (angles.cos().to(dtype), angles.sin().to(dtype))
         cos, sin = table
         return cos[start:end], sin[start:end]
+
+    def _tree_rope(self, start: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (T, Dh) of a token tree's rows: row t is at position start + its depth (parents[t] is the row
+        it continues, an earlier one, or -1)."""
+        depths: list[int] = []
+        for parent in parents:
+            depths.append(depths[parent] + 1 if parent >= 0 else 0)
+        cos, sin = self._rope(0, start + max(depths) + 1, torch.float32)  # (S, Dh) each
+        rows = torch.tensor(depths) + start  # (T,) each row's position
+        return cos[rows], sin[rows]  # (T, Dh) each
 
     def _mask(self, start: int, steps: int) -> torch.Tensor | None:
         """Boolean (T, start+T) mask, True where a query may attend; None when plain causal attention is exact."""

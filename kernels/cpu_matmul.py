@@ -18,6 +18,7 @@ import logging
 import os
 import subprocess
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 
@@ -35,13 +36,24 @@ def weight_format(dtype: torch.dtype | str) -> int:
 
 
 class ModelView(ctypes.Structure):
-    """What forward_step_f32 needs of a model beside its rows and cache (csrc/layers.c ModelView)."""
+    """A model as the C calls read it beside its rows and cache (csrc/layers.c ModelView): forward_step_f32 takes it
+    whole, fused_layers_f32 and draft_greedy_f32 its fields one by one. The tensors behind the pointers must outlive
+    every call that is given it (kernels/fused_model.py keeps them)."""
 
     _fields_ = [("D", ctypes.c_int64), ("H", ctypes.c_int64), ("Hkv", ctypes.c_int64), ("Dh", ctypes.c_int64),
                 ("I", ctypes.c_int64), ("V", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
                 ("format", ctypes.c_int32), ("embed_format", ctypes.c_int32), ("norm_format", ctypes.c_int32),
                 ("head_format", ctypes.c_int32), ("weights", ctypes.c_void_p), ("windows", ctypes.c_void_p),
                 ("embed", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("head", ctypes.c_void_p)]
+
+
+class KernelDraft(NamedTuple):
+    """What one-call greedy drafting returns: the tokens, and when asked each step's runner-up token and the
+    probabilities [draft token's, runner-up's] (RowwiseMatmul.draft_greedy)."""
+
+    tokens: list[int]
+    runners_up: list[int] | None = None
+    probabilities: list[list[float]] | None = None
 
 
 class HierarchicalPlanes(ctypes.Structure):
@@ -196,23 +208,19 @@ class RowwiseMatmul:
                    weight_format(weight.dtype))
         return out
 
-    def layers(self, x: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, windows: torch.Tensor,
-               shape: tuple, cos: torch.Tensor, sin: torch.Tensor, cache: KernelCache, start: int, eps: float,
-               scale: float, weight_format_name: str = "float32") -> None:
-        """Layers `order` (int64) over x (T, D) in place, in one C call (fused_layers_f32): `weights` is the int64
-        table (L, 12) of the layers' pointers (0 for absent tensors), `windows` (L,) int64 the sliding windows (0:
-        none), `cache` the whole KV cache (KernelCache); `weight_format_name` the layers' matrices
-        ("float32", or "bfloat16" / "float16" widened exactly in registers, with norms alike; or "int8" / "int4"
-        packed, with float32 norms)."""
+    def layers(self, x: torch.Tensor, model: ModelView, order: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               cache: KernelCache, start: int) -> None:
+        """Layers `order` (int64) of `model` over x (T, D) in place, in one C call (fused_layers_f32): the view's
+        weights table (L, 12) of the layers' pointers, windows and format (its embedding, norm and head are unused);
+        cos/sin (T, Dh) the rows' rotary tables, `cache` the whole KV cache (KernelCache)."""
         steps = x.shape[0]
-        dims, heads, kv_heads, head_dim, inner = shape
-        q_size, kv_size = heads * head_dim, kv_heads * head_dim
-        scratch = torch.empty(steps * (dims + 2 * q_size + q_size + 2 * kv_size + 2 * inner)
-                              + heads * steps * (start + steps)
-                              + cache.dequantized_floats(kv_heads, head_dim, start + steps), dtype=torch.float32)
-        self._layers(x.data_ptr(), steps, dims, heads, kv_heads, head_dim, inner, order.data_ptr(), order.numel(),
-                     weights.data_ptr(), windows.data_ptr(), cos.data_ptr(), sin.data_ptr(), *cache.arguments(), start,
-                     eps, scale, scratch.data_ptr(), WEIGHT_FORMATS[weight_format_name], self.thread_count())
+        q_size, kv_size = model.H * model.Dh, model.Hkv * model.Dh
+        scratch = torch.empty(steps * (model.D + 2 * q_size + q_size + 2 * kv_size + 2 * model.I)
+                              + model.H * steps * (start + steps)
+                              + cache.dequantized_floats(model.Hkv, model.Dh, start + steps), dtype=torch.float32)
+        self._layers(x.data_ptr(), steps, model.D, model.H, model.Hkv, model.Dh, model.I, order.data_ptr(),
+                     order.numel(), model.weights, model.windows, cos.data_ptr(), sin.data_ptr(), *cache.arguments(),
+                     start, model.eps, model.scale, scratch.data_ptr(), model.format, self.thread_count())
 
     def forward_step(self, view: ModelView, tokens: torch.Tensor, start: int, order: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, cache: KernelCache,
@@ -235,45 +243,36 @@ class RowwiseMatmul:
                    scratch.data_ptr(), self.thread_count())
         return hidden, logits
 
-    def draft_greedy(self, tokens: torch.Tensor, features: torch.Tensor | None, shape: tuple, order: torch.Tensor,
-                     weights: torch.Tensor, windows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     cache: KernelCache, start: int, eps: float, scale: float, norm: torch.Tensor,
-                     fc: torch.Tensor | None, weight_format_name: str, embed: torch.Tensor, head: torch.Tensor, k: int,
-                     head_ids: torch.Tensor | None = None, stop_below: float | None = None,
-                     head_rows: int | None = None, head_format: str | None = None,
-                     runners_up: bool = False) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+    def draft_greedy(self, model: ModelView, tokens: torch.Tensor, order: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, cache: KernelCache, start: int, k: int, *, features: torch.Tensor | None = None,
+                     fc: torch.Tensor | None = None, head_ids: torch.Tensor | None = None,
+                     stop_below: float | None = None, runners_up: bool = False) -> KernelDraft:
         """k greedy draft tokens in one C call (draft_greedy_f32): `tokens` (T0,) int64 at positions [start, ...)
-        (with `features` (T0, D) float32 and the fusion `fc` (D, 2D) for a feature drafter), then one token per
-        step. cos/sin are whole rotary tables from position 0; `norm`, `fc` and the layers are in
-        `weight_format_name`, `embed` and `head` (V', D) in their dtypes (a head packed by kernels/cpu_packing.py is
-        uint8, names its `head_format` and needs `head_rows`); `cache` the drafter's KV cache (KernelCache).
-        `head_ids` (V',) int64: the token id of each head row, for a trimmed head (None: row v is token v).
-        `stop_below`: stop before a token (not the first) whose probability is below it; fewer than k come back.
-        Returns the tokens, and with `runners_up` each step's second most likely token (n,) int64 and the two
-        tokens' probabilities (n, 2) float32 (else None, None)."""
+        through layers `order`, the norm and the head (V rows) of `model` (its norm read in the layers' format), then
+        one token per step; with `features` (T0, D) float32 and the fusion `fc` (D, 2D, in the layers' format) the rows
+        are a feature drafter's. cos/sin are whole rotary tables from position 0; `cache` the drafter's KV cache
+        (KernelCache). `head_ids` (V,) int64: the token id of each head row, for a trimmed head (None: row v is
+        token v). `stop_below`: stop before a token (not the first) whose probability is below it; fewer than k come
+        back. With `runners_up` each step's second most likely token and both tokens' probabilities come back too."""
         steps = tokens.numel()
-        dims, heads, kv_heads, head_dim, inner = shape
-        q_size, kv_size = heads * head_dim, kv_heads * head_dim
-        packed = head.dtype == torch.uint8
-        vocab = head_rows if packed else head.shape[0]
-        scratch = torch.empty(steps * (4 * dims + 3 * q_size + 2 * kv_size + 2 * inner)
-                              + heads * steps * (start + steps + k) + dims + vocab
-                              + cache.dequantized_floats(kv_heads, head_dim, start + steps + k), dtype=torch.float32)
+        q_size, kv_size = model.H * model.Dh, model.Hkv * model.Dh
+        scratch = torch.empty(steps * (4 * model.D + 3 * q_size + 2 * kv_size + 2 * model.I)
+                              + model.H * steps * (start + steps + k) + model.D + model.V
+                              + cache.dequantized_floats(model.Hkv, model.Dh, start + steps + k), dtype=torch.float32)
         out = torch.empty(k, dtype=torch.int64)
         second = torch.empty(k, dtype=torch.int64) if runners_up else None
         probabilities = torch.empty(k, 2, dtype=torch.float32) if runners_up else None
         count = self._draft(
-            tokens.data_ptr(), features.data_ptr() if features is not None else None, steps, dims, heads, kv_heads,
-            head_dim, inner, order.data_ptr(), order.numel(), weights.data_ptr(), windows.data_ptr(), cos.data_ptr(),
-            sin.data_ptr(), *cache.arguments(), start, eps, scale, norm.data_ptr(),
-            fc.data_ptr() if fc is not None else None, WEIGHT_FORMATS[weight_format_name],
-            embed.data_ptr(), head.data_ptr(), head_ids.data_ptr() if head_ids is not None else None, vocab,
-            WEIGHT_FORMATS[head_format] if packed else weight_format(head.dtype), weight_format(embed.dtype), k,
+            tokens.data_ptr(), features.data_ptr() if features is not None else None, steps, model.D, model.H,
+            model.Hkv, model.Dh, model.I, order.data_ptr(), order.numel(), model.weights, model.windows,
+            cos.data_ptr(), sin.data_ptr(), *cache.arguments(), start, model.eps, model.scale, model.norm,
+            fc.data_ptr() if fc is not None else None, model.format, model.embed, model.head,
+            head_ids.data_ptr() if head_ids is not None else None, model.V, model.head_format, model.embed_format, k,
             stop_below or 0.0, out.data_ptr(), second.data_ptr() if runners_up else None,
             probabilities.data_ptr() if runners_up else None, scratch.data_ptr(), self.thread_count())
         if not runners_up:
-            return out[:count].tolist(), None, None
-        return out[:count].tolist(), second[:count], probabilities[:count]
+            return KernelDraft(out[:count].tolist())
+        return KernelDraft(out[:count].tolist(), second[:count].tolist(), probabilities[:count].tolist())
 
     def store_hierarchical(self, cache: KernelCache, layer: int, keys: torch.Tensor, values: torch.Tensor,
                            start: int) -> None:

@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 import torch
 
 from edge.sampling import SamplingParams, apply_repetition_penalty, warp
+from kernels.cpu_matmul import KernelDraft
 
 
 @dataclass
@@ -27,8 +28,8 @@ class Draft:
     runners_up: list[tuple[int, float]] | None = None  # per token: the drafter's second choice there, its probability
 
     @classmethod
-    def from_kernel(cls, drafted) -> "Draft":
-        """From one-call greedy drafting (edge.model.KernelDraft), runners-up included when they were asked for."""
+    def from_kernel(cls, drafted: KernelDraft) -> "Draft":
+        """From one-call greedy drafting (Transformer.draft_greedy), runners-up included when they were asked for."""
         if drafted.runners_up is None:
             return cls(tokens=drafted.tokens)
         return cls(tokens=drafted.tokens, confidences=[first for first, _ in drafted.probabilities],

@@ -7,7 +7,7 @@ import logging
 import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
-from edge.drafters.trimmed_head import TrimmedHead
+from edge.drafters.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError, TokenizerError
 from edge.kv_cache import common_prefix
 from edge.model import Transformer
@@ -69,11 +69,10 @@ class DraftModelDrafter:
         reuse = common_prefix(self._cached, window[:-1])  # at least the last token is fed
         self.cache.rollback(min(reuse, self.cache.length))
         drafted = None
-        if sampler.plain_greedy and isinstance(self.model, Transformer):
-            drafted = self.model.draft_greedy(window[reuse:], reuse, self.cache, k,  # all k in one C call
-                                              vocab_size=sampler.vocab_size, stop_below=sampler.stop_below,
-                                              trimmed_head=self.head.rows if self.head is not None else None,
-                                              runners_up=sampler.runners_up)
+        if sampler.plain_greedy and isinstance(self.model, Transformer):  # all k in one C call, over its own head
+            drafted = self.model.draft_greedy(window[reuse:], reuse, self.cache, k,
+                                              draft_head(self.model, self.head, sampler.vocab_size),
+                                              stop_below=sampler.stop_below, runners_up=sampler.runners_up)
         draft = (Draft.from_kernel(drafted) if drafted is not None
                  else draft_autoregressively(self._step, window, window[reuse:], reuse, k, sampler))
         self._cached = window + draft.tokens[:-1]

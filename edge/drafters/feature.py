@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
-from edge.drafters.trimmed_head import TrimmedHead
+from edge.drafters.trimmed_head import TrimmedHead, draft_head
 from edge.errors import CheckpointError, SamplingError
 from edge.kv_cache import common_prefix
 from edge.model import Linear, Transformer
+from kernels.fused_model import FeatureRows
 
 
 class FeatureDrafter:
@@ -84,12 +85,13 @@ class FeatureDrafter:
         reuse = min(self._true_rows, max(common_prefix(self._seen, tokens) - 1, 0), last - 1)
         self.cache.rollback(min(reuse, self.cache.length))
         self._previous = None
-        drafted = self.layer.draft_greedy(tokens[reuse + 1:], reuse, self.cache, k, head_model=self.target,
-                                          features=self.target.features[reuse:last], fc=self.fc.weight,
-                                          trimmed_head=self.head.rows if self.head is not None else None,
-                                          stop_below=sampler.stop_below,
-                                          runners_up=sampler.runners_up) if sampler.plain_greedy else None
-        if drafted is not None:  # all k drafts in one C call
+        drafted = None
+        if sampler.plain_greedy:  # all k in one C call: its layer over the target's features, the target's head
+            features = FeatureRows(self.target.features[reuse:last], self.fc.weight)  # (T, D), (D, 2D)
+            drafted = self.layer.draft_greedy(tokens[reuse + 1:], reuse, self.cache, k,
+                                              draft_head(self.target, self.head), features=features,
+                                              stop_below=sampler.stop_below, runners_up=sampler.runners_up)
+        if drafted is not None:
             draft = Draft.from_kernel(drafted)
         else:
             draft = draft_autoregressively(self._step, tokens, tokens[reuse + 1:], reuse, k, sampler)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
-from edge.drafters.trimmed_head import TrimmedHead
+from edge.drafters.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError
 from edge.kv_cache import KVCache
 from edge.model import Transformer
@@ -67,11 +67,11 @@ class LayerSkipDrafter:
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
         start = len(tokens) - 1  # the target's cache holds everything before the last token
-        if sampler.plain_greedy:  # all k drafts in one C call where the kernel runs
-            drafted = self.model.draft_greedy([tokens[-1]], start, self.cache, k, layers=self.layers,
-                                              vocab_size=sampler.vocab_size,
-                                              trimmed_head=self.head.rows if self.head is not None else None,
-                                              stop_below=sampler.stop_below, runners_up=sampler.runners_up)
+        if sampler.plain_greedy:  # all k drafts in one C call where the kernel runs: its layers, the shared head
+            drafted = self.model.draft_greedy([tokens[-1]], start, self.cache, k,
+                                              draft_head(self.model, self.head, sampler.vocab_size),
+                                              layers=self.layers, stop_below=sampler.stop_below,
+                                              runners_up=sampler.runners_up)
             if drafted is not None:
                 return Draft.from_kernel(drafted)
         return draft_autoregressively(self._step, tokens, [tokens[-1]], start, k, sampler)

@@ -2,6 +2,7 @@
 
     head = TrimmedHead(model, kept)        # kept (V',) token ids, e.g. from `python -m export.vocab_trim`
     logits = head.logits(hidden)           # hidden (1, T, D) -> (V,) for the last position; dropped ids are -inf
+    draft_head(model, head)                # the kept rows as one-call greedy drafting scores them
 
 The kept rows are copied once (V' x D); the target keeps its full head, so verification is over every token and a
 token the drafter cannot propose is simply produced by the target.
@@ -15,7 +16,8 @@ from pathlib import Path
 import torch
 
 from edge.errors import SamplingError
-from edge.model import linear
+from edge.model import Transformer, linear
+from kernels.fused_model import KernelHead
 
 
 class TrimmedHead:
@@ -27,9 +29,9 @@ class TrimmedHead:
         self.weight = model.head_weight.index_select(0, self.kept).contiguous()  # (V', D)
 
     @property
-    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weight (V', D), kept ids (V',) int64): what Transformer.draft_greedy's one-call path takes."""
-        return self.weight, self.kept
+    def kernel_head(self) -> KernelHead:
+        """The kept rows (V', D) and their token ids (V',), as one-call greedy drafting scores them."""
+        return KernelHead(self.weight, self.weight.shape[0], token_ids=self.kept)
 
     @property
     def nbytes(self) -> int:
@@ -40,6 +42,13 @@ class TrimmedHead:
         last = hidden[0, -1:]  # (1, D)
         part = linear(last, self.weight, None, self.model.rowwise, self.model.rowwise_max_rows)[0]  # (V',)
         return expand_vocabulary(part, self.kept, self.model.config.vocab_size)  # (V,)
+
+
+def draft_head(model: Transformer, trimmed: TrimmedHead | None, vocab_size: int | None = None) -> KernelHead:
+    """The head a drafter's one-call greedy draft scores (Transformer.draft_greedy): its trimmed rows (VocabTrim),
+    else `model`'s head cut to its leading `vocab_size` rows (a draft vocabulary padded beyond the target's; None:
+    all), packed where `model` packed it."""
+    return trimmed.kernel_head if trimmed is not None else model.kernel_head(vocab_size)
 
 
 def expand_vocabulary(logits: torch.Tensor, kept: torch.Tensor, vocab_size: int) -> torch.Tensor:

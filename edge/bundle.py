@@ -81,6 +81,7 @@ class Bundle:
         """The exported `part` ("target" or "drafter") on `backend`, with the Transformer calls of exported models."""
         entry = self.manifest[part]
         path = self.root / entry[BACKENDS[backend]]
+        # each backend's runtime (onnxruntime, torch.jit) is imported only when a bundle opens on it
         if entry.get("graph") == "optimum":  # an architecture edge's model file does not cover
             from edge.optimum_backend import OptimumOnnxModel
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edge.errors import CheckpointError, UnsupportedModelError
+from memory.footprint import ModelShape
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -52,8 +53,6 @@ class ModelConfig:
 
     def shape(self):
         """The plain-number description the memory planner counts bytes from."""
-        from memory.footprint import ModelShape
-
         return ModelShape(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
                           intermediate_size=self.intermediate_size, num_layers=self.num_layers,
                           num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,

@@ -17,6 +17,7 @@ from typing import Iterable
 import torch
 
 from edge.config import ModelConfig
+from edge.drafters.trimmed_head import expand_vocabulary
 from edge.errors import UnsupportedModelError
 from edge.kv_cache import KVCache
 
@@ -64,6 +65,4 @@ class ExportedModel:
         """The forward's logits (B, T, V') -> (B, T, V); rows a trimmed head dropped are -inf (never drafted)."""
         if self.vocab_map is None:
             return out
-        from edge.drafters.trimmed_head import expand_vocabulary
-
         return expand_vocabulary(out, self.vocab_map, self.config.vocab_size)  # (B, T, V)

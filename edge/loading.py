@@ -19,6 +19,8 @@ from edge.config import ModelConfig
 from edge.errors import CheckpointError, SettingError
 from edge.model import Transformer
 from edge.rope import inverse_frequencies
+from kernels.cpu_matmul import RowwiseMatmul
+from kernels.cpu_paths import KernelPathError
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -172,9 +174,6 @@ def storage_dtype(source: torch.dtype | None, dtype: torch.dtype, device: torch.
 def cpu_kernel():
     """edge's batch-invariant CPU kernel on this CPU's path (or EDGE_CPU_KERNEL's), or None where it cannot be
     built (kernels/cpu_matmul.py)."""
-    from kernels.cpu_matmul import RowwiseMatmul
-    from kernels.cpu_paths import KernelPathError
-
     try:
         return RowwiseMatmul.load()
     except KernelPathError as error:

@@ -25,12 +25,12 @@ from torch import nn
 from edge.config import ModelConfig
 from edge.errors import UnsupportedModelError
 from edge.kv_cache import KVCache, keep_slots
+from edge.packed_weights import PackedLinear
 from edge.rope import apply_rope, inverse_frequencies
-from kernels.cpu_matmul import KernelDraft
+from kernels.cpu_matmul import ROWWISE_MAX_ROWS, KernelDraft
 from kernels.fused_model import FeatureRows, FusedWeights, KernelHead, ModelEnds, ModelShape
 
 
-ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
 FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
 TREE_ROWS = 64  # the most rows of a token tree's verify pass (kernels/csrc/attention.c TREE_ROWS)
 
@@ -349,8 +349,6 @@ class Transformer(nn.Module):
     def _build_fused_weights(self) -> FusedWeights | None:
         """The layers handed to the fused C calls, or None where one is not a Block of Linear projections
         (PackedLinear ones when packed) or holds weights the kernel does not read (offloaded, QuantizedLinear)."""
-        from edge.packed_weights import PackedLinear
-
         matrix_type, matrix = (PackedLinear, "packed") if self.packed_format else (Linear, "weight")
         tensors = [block.kernel_tensors(matrix_type, matrix) if isinstance(block, Block) else None
                    for block in self.layers]
@@ -417,8 +415,6 @@ class Transformer(nn.Module):
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """Route every projection of up to `max_rows` rows through `matmul` (None: torch's matmul throughout)."""
-        from edge.packed_weights import PackedLinear
-
         linears = [module for module in self.modules() if isinstance(module, Linear)]
         supported = matmul is not None and all(matmul.supports(m.weight, m.bias) for m in linears)
         if self.packed_format and not supported:

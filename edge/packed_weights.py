@@ -23,14 +23,13 @@ import torch
 from torch import nn
 
 from edge.errors import UnsupportedModelError
-from edge.model import ROWWISE_MAX_ROWS
+from kernels.cpu_matmul import ROWWISE_MAX_ROWS
+from kernels.cpu_packing import dequantize, pack_int4, pack_int8
 
 FORMATS = ("int8", "int4")
 
 
 def _packer(fmt: str):
-    from kernels.cpu_packing import pack_int4, pack_int8
-
     return {"int8": pack_int8, "int4": pack_int4}[fmt]
 
 
@@ -52,9 +51,7 @@ class PackedLinear(nn.Module):
     def from_linear(cls, linear: nn.Module, fmt: str, rowwise) -> "PackedLinear":
         """From a float Linear, or from another PackedLinear (re-quantizing what its codes stand for)."""
         if isinstance(linear, PackedLinear):
-            from kernels.cpu_packing import dequantize
-
-            weight = dequantize(linear.packed.data, linear.format, linear.out_features, linear.in_features)
+                    weight = dequantize(linear.packed.data, linear.format, linear.out_features, linear.in_features)
         else:
             weight = linear.weight
         return cls(_packer(fmt)(weight), fmt, linear.in_features, linear.out_features, linear.bias, rowwise)

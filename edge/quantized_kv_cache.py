@@ -18,6 +18,7 @@ import torch
 
 from edge.kv_cache import KVCache, keep_slots
 from kernels.cpu_matmul import HierarchicalCache, HierarchicalPlanes, KernelCache
+from kernels.dispatch import use_triton
 from kernels.kv_quant import KV_FORMATS, PackedVectors, dequantize, quantize
 
 KV_CACHE_CHOICES = ("float32", "int8", "int8-int4", "hierarchical")  # int8-int4: int8 keys, int4 values
@@ -136,12 +137,11 @@ class QuantizedKVCache(KVCache):
         """Quantize-on-append and attention straight from the packed cache with the Triton kernels (a capable GPU,
         or the interpreter when asked; see kernels/dispatch.py): q (1, H, T, Dh), keys/values (1, Hkv, T, Dh) ->
         (1, H, T, Dh). None where they do not apply (then write() and the model's attention run)."""
-        from kernels.dispatch import use_triton
-
         kind = self.formats[0]
         if (window or q.shape[0] != 1 or self.formats[1] != kind or kind not in ("int8", "hierarchical")
                 or not use_triton(q)):
             return None
+        # kernels.triton_kernels imports triton: loaded only where a GPU (or its interpreter) runs it
         from kernels.triton_kernels import quantize_vectors, quantized_decode_attention
 
         end = start + keys.shape[2]

@@ -26,6 +26,7 @@ from kernels import cpu_paths
 
 log = logging.getLogger(__name__)
 # the C side's WEIGHTS_F32 / BF16 / F16 / I8 / I4 (int8, int4: packed matrices, float32 norms)
+ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
 WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "int4": 4}
 FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

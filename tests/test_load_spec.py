@@ -100,7 +100,7 @@ def test_drafter_specs_are_parsed_in_one_place_with_one_message(tmp_path):
     assert str(spec) == "hybrid:early-exit:3@vocab.json"
     assert DrafterSpec.parse(str(tmp_path)) == DrafterSpec("draft", str(tmp_path))  # a bare folder: a draft model
     assert DrafterSpec.parse("none") is None and DrafterSpec.parse(None) is None
-    for bad in ("bogus", "ngram:x", "skip", "skip:", "adaptive:3", "early-exit:1,2"):
+    for bad in ("bogus", "ngram:x", "draft:", "adaptive:3", "early-exit:1,2", "skip:1,x"):
         with pytest.raises(SamplingError) as error:
             DrafterSpec.parse(bad)
         assert bad in str(error.value) and ("ngram[:N]" in str(error.value) or "the form is" in str(error.value))

@@ -11,6 +11,7 @@ from edge.drafters.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError, TokenizerError
 from edge.kv_cache import common_prefix
 from edge.model import Transformer
+from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
 from edge.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,6 @@ class DraftModelDrafter:
         if kv_cache in (None, "float32"):
             self.cache = model.new_cache(max_len)
         elif isinstance(model, Transformer):
-            from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
-
             keys, values = kv_formats(kv_cache)
             self.cache = QuantizedKVCache.for_model(model.config, max_len, key_format=keys, value_format=values,
                                                     device=self.device)

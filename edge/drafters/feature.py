@@ -23,6 +23,7 @@ from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
 from edge.drafters.trimmed_head import TrimmedHead, draft_head
 from edge.errors import CheckpointError, SamplingError
 from edge.kv_cache import common_prefix
+from edge.loading import load_hf_tensors, load_model
 from edge.model import Linear, Transformer
 from kernels.fused_model import FeatureRows
 
@@ -43,8 +44,6 @@ class FeatureDrafter:
 
     @classmethod
     def load(cls, path: str | Path, target: Transformer, max_len: int) -> "FeatureDrafter":
-        from edge.loading import load_hf_tensors, load_model
-
         path = Path(path)
         if not isinstance(target, Transformer):
             raise SamplingError("the feature drafter reads the target's hidden states, which needs the torch backend")

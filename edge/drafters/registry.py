@@ -94,13 +94,13 @@ class DrafterSpec:
         spec, vocabulary = (text.rpartition("@")[0], text.rpartition("@")[2]) if "@" in text else (text, None)
         hybrid = spec.startswith("hybrid:")
         spec = spec.removeprefix("hybrid:")
-        name, colon, argument = spec.partition(":")
+        name, _, argument = spec.partition(":")
         if name not in KINDS:
             if not Path(spec).is_dir():
                 raise SamplingError(f"unknown drafter {text!r}; expected one of: {usage()}")
             name, argument = "draft", spec  # a bare checkpoint folder
         parsed = cls(name, argument, hybrid, vocabulary or None)
-        parsed._check_argument(text, bool(colon))
+        parsed._check_argument(text)
         return parsed
 
     def __str__(self) -> str:
@@ -142,10 +142,9 @@ class DrafterSpec:
             trim_vocabulary(drafter, self.vocabulary)
         return HybridDrafter(drafter) if self.hybrid else drafter
 
-    def _check_argument(self, text: str, colon: bool) -> None:
+    def _check_argument(self, text: str) -> None:
         entry = self.entry
-        if colon and not self.argument or self.argument and entry.argument == "none" or (
-                entry.argument_required and not self.argument):
+        if self.argument and entry.argument == "none" or entry.argument_required and not self.argument:
             raise SamplingError(f"cannot read the drafter {text!r}: the form is {entry.usage}")
         if entry.argument in ("number", "numbers") and self.argument:
             try:
@@ -233,8 +232,8 @@ KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
                 build=lambda spec, target: NGramDrafter(max_ngram=spec.numbers()[0] if spec.argument else 4)),
     DrafterKind("early-exit", "early-exit[:E]", "self", argument="number", runs_target_layers=True,
                 build=_early_exit),
-    DrafterKind("skip", "skip:L1,L2,...", "self", argument="numbers", argument_required=True,
-                runs_target_layers=True,
+    # no layers listed: LayerSkipDrafter.skipping says the draft would cost as much as the target
+    DrafterKind("skip", "skip:L1,L2,...", "self", argument="numbers", runs_target_layers=True,
                 build=lambda spec, target: LayerSkipDrafter.skipping(target.model, target.cache, spec.numbers())),
     DrafterKind("adaptive", "adaptive", "self", runs_target_layers=True,
                 build=lambda spec, target: AdaptiveLayerSkipDrafter(target.model, target.cache)),

@@ -27,6 +27,7 @@ import torch
 from bench import llama_cpp, scaling, suite
 from bench.checkpoints import source_checkpoint
 from edge.cli_options import print_plan, resolve_model_path
+from edge.drafters.registry import usage as drafter_usage
 from edge.errors import EdgeError
 from edge.kv_cache import common_prefix
 from edge.load_spec import DRAFT_WEIGHTS, DTYPES, LoadSpec
@@ -58,9 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: $EDGE_LLAMA_CPP_SOURCE, else the installed llama-cpp-python's sdist, "
                              "fetched once into the cache)")
     parser.add_argument("--methods", default="ar,ngram,early-exit,adaptive,builtin",
-                        help="suite: comma-separated methods: ar and drafter specs (ngram[:N], early-exit[:E], "
-                             "skip:L1,L2, adaptive, draft:PATH (a checkpoint or a bundle), builtin, feature[:PATH], "
-                             "hybrid:SPEC; bundle for a bundle's own drafter)")
+                        help=f"suite: comma-separated methods: ar and drafter specs ({drafter_usage()}; "
+                             "draft:PATH may be a checkpoint or a bundle, bundle is a bundle's own drafter)")
     parser.add_argument("--draft-lengths", default="adaptive",
                         help="suite: comma-separated draft lengths to try for every drafter: adaptive, adaptive:P "
                              "(with a confidence stop at probability P) and/or numbers")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
+import threading
 import time
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -30,7 +32,7 @@ from edge.decoding import Autoregressive, DecodingStrategy, Step
 from edge.bundle import is_bundle, read_bundle
 from edge.drafters import Drafter
 from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
-from edge.errors import BundleError, CheckpointError, PromptError, SamplingError
+from edge.errors import BundleError, CheckpointError, EngineBusyError, PromptError, SamplingError
 from edge.events import Event, Stats
 from edge.kv_cache import common_prefix
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
@@ -99,6 +101,7 @@ class Engine:
         else:
             raise SamplingError("a quantized KV cache runs on the torch backend; load the checkpoint folder")
         self._history: list[int] = []  # prompt + generated tokens of the last call; the cache holds a prefix of it
+        self._busy = threading.Lock()  # held while a generation runs: one engine, one reply at a time
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.drafter: Drafter | None = None
         self.draft_length = _draft_length("adaptive")
@@ -250,16 +253,16 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("the prompt is empty; pass some text to continue")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+            ids = self.tokenizer.encode(_checked_text(prompt, "the prompt"), add_special_tokens=True)
         else:
-            ids = [int(token) for token in prompt]
+            ids = _token_ids(prompt)
         return self._stream(ids, opts)
 
     def chat(self, messages: Sequence[dict], *, template_kwargs: dict | None = None, **options) -> Iterator[Event]:
         """Answer the last message of a conversation rendered with the checkpoint's chat template."""
         opts = GenerationOptions.from_kwargs(options)
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **(template_kwargs or {}))
-        return self._stream(self._continue_history(text), opts)
+        return self._stream(self._continue_history(_checked_text(text, "the chat")), opts)
 
     def fit_chat(self, messages: Sequence[dict], reserve: int, *, template_kwargs: dict | None = None
                  ) -> tuple[list[dict], int]:
@@ -337,6 +340,16 @@ class Engine:
 
     def _run(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy,
              generator: torch.Generator) -> Iterator[Event]:
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusyError("this engine is already generating a reply (another iterator or thread); finish "
+                                  "or close that one first (iterator.close()), or load a second Engine")
+        try:
+            yield from self._generate(prompt_ids, opts, strategy, generator)
+        finally:
+            self._busy.release()
+
+    def _generate(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy,
+                  generator: torch.Generator) -> Iterator[Event]:
         stats = Stats(prompt_tokens=len(prompt_ids))
         tokens = list(prompt_ids)
         text_stream = StreamDecoder(self.tokenizer)
@@ -460,3 +473,27 @@ def _exporter(name: str) -> Callable[..., Path]:
         missing = getattr(error, "name", None) or "edge's exporter"
         raise BundleError(f"running a checkpoint on ONNX Runtime exports it first, which needs {missing}: pip install "
                           "'edge[export]', or export it yourself with edge-export") from None
+
+
+def _checked_text(text: str, what: str) -> str:
+    """`text` if it is valid Unicode throughout; a lone surrogate (undecodable bytes read with surrogateescape, as
+    Python reads a command line or a pipe) is a PromptError naming where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PromptError(f"{what} is not valid UTF-8 text (an undecodable byte at character {error.start}); "
+                          "save or pipe it as UTF-8") from None
+    return text
+
+
+def _token_ids(prompt: object) -> list[int]:
+    """A prompt given as token ids: any sequence of integers (ints, numpy or 0-d torch integers); bytes would read as
+    byte values, so they are refused like every other non-prompt."""
+    kind = type(prompt).__name__
+    if isinstance(prompt, (bytes, bytearray)):
+        raise PromptError(f"a prompt is text (str) or a list of token ids (ints), got {kind}; decode it first: "
+                          "prompt.decode('utf-8')")
+    try:
+        return [operator.index(token) for token in prompt]
+    except TypeError:
+        raise PromptError(f"a prompt is text (str) or a list of token ids (ints), got {kind}") from None

@@ -31,6 +31,10 @@ class SamplingError(EdgeError, ValueError):
     """A sampling parameter is out of range."""
 
 
+class EngineBusyError(EdgeError, RuntimeError):
+    """An engine was asked for a second generation while one is still running (one engine, one reply at a time)."""
+
+
 class SettingError(EdgeError, ValueError):
     """An environment setting asks for what this machine cannot do (EDGE_CPU_KERNEL naming a path its CPU lacks)."""
 

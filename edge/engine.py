@@ -276,7 +276,7 @@ class Engine:
         while True:
             text = self.tokenizer.apply_chat_template(head + turns, add_generation_prompt=True,
                                                       **(template_kwargs or {}))
-            size = len(self.tokenizer.encode(text, add_special_tokens=False))
+            size = len(self.tokenizer.encode(_checked_text(text, "the chat"), add_special_tokens=False))
             if size + reserve <= self.max_context:
                 return head + turns, dropped
             if len(turns) <= 1:

@@ -27,7 +27,8 @@ def test_undecodable_text_is_a_prompt_error(engine):
     undecodable = b"Once \xff upon".decode("utf-8", "surrogateescape")  # how Python reads such argv or stdin
     for call in (lambda: engine.complete(undecodable, max_new_tokens=4),
                  lambda: engine.complete("lone \ud800 surrogate", max_new_tokens=4),
-                 lambda: "".join(e.text for e in engine.chat([{"role": "user", "content": undecodable}]))):
+                 lambda: "".join(e.text for e in engine.chat([{"role": "user", "content": undecodable}])),
+                 lambda: engine.fit_chat([{"role": "user", "content": undecodable}], reserve=8)):
         with pytest.raises(PromptError, match="not valid UTF-8 .* character"):
             call()
 
@@ -76,3 +77,12 @@ def test_an_abandoned_reply_frees_the_engine(engine):
     for _ in engine.generate("Once upon a time", max_new_tokens=16, ignore_eos=True):
         break
     assert engine.complete("Once upon a time", max_new_tokens=4, ignore_eos=True)
+
+
+def test_an_undecodable_command_line_prompt_is_one_line(llama_dir, capsys):
+    from tui.cli import main
+
+    undecodable = b"Once \xff upon".decode("utf-8", "surrogateescape")
+    assert main([str(llama_dir), "--prompt", undecodable, "--max-new-tokens", "4"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("edge-chat: error: the chat is not valid UTF-8") and "\n" not in error

@@ -457,8 +457,7 @@ def _exported(spec: LoadSpec, report: Callable[[str, float], None]) -> LoadSpec:
     rides in the export as the bundle's drafter, unless its own weights or cache are asked for: then it runs on
     torch beside the exported target."""
     drafter = spec.drafter
-    bake = (drafter is not None and drafter.kind in ("draft", "builtin") and not drafter.is_exported()
-            and not (spec.draft.weights or spec.draft.kv_cache))
+    bake = drafter is not None and drafter.is_draft_checkpoint() and not (spec.draft.weights or spec.draft.kv_cache)
     report("exporting to ONNX (once; cached)", 0.0)
     bundle = _exporter("onnx")(spec.path, draft=drafter.folder() if bake else None)
     return spec.replace(path=bundle, drafter=dataclasses.replace(drafter, kind="bundle", argument="") if bake

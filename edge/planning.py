@@ -31,7 +31,7 @@ def plan(spec: LoadSpec) -> Plan:
     kind = drafter.plan_kind if drafter is not None else "none"
     bits = int(drafter.argument or 4) if kind == "quantspec" else 4
     # an exported drafter's weights and cache are fixed by its export; a feature drafter has no narrower forms
-    narrowable = kind == "model" and drafter.entry.narrowable and not drafter.is_exported()
+    narrowable = drafter is not None and drafter.is_draft_checkpoint()
     drafter_shape, drafter_dtype = drafter_description(drafter, spec) if kind == "model" else (None, None)
     longest = DraftLength.parse(spec.draft_length).longest
     context = min(spec.max_context, config.max_position_embeddings)

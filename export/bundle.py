@@ -156,7 +156,7 @@ def _check_output(output: Path, overwrite: bool) -> None:
 def _load_drafter(spec: str, engine) -> dict:
     """The draft checkpoint named by `spec` ("builtin", "draft:PATH" or a folder), checked against the target."""
     drafter_spec = DrafterSpec.parse(spec)
-    if drafter_spec is None or drafter_spec.kind not in ("draft", "builtin"):
+    if drafter_spec is None or not drafter_spec.is_draft_checkpoint():
         raise BundleError(f"--drafter {spec!r} is not a draft model; a bundle carries a separate draft checkpoint "
                           "('builtin' or a folder). ngram needs no export, and layer-skip drafters run on the "
                           "torch backend")

@@ -72,7 +72,7 @@ class DrafterKind:
     argument: str = "none"  # "none", "number", "numbers" (comma-separated), "path"
     argument_required: bool = False
     runs_target_layers: bool = False  # runs part of the target: needs the torch backend
-    narrowable: bool = False  # a torch draft model whose weights and cache the planner may store narrower
+    draft_checkpoint: bool = False  # a separate draft checkpoint run on torch: stored narrower, carried by an export
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,11 @@ class DrafterSpec:
     def is_exported(self) -> bool:
         """Whether this is a model drafter read from an edge-export bundle (its weights fixed by the export)."""
         return self.kind == "bundle" or (self.kind == "draft" and is_bundle(self.folder()))
+
+    def is_draft_checkpoint(self) -> bool:
+        """Whether this names a separate draft checkpoint (not an export of one): its weights and cache can be stored
+        narrower, and an ONNX export of the target can carry it."""
+        return self.entry.draft_checkpoint and not self.is_exported()
 
     def build(self, target: DraftTarget) -> Drafter:
         """The drafter this spec names, against `target`: hybrid-wrapped and head-trimmed as the spec says."""
@@ -240,9 +245,9 @@ KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
     DrafterKind("quantspec", "quantspec[:B]", "quantspec", argument="number", runs_target_layers=True,
                 build=lambda spec, target: QuantSpecDrafter(target.model, target.cache,
                                                             bits=spec.numbers()[0] if spec.argument else 4)),
-    DrafterKind("draft", "draft:PATH", "model", argument="path", argument_required=True, narrowable=True,
+    DrafterKind("draft", "draft:PATH", "model", argument="path", argument_required=True, draft_checkpoint=True,
                 build=_draft_model),
-    DrafterKind("builtin", "builtin", "model", narrowable=True, build=_draft_model),
+    DrafterKind("builtin", "builtin", "model", draft_checkpoint=True, build=_draft_model),
     # a feature drafter: one layer and its cache, counted like a draft model; it has no narrower forms
     DrafterKind("feature", "feature[:PATH]", "model", argument="path",
                 build=lambda spec, target: FeatureDrafter.load(spec.folder(), target.model, target.max_len)),

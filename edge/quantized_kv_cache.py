@@ -112,8 +112,8 @@ class QuantizedKVCache(KVCache):
             raise ValueError(f"KV cache holds {self.max_len} positions; writing up to {end} does not fit")
         self.keys_store.write(layer, start, end, keys)
         self.values_store.write(layer, start, end, values)
-        return (self.keys_store.read(layer, end, self.draft_view),
-                self.values_store.read(layer, end, self.draft_view))
+        return (self.keys_store.read(layer, end, self.draft_view).to(keys.dtype),  # the compute dtype (16-bit too)
+                self.values_store.read(layer, end, self.draft_view).to(values.dtype))
 
     def keep_rows(self, start: int, rows: list[int]) -> None:
         self.keys_store.keep_rows(start, rows)

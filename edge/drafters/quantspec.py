@@ -22,6 +22,8 @@ from edge.model import Linear, Transformer
 from edge.packed_weights import PackedLinear, widen_norms
 from kernels.quant import QuantizedLinear
 
+BITS = (4, 8)  # quantspec:B, int4 in groups of 32 or int8 per output channel
+
 
 def cpu_kernel_format(model: Transformer, bits: int, group_size: int) -> str | None:
     """The CPU kernel's packed format for a `bits`-bit draft of `model` ("int4": groups of 32, as QuantSpec's; "int8":
@@ -65,6 +67,9 @@ class QuantSpecDrafter(LayerSkipDrafter):
     """A layer-skip drafter that runs every layer of the quantized copy, reading the cache's draft view."""
 
     def __init__(self, target: Transformer, cache, bits: int = 4, group_size: int = 32) -> None:
+        if bits not in BITS:
+            raise SamplingError(f"the quantspec drafter quantizes to 4 or 8 bits, not {bits}: use --drafter quantspec "
+                                "(int4) or quantspec:8")
         if getattr(cache, "formats", None) != ("hierarchical", "hierarchical"):
             raise SamplingError("the quantspec drafter reads the upper 4 bits of a hierarchical KV cache; load the "
                                 "model with kv_cache='hierarchical' (edge-chat --kv-cache hierarchical)")

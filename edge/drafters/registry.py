@@ -33,7 +33,7 @@ from edge.drafters.feature import FeatureDrafter
 from edge.drafters.hybrid import HybridDrafter
 from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
 from edge.drafters.ngram import NGramDrafter
-from edge.drafters.quantspec import QuantSpecDrafter
+from edge.drafters.quantspec import BITS, QuantSpecDrafter
 from edge.drafters.trimmed_head import read_vocabulary
 from edge.errors import BundleError, SamplingError
 from edge.kv_cache import KVCache
@@ -73,6 +73,7 @@ class DrafterKind:
     argument_required: bool = False
     runs_target_layers: bool = False  # runs part of the target: needs the torch backend
     draft_checkpoint: bool = False  # a separate draft checkpoint run on torch: stored narrower, carried by an export
+    values: tuple[int, ...] = ()  # the numbers a "number" argument may be (empty: any)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,10 @@ class DrafterSpec:
                 numbers = []
             if not numbers or entry.argument == "number" and len(numbers) != 1:
                 raise SamplingError(f"cannot read the drafter {text!r}: the form is {entry.usage}")
+            if entry.values and numbers[0] not in entry.values:
+                forms = " or ".join(f"{entry.name}:{value}" for value in entry.values)
+                raise SamplingError(f"drafter {text!r}: the number after {entry.name}: is one of "
+                                    f"{', '.join(map(str, entry.values))}; use {forms}")
 
 
 def trim_vocabulary(drafter: Drafter, vocabulary: "str | Path | torch.Tensor") -> None:
@@ -242,7 +247,7 @@ KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
                 build=lambda spec, target: LayerSkipDrafter.skipping(target.model, target.cache, spec.numbers())),
     DrafterKind("adaptive", "adaptive", "self", runs_target_layers=True,
                 build=lambda spec, target: AdaptiveLayerSkipDrafter(target.model, target.cache)),
-    DrafterKind("quantspec", "quantspec[:B]", "quantspec", argument="number", runs_target_layers=True,
+    DrafterKind("quantspec", "quantspec[:B]", "quantspec", argument="number", runs_target_layers=True, values=BITS,
                 build=lambda spec, target: QuantSpecDrafter(target.model, target.cache,
                                                             bits=spec.numbers()[0] if spec.argument else 4)),
     DrafterKind("draft", "draft:PATH", "model", argument="path", argument_required=True, draft_checkpoint=True,

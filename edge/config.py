@@ -66,10 +66,15 @@ class ModelConfig:
             raise CheckpointError(
                 f"{config_path} not found: a checkpoint folder needs the Hugging Face config.json next to its weights"
             )
+        fix = "fix the file, or download the checkpoint's config.json again"
         try:
             raw = json.loads(config_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{config_path} is not valid JSON ({exc}); re-save the checkpoint") from None
+            raise CheckpointError(f"{config_path} is not valid JSON ({exc}); {fix}") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {config_path}: {exc.strerror or exc}") from None
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{config_path} does not hold a JSON object; {fix}")
         return cls.from_hf(raw, source=str(config_path))
 
     @classmethod
@@ -86,6 +91,10 @@ class ModelConfig:
             fields.update(reader(raw))
         except KeyError as exc:
             raise CheckpointError(f"{source} lacks the key {exc.args[0]!r} that {architecture} needs") from None
+        except _BadSize as exc:
+            key, value = exc.args
+            raise CheckpointError(f"{source}: {key} must be a positive whole number, got {value!r}; fix the file, or "
+                                  "download the checkpoint's config.json again") from None
         config = cls(architecture=architecture, **fields)
         _check(config, source)
         return config
@@ -100,19 +109,31 @@ def _architecture_of(raw: dict[str, Any]) -> str:
     return by_model_type.get(model_type, model_type)
 
 
+class _BadSize(ValueError):
+    """(key, value): a size in config.json that is not a positive whole number."""
+
+
+def _size(raw: dict[str, Any], key: str, default: int | None = None) -> int:
+    """raw[key] (or `default` where it is missing or null), checked to be a positive whole number."""
+    value = raw[key] if default is None else (raw.get(key) or default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _BadSize(key, value)
+    return value
+
+
 def _common_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    num_heads = raw["num_attention_heads"]
-    hidden_size = raw["hidden_size"]
+    num_heads = _size(raw, "num_attention_heads")
+    hidden_size = _size(raw, "hidden_size")
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     return dict(
-        vocab_size=raw["vocab_size"],
+        vocab_size=_size(raw, "vocab_size"),
         hidden_size=hidden_size,
-        intermediate_size=raw["intermediate_size"],
-        num_layers=raw["num_hidden_layers"],
+        intermediate_size=_size(raw, "intermediate_size"),
+        num_layers=_size(raw, "num_hidden_layers"),
         num_heads=num_heads,
-        num_kv_heads=raw.get("num_key_value_heads") or num_heads,
-        head_dim=raw.get("head_dim") or hidden_size // num_heads,
+        num_kv_heads=_size(raw, "num_key_value_heads", num_heads),
+        head_dim=_size(raw, "head_dim", hidden_size // num_heads),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=raw.get("rope_theta", 10000.0),
         max_position_embeddings=raw.get("max_position_embeddings", 2048),

@@ -36,7 +36,7 @@ from edge.errors import BundleError, CheckpointError, EngineBusyError, PromptErr
 from edge.events import Event, Stats
 from edge.kv_cache import common_prefix
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
-from edge.loading import load_model
+from edge.loading import check_checkpoint, load_model
 from edge.model import Transformer
 from edge.offload import offload_layers
 from edge.packed_weights import quantize_weights
@@ -153,6 +153,7 @@ class Engine:
         plan = None
         if spec.memory_budget is not None:
             spec, plan = fit_to_budget(spec)
+        check_checkpoint(spec.path)  # config.json, then the weight files, then the tokenizer: the first problem
         report("reading the tokenizer", 0.0)
         tokenizer = Tokenizer.from_dir(spec.path)
         report("mapping the weights", 0.1)

@@ -250,6 +250,18 @@ def weight_recipe(config: ModelConfig) -> dict[str, list[str]]:
     return recipe
 
 
+def _source_shapes(config: ModelConfig, name: str, fused: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The shape config.json implies for each checkpoint tensor that `weight_recipe` fuses into the model's `name`
+    (whose shape is `fused`): q, k and v rows, gate and up rows, or the one tensor itself."""
+    if ".attn.wqkv." in name:
+        rows = [config.q_size, config.kv_size, config.kv_size]
+    elif ".ffn.w_gate_up." in name:
+        rows = [config.intermediate_size, config.intermediate_size]
+    else:
+        return [fused]
+    return [(count, *fused[1:]) for count in rows]
+
+
 def build_state(
     mapped: "MappedTensors", config: ModelConfig, dtype: torch.dtype, device: torch.device,
     bias_dtype: torch.dtype | None = None,
@@ -268,12 +280,12 @@ def build_state(
     state = {}
     for name, sources in recipe.items():
         parts = [mapped.tensors[source] for source in sources]
-        shape = (sum(part.shape[0] for part in parts), *parts[0].shape[1:])
-        if shape != tuple(expected[name].shape) or any(p.shape[1:] != parts[0].shape[1:] for p in parts):
-            raise CheckpointError(
-                f"tensor {name} would have shape {shape} but config.json implies {tuple(expected[name].shape)}; "
-                "the weights and config.json do not belong together"
-            )
+        for source, part, shape in zip(sources, parts, _source_shapes(config, name, tuple(expected[name].shape))):
+            if tuple(part.shape) != shape:  # named as the checkpoint names it, not by edge's fused name
+                raise CheckpointError(
+                    f"checkpoint tensor {source!r} has shape {tuple(part.shape)} but config.json implies {shape}; "
+                    "the weights and config.json are from different models: use the config.json that came with these weights"
+                )
         wanted = bias_dtype if bias_dtype is not None and name.endswith(".bias") else dtype
         tensor = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(device=device, dtype=wanted)
         for source, part in zip(sources, parts):
@@ -281,6 +293,15 @@ def build_state(
                 mapped.release(source)
         state[name] = tensor
     return state
+
+
+def check_checkpoint(folder: str | Path) -> ModelConfig:
+    """The checkpoint's config, after checking what a load reads first, in order: config.json, then that the weight
+    files are there (their headers are read by load_model). The tokenizer comes after these, so an empty or broken
+    folder is reported by its first problem."""
+    config = ModelConfig.from_dir(folder)
+    weight_files(Path(folder))
+    return config
 
 
 def load_model(

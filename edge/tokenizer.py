@@ -44,18 +44,19 @@ _RESAVE_HINT = "re-save the tokenizer with transformers' save_pretrained"
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """Read an optional JSON object file; None when it does not exist, TokenizerError when it is not valid JSON."""
+def _read_json(path: Path, hint: str = _RESAVE_HINT) -> dict[str, Any] | None:
+    """Read an optional JSON object file; None when it does not exist, TokenizerError when it is not valid JSON
+    (`hint`: how to get a good copy)."""
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise TokenizerError(
-            f"{path} is not valid JSON ({_first_line(error)}): repair the file or {_RESAVE_HINT}"
+            f"{path} is not valid JSON ({_first_line(error)}): repair the file or {hint}"
         ) from None
     if not isinstance(data, dict):
-        raise TokenizerError(f"{path} does not hold a JSON object: repair the file or {_RESAVE_HINT}")
+        raise TokenizerError(f"{path} does not hold a JSON object: repair the file or {hint}")
     return data
 
 
@@ -150,8 +151,8 @@ def _ids(value: Any) -> list[int]:
 def _model_config_ids(directory: Path, key: str) -> list[int]:
     """Token ids stored under `key` in generation_config.json and config.json (also its `text_config`)."""
     found: list[int] = []
-    for name in ("generation_config.json", "config.json"):
-        data = _read_json(directory / name) or {}
+    for name in ("generation_config.json", "config.json"):  # the model's files, not the tokenizer's
+        data = _read_json(directory / name, f"download the checkpoint's {name} again") or {}
         found += _ids(data.get(key))
         if isinstance(data.get("text_config"), dict):
             found += _ids(data["text_config"].get(key))

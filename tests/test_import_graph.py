@@ -1,5 +1,5 @@
 """The project's import graph: no cycle among its modules (function-local imports counted, so none can hide one),
-packages depend one way (tui -> edge -> memory/kernels; export -> edge; bench -> edge), and no module imports
+packages depend one way (tui, serve -> edge -> memory/kernels; export -> edge; bench -> edge), and no module imports
 another's private names."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ ALLOWED = {  # package -> the project packages it may import
     "tui": {"edge", "memory", "kernels"},
     "bench": {"edge", "export", "memory", "kernels"},
     "train": {"edge", "memory", "kernels"},
+    "serve": {"edge", "memory", "kernels"},
 }
 
 

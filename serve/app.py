@@ -1,0 +1,248 @@
+"""The FastAPI app: OpenAI's chat and text completions, the model list and a health check, on one loaded model.
+
+    POST /v1/chat/completions   POST /v1/completions     streaming (server-sent events) or whole
+    GET  /v1/models             GET  /health             503 while the model loads
+
+A handler checks the API key and the body, queues one job (429 with Retry-After when the queue is full) and relays
+the job's events: as SSE chunks, or gathered into one body. A client that goes away cancels its job: a waiting
+job is skipped, a running one stops after its current step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from edge.engine import Engine, GenerationOptions
+from edge.errors import EdgeError
+from edge.events import Event
+from serve.errors import ApiError, from_edge_error, from_validation
+from serve.generation_queue import EventChannel, Generation, GenerationQueue, Job, QueueFull
+from serve.responses import Reply, server_sent_event
+from serve.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
+
+log = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.25  # how often a handler waiting for a whole reply checks that its client is still there
+ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models and GET /health"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_id: str  # the name /v1/models lists and replies carry
+    defaults: GenerationOptions = GenerationOptions()  # for the fields a request leaves out
+    api_key: str | None = None  # when set, every route but /health needs "Authorization: Bearer KEY"
+    speculate_when_sampling: bool = True  # False: requests with temperature > 0 decode plainly
+    max_body_bytes: int = 16 * 2**20
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its reply was being made."""
+
+
+def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
+    app = FastAPI(title="edge-serve", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def require_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), config.api_key.encode())):
+            raise ApiError(401, "Incorrect API key provided: send the key edge-serve was started with "
+                           "(--api-key or EDGE_API_KEY) as 'Authorization: Bearer KEY'",
+                           kind="authentication_error", code="invalid_api_key")
+
+    def loaded_engine() -> Engine:
+        if not generations.loaded.is_set():
+            raise ApiError(503, "the model is still loading; retry shortly (GET /health answers 200 once it is "
+                           "ready)", kind="unavailable_error", code="model_loading", headers={"Retry-After": "1"})
+        if generations.engine is None:
+            raise ApiError(503, f"the model failed to load: {generations.load_error}", kind="unavailable_error",
+                           code="model_load_failed")
+        return generations.engine
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not generations.loaded.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
+        if generations.engine is None:
+            return JSONResponse({"status": "error", "error": str(generations.load_error)}, status_code=503)
+        return JSONResponse({"status": "ok", "model": config.model_id,
+                             "queue": {"waiting": generations.waiting, "limit": generations.limit},
+                             "replies": dict(generations.finished)})
+
+    @app.get("/v1/models", dependencies=[Depends(require_key)])
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card(config)]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(require_key)])
+    async def model(model_id: str) -> dict:
+        if model_id != config.model_id:
+            raise ApiError(404, f"The model {model_id!r} does not exist; this server runs {config.model_id!r}",
+                           kind="not_found_error", param="model", code="model_not_found")
+        return model_card(config)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
+    async def chat_completions(request: Request) -> Response:
+        body = parsed(ChatCompletionRequest, await read_json(request, config.max_body_bytes))
+        if loaded_engine().tokenizer.chat_template is None:
+            raise ApiError(400, "this model has no chat template: send a plain prompt to /v1/completions, or start "
+                           "edge-serve with a chat template (--chat-template FILE)", param="messages",
+                           code="no_chat_template")
+        messages, options = body.template_messages(), engine_options(body, config)
+
+        def generation(engine: Engine, should_stop) -> Any:
+            return engine.chat(messages, **vars(dataclasses.replace(options, should_stop=should_stop)))
+
+        return await respond(request, Reply(chat=True, model=config.model_id), generation, body, "messages")
+
+    @app.post("/v1/completions", dependencies=[Depends(require_key)])
+    async def completions(request: Request) -> Response:
+        body = parsed(CompletionRequest, await read_json(request, config.max_body_bytes))
+        loaded_engine()
+        prompt, options = body.prompt, engine_options(body, config)
+
+        def generation(engine: Engine, should_stop) -> Any:
+            return engine.generate(prompt, **vars(dataclasses.replace(options, should_stop=should_stop)))
+
+        return await respond(request, Reply(chat=False, model=config.model_id), generation, body, "prompt")
+
+    async def respond(request: Request, reply: Reply, generation: Generation, body: SamplingRequest,
+                      param: str) -> Response:
+        job = Job(generation, EventChannel(asyncio.get_running_loop()))
+        try:
+            generations.submit(job)
+        except QueueFull as full:
+            raise ApiError(429, f"{full}: edge-serve generates one reply at a time and {generations.limit} "
+                           "requests are already waiting", kind="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(full.retry_after_s)}) from None
+        try:
+            first = await next_event(job, request, param)
+            if body.stream:
+                stream = job  # the stream's own `finally` cancels it from here on
+                job = None
+                return StreamingResponse(streamed(stream, reply, first, body.include_usage, param),
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            text, last = [first.text], first
+            while not last.finished:
+                last = await next_event(job, request, param)
+                text.append(last.text)
+            return JSONResponse(reply.whole("".join(text), last))
+        finally:
+            if job is not None:
+                job.cancel()  # the client went away, or the reply is done and there is nothing left to stop
+
+    async def streamed(job: Job, reply: Reply, first: Event, include_usage: bool, param: str) -> AsyncIterator[str]:
+        try:
+            if reply.chat:
+                yield server_sent_event(reply.chunk("", first=True))
+            event = first
+            while True:
+                if event.text or event.finished:
+                    yield server_sent_event(reply.chunk(event.text, event if event.finished else None))
+                if event.finished:
+                    break
+                item = await job.channel.get()
+                if isinstance(item, BaseException):  # after the headers went out: the error is the last event
+                    yield server_sent_event(api_error(item, param).body())
+                    break
+                event = item
+            if include_usage and event.finished:
+                yield server_sent_event(reply.usage_chunk(event))
+            yield server_sent_event("[DONE]")
+        finally:
+            job.cancel()  # a disconnect cancels this generator at its await: stop the generation at its next step
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(request: Request, error: ApiError) -> Response:
+        return error.response()
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, error: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, error: HTTPException) -> Response:
+        if error.status_code == 404:
+            message = f"Unknown route {request.method} {request.url.path}; edge-serve serves {ROUTES}"
+            return ApiError(404, message, kind="not_found_error", code="unknown_url").response()
+        return ApiError(error.status_code, f"{error.detail} ({request.method} {request.url.path}); edge-serve "
+                        f"serves {ROUTES}", code="method_not_allowed" if error.status_code == 405 else None).response()
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, error: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return ApiError(500, "internal error in edge-serve (see its log)", kind="server_error").response()
+
+    return app
+
+
+def model_card(config: ServeConfig) -> dict:
+    return {"id": config.model_id, "object": "model", "created": 0, "owned_by": "edge"}
+
+
+def engine_options(body: SamplingRequest, config: ServeConfig) -> GenerationOptions:
+    options = body.generation_options(config.defaults)
+    if options.temperature > 0 and not config.speculate_when_sampling:
+        options = dataclasses.replace(options, speculate=False)
+    return options
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object; over `limit` bytes is a 413, anything but a JSON object a 400."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request body is over {limit} bytes", code="request_too_large")
+        chunks.append(chunk)
+    try:
+        data = json.loads(b"".join(chunks), parse_constant=refuse_constant)
+    except (ValueError, RecursionError) as error:
+        raise ApiError(400, f"the request body is not valid JSON ({error}); send a JSON object",
+                       code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    return data
+
+
+def refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parsed(kind: type[SamplingRequest], data: dict) -> Any:
+    try:
+        return kind.model_validate(data)
+    except ValidationError as error:
+        raise from_validation(error) from None
+
+
+async def next_event(job: Job, request: Request, param: str) -> Event:
+    """The job's next event, watching the client meanwhile; the error that ended the job, as an ApiError."""
+    while True:
+        try:
+            item = await asyncio.wait_for(job.channel.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                raise ClientGone() from None
+            continue
+        if isinstance(item, BaseException):
+            raise api_error(item, param)
+        return item
+
+
+def api_error(error: BaseException, param: str) -> ApiError:
+    if isinstance(error, EdgeError):
+        return from_edge_error(error, param)
+    return ApiError(500, "internal error in edge-serve (see its log)", kind="server_error")

@@ -1,0 +1,141 @@
+"""edge-serve: the OpenAI HTTP API on localhost, for any app that speaks it (editors, note apps, chat front-ends).
+
+    edge-serve [MODEL_OR_BUNDLE]                     the built-in model when MODEL is omitted
+    edge-serve MODEL --port 8080 --api-key KEY       clients send "Authorization: Bearer KEY"
+
+The model, drafter, weights and memory options are edge-chat's (edge/cli_options.py, one load spec); the sampling
+flags set the defaults of requests that leave a field out. The server listens at once and loads in the background
+(GET /health answers 503 until the model is ready).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+import uvicorn
+
+from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
+from edge.cli_options import (
+    add_model_arguments,
+    add_sampling_arguments,
+    add_speculation_arguments,
+    generation_options,
+    load_spec,
+    print_plan,
+)
+from edge.engine import Engine
+from edge.errors import EdgeError
+from memory.budget import BudgetError
+from serve.app import ServeConfig, create_app
+from serve.generation_queue import GenerationQueue
+
+API_KEY_VARIABLE = "EDGE_API_KEY"
+DEFAULT_PORT = 8080  # llama-server's
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-serve",
+        description="Serve a local model over the OpenAI HTTP API (POST /v1/chat/completions, /v1/completions; "
+        "GET /v1/models, /health). One model, one reply at a time: requests queue in arrival order.",
+    )
+    add_model_arguments(parser)
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1, this machine only); any other address lets "
+                             "other machines in, so set an API key")
+    server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default: {DEFAULT_PORT}")
+    server.add_argument("--api-key", default=None, metavar="KEY",
+                        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: the "
+                             f"{API_KEY_VARIABLE} environment variable; neither: no key)")
+    server.add_argument("--queue-size", type=int, default=16, metavar="N",
+                        help="requests that may wait while one is generated; one more is answered 429 with "
+                             "Retry-After (default: 16)")
+    server.add_argument("--model-name", default=None, metavar="NAME",
+                        help="the model's id in /v1/models and in replies (default: the folder's name, or "
+                             "edge-builtin); requests may name any model")
+    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                        help="uvicorn's log level (default: info)")
+    add_speculation_arguments(parser)
+    add_sampling_arguments(parser, max_new_tokens=512)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        spec = load_spec(args, default_drafter(args))
+        if args.plan:
+            print_plan(spec)
+            return 0
+        config = serve_config(args)
+    except (EdgeError, BudgetError, ValueError) as error:
+        print(f"edge-serve: error: {error}", file=sys.stderr)
+        return 2
+    if not is_loopback(args.host):
+        print(f"edge-serve: warning: listening on {args.host}, not only this machine: other machines can reach the "
+              f"server{'' if config.api_key else '; set an API key (--api-key or ' + API_KEY_VARIABLE + ')'}",
+              file=sys.stderr)
+    generations = GenerationQueue(args.queue_size)
+    server = uvicorn.Server(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
+                                           log_level=args.log_level))
+
+    def stop_server(error: BaseException) -> None:
+        server.should_exit = True
+
+    generations.start(lambda: loaded(spec), on_load_error=stop_server)
+    server.run()
+    generations.stop()
+    if generations.load_error is not None:
+        print(f"edge-serve: error: {generations.load_error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def loaded(spec) -> Engine:
+    engine = Engine.from_spec(spec)
+    for step in engine.plan.steps if engine.plan else ():
+        logging.getLogger("serve").warning("memory plan: %s", step)
+    return engine
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    if args.queue_size < 1:
+        raise ValueError(f"--queue-size must be at least 1, got {args.queue_size}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
+    name = args.model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else "edge-builtin")
+    defaults = generation_options(args)
+    defaults.sampling  # noqa: B018 - checks the sampling flags now (SamplingError), not at the first request
+    return ServeConfig(model_id=name, defaults=defaults, api_key=api_key,
+                       speculate_when_sampling=args.drafter is not None)
+
+
+def default_drafter(args: argparse.Namespace) -> str | None:
+    """edge-chat's default: with the built-in model, n-gram lookup backed by the built-in feature drafter (or draft
+    model); plain decoding for other checkpoints and when the default temperature samples ("none": off)."""
+    if args.drafter is not None:
+        return None if args.drafter == "none" else args.drafter
+    if args.model is not None or args.temperature > 0:
+        return None
+    if builtin_feature_drafter_path() is not None:
+        return "hybrid:feature"
+    return "hybrid:builtin" if builtin_drafter_path() is not None else None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only "localhost" is known to stay on this machine
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The request bodies edge-serve takes: the OpenAI API's fields, unknown ones refused, every value range-checked.
+
+A field left out (or null) takes the server's default, which `edge-serve --temperature ...` and the other sampling
+flags set. Fields edge cannot honour (n > 1, logprobs, penalties other than the repetition penalty) are refused
+with a message rather than ignored. `top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are edge's (and
+llama-server's) extensions; the openai client sends them through `extra_body`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from edge.engine import GenerationOptions
+
+MAX_STOP_STRINGS = 4  # as OpenAI's API
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+# text-completion fields edge-serve accepts only at their do-nothing values
+ACCEPTED_COMPLETION_VALUES = {"echo": (False,), "suffix": (None,), "best_of": (None, 1), "logprobs": (None, 0)}
+
+
+class Body(BaseModel):
+    """JSON types as written (no "1" for 1, no true for 1), finite numbers, no unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+
+
+class SamplingRequest(Body):
+    """The fields chat and text completions share."""
+
+    model: str | None = None  # any name is accepted: edge-serve serves the one model it loaded
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: tuple[str, ...] | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    # extensions (edge's sampling options; llama-server takes the same names)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    ignore_eos: bool = False
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, value: Any) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        strings = [value] if isinstance(value, str) else value
+        if not isinstance(strings, list) or not all(isinstance(text, str) for text in strings):
+            raise ValueError("stop must be a string or a list of strings")
+        if len(strings) > MAX_STOP_STRINGS or not all(strings):
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings")
+        return tuple(strings)
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("edge-serve returns one choice per request: leave n out or send 1")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None) -> float | None:
+        if value not in (None, 0):
+            raise ValueError("this penalty is not supported: leave it out or send 0 (edge-serve takes "
+                             "repetition_penalty instead)")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict | None) -> dict | None:
+        if value:
+            raise ValueError("logit_bias is not supported: leave it out")
+        return value
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def generation_options(self, defaults: GenerationOptions) -> GenerationOptions:
+        """The engine's options: what the request sets, the server's defaults for the rest."""
+        asked = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                     top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
+                     stop=self.stop, ignore_eos=self.ignore_eos or None)
+        return dataclasses.replace(defaults, **{name: value for name, value in asked.items() if value is not None})
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatMessage(Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_content(cls, value: Any) -> str:
+        """A string, or a list of text parts ({"type": "text", "text": ...}), joined by newlines."""
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(part, dict) and part.keys() == {"type", "text"}
+                                           and part["type"] == "text" and isinstance(part["text"], str)
+                                           for part in value):
+            return "\n".join(part["text"] for part in value)
+        raise ValueError('content must be a string or a list of text parts ({"type": "text", "text": "..."}); '
+                         "edge-serve takes text only")
+
+    def for_template(self) -> dict[str, str]:
+        """The message as chat templates read it ("developer" is OpenAI's newer name for "system")."""
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
+    logprobs: bool | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("logprobs are not supported: leave it out or send false")
+        return value
+
+    @field_validator("tools", "tool_choice")
+    @classmethod
+    def _no_tools(cls, value: Any) -> Any:
+        if value not in (None, [], "none"):
+            raise ValueError("tool calls are not supported: leave tools and tool_choice out")
+        return value
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def template_messages(self) -> list[dict[str, str]]:
+        return [message.for_template() for message in self.messages]
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | tuple[int, ...]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> str | tuple[int, ...]:
+        """One prompt: text, or token ids (also each as the only item of a list, as the API's batch form)."""
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+            value = value[0]
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value and all(type(token) is int for token in value):
+            return tuple(value)
+        raise ValueError("prompt must be one string or one list of token ids (one prompt per request)")
+
+    @field_validator("echo", "suffix", "best_of", "logprobs")
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in ACCEPTED_COMPLETION_VALUES[info.field_name]:
+            raise ValueError(f"{info.field_name} is not supported: leave it out")
+        return value

@@ -17,6 +17,12 @@ from edge.engine import GenerationOptions
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+# Below this, a temperature decodes greedily (its limit): edge's sampler divides float32 logits by the temperature,
+# which overflows to inf for temperatures near 1e-38 and fails on NaN probabilities.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+# A smaller top_p keeps the same one token (the most likely has at least 1/vocabulary of the mass), and below float32's
+# range edge's sampler would read it as 0 and keep none.
+SMALLEST_TOP_P = 1e-6
 # text-completion fields edge-serve accepts only at their do-nothing values
 ACCEPTED_COMPLETION_VALUES = {"echo": (False,), "suffix": (None,), "best_of": (None, 1), "logprobs": (None, 0)}
 
@@ -50,7 +56,7 @@ class SamplingRequest(Body):
     # extensions (edge's sampling options; llama-server takes the same names)
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    repetition_penalty: float | None = Field(None, ge=0.01, le=100)  # also keeps penalized logits finite
     ignore_eos: bool = False
 
     @field_validator("stop", mode="before")
@@ -93,7 +99,11 @@ class SamplingRequest(Body):
 
     def generation_options(self, defaults: GenerationOptions) -> GenerationOptions:
         """The engine's options: what the request sets, the server's defaults for the rest."""
-        asked = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+        temperature = self.temperature
+        if temperature is not None and temperature < GREEDY_BELOW_TEMPERATURE:
+            temperature = 0.0
+        top_p = None if self.top_p is None else max(self.top_p, SMALLEST_TOP_P)
+        asked = dict(max_new_tokens=self.max_new_tokens, temperature=temperature, top_p=top_p,
                      top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
                      stop=self.stop, ignore_eos=self.ignore_eos or None)
         return dataclasses.replace(defaults, **{name: value for name, value in asked.items() if value is not None})

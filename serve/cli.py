@@ -15,7 +15,9 @@ import ipaddress
 import logging
 import os
 import sys
+from pathlib import Path
 
+import torch
 import uvicorn
 
 from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--model-name", default=None, metavar="NAME",
                         help="the model's id in /v1/models and in replies (default: the folder's name, or "
                              "edge-builtin); requests may name any model")
+    server.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU threads a generation uses (default: torch's, one per core); on a machine busy "
+                             "with other work, fewer threads than cores wait less on each other")
     server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="uvicorn's log level (default: info)")
     add_speculation_arguments(parser)
@@ -80,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edge-serve: warning: listening on {args.host}, not only this machine: other machines can reach the "
               f"server{'' if config.api_key else '; set an API key (--api-key or ' + API_KEY_VARIABLE + ')'}",
               file=sys.stderr)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     generations = GenerationQueue(args.queue_size)
     server = uvicorn.Server(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
                                            log_level=args.log_level))
@@ -106,14 +113,26 @@ def loaded(spec) -> Engine:
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     if args.queue_size < 1:
         raise ValueError(f"--queue-size must be at least 1, got {args.queue_size}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
-    name = args.model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else "edge-builtin")
+    name = args.model_name or model_id(args.model)
     defaults = generation_options(args)
     defaults.sampling  # noqa: B018 - checks the sampling flags now (SamplingError), not at the first request
     return ServeConfig(model_id=name, defaults=defaults, api_key=api_key,
                        speculate_when_sampling=args.drafter is not None)
+
+
+def model_id(model: str | None) -> str:
+    """The name /v1/models lists: a folder's or file's name, a Hub id as given, or edge-builtin."""
+    if model is None:
+        return "edge-builtin"
+    path = Path(model)
+    if path.is_file():
+        return path.stem
+    return path.resolve().name if path.is_dir() else model
 
 
 def default_drafter(args: argparse.Namespace) -> str | None:

@@ -3,6 +3,7 @@ official openai client. Greedy replies equal Engine.chat / Engine.generate token
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -15,7 +16,7 @@ from edge.builtin import builtin_model_path
 from edge.load_spec import LoadSpec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
-from serve.cli import build_parser, default_drafter, is_loopback, serve_config
+from serve.cli import build_parser, default_drafter, is_loopback, main, model_id, serve_config
 
 QUESTIONS = ["What does the json module do?", "Explain os.path.join", "How do I sort a list?"]
 
@@ -239,3 +240,28 @@ def test_the_command_line_builds_edge_chats_load_spec_and_request_defaults(monke
     assert build_parser().parse_args([]).host == "127.0.0.1"
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
+
+
+def test_model_ids_name_what_was_loaded(tmp_path):
+    assert model_id(None) == "edge-builtin"
+    assert model_id(str(tmp_path) + "/") == tmp_path.name
+    (tmp_path / "tiny.Q4_0.gguf").write_bytes(b"")
+    assert model_id(str(tmp_path / "tiny.Q4_0.gguf")) == "tiny.Q4_0"
+    assert model_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--queue-size", "0"], "--queue-size"),
+    (["--threads", "0"], "--threads"),
+    (["--temperature", "-1"], "temperature"),
+    (["--port", "70000"], "--port"),
+])
+def test_bad_options_are_one_line_errors(capsys, argv, needle):
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("edge-serve: error:") and needle in error and "\n" not in error
+
+
+def test_plan_prints_the_memory_plan_without_serving(capsys):
+    assert main(["--plan", "--memory-budget", "1GiB"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget"] == 2**30

@@ -1,0 +1,243 @@
+"""Load test of edge-serve: concurrent clients against a server on loopback for a fixed time, every reply checked.
+
+    flock /tmp/edge-bench.lock python -m bench.serve_load --clients 8 --duration 60
+
+Starts `edge-serve` (the built-in model with its default drafter, or MODEL) in its own process, computes each
+request's greedy reference with `Engine.chat` / `Engine.generate` (plain decoding) here, then runs the clients:
+each sends chat and text completions, whole and streamed, in turn, and on a 429 waits the Retry-After it was given
+and sends again. It reports requests/s, generated tokens/s, end-to-end latency (queue wait and retries included)
+at p50/p95, time to the first streamed token, the 429s, and the server's resident memory after a warm-up and at the
+end. It fails (exit 1) when a reply is incomplete or differs from its reference, or on any error but a 429.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import psutil
+
+from bench.prompts import PROMPTS
+from edge.builtin import builtin_model_path
+from edge.engine import Engine
+
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class Request:
+    path: str
+    body: dict
+    expected: str  # the reply's text from Engine.chat / Engine.generate, greedy
+
+
+@dataclass(frozen=True)
+class Outcome:
+    latency_s: float  # from the first send to the last byte, 429 waits included
+    first_token_s: float | None  # streamed replies: until the first text
+    tokens: int
+    rejected: int  # 429s before it was taken
+    problem: str | None  # an error, an incomplete reply or a reply that differs from its reference
+
+
+def workload(engine: Engine, max_tokens: int) -> list[Request]:
+    """Each prompt of edge-bench's set as a chat (whole, then streamed on alternate prompts) and its last message as
+    a text completion; greedy references computed here."""
+    requests = []
+    for index, prompt in enumerate(PROMPTS):
+        stream = index % 2 == 1
+        chat = {"model": "edge", "messages": prompt.messages, "max_tokens": max_tokens, "temperature": 0}
+        expected = "".join(event.text for event in engine.chat(prompt.messages, max_new_tokens=max_tokens))
+        requests.append(Request(CHAT, {**chat, "stream": stream}, expected))
+        text = prompt.messages[-1]["content"]
+        completion = {"model": "edge", "prompt": text, "max_tokens": max_tokens, "temperature": 0}
+        expected = "".join(event.text for event in engine.generate(text, max_new_tokens=max_tokens))
+        requests.append(Request(TEXT, {**completion, "stream": not stream}, expected))
+    return requests
+
+
+def send(client: httpx.Client, request: Request) -> Outcome:
+    started, rejected = time.perf_counter(), 0
+    while True:
+        try:
+            if request.body["stream"]:
+                body = {**request.body, "stream_options": {"include_usage": True}}
+                with client.stream("POST", request.path, json=body) as response:
+                    if response.status_code == 200:
+                        return streamed_outcome(response, request, started, rejected)
+                    response.read()
+            else:
+                response = client.post(request.path, json=request.body)
+                if response.status_code == 200:
+                    return whole_outcome(response.json(), request, started, rejected)
+        except (httpx.HTTPError, ValueError, KeyError) as error:
+            return Outcome(time.perf_counter() - started, None, 0, rejected, f"{type(error).__name__}: {error}")
+        if response.status_code != 429:
+            return Outcome(time.perf_counter() - started, None, 0, rejected,
+                           f"HTTP {response.status_code}: {response.text[:200]}")
+        rejected += 1
+        time.sleep(float(response.headers.get("Retry-After", "1")))
+
+
+def whole_outcome(reply: dict, request: Request, started: float, rejected: int) -> Outcome:
+    choice = reply["choices"][0]
+    text = choice["message"]["content"] if request.path == CHAT else choice["text"]
+    return Outcome(time.perf_counter() - started, None, reply["usage"]["completion_tokens"], rejected,
+                   checked(text, choice["finish_reason"], request))
+
+
+def streamed_outcome(response: httpx.Response, request: Request, started: float, rejected: int) -> Outcome:
+    parts, first_token_s, finish, tokens, done = [], None, None, 0, False
+    for line in response.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            done = True
+            break
+        chunk = json.loads(line.removeprefix("data: "))
+        if "error" in chunk:
+            return Outcome(time.perf_counter() - started, None, 0, rejected, f"stream error: {chunk['error']}")
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+        for choice in chunk["choices"]:
+            text = (choice["delta"].get("content") or "") if request.path == CHAT else choice["text"]
+            if text and first_token_s is None:
+                first_token_s = time.perf_counter() - started
+            parts.append(text)
+            finish = choice["finish_reason"] or finish
+    problem = checked("".join(parts), finish, request) if done else "the stream ended before [DONE]"
+    return Outcome(time.perf_counter() - started, first_token_s, tokens, rejected, problem)
+
+
+def checked(text: str, finish: str | None, request: Request) -> str | None:
+    if finish not in ("stop", "length"):
+        return f"incomplete reply (finish_reason {finish!r})"
+    if text != request.expected:
+        return f"differs from its greedy reference: {text[:60]!r} != {request.expected[:60]!r}"
+    return None
+
+
+def run_clients(url: str, requests: list[Request], clients: int, duration_s: float) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    deadline = time.perf_counter() + duration_s
+
+    def client_loop(offset: int) -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            turn = offset
+            while time.perf_counter() < deadline:
+                outcome = send(client, requests[turn % len(requests)])
+                with lock:
+                    outcomes.append(outcome)
+                turn += 1
+
+    threads = [threading.Thread(target=client_loop, args=(index * len(requests) // clients,))
+               for index in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as probe:  # a free port, handed to the server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "serve.cli", *([args.model] if args.model else []), "--port", str(port),
+               "--queue-size", str(args.queue_size), "--threads", str(args.threads), "--log-level", "warning",
+               *(["--drafter", args.drafter] if args.drafter else [])]
+    server = subprocess.Popen(command)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        if server.poll() is not None:
+            raise SystemExit(f"serve_load: edge-serve exited with {server.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            server.kill()
+            raise SystemExit("serve_load: edge-serve did not become ready in 300 s")
+        time.sleep(0.2)
+
+
+def rss_mib(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
+
+
+def summary(outcomes: list[Outcome], duration_s: float, rss_start: float, rss_end: float,
+            args: argparse.Namespace) -> dict:
+    served = [outcome for outcome in outcomes if outcome.problem is None]
+    first_tokens = [outcome.first_token_s for outcome in served if outcome.first_token_s is not None]
+    return {
+        "clients": args.clients, "duration_s": duration_s, "queue_size": args.queue_size, "threads": args.threads,
+        "max_tokens": args.max_tokens, "requests": len(outcomes), "served": len(served),
+        "problems": len(outcomes) - len(served), "rejected_429": sum(outcome.rejected for outcome in outcomes),
+        "requests_per_s": len(served) / duration_s,
+        "tokens_per_s": sum(outcome.tokens for outcome in served) / duration_s,
+        "latency_p50_s": percentile([outcome.latency_s for outcome in served], 0.50),
+        "latency_p95_s": percentile([outcome.latency_s for outcome in served], 0.95),
+        "first_token_p50_s": statistics.median(first_tokens) if first_tokens else 0.0,
+        "rss_start_mib": rss_start, "rss_end_mib": rss_end,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", help="what edge-serve runs (default: the built-in model)")
+    parser.add_argument("--drafter", help="edge-serve's --drafter (default: its own default)")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (default: 60)")
+    parser.add_argument("--queue-size", type=int, default=4,
+                        help="edge-serve's --queue-size; below the clients, some requests get 429s (default: 4)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="edge-serve's --threads (default: 1, leaving the other cores to the clients)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+
+    print("serve_load: greedy references ...", file=sys.stderr)
+    requests = workload(Engine.load(args.model or builtin_model_path()), args.max_tokens)
+    server, url = start_server(args)
+    try:
+        with httpx.Client(base_url=url, timeout=300) as client:  # warm-up: every request once
+            warm = [send(client, request) for request in requests]
+        rss_start = rss_mib(server.pid)
+        print(f"serve_load: {args.clients} clients for {args.duration:.0f} s ...", file=sys.stderr)
+        started = time.perf_counter()
+        outcomes = run_clients(url, requests, args.clients, args.duration)
+        duration_s = time.perf_counter() - started
+        rss_end = rss_mib(server.pid)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    figures = summary(outcomes, duration_s, rss_start, rss_end, args)
+    problems = [outcome.problem for outcome in warm + outcomes if outcome.problem is not None]
+    for problem in sorted(set(problems))[:10]:
+        print(f"serve_load: problem: {problem}", file=sys.stderr)
+    print(json.dumps(figures, indent=1))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(figures, out, indent=1)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

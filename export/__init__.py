@@ -1,4 +1,4 @@
 """edge-export: package a checkpoint into a validated bundle (quantized ONNX / TorchScript, trimmed drafter).
 
-Not built yet: see `export.cli` for what the command says today.
+`export.cli` is the command, `export.bundle.export_bundle` the function behind it.
 """

@@ -18,10 +18,14 @@ eager edge:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,10 +33,11 @@ import onnx
 import torch
 
 from edge.bundle import MANIFEST, read_bundle
+from edge.chat_template import ChatTemplate
 from edge.config import ModelConfig
 from edge.drafters.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
-from edge.errors import BundleError, UnsupportedModelError
+from edge.errors import BundleError, EdgeError, TokenizerError, UnsupportedModelError
 from edge.tokenizer import Tokenizer
 from export.bundle_files import (
     CONFIG_FILES,
@@ -42,13 +47,14 @@ from export.bundle_files import (
     file_table,
     kv_per_token,
     manifest_head,
+    write_chat_template,
     write_json_atomic,
 )
 from export.onnx_graph import build_graph
 from export.optimum_export import export_with_optimum
 from export.progress import StageProgress
 from export.quantize import QuantSettings, quantize
-from export.vocab_trim import CALIBRATION_PROMPTS, calibrate
+from export.vocab_trim import CALIBRATION_PROMPTS, calibrate, prompt_ids
 
 VALIDATION_TOKENS = 32
 
@@ -66,6 +72,8 @@ class ExportOptions:
     calibration_text: str | None = None  # extra text whose tokens count towards the kept vocabulary
     calibration_tokens: int = 96  # tokens generated per calibration prompt
     overwrite: bool = False
+    chat_template: str | None = None  # the bundle's Jinja chat template (chat_template.jinja), over the checkpoint's
+    chat_template_origin: str | None = None  # where it came from (a file path), recorded in the manifest
 
 
 def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOptions = ExportOptions(), *,
@@ -74,26 +82,120 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
     checkpoint, output = Path(checkpoint), Path(output)
     _check_output(output, options.overwrite)
     _check_formats(options)
+    if options.chat_template is not None:
+        check_chat_template(options.chat_template, options.chat_template_origin or "the chat template")
     unsupported = _unsupported_by_edge(checkpoint)
     stages = 4 + (2 if options.drafter else 0) if unsupported is None else 4
+    workdir = _make_workdir(output)
     progress = StageProgress(stages, enabled=show_progress)
-    workdir = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
     try:
-        if unsupported is None:
-            manifest = _export_edge_graphs(checkpoint, workdir, options, progress)
-        else:
-            manifest = export_with_optimum(checkpoint, workdir, options, progress, unsupported)
-        progress.stage("writing the manifest and moving the bundle into place")
-        manifest["files"] = file_table(workdir)
-        write_json_atomic(workdir / MANIFEST, manifest)
-        if output.exists():
-            shutil.rmtree(output)  # only reached with overwrite=True (checked before any work)
-        os.replace(workdir, output)
+        try:
+            if unsupported is None:
+                manifest = _export_edge_graphs(checkpoint, workdir, options, progress)
+            else:
+                manifest = export_with_optimum(checkpoint, workdir, options, progress, unsupported)
+            progress.stage("writing the manifest and moving the bundle into place")
+            manifest["files"] = file_table(workdir)
+            write_json_atomic(workdir / MANIFEST, manifest)
+            _move_into_place(workdir, output)
+        except OSError as error:  # a full disk, a folder removed under the export...
+            if isinstance(error, EdgeError):
+                raise
+            raise BundleError(_stopped(error, output)) from None
+    except BaseException:
+        progress.abort()  # no "done" for the stage that failed or was interrupted
+        raise
     finally:
         progress.close()
         if workdir.exists():
             shutil.rmtree(workdir, ignore_errors=True)
     return manifest
+
+
+def _stopped(error: OSError, output: Path) -> str:
+    """One line for a file error during the export: what failed, where, that the output is untouched, the fix."""
+    where = f" ({error.filename})" if error.filename else ""
+    fix = ("free some space, or pass -o a folder on another disk" if error.errno in (errno.ENOSPC, errno.EDQUOT)
+           else "fix that and run the export again")
+    return f"the export stopped: {error.strerror or error}{where}; nothing was written to {output}; {fix}"
+
+
+def _make_workdir(output: Path) -> Path:
+    """The temporary folder beside `output` the bundle is written into: its first write, so an output folder that
+    cannot be written is refused before any work, naming the folder, why, and one that can be written."""
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+    except OSError as error:
+        raise BundleError(f"cannot write the bundle to {output}: creating a folder in {output.parent} failed "
+                          f"({error.strerror or error}); pass -o a folder you can write to, e.g. -o "
+                          f"{_writable_suggestion(output)}") from None
+
+
+def _writable_suggestion(output: Path) -> Path:
+    """`output`'s name in the first writable one of: the working folder, the home folder, the temporary folder."""
+    for folder in (Path.cwd(), Path.home(), Path(tempfile.gettempdir())):
+        if folder != output.parent and os.access(folder, os.W_OK | os.X_OK):
+            return folder / output.name
+    return Path.home() / output.name
+
+
+def _move_into_place(workdir: Path, output: Path) -> None:
+    """One rename puts the bundle at `output`. A bundle already there (--overwrite) is renamed aside first and
+    removed after, and Ctrl+C waits until that is done: `output` is always the old bundle or the new one."""
+    with _interrupts_deferred():
+        aside = None
+        if output.exists():  # only reached with overwrite=True (checked before any work)
+            aside = output.with_name(f".{output.name}.replaced-{os.getpid()}")
+            os.replace(output, aside)
+        try:
+            os.replace(workdir, output)
+        except OSError:
+            if aside is not None:
+                os.replace(aside, output)
+            raise
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextmanager
+def _interrupts_deferred():
+    """Inside, Ctrl+C (SIGINT) is held back; once the block is done the export has completed, so it is dropped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+
+
+def read_chat_template(path: str | Path) -> str:
+    """The text of a chat template file for the bundle (edge-export --chat-template), checked: one line when the
+    file is missing, not UTF-8, empty, or not a Jinja template edge can render."""
+    path = Path(path)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise BundleError(f"--chat-template {path} is not UTF-8 text (byte {error.start}); save the template as "
+                          "UTF-8") from None
+    except OSError as error:
+        raise BundleError(f"cannot read --chat-template {path}: {error.strerror or error}; pass the path of a Jinja "
+                          "template file") from None
+    check_chat_template(source, f"--chat-template {path}")
+    return source
+
+
+def check_chat_template(source: str, origin: str) -> None:
+    """Refuse a template that is empty or does not render a one-message chat (a Jinja syntax error, a bad call)."""
+    if not isinstance(source, str) or not source.strip():
+        raise BundleError(f"{origin} is empty; pass a Jinja chat template")
+    try:
+        ChatTemplate(source).render([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
+    except TokenizerError as error:
+        detail = str(error).removeprefix("chat template error: ").rpartition("; ")[0] or str(error)
+        raise BundleError(f"{origin} is not a usable Jinja chat template: rendering a one-message chat failed "
+                          f"({detail}); fix the template or pass another file") from None
 
 
 def _unsupported_by_edge(checkpoint: Path) -> UnsupportedModelError | None:
@@ -117,12 +219,13 @@ def _export_edge_graphs(checkpoint: Path, workdir: Path, options: ExportOptions,
     files = _write_model(workdir, "target", engine.model, None, options, checkpoint)
     manifest["target"] = {**files, "config_dir": "target", "parameters": _parameters(engine.model)}
     copy_files(checkpoint, workdir, TOKENIZER_FILES)
+    write_chat_template(workdir, manifest, engine.tokenizer, options)
     if draft_engine is not None:
         kept = None
         if _should_trim(options.vocab_trim, draft_engine["model"]):
             progress.stage("calibrating the drafter's vocabulary (VocabTrim)")
             kept, trim = calibrate(engine, options.vocab_coverage, max_new_tokens=options.calibration_tokens,
-                                   extra_text=options.calibration_text,
+                                   extra_text=options.calibration_text, chat_template=options.chat_template,
                                    progress=lambda done, total: progress.update(done / total))
             manifest["vocab_trim"] = trim
         progress.stage("building the drafter")
@@ -230,38 +333,44 @@ def _memory(workdir: Path, manifest: dict, engine, draft_engine: dict | None) ->
 def validate(bundle_dir: Path, engine, draft_model, options: ExportOptions) -> dict:
     """Compare every backend of the bundle with eager edge (see the module docstring); raise BundleError when one
     is out of tolerance. Returns {"sequence_tokens": n, backend: {...}} for each backend."""
-    messages = [{"role": "user", "content": CALIBRATION_PROMPTS[0]}]
-    reference_text = "".join(e.text for e in engine.chat(messages, max_new_tokens=VALIDATION_TOKENS, speculate=False))
+    # a chat of one calibration request in the bundle's template (a base model without one: the request as text)
+    prompt = prompt_ids(engine.tokenizer, CALIBRATION_PROMPTS[0], options.chat_template)
+    reference_text = "".join(e.text for e in engine.generate(prompt, max_new_tokens=VALIDATION_TOKENS,
+                                                               speculate=False))
     sequence = engine.history  # prompt + greedy reply: the teacher-forced validation sequence
     engine.reset()
     report: dict = {"sequence_tokens": len(sequence)}
     for backend in read_bundle(bundle_dir, verify=False).backends():
         weights = options.quant.weights if backend == "onnx" else "fp32"
         exact = options.quant.row_invariant if backend == "onnx" else False  # torch's matmul: not batch-invariant
-        report[backend] = _validate_backend(bundle_dir, backend, engine, draft_model, messages, sequence,
+        report[backend] = _validate_backend(bundle_dir, backend, engine, draft_model, prompt, sequence,
                                             reference_text, weights, exact)
     return report
 
 
-def _validate_backend(bundle_dir: Path, backend: str, engine, draft_model, messages: list[dict],
+def _validate_backend(bundle_dir: Path, backend: str, engine, draft_model, prompt: list[int],
                       sequence: list[int], reference_text: str, weights: str, exact: bool) -> dict:
     drafter = "bundle" if draft_model is not None else "ngram"
     bundled = Engine.load(bundle_dir, max_context=len(sequence) + VALIDATION_TOKENS + 16, drafter=drafter,
                           backend=backend)
+    if prompt_ids(bundled.tokenizer, CALIBRATION_PROMPTS[0]) != prompt:  # the bundle's own files render it
+        raise BundleError("validation failed: the bundle's tokenizer and chat template encode the validation chat "
+                          "differently from the export's; nothing was written (please report this as a bug)")
     tolerance = TOLERANCE[weights]
     report = {"weights": weights, "tolerance": tolerance,
               "target": _compare_logits(engine.model, bundled.model, sequence, tolerance, f"{backend} target")}
     if draft_model is not None:
         report["drafter"] = _compare_logits(draft_model, bundled.drafter.model, sequence, tolerance,
                                             f"{backend} drafter")
-    plain_text = "".join(e.text for e in bundled.chat(messages, max_new_tokens=VALIDATION_TOKENS, speculate=False))
+    plain_text = "".join(e.text for e in bundled.generate(prompt, max_new_tokens=VALIDATION_TOKENS,
+                                                           speculate=False))
     plain_history = bundled.history
     report["greedy_text_identical"] = plain_text == reference_text
     if weights == "fp32" and not report["greedy_text_identical"]:
         raise BundleError(f"validation failed: the {backend} target's greedy text differs from eager edge's; nothing "
                           "was written (please report this as a bug)")
     bundled.reset()
-    speculative_text = "".join(e.text for e in bundled.chat(messages, max_new_tokens=VALIDATION_TOKENS))
+    speculative_text = "".join(e.text for e in bundled.generate(prompt, max_new_tokens=VALIDATION_TOKENS))
     identical = bundled.history == plain_history and speculative_text == plain_text
     report["speculative_equals_plain"] = {"drafter": drafter, "identical": identical, "guaranteed": exact}
     if exact and not identical:

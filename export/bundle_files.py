@@ -3,6 +3,7 @@ bundle copies from its checkpoint, the manifest's head and file table, and the l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import edge
 from edge.bundle import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
+from edge.tokenizer import Tokenizer
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 6e-2, "int4": 0.3}  # max relative logits error per format
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -34,6 +36,25 @@ def manifest_head(checkpoint: Path, tokenizer, options) -> dict:
         "row_invariant": options.quant.row_invariant,
         "backend": "onnxruntime",
     }
+
+
+def write_chat_template(root: Path, manifest: dict, tokenizer, options) -> None:
+    """The bundle's chat template: --chat-template's (`options.chat_template`) written as chat_template.jinja, which
+    the runtime's tokenizer reads before tokenizer_config.json's entry, or the checkpoint's own (already copied);
+    recorded in the manifest. Without either the bundle is a completion model (`manifest["completion_model"]`)."""
+    if options.chat_template is not None:
+        (root / "chat_template.jinja").write_text(options.chat_template, encoding="utf-8")
+        source, origin = options.chat_template, options.chat_template_origin or "given"
+    elif tokenizer.chat_template is not None:
+        source, origin = tokenizer.chat_template.source, "checkpoint"
+    else:
+        source, origin = None, None
+    manifest["chat_template"] = None if source is None else {
+        "from": origin, "sha256": hashlib.sha256(source.encode("utf-8")).hexdigest()}
+    manifest["completion_model"] = source is None
+    if options.chat_template is not None:  # the fingerprint of the templates the bundle's tokenizer holds
+        fingerprint = Tokenizer.from_dir(root).fingerprint()
+        manifest["tokenizer"]["chat_template_sha256"] = fingerprint["chat_template_sha256"]
 
 
 def copy_files(source: Path, destination: Path, names: tuple[str, ...]) -> None:

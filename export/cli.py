@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
-
-from edge.errors import EdgeError
 
 DESCRIPTION = """\
 Package a checkpoint into an edge bundle: the target as an ONNX graph with the KV cache as explicit inputs and
@@ -60,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="UTF-8 text of your domain whose tokens also count towards the kept vocabulary")
     parser.add_argument("--calibration-tokens", type=int, default=96,
                         help="tokens the target generates per calibration prompt (default: 96)")
+    parser.add_argument("--chat-template", type=Path, metavar="FILE",
+                        help="a Jinja chat template (UTF-8) for the bundle, stored as its chat_template.jinja in "
+                             "place of the checkpoint's own; gives a base model (no template: the bundle is a "
+                             "completion model) a chat format")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --output")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -67,28 +72,61 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    existed, manifest = args.output.exists(), None
+    nothing_written = (f"edge-export: export interrupted; nothing was written to {args.output}"
+                       + (" (the bundle already there is unchanged)" if existed else ""))
     try:
-        from export.bundle import ExportOptions, export_bundle
-        from export.quantize import QuantSettings
-    except ImportError as error:
-        print(f"edge-export: {error.name or error} is not installed; install the exporter with "
-              "pip install 'edge[export]'", file=sys.stderr)
-        return 2
-    try:
-        options = _options(args, ExportOptions, QuantSettings)
-        checkpoint = args.checkpoint or _builtin()
-        manifest = export_bundle(checkpoint, args.output, options, show_progress=not args.quiet)
-    except (EdgeError, ValueError) as error:
-        print(f"edge-export: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("edge-export: interrupted; nothing was written", file=sys.stderr)
+        # the first seconds import torch and onnx: Ctrl+C there ends the process at once (nothing is written yet,
+        # and an import cut short fails in its own ways, a RecursionError inside numpy among them)
+        previous = _exit_on_interrupt(nothing_written)
+        try:
+            from edge.errors import EdgeError
+            from export.bundle import ExportOptions, export_bundle, read_chat_template
+            from export.quantize import QuantSettings
+        except ImportError as error:
+            print(f"edge-export: {error.name or error} is not installed; install the exporter with "
+                  "pip install 'edge[export]'", file=sys.stderr)
+            return 2
+        finally:
+            _restore_interrupt(previous)
+        try:
+            options = _options(args, ExportOptions, QuantSettings, read_chat_template)
+            checkpoint = args.checkpoint or _builtin()
+            manifest = export_bundle(checkpoint, args.output, options, show_progress=not args.quiet)
+        except (EdgeError, ValueError) as error:
+            print(f"edge-export: {error}", file=sys.stderr)
+            return 2
+        _summary(args.output, manifest)
+        if manifest.get("completion_model"):
+            print(f"edge-export: note: {checkpoint} has no chat template, so {args.output} is a completion model "
+                  "(it continues text rather than answering chats); to chat with it, export again with "
+                  "--chat-template FILE", file=sys.stderr)
+    except KeyboardInterrupt:  # export_bundle has removed its temporary folder
+        print(f"edge-export: interrupted after the bundle was written to {args.output}" if manifest is not None
+              else nothing_written, file=sys.stderr)
         return 130
-    _summary(args.output, manifest)
     return 0
 
 
-def _options(args, ExportOptions, QuantSettings):
+def _exit_on_interrupt(message: str):
+    """Until _restore_interrupt, Ctrl+C prints `message` and exits with 130 at once; returns the handler it
+    replaced (None off the main thread, where signals cannot be handled)."""
+    def leave(signum, frame):
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, leave)
+
+
+def _restore_interrupt(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _options(args, ExportOptions, QuantSettings, read_chat_template):
     if args.calibration_tokens < 1:
         raise ValueError(f"--calibration-tokens must be at least 1, got {args.calibration_tokens}")
     text = None
@@ -101,9 +139,12 @@ def _options(args, ExportOptions, QuantSettings):
     if not 0.0 < args.vocab_coverage <= 1.0:
         raise ValueError(f"--vocab-coverage must be in (0, 1], e.g. 0.99; got {args.vocab_coverage}")
     formats = ("onnx", "torchscript") if args.format == "both" else (args.format,)
+    template = read_chat_template(args.chat_template) if args.chat_template is not None else None
     return ExportOptions(formats=formats, quant=quant, drafter=args.drafter, vocab_trim=args.vocab_trim,
                          vocab_coverage=args.vocab_coverage, calibration_text=text,
-                         calibration_tokens=args.calibration_tokens, overwrite=args.overwrite)
+                         calibration_tokens=args.calibration_tokens, overwrite=args.overwrite,
+                         chat_template=template,
+                         chat_template_origin=str(args.chat_template.resolve()) if template else None)
 
 
 def _builtin() -> Path:

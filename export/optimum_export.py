@@ -22,7 +22,8 @@ import torch
 from edge.engine import Engine
 from edge.errors import BundleError, UnsupportedModelError
 from edge.tokenizer import Tokenizer
-from export.bundle_files import CONFIG_FILES, TOKENIZER_FILES, TOLERANCE, copy_files, file_table, kv_per_token, manifest_head
+from export.bundle_files import (CONFIG_FILES, TOKENIZER_FILES, TOLERANCE, copy_files, file_table, kv_per_token,
+                                 manifest_head, write_chat_template)
 from export.progress import StageProgress
 from export.quantize import quantize
 
@@ -66,6 +67,7 @@ def export_with_optimum(checkpoint: Path, workdir: Path, options, progress: Stag
     tokenizer = Tokenizer.from_dir(checkpoint)
     reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     manifest = manifest_head(checkpoint, tokenizer, options)
+    write_chat_template(workdir, manifest, tokenizer, options)
     manifest["target"] = {"onnx": "target/model.onnx", "graph": "optimum", "config_dir": "target",
                           "architecture": reference.config.model_type,
                           "parameters": sum(p.numel() for p in reference.parameters())}

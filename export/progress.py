@@ -35,6 +35,13 @@ class StageProgress:
                              f"{elapsed:.1f} s\n")
             sys.stderr.flush()
 
+    def abort(self) -> None:
+        """End the current stage's line without calling it done (it failed, or Ctrl+C stopped it)."""
+        if self.enabled and self.index and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        self.index = 0
+
     def close(self) -> None:
         self._finish()
         self.index = 0

@@ -54,13 +54,22 @@ CALIBRATION_PROMPTS = (
 )
 
 
+def prompt_ids(tokenizer, request: str, chat_template: str | None = None) -> list[int]:
+    """A calibration request as the model sees it: a one-message chat in `chat_template` (a template's source) or
+    the tokenizer's own; a base model without either continues the request as plain text."""
+    if chat_template is None and tokenizer.chat_template is None:
+        return tokenizer.encode(request, add_special_tokens=True)
+    return tokenizer.encode_chat([{"role": "user", "content": request}], chat_template=chat_template)
+
+
 def count_generated(engine, prompts: Sequence[str] = CALIBRATION_PROMPTS, *, max_new_tokens: int = 96,
-                    extra_text: str | None = None, progress=None) -> Counter:
-    """How often the target emits each token id: greedy replies to `prompts`, plus every token of `extra_text`."""
+                    extra_text: str | None = None, progress=None, chat_template: str | None = None) -> Counter:
+    """How often the target emits each token id: greedy replies to `prompts` (in `chat_template`, or the
+    tokenizer's own; as plain text for a base model), plus every token of `extra_text`."""
     counts: Counter = Counter()
     for index, prompt in enumerate(prompts):
-        for event in engine.chat([{"role": "user", "content": prompt}], max_new_tokens=max_new_tokens,
-                                 speculate=False):
+        for event in engine.generate(prompt_ids(engine.tokenizer, prompt, chat_template),
+                                     max_new_tokens=max_new_tokens, speculate=False):
             counts.update(event.token_ids)
         engine.reset()
         if progress is not None:
@@ -90,11 +99,11 @@ def choose_vocabulary(counts: Counter, coverage: float, always: Iterable[int] = 
 
 
 def calibrate(engine, coverage: float, *, max_new_tokens: int = 96, extra_text: str | None = None,
-              progress=None) -> tuple[list[int], dict]:
+              progress=None, chat_template: str | None = None) -> tuple[list[int], dict]:
     """Count the target's tokens on CALIBRATION_PROMPTS (plus `extra_text`) and keep those covering `coverage` of
     them, special and end-of-sequence tokens always; return the kept ids and a report of the choice."""
     counts = count_generated(engine, CALIBRATION_PROMPTS, max_new_tokens=max_new_tokens, extra_text=extra_text,
-                             progress=progress)
+                             progress=progress, chat_template=chat_template)
     kept = choose_vocabulary(counts, coverage, engine.tokenizer.special_token_ids | set(engine.eos_token_ids))
     report = {"coverage_target": coverage, "kept": len(kept), "vocab_size": engine.model.config.vocab_size,
               "calibration_prompts": len(CALIBRATION_PROMPTS), "calibration_tokens": sum(counts.values()),

@@ -284,7 +284,8 @@ def build_state(
             if tuple(part.shape) != shape:  # named as the checkpoint names it, not by edge's fused name
                 raise CheckpointError(
                     f"checkpoint tensor {source!r} has shape {tuple(part.shape)} but config.json implies {shape}; "
-                    "the weights and config.json are from different models: use the config.json that came with these weights"
+                    "the weights and config.json are from different models: use the config.json that came with "
+                    "these weights"
                 )
         wanted = bias_dtype if bias_dtype is not None and name.endswith(".bias") else dtype
         tensor = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(device=device, dtype=wanted)

@@ -186,6 +186,7 @@ def summary(outcomes: list[Outcome], duration_s: float, rss_start: float, rss_en
             args: argparse.Namespace) -> dict:
     served = [outcome for outcome in outcomes if outcome.problem is None]
     first_tokens = [outcome.first_token_s for outcome in served if outcome.first_token_s is not None]
+    first_try = [outcome.latency_s for outcome in served if not outcome.rejected]
     return {
         "clients": args.clients, "duration_s": duration_s, "queue_size": args.queue_size, "threads": args.threads,
         "max_tokens": args.max_tokens, "requests": len(outcomes), "served": len(served),
@@ -195,6 +196,9 @@ def summary(outcomes: list[Outcome], duration_s: float, rss_start: float, rss_en
         "latency_p50_s": percentile([outcome.latency_s for outcome in served], 0.50),
         "latency_p95_s": percentile([outcome.latency_s for outcome in served], 0.95),
         "first_token_p50_s": statistics.median(first_tokens) if first_tokens else 0.0,
+        # taken at the first try: queue wait and generation only, no 429 back-off
+        "first_try_latency_p50_s": percentile(first_try, 0.50),
+        "first_try_latency_p95_s": percentile(first_try, 0.95),
         "rss_start_mib": rss_start, "rss_end_mib": rss_end,
     }
 

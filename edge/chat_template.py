@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -88,6 +89,31 @@ def _compile(source: str) -> jinja2.Template:
             f"chat template error: line {error.lineno}: {_one_line(error.message or error)}; "
             "fix the template (chat_template.jinja or tokenizer_config.json) or pass another chat template"
         ) from None
+
+
+def read_template_file(path: str | Path) -> str:
+    """The Jinja source of a chat template file a user supplies (--chat-template FILE), checked to compile; every
+    problem is one TokenizerError line naming the file."""
+    path = Path(path)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TokenizerError(f"chat template file {path} does not exist; pass the path of a Jinja template") from None
+    except IsADirectoryError:
+        raise TokenizerError(f"chat template {path} is a folder; pass the template file itself (e.g. "
+                             f"{path / 'chat_template.jinja'})") from None
+    except UnicodeDecodeError:
+        raise TokenizerError(f"chat template file {path} is not UTF-8 text; save the template as UTF-8") from None
+    except OSError as error:
+        raise TokenizerError(f"cannot read chat template file {path}: {error.strerror or error}") from None
+    if not source.strip():
+        raise TokenizerError(f"chat template file {path} is empty; pass a Jinja chat template")
+    try:
+        _environment().from_string(source)
+    except jinja2.TemplateSyntaxError as error:
+        raise TokenizerError(f"chat template file {path}, line {error.lineno}: {_one_line(error.message or error)}; "
+                             "fix the template") from None
+    return source
 
 
 def check_messages(messages: Any) -> None:

@@ -48,6 +48,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
     parser.add_argument("--plan", action="store_true",
                         help="print the memory plan (as JSON) for the budget, or for the free memory without one, "
                              "and exit without loading weights")
+    parser.add_argument("--chat-template", metavar="FILE", default=None,
+                        help="a Jinja chat template to use instead of the model's own; a base model (one without a "
+                             "template) runs as a completion model unless given one")
 
 
 def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
@@ -56,7 +59,8 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
                                  weights=args.weights, max_context=args.max_context, backend=args.backend,
                                  kv_cache=args.kv_cache, memory_budget=args.memory_budget, drafter=drafter,
                                  draft_length=args.draft_length, draft_context=args.draft_context,
-                                 draft_weights=args.draft_weights, draft_kv=args.draft_kv)
+                                 draft_weights=args.draft_weights, draft_kv=args.draft_kv,
+                                 chat_template=getattr(args, "chat_template", None))
 
 
 def print_plan(spec: LoadSpec) -> None:

@@ -30,6 +30,7 @@ import torch
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
 from edge.bundle import is_bundle, read_bundle
+from edge.chat_template import read_template_file
 from edge.drafters import Drafter
 from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
 from edge.errors import BundleError, CheckpointError, EngineBusyError, PromptError, SamplingError
@@ -155,7 +156,7 @@ class Engine:
             spec, plan = fit_to_budget(spec)
         check_checkpoint(spec.path)  # config.json, then the weight files, then the tokenizer: the first problem
         report("reading the tokenizer", 0.0)
-        tokenizer = Tokenizer.from_dir(spec.path)
+        tokenizer = _tokenizer(spec)
         report("mapping the weights", 0.1)
         if spec.offload_layers:  # split on the host, then move what stays to the device
             model = load_model(spec.path, dtype=spec.dtype, device="cpu")
@@ -185,7 +186,7 @@ class Engine:
         bundle = read_bundle(spec.path)
         backend = bundle.pick_backend(spec.backend)
         report("reading the tokenizer", 0.3)
-        tokenizer = Tokenizer.from_dir(spec.path)
+        tokenizer = _tokenizer(spec)
         report(f"opening the target ({backend})", 0.4)
         engine = cls(bundle.open_model("target", backend), tokenizer, max_context=spec.max_context)
         engine.bundle, engine.backend, engine.spec = bundle, backend, spec
@@ -270,21 +271,35 @@ class Engine:
         """The context-full policy for chats: drop the oldest turns (never the system prompt or the last message)
         until the rendered chat plus `reserve` tokens for the reply fits the context. Returns the messages to send
         and how many were dropped; raises PromptError if even the last message alone does not fit."""
+        def render(kept: list[dict]) -> str:
+            return self.tokenizer.apply_chat_template(kept, add_generation_prompt=True, **(template_kwargs or {}))
+        return self.fit_messages(messages, reserve, render)
+
+    def fit_messages(self, messages: Sequence[dict], reserve: int, render: Callable[[list[dict]], str]
+                     ) -> tuple[list[dict], int]:
+        """`fit_chat` for any rendering of the messages to prompt text (a base model's running text, say)."""
         messages = list(messages)
         head = [m for m in messages[:1] if m.get("role") == "system"]
         turns = messages[len(head):]
         dropped = 0
         while True:
-            text = self.tokenizer.apply_chat_template(head + turns, add_generation_prompt=True,
-                                                      **(template_kwargs or {}))
+            text = render(head + turns)
             size = len(self.tokenizer.encode(_checked_text(text, "the chat"), add_special_tokens=False))
             if size + reserve <= self.max_context:
                 return head + turns, dropped
             if len(turns) <= 1:
                 raise PromptError(f"the last message is {size} tokens and the reply needs {reserve} more, but the "
-                                  f"context holds {self.max_context}; shorten the message or raise max_context")
+                                  f"context holds {self.max_context}; {self._context_fix(size + reserve)}")
             cut = 2 if len(turns) > 2 and turns[0].get("role") == "user" else 1  # a user turn and its reply
             turns, dropped = turns[cut:], dropped + cut
+
+    def _context_fix(self, needed: int) -> str:
+        """How to make `needed` tokens fit: a longer context (--max-context), unless the model's own limit is the
+        bound."""
+        limit = self.model.config.max_position_embeddings
+        if needed > limit:
+            return f"shorten it: the model itself reads at most {limit} tokens"
+        return f"shorten it, or load with a longer context (--max-context {needed}, or max_context={needed})"
 
     def complete(self, prompt: str | Sequence[int], **options) -> str:
         """Convenience: the whole generated text of `generate`."""
@@ -330,10 +345,8 @@ class Engine:
         if not prompt_ids:
             raise PromptError("the prompt is empty; pass some text to continue")
         if len(prompt_ids) >= self.max_context:
-            raise PromptError(
-                f"the prompt is {len(prompt_ids)} tokens but the context holds {self.max_context}; "
-                "shorten the prompt or raise max_context"
-            )
+            raise PromptError(f"the prompt is {len(prompt_ids)} tokens but the context holds {self.max_context}; "
+                              f"{self._context_fix(len(prompt_ids) + 1)}")
         vocab = self.model.config.vocab_size
         bad = next((token for token in prompt_ids if not 0 <= token < vocab), None)
         if bad is not None:
@@ -445,6 +458,14 @@ def _count_step(stats: Stats, step: Step, new_tokens: int, wall_s: float | None)
         slots.extend([0] * (step.drafted_count - len(slots)))
         for position in range(accepted):
             slots[position] += 1
+
+
+def _tokenizer(spec: LoadSpec) -> Tokenizer:
+    """The model's tokenizer, with the spec's chat template file in place of its own."""
+    tokenizer = Tokenizer.from_dir(spec.path)
+    if spec.chat_template is not None:
+        tokenizer.set_chat_template(read_template_file(spec.chat_template))
+    return tokenizer
 
 
 def _draft_length(value: int | str | DraftLength) -> DraftLength:

@@ -63,6 +63,7 @@ class LoadSpec:
     drafter: DrafterSpec | None = None  # None: plain decoding
     draft_length: str = "adaptive"  # "adaptive", "adaptive:P" or a whole number
     draft: DraftModelOptions = field(default_factory=DraftModelOptions)
+    chat_template: Path | None = None  # a Jinja file replacing the model's chat template (or giving a base model one)
 
     def __post_init__(self) -> None:
         set_field = object.__setattr__  # normalizing a frozen dataclass's fields as it is made
@@ -71,6 +72,8 @@ class LoadSpec:
         set_field(self, "drafter", DrafterSpec.parse(self.drafter))
         set_field(self, "draft_length", str(self.draft_length))
         set_field(self, "offload_layers", tuple(self.offload_layers or ()))
+        if self.chat_template is not None:
+            set_field(self, "chat_template", Path(self.chat_template))
         DraftLength.parse(self.draft_length)  # raises naming the accepted forms
         if not isinstance(self.max_context, int) or isinstance(self.max_context, bool) or self.max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {self.max_context!r}")

@@ -384,6 +384,11 @@ class Tokenizer:
         """The checkpoint's default chat template, or None when it has none."""
         return self._templates.get("default")
 
+    def set_chat_template(self, source: str) -> None:
+        """Use `source` (a Jinja chat template) as the default template, e.g. one given with --chat-template."""
+        self._template_sources["default"] = source
+        self._templates["default"] = ChatTemplate(source, self.special_tokens)
+
     @property
     def chat_template_names(self) -> list[str]:
         """Names of all chat templates of the checkpoint ("default", "tool_use", ...)."""
@@ -421,8 +426,9 @@ class Tokenizer:
                 "chat_template=<one of those names>"
             )
         raise TokenizerError(
-            "this checkpoint has no chat template (no chat_template.jinja or tokenizer_config.json entry): pass a "
-            "template with chat_template=..., or use generate() with a plain prompt"
+            "this model has no chat template (a base model): continue text with generate() (edge-chat runs it as a "
+            "completion model), or give it a template file (--chat-template FILE, or Engine.load(..., "
+            "chat_template=FILE))"
         )
 
     def __repr__(self) -> str:

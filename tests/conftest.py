@@ -6,6 +6,7 @@ paragraphs. Each family's checkpoint is built once per test session.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -117,6 +118,18 @@ def checkpoint_factory(tmp_path_factory, tokenizer_dir):
 @pytest.fixture(scope="session")
 def llama_dir(checkpoint_factory) -> Path:
     return checkpoint_factory("llama3")
+
+
+@pytest.fixture(scope="session")
+def base_dir(llama_dir, tmp_path_factory) -> Path:
+    """llama_dir without a chat template: a base checkpoint."""
+    folder = tmp_path_factory.mktemp("base") / "ckpt"
+    shutil.copytree(llama_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -174,7 +174,7 @@ def test_bad_input_is_a_one_line_error(engine):
 def test_prompt_too_long_names_the_numbers(engine):
     with pytest.raises(PromptError) as error:
         greedy(engine, "word " * 300)
-    assert "256" in str(error.value) and "max_context" in str(error.value)
+    assert "256" in str(error.value) and "the model itself reads at most 512 tokens" in str(error.value)
 
 
 def test_engine_runs_in_bfloat16(llama_dir):
@@ -196,5 +196,7 @@ def test_a_full_context_drops_the_oldest_turns_but_keeps_the_system_prompt(llama
     assert kept[1]["role"] == "user"  # whole turns are dropped
     reply = list(small.chat(kept, max_new_tokens=16))
     assert reply[-1].finish_reason is not None
-    with pytest.raises(PromptError, match="shorten the message or raise max_context"):
+    with pytest.raises(PromptError, match="the model itself reads at most 512 tokens"):
         small.fit_chat([{"role": "user", "content": "fox " * 400}], reserve=16)
+    with pytest.raises(PromptError, match=r"shorten it, or load with a longer context \(--max-context \d+"):
+        small.fit_chat([{"role": "user", "content": "fox " * 60}], reserve=16)

@@ -36,8 +36,9 @@ def test_console_chat_keeps_a_multi_turn_history(llama_dir):
     out = io.StringIO()
     first = chat.reply("Hi", out)
     chat.reply("More", out)
-    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "user", "assistant"]
-    assert chat.messages[2]["content"] == first
+    messages = chat.conversation.chat_messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert messages[2]["content"] == first
 
 
 @pytest.mark.parametrize(

@@ -139,7 +139,7 @@ def test_stop_mid_reply_keeps_a_consistent_chat(make_app, tiny_model):
     asyncio.run(scenario())
 
 
-def test_sending_while_a_reply_streams_loses_nothing(make_app):
+def test_a_message_sent_while_a_reply_streams_is_queued_visibly_then_sent(make_app, tiny_model):
     async def scenario():
         app = make_app(max_tokens=400)
         async with app.run_test() as pilot:
@@ -147,15 +147,27 @@ def test_sending_while_a_reply_streams_loses_nothing(make_app):
             gate = await start_slow_reply(screen, pilot, "first")
             prompt = screen.query_one(PromptInput)
             prompt.load_text("second")
-            await pilot.press("enter")  # refused while streaming: the text stays in the input
-            assert prompt.text == "second" and screen.streaming
-            await pilot.press("ctrl+c")  # Ctrl+C stops the reply, not the app
+            await pilot.press("enter")  # queued: shown at once, the input is free again
+            await pilot.pause()
+            queued = list(screen.query(MessageView))[-1]
+            assert prompt.text == "" and screen.streaming
+            assert queued.role == "user" and queued.text == "second" and queued.has_class("queued")
+            assert "queued" in queued.note and "1 queued" in str(screen.query_one("#status").render())
+            screen.session.settings = screen.session.settings.replace(max_tokens=12)
+            await pilot.press("ctrl+c")  # Ctrl+C stops the reply, not the app; the queued message goes next
             gate.set()
             await settle(app, pilot)
             assert app.is_running
-            assert [m["role"] for m in screen.session.conversation.messages] == ["user", "assistant"]
-            assert screen.session.conversation.messages[0]["content"] == "first"
-            assert prompt.text == "second"
+            messages = screen.session.conversation.messages
+            assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+            assert messages[0]["content"] == "first" and messages[2]["content"] == "second"
+            assert not queued.has_class("queued") and queued.note == ""
+            assert [v.role for v in screen.query(MessageView)] == ["user", "assistant", "user", "assistant"]
+            fresh = Engine.load(tiny_model)  # the first reply as far as it got, then the queued message's
+            first = "".join(e.text for e in fresh.chat(messages[:1], max_new_tokens=messages[1]["stats"]["tokens"]))
+            second = "".join(e.text for e in fresh.chat(screen.session.conversation.chat_messages()[:-1],
+                                                          max_new_tokens=12))
+            assert (first, second) == (messages[1]["content"], messages[3]["content"])
     asyncio.run(scenario())
 
 
@@ -250,12 +262,21 @@ def test_reopen_a_saved_chat_and_skip_a_damaged_file(make_app, tmp_path):
             await send(app, pilot, "remember me")
             reply = screen.session.last_reply()
             (tmp_path / "chats" / "broken.json").write_text("{ not json")
+            saved = json.loads(next((tmp_path / "chats").glob("2*.json")).read_text())
+            damaged = {"updated-as-text": {**saved, "id": "a", "updated": "yesterday"},
+                       "message-as-text": {**saved, "id": "b", "messages": ["hello"]},
+                       "title-as-number": {**saved, "id": "c", "title": 7}}
+            for name, data in damaged.items():
+                (tmp_path / "chats" / f"{name}.json").write_text(json.dumps(data))
             await pilot.press("ctrl+n")
             await pilot.pause()
             assert not list(screen.query(MessageView))
             await pilot.press("ctrl+o")
             assert isinstance(app.screen, HistoryScreen)
             assert [chat.error is None for chat in app.screen.chats].count(True) == 1
+            errors = {chat.path.stem: chat.error for chat in app.screen.chats if chat.error}
+            assert set(errors) == {"broken", *damaged}
+            assert "'updated' is str" in errors["updated-as-text"] and "message 0" in errors["message-as-text"]
             readable = next(i for i, chat in enumerate(app.screen.chats) if chat.error is None)
             app.screen.query_one("#history-list").highlighted = readable
             await pilot.press("enter")

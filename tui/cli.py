@@ -2,14 +2,15 @@
 
     edge-chat [MODEL]                    the chat app (Textual); the built-in model when MODEL is omitted
     edge-chat [MODEL] --prompt "..."     print one reply and exit (also reads the prompt from a pipe)
-    edge-chat [MODEL] --plain            a line-by-line console chat (/reset, /quit; Ctrl+C stops a reply)
+    edge-chat [MODEL] --plain            a line-by-line console chat (/reset, /quit; Ctrl+C stops a reply), saved
+                                         like the app's; piped in, one message per line
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterator, TextIO
+from typing import Iterable, Iterator, TextIO
 
 from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.cli_options import (
@@ -22,11 +23,12 @@ from edge.cli_options import (
 )
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
-from edge.events import Event
+from edge.events import FINISH_CONTEXT, FINISH_STOPPED, Event
 from edge.load_spec import LoadSpec
 from memory.budget import BudgetError
 from tui.app import EdgeChatApp
-from tui.history import ConversationStore
+from tui.completion import completion_note, is_completion_model, reply_events
+from tui.history import Conversation, ConversationStore, title_from
 from tui.loader import SessionLoader
 from tui.settings import DRAFTER_CHOICES, ChatSettings
 
@@ -44,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(console output, not the app)")
     parser.add_argument("--stats", action="store_true", help="print tokens/s, acceptance and token counts per reply "
                         "(--prompt and --plain)")
-    parser.add_argument("--plain", action="store_true", help="line-by-line console chat instead of the app")
+    parser.add_argument("--plain", action="store_true", help="line-by-line console chat instead of the app; with "
+                        "text piped in, one message per line (/reset, /quit); saved like the app's chats")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the short plain-decoding run at start that the app's speedup figure compares to")
     add_speculation_arguments(parser)
@@ -69,13 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.from_spec(spec)
         for step in engine.plan.steps if engine.plan else ():
             print(f"edge-chat: memory plan: {step}", file=sys.stderr)
-        if args.prompt is None and not sys.stdin.isatty():
-            args.prompt = sys.stdin.read().strip()
-        chat = ConsoleChat(engine, options, system=args.system, raw=args.raw, show_stats=args.stats)
+        piped = not sys.stdin.isatty()
+        if piped and hasattr(sys.stdin, "reconfigure"):  # undecodable bytes reach the engine's one-line PromptError
+            sys.stdin.reconfigure(errors="surrogateescape")
+        if args.prompt is None and piped and not args.plain:
+            args.prompt = sys.stdin.read().strip()  # text piped in without --plain: one message
+        chat = ConsoleChat(engine, options, system=args.system, raw=args.raw, show_stats=args.stats,
+                           model_name=args.model or spec.path.name,
+                           store=ConversationStore() if args.prompt is None else None)
         if args.prompt is not None:
             chat.reply(args.prompt, sys.stdout)
         else:
-            chat.interactive()
+            chat.interactive(sys.stdin if piped else None)
     except (EdgeError, BudgetError) as error:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
@@ -121,20 +129,28 @@ def default_drafter(args: argparse.Namespace) -> str | None:
 
 
 class ConsoleChat:
+    """The console chat (--prompt, --plain, or text piped in): one conversation, saved after each reply when a
+    store is given, like the app's."""
+
     def __init__(self, engine: Engine, options: GenerationOptions, *, system: str | None = None,
-                 raw: bool = False, show_stats: bool = False) -> None:
-        self.engine, self.options, self.show_stats = engine, options, show_stats
-        self.raw = raw or engine.tokenizer.chat_template is None
-        self.system = system
-        self.messages: list[dict] = []
-        self.reset()
+                 raw: bool = False, show_stats: bool = False, model_name: str = "",
+                 store: ConversationStore | None = None) -> None:
+        self.engine, self.options, self.show_stats, self.store = engine, options, show_stats, store
+        self.raw = raw
+        self.system, self.model_name = system or "", model_name
+        self.conversation = Conversation(model=model_name, system=self.system)
+        if is_completion_model(engine) and not raw:
+            print(f"edge-chat: {completion_note(model_name)}", file=sys.stderr)
 
     def reset(self) -> None:
-        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.conversation = Conversation(model=self.model_name, system=self.system)
 
     def reply(self, text: str, out: TextIO) -> str:
-        """Send one user message, stream the reply to `out`, and record both in the history."""
-        self.messages.append({"role": "user", "content": text})
+        """Send one user message, stream the reply to `out`, and record both in the conversation."""
+        messages = self.conversation.messages
+        if not messages:
+            self.conversation.title = title_from(text)
+        messages.append({"role": "user", "content": text})
         reply, last = [], None
         try:
             for event in self._events(text):
@@ -145,10 +161,16 @@ class ConsoleChat:
         except KeyboardInterrupt:
             out.write(" [stopped]")
         except EdgeError:
-            self.messages.pop()  # keep the history consistent: the failed turn is not recorded
+            messages.pop()  # keep the history consistent: the failed turn is not recorded
             raise
         out.write("\n")
-        self.messages.append({"role": "assistant", "content": "".join(reply)})
+        finish = last.finish_reason if last is not None else FINISH_STOPPED
+        messages.append({"role": "assistant", "content": "".join(reply), "finish_reason": finish})
+        if self.store is not None:
+            self.store.save(self.conversation)
+        if finish == FINISH_CONTEXT:
+            print(f"edge-chat: the reply was cut: the context ({self.engine.max_context} tokens) is full; /reset "
+                  "starts over, or load with a longer --max-context", file=sys.stderr)
         if self.show_stats and last is not None:
             stats = last.stats
             speculation = (f", {stats.mean_accepted_tokens:.2f} tokens/step, {stats.acceptance_rate:.0%} accepted"
@@ -161,30 +183,39 @@ class ConsoleChat:
         options = vars(self.options)
         if self.raw:
             return self.engine.generate(text, **options)
-        messages, dropped = self.engine.fit_chat(self.messages, reserve=min(self.options.max_new_tokens, 256))
+        events, dropped = reply_events(self.engine, self.conversation.chat_messages(),
+                                       min(self.options.max_new_tokens, 256), **options)
         if dropped:
             print(f"(context full: the oldest {dropped} messages are left out)", file=sys.stderr)
-        return self.engine.chat(messages, **options)
+        return events
 
-    def interactive(self) -> None:
-        print("edge-chat: type a message; /reset starts over, /quit or Ctrl+D leaves, Ctrl+C stops a reply.")
-        while True:
-            try:
-                line = input(">>> ").strip()
-            except (EOFError, KeyboardInterrupt):
-                print()
-                return
+    def interactive(self, lines: Iterable[str] | None = None) -> None:
+        """Chat line by line: typed at a prompt, or `lines` (text piped in: one message per line, no prompts).
+        /reset starts over, /quit (or the end of input) leaves."""
+        if lines is None:
+            print("edge-chat: type a message; /reset starts over, /quit or Ctrl+D leaves, Ctrl+C stops a reply.")
+        for line in lines if lines is not None else _typed_lines():
+            line = line.strip()
             if line in ("/quit", "/exit"):
                 return
             if line == "/reset":
                 self.reset()
                 print("(new chat)")
-                continue
-            if line:
+            elif line:
                 try:
                     self.reply(line, sys.stdout)
                 except EdgeError as error:
-                    print(f"error: {error}")
+                    print(f"error: {error}", file=sys.stderr if lines is not None else sys.stdout)
+
+
+def _typed_lines() -> Iterator[str]:
+    """Lines typed at the '>>> ' prompt, until Ctrl+D or Ctrl+C at the prompt."""
+    while True:
+        try:
+            yield input(">>> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return
 
 
 if __name__ == "__main__":

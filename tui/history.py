@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 FORMAT_VERSION = 1
+FIELD_TYPES = {"id": (str,), "title": (str,), "created": (float, int), "updated": (float, int), "model": (str,),
+               "system": (str,), "messages": (list,)}  # what a saved chat's fields must be to be opened
 
 
 def default_data_dir() -> Path:
@@ -51,8 +53,15 @@ class Conversation:
     def from_json(cls, data: dict) -> "Conversation":
         if data.get("format_version") != FORMAT_VERSION or not isinstance(data.get("messages"), list):
             raise ValueError("not an edge-chat conversation (format_version 1)")
-        names = {"id", "title", "created", "updated", "model", "system", "messages"}
-        return cls(**{key: value for key, value in data.items() if key in names})
+        fields = {key: value for key, value in data.items() if key in FIELD_TYPES}
+        for key, value in fields.items():
+            if not isinstance(value, FIELD_TYPES[key]) or isinstance(value, bool):
+                raise ValueError(f"its {key!r} is {type(value).__name__}, not {FIELD_TYPES[key][0].__name__}")
+        for index, message in enumerate(fields["messages"]):
+            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                    and isinstance(message.get("content"), str)):
+                raise ValueError(f"message {index} is not a {{'role': str, 'content': str}} object")
+        return cls(**fields)
 
 
 @dataclass(frozen=True)

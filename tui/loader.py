@@ -6,13 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from textual.highlight import highlight
+
 from edge.engine import Engine
 from edge.load_spec import LoadSpec
+from edge.model_source import display_name
 from tui.history import ConversationStore
 from tui.session import ChatSession
 from tui.settings import ChatSettings
 
 Progress = Callable[[str, float], None]
+WARM_LANGUAGES = ("python", "bash", "json")  # code-block lexers compiled here, not on the UI thread mid-reply
 
 
 class SessionLoader:
@@ -25,7 +29,7 @@ class SessionLoader:
 
     @property
     def name(self) -> str:
-        return self.spec.path.name
+        return display_name(self.spec.path)
 
     def load(self, progress: Progress) -> ChatSession:
         engine = Engine.from_spec(self.settings.applied_to(self.spec),
@@ -41,5 +45,8 @@ class SessionLoader:
         if self.measure_baseline:
             progress("measuring plain decoding speed (the speedup's reference)", 0.85)
             session.measure_baseline()
+        progress("preparing the Markdown view", 0.95)
+        for language in WARM_LANGUAGES:
+            highlight("x = 1", language=language)
         progress("ready", 1.0)
         return session

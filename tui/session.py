@@ -16,6 +16,7 @@ from typing import Iterator
 from edge.engine import Engine
 from edge.errors import EdgeError
 from edge.events import FINISH_STOPPED, Event
+from tui.completion import reply_events
 from tui.history import Conversation, ConversationStore, title_from
 from tui.provenance import extend_runs, provenance_pieces
 from memory.budget import BudgetError, format_size
@@ -79,9 +80,9 @@ class ChatSession:
         text, runs, last = [], [], None
         options = {**vars(self.settings.generation_options()), "should_stop": stop.is_set}
         try:
-            messages, self.dropped_turns = self.engine.fit_chat(self.conversation.chat_messages(),
-                                                                reserve=min(self.settings.max_tokens, 256))
-            for event in self.engine.chat(messages, **options):
+            events, self.dropped_turns = reply_events(self.engine, self.conversation.chat_messages(),
+                                                      reserve=min(self.settings.max_tokens, 256), **options)
+            for event in events:
                 text.append(event.text)
                 extend_runs(runs, provenance_pieces(event))
                 last = event
@@ -131,10 +132,17 @@ class ChatSession:
             raise BudgetError(f"the memory budget {settings.memory_budget} is too small: the model, its KV cache and "
                               f"drafter need {format_size(needed)}; raise the budget to at least that")
 
-    def measure_baseline(self, tokens: int = 32) -> float:
-        """Plain (autoregressive) decoding speed on this machine, the reference for the speedup shown."""
+    def measure_baseline(self, tokens: int = 64) -> float:
+        """Plain (autoregressive) decoding speed on this machine, the reference for the speedup shown: a chat reply
+        like the ones the panel measures, decoded the same way without the drafter. A base model (no chat template)
+        continues the prompt as text."""
         last = None
-        for last in self.engine.generate(BASELINE_PROMPT, max_new_tokens=tokens, ignore_eos=True, speculate=False):
+        options = {"max_new_tokens": tokens, "ignore_eos": True, "speculate": False}
+        if self.engine.tokenizer.chat_template is not None:
+            events = self.engine.chat([{"role": "user", "content": BASELINE_PROMPT}], **options)
+        else:
+            events = self.engine.generate(BASELINE_PROMPT, **options)
+        for last in events:
             pass
         self.engine.reset()
         self.baseline_tokens_per_s = last.stats.tokens_per_s if last is not None else None

@@ -1,8 +1,9 @@
 """The chat: messages on the left, live speculation figures and memory on the right, the input at the bottom.
 
 Replies are generated in a thread worker that reaches the UI only through messages (`ReplyChunk`, `ReplyDone`,
-`ReplyFailed`); Esc or Ctrl+C sets a stop flag the worker checks after every step. Actions that change the
-conversation (send, regenerate, new chat, open a chat) wait until no reply is streaming, so the chat on screen,
+`ReplyFailed`), as often as `tui.pacing` allows; Esc or Ctrl+C sets a stop flag the worker checks after every step.
+A message sent while a reply streams is queued, shown as such, and sent when the reply ends. Other actions that
+change the conversation (regenerate, new chat, open a chat) wait until no reply is streaming, so the chat on screen,
 the saved file and the engine's cache always agree.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import torch
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -23,10 +25,12 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label
 
 from edge.errors import EdgeError
-from edge.events import Stats
+from edge.events import FINISH_CONTEXT, Stats
 from memory.budget import BudgetError
 from tui.screens.history import HistoryScreen
 from tui.screens.settings import SettingsScreen
+from tui.completion import completion_note, is_completion_model
+from tui.pacing import UpdatePacer, ui_duty
 from tui.provenance import provenance_pieces
 from tui.session import FINISH_STOPPED, ChatSession, ReplyOutcome
 from tui.settings import ChatSettings
@@ -35,7 +39,8 @@ from tui.widgets.prompt import PromptInput
 from tui.widgets.stats import MemoryBar, StatsPanel
 
 
-UI_UPDATE_S = 0.05  # the worker sends the UI at most ~20 updates a second: rendering shares the GIL with decoding
+
+QUEUED_NOTE = "queued: sent when this reply ends (Esc stops it now)"
 
 
 @dataclass
@@ -77,7 +82,9 @@ class ChatScreen(Screen):
         self.provenance = False
         self._stop = threading.Event()
         self._reply: MessageView | None = None
+        self._queued: list[MessageView] = []  # messages sent while a reply streams, oldest first
         self._drafted_before = self._steps_before = 0
+        self.pacer = UpdatePacer(ui_duty(torch.get_num_threads()))  # how often a streaming reply is drawn
 
     # -- layout --------------------------------------------------------------------------------------------
 
@@ -102,6 +109,9 @@ class ChatScreen(Screen):
         self.refresh_memory()
         await self.show_conversation()
         self.query_one(PromptInput).focus()
+        if is_completion_model(self.session.engine):
+            self.set_status("completion model (no chat template): each message continues the text")
+            self.notify(completion_note(self.session.model_name), title="a base model", timeout=10)
         if self.session.plan_steps:
             self.set_status("memory plan: " + "; ".join(self.session.plan_steps))
             self.notify("\n".join(self.session.plan_steps), title="to fit the memory budget", timeout=10)
@@ -130,13 +140,29 @@ class ChatScreen(Screen):
     # -- sending and streaming -----------------------------------------------------------------------------
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
-        if self.streaming:
-            self.notify("A reply is still streaming: press Esc to stop it, then send.", severity="warning")
-            return  # the text stays in the input: nothing is lost
         message.prompt.remember(message.text)
+        if self.streaming:  # shown as queued at once, sent when the reply ends
+            view = MessageView("user", message.text, note=QUEUED_NOTE)
+            view.add_class("queued")
+            self._queued.append(view)
+            await self.query_one("#messages").mount(view)
+            self.set_status(self._generating_status())
+            return
         self.session.begin(message.text)
         await self.query_one("#messages").mount(MessageView("user", message.text))
         await self._start_reply(message.text)
+
+    async def _send_queued(self) -> None:
+        """The reply ended: send the oldest queued message (its view is already in place)."""
+        view = self._queued.pop(0)
+        view.remove_class("queued")
+        view.set_note("")
+        self.session.begin(view.text)
+        await self._start_reply(view.text)
+
+    def _generating_status(self) -> str:
+        waiting = f" · {len(self._queued)} queued" if self._queued else ""
+        return f"generating… (Esc stops){waiting}"
 
     async def _start_reply(self, prompt: str) -> None:
         self._reply = MessageView("assistant")
@@ -146,18 +172,23 @@ class ChatScreen(Screen):
         messages.anchor()
         self.streaming, self._drafted_before, self._steps_before = True, 0, 0
         self._stop.clear()
-        self.set_status("generating… (Esc stops)")
+        self.set_status(self._generating_status())
+        self.call_after_refresh(self._begin_decoding, prompt)  # the new messages are drawn before decoding starts
+
+    def _begin_decoding(self, prompt: str) -> None:
+        self.pacer.start(time.thread_time())
         self.generate(prompt)
 
     @work(thread=True, exclusive=True, group="reply")
     def generate(self, prompt: str) -> None:
-        pieces, last_post = [], time.perf_counter()
+        pieces = []
         try:
             for event in self.session.stream(self._stop):
                 pieces += provenance_pieces(event)
-                if event.finished or time.perf_counter() - last_post >= UI_UPDATE_S:
+                if event.finished or self.pacer.due():
+                    self.pacer.sent()
                     self.post_message(ReplyChunk(pieces, event.stats))
-                    pieces, last_post = [], time.perf_counter()
+                    pieces = []
         except EdgeError as error:
             self.post_message(ReplyFailed(str(error), prompt))
         else:
@@ -173,6 +204,7 @@ class ChatScreen(Screen):
         recent_k = round((stats.drafted - self._drafted_before) / steps) if steps else None  # mean k lately
         self.query_one(StatsPanel).show(stats, last_k=recent_k or None)
         self._drafted_before, self._steps_before = stats.drafted, stats.steps
+        self.call_after_refresh(lambda: self.pacer.drawn(time.thread_time()))  # measured once it is on screen
 
     async def on_reply_done(self, message: ReplyDone) -> None:
         self.streaming = False
@@ -184,15 +216,20 @@ class ChatScreen(Screen):
         if self.session.dropped_turns:
             status = f"context full: the oldest {self.session.dropped_turns} messages were left out " + status
         self.set_status(status.strip())
+        if self._queued:
+            await self._send_queued()
 
     async def on_reply_failed(self, message: ReplyFailed) -> None:
         self.streaming = False
+        queued = [view.text for view in self._queued]  # not sent: they go back to the input after the failed one
+        for view in self._queued:
+            await view.remove()
+        self._queued = []
         messages = self.query_one("#messages", VerticalScroll)
         for view in list(messages.query(MessageView))[-2:]:  # the failed reply and its user message
             await view.remove()
         self._reply = None
-        prompt = self.query_one(PromptInput)
-        prompt.load_text(message.prompt)  # the message goes back to the input, nothing is lost
+        self.query_one(PromptInput).load_text("\n\n".join([message.prompt, *queued]))  # nothing is lost
         self.set_status("")
         self.notify(message.error, title="could not reply", severity="error", timeout=10)
 
@@ -296,4 +333,6 @@ def _note(message: dict) -> str:
             parts.append(f"{stats['acceptance_rate']:.0%} accepted · {stats['mean_accepted_tokens']:.2f} tokens/step")
     if message.get("finish_reason") == FINISH_STOPPED:
         parts.append("stopped")
+    if message.get("finish_reason") == FINISH_CONTEXT:
+        parts.append("cut: the context is full (Ctrl+N starts a new chat; --max-context makes it longer)")
     return " · ".join(parts)

@@ -55,6 +55,10 @@ class MessageView(Vertical):
             await self._stream.stop()
             self._stream = None
         await self.query_one(Markdown).update(self.text)
+        self.set_note(note)
+
+    def set_note(self, note: str) -> None:
+        """The muted line under the message ("" hides it)."""
         self.note = note
         label = self.query_one(".note", Label)
         label.update(note)

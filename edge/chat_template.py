@@ -92,8 +92,8 @@ def _compile(source: str) -> jinja2.Template:
 
 
 def read_template_file(path: str | Path) -> str:
-    """The Jinja source of a chat template file a user supplies (--chat-template FILE), checked to compile; every
-    problem is one TokenizerError line naming the file."""
+    """The Jinja source of a chat template file a user supplies (--chat-template FILE), checked by `check_template`;
+    every problem is one TokenizerError line naming the file."""
     path = Path(path)
     try:
         source = path.read_text(encoding="utf-8")
@@ -102,18 +102,31 @@ def read_template_file(path: str | Path) -> str:
     except IsADirectoryError:
         raise TokenizerError(f"chat template {path} is a folder; pass the template file itself (e.g. "
                              f"{path / 'chat_template.jinja'})") from None
-    except UnicodeDecodeError:
-        raise TokenizerError(f"chat template file {path} is not UTF-8 text; save the template as UTF-8") from None
+    except UnicodeDecodeError as error:
+        raise TokenizerError(f"chat template file {path} is not UTF-8 text (byte {error.start}); save the template "
+                             "as UTF-8") from None
     except OSError as error:
         raise TokenizerError(f"cannot read chat template file {path}: {error.strerror or error}") from None
-    if not source.strip():
-        raise TokenizerError(f"chat template file {path} is empty; pass a Jinja chat template")
+    check_template(source, f"chat template file {path}")
+    return source
+
+
+def check_template(source: str, origin: str) -> None:
+    """Raise TokenizerError, one line naming `origin`, unless `source` is a template that compiles and renders a
+    one-message chat."""
+    if not isinstance(source, str) or not source.strip():
+        raise TokenizerError(f"{origin} is empty; pass a Jinja chat template")
     try:
         _environment().from_string(source)
     except jinja2.TemplateSyntaxError as error:
-        raise TokenizerError(f"chat template file {path}, line {error.lineno}: {_one_line(error.message or error)}; "
-                             "fix the template") from None
-    return source
+        raise TokenizerError(f"{origin}, line {error.lineno}: {_one_line(error.message or error)}; fix the "
+                             "template") from None
+    try:
+        ChatTemplate(source).render([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
+    except TokenizerError as error:
+        detail = str(error).removeprefix("chat template error: ").rpartition("; ")[0] or str(error)
+        raise TokenizerError(f"{origin} does not render a one-message chat ({detail}); fix the template or pass "
+                             "another file") from None
 
 
 def check_messages(messages: Any) -> None:

@@ -33,11 +33,11 @@ import onnx
 import torch
 
 from edge.bundle import MANIFEST, read_bundle
-from edge.chat_template import ChatTemplate
+from edge.chat_template import check_template
 from edge.config import ModelConfig
 from edge.drafters.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
-from edge.errors import BundleError, EdgeError, TokenizerError, UnsupportedModelError
+from edge.errors import BundleError, EdgeError, UnsupportedModelError
 from edge.tokenizer import Tokenizer
 from export.bundle_files import (
     CONFIG_FILES,
@@ -83,7 +83,7 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
     _check_output(output, options.overwrite)
     _check_formats(options)
     if options.chat_template is not None:
-        check_chat_template(options.chat_template, options.chat_template_origin or "the chat template")
+        check_template(options.chat_template, options.chat_template_origin or "the chat template")
     unsupported = _unsupported_by_edge(checkpoint)
     stages = 4 + (2 if options.drafter else 0) if unsupported is None else 4
     workdir = _make_workdir(output)
@@ -168,34 +168,6 @@ def _interrupts_deferred():
         yield
     finally:
         signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
-
-
-def read_chat_template(path: str | Path) -> str:
-    """The text of a chat template file for the bundle (edge-export --chat-template), checked: one line when the
-    file is missing, not UTF-8, empty, or not a Jinja template edge can render."""
-    path = Path(path)
-    try:
-        source = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise BundleError(f"--chat-template {path} is not UTF-8 text (byte {error.start}); save the template as "
-                          "UTF-8") from None
-    except OSError as error:
-        raise BundleError(f"cannot read --chat-template {path}: {error.strerror or error}; pass the path of a Jinja "
-                          "template file") from None
-    check_chat_template(source, f"--chat-template {path}")
-    return source
-
-
-def check_chat_template(source: str, origin: str) -> None:
-    """Refuse a template that is empty or does not render a one-message chat (a Jinja syntax error, a bad call)."""
-    if not isinstance(source, str) or not source.strip():
-        raise BundleError(f"{origin} is empty; pass a Jinja chat template")
-    try:
-        ChatTemplate(source).render([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
-    except TokenizerError as error:
-        detail = str(error).removeprefix("chat template error: ").rpartition("; ")[0] or str(error)
-        raise BundleError(f"{origin} is not a usable Jinja chat template: rendering a one-message chat failed "
-                          f"({detail}); fix the template or pass another file") from None
 
 
 def _unsupported_by_edge(checkpoint: Path) -> UnsupportedModelError | None:

@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         previous = _exit_on_interrupt(nothing_written)
         try:
             from edge.errors import EdgeError
-            from export.bundle import ExportOptions, export_bundle, read_chat_template
+            from edge.chat_template import read_template_file
+            from export.bundle import ExportOptions, export_bundle
             from export.quantize import QuantSettings
         except ImportError as error:
             print(f"edge-export: {error.name or error} is not installed; install the exporter with "
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             _restore_interrupt(previous)
         try:
-            options = _options(args, ExportOptions, QuantSettings, read_chat_template)
+            options = _options(args, ExportOptions, QuantSettings, read_template_file)
             checkpoint = args.checkpoint or _builtin()
             manifest = export_bundle(checkpoint, args.output, options, show_progress=not args.quiet)
         except (EdgeError, ValueError) as error:
@@ -126,7 +127,7 @@ def _restore_interrupt(previous) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
-def _options(args, ExportOptions, QuantSettings, read_chat_template):
+def _options(args, ExportOptions, QuantSettings, read_template_file):
     if args.calibration_tokens < 1:
         raise ValueError(f"--calibration-tokens must be at least 1, got {args.calibration_tokens}")
     text = None
@@ -139,7 +140,7 @@ def _options(args, ExportOptions, QuantSettings, read_chat_template):
     if not 0.0 < args.vocab_coverage <= 1.0:
         raise ValueError(f"--vocab-coverage must be in (0, 1], e.g. 0.99; got {args.vocab_coverage}")
     formats = ("onnx", "torchscript") if args.format == "both" else (args.format,)
-    template = read_chat_template(args.chat_template) if args.chat_template is not None else None
+    template = read_template_file(args.chat_template) if args.chat_template is not None else None
     return ExportOptions(formats=formats, quant=quant, drafter=args.drafter, vocab_trim=args.vocab_trim,
                          vocab_coverage=args.vocab_coverage, calibration_text=text,
                          calibration_tokens=args.calibration_tokens, overwrite=args.overwrite,

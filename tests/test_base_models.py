@@ -108,7 +108,7 @@ def test_chat_template_file_makes_a_base_model_chat(base_dir, llama_dir, templat
 
 
 @pytest.mark.parametrize("content, needle", [(None, "does not exist"), (b"\xff\xfe{{", "not UTF-8"),
-                                             (b"{% if %}", "line 1"), (b"  ", "is empty")])
+                                             (b"{% if %}", "line 1"), (b"  ", "is empty"), (b"{{ messages[9].content.x() }}", "does not render")])
 def test_a_bad_chat_template_file_is_one_line(base_dir, tmp_path, capsys, content, needle):
     path = tmp_path / "template.jinja"
     if content is not None:

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from pydantic import ValidationError
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -79,7 +80,7 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
             return JSONResponse({"status": "error", "error": str(generations.load_error)}, status_code=503)
         return JSONResponse({"status": "ok", "model": config.model_id,
                              "queue": {"waiting": generations.waiting, "limit": generations.limit},
-                             "replies": dict(generations.finished)})
+                             "replies": generations.replies()})
 
     @app.get("/v1/models", dependencies=[Depends(require_key)])
     async def models() -> dict:
@@ -128,20 +129,21 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
                            headers={"Retry-After": str(full.retry_after_s)}) from None
         try:
             first = await next_event(job, request, param)
-            if body.stream:
-                stream = job  # the stream's own `finally` cancels it from here on
-                job = None
-                return StreamingResponse(streamed(stream, reply, first, body.include_usage, param),
-                                         media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        except BaseException:
+            job.cancel()  # refused, or the client went away while the job waited
+            raise
+        if body.stream:  # a disconnect cancels the stream, which cancels the job; so does the stream's end
+            return StreamingResponse(streamed(job, reply, first, body.include_usage, param),
+                                     media_type="text/event-stream", background=BackgroundTask(job.cancel),
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
             text, last = [first.text], first
             while not last.finished:
                 last = await next_event(job, request, param)
                 text.append(last.text)
-            return JSONResponse(reply.whole("".join(text), last))
         finally:
-            if job is not None:
-                job.cancel()  # the client went away, or the reply is done and there is nothing left to stop
+            job.cancel()  # the client went away, or the reply is done and there is nothing left to stop
+        return JSONResponse(reply.whole("".join(text), last))
 
     async def streamed(job: Job, reply: Reply, first: Event, include_usage: bool, param: str) -> AsyncIterator[str]:
         try:

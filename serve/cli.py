@@ -37,6 +37,7 @@ from serve.generation_queue import GenerationQueue
 
 API_KEY_VARIABLE = "EDGE_API_KEY"
 DEFAULT_PORT = 8080  # llama-server's
+GRACEFUL_S = 10  # on Ctrl+C, how long replies still streaming may go on before they are cut
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     generations = GenerationQueue(args.queue_size)
     server = uvicorn.Server(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
-                                           log_level=args.log_level))
+                                           log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S))
 
     def stop_server(error: BaseException) -> None:
         server.should_exit = True

@@ -75,13 +75,24 @@ class GenerationQueue:
         self.engine: Engine | None = None
         self.load_error: BaseException | None = None
         self.loaded = threading.Event()
-        self.finished: Counter[str] = Counter()  # jobs by finish reason ("skipped": cancelled before starting)
+        self._finished: Counter[str] = Counter()  # jobs by finish reason ("skipped": cancelled before starting)
+        self._finished_lock = threading.Lock()
         self._mean_job_s = 1.0  # running mean of a job's duration, for Retry-After
         self._thread: threading.Thread | None = None
 
     @property
     def waiting(self) -> int:
         return self._jobs.qsize()
+
+    def replies(self) -> dict[str, int]:
+        """Jobs so far by how they ended: edge's finish reasons, "skipped" (the client left before it started),
+        "refused" (an EdgeError: a 400) and "failed" (anything else: a 500)."""
+        with self._finished_lock:
+            return dict(self._finished)
+
+    def _count(self, outcome: str) -> None:
+        with self._finished_lock:
+            self._finished[outcome] += 1
 
     def start(self, load: Callable[[], Engine], on_load_error: Callable[[BaseException], None] | None = None) -> None:
         self._thread = threading.Thread(target=self._run, args=(load, on_load_error), name="edge-serve-generation",
@@ -122,19 +133,19 @@ class GenerationQueue:
 
     def _serve(self, job: Job) -> None:
         if job.cancelled.is_set():
-            self.finished["skipped"] += 1
+            self._count("skipped")
             return
         started = time.perf_counter()
         try:
             for event in job.generation(self.engine, job.cancelled.is_set):
                 job.channel.put(event)
                 if event.finished:
-                    self.finished[event.finish_reason] += 1
+                    self._count(event.finish_reason)
         except EdgeError as error:  # about the request: the client gets a 400
-            self.finished["refused"] += 1
+            self._count("refused")
             job.channel.put(error)
         except Exception as error:  # noqa: BLE001 - the worker must outlive any one request
             log.exception("generation failed")
-            self.finished["failed"] += 1
+            self._count("failed")
             job.channel.put(error)
         self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)

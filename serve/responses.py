@@ -59,12 +59,12 @@ class Reply:
 
     chat: bool  # chat.completion, or text_completion
     model: str
-    id: str = field(default="")
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def __post_init__(self) -> None:
-        if not self.id:
-            object.__setattr__(self, "id", ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex)
+    @property
+    def id(self) -> str:
+        return ("chatcmpl-" if self.chat else "cmpl-") + self.key
 
     def whole(self, text: str, last: Event) -> dict:
         choice = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASONS[last.finish_reason]}

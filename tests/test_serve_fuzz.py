@@ -55,7 +55,7 @@ def server():
         running.generations.loaded.wait(60)
         yield running
         assert httpx.get(running.url + "/health").json()["status"] == "ok"  # alive after all of it
-        assert running.generations.finished.get("failed", 0) == 0
+        assert running.generations.replies().get("failed", 0) == 0
 
 
 def check(response: httpx.Response) -> None:

@@ -12,8 +12,10 @@ from openai import OpenAI
 
 from edge import Engine
 from edge.builtin import builtin_model_path
+from edge.cli_options import load_spec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
+from serve.cli import build_parser, default_drafter, serve_config
 
 CONTEXT = 128  # tokens: a prompt longer than this is refused
 CHAT = "/v1/chat/completions"
@@ -146,13 +148,26 @@ def test_the_server_answers_after_every_refusal(server):
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
 
 
-def test_chat_without_a_chat_template_points_to_completions(server, monkeypatch):
-    engine = server.generations.engine
-    with BackgroundServer(lambda: engine, ServeConfig("m")) as plain:
-        plain.generations.loaded.wait(10)
-        monkeypatch.setattr(type(engine.tokenizer), "chat_template", property(lambda self: None))
+def test_chat_without_a_chat_template_points_to_completions(base_dir):
+    with BackgroundServer(lambda: Engine.load(base_dir), ServeConfig("base")) as plain:
+        plain.generations.loaded.wait(30)
         error = assert_openai_error(post(plain, CHAT, {"messages": USER}), 400)
-    assert error["code"] == "no_chat_template" and "/v1/completions" in error["message"]
+        assert error["code"] == "no_chat_template" and "/v1/completions" in error["message"]
+        assert post(plain, TEXT, {"prompt": "The quick brown fox", "max_tokens": 3}).status_code == 200
+
+
+def test_a_chat_template_file_from_the_command_line_serves_chat(base_dir, tmp_path):
+    template = tmp_path / "chatml.jinja"
+    template.write_text("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    args = build_parser().parse_args([str(base_dir), "--chat-template", str(template)])
+    spec = load_spec(args, default_drafter(args))
+    with BackgroundServer(lambda: Engine.from_spec(spec), serve_config(args)) as templated:
+        templated.generations.loaded.wait(30)
+        reply = post(templated, CHAT, {"messages": USER, "max_tokens": 6, "temperature": 0})
+    expected = "".join(event.text for event in Engine.load(base_dir, chat_template=template).chat(USER,
+                                                                                                   max_new_tokens=6))
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == expected
 
 
 def test_the_api_key_is_required_everywhere_but_health(server):

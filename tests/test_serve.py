@@ -13,6 +13,7 @@ from openai import OpenAI
 
 from edge import Engine
 from edge.builtin import builtin_model_path
+from edge.errors import CheckpointError
 from edge.load_spec import LoadSpec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
@@ -180,6 +181,20 @@ def test_health_is_503_while_loading(reference):
         loading.set()
         running.generations.loaded.wait(30)
         assert httpx.get(running.url + "/health").status_code == 200
+
+
+def test_a_model_that_fails_to_load_is_reported_not_served(tmp_path, capsys):
+    def load():
+        raise CheckpointError("the weights are truncated; download them again")
+
+    with BackgroundServer(load, ServeConfig("broken")) as running:
+        running.generations.loaded.wait(30)
+        health = httpx.get(running.url + "/health")
+        refused = httpx.post(running.url + "/v1/completions", json={"prompt": "x"})
+    assert health.status_code == 503 and "truncated" in health.json()["error"]
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_load_failed"
+    assert main([str(tmp_path / "missing"), "--port", "0", "--log-level", "error"]) == 2  # edge-serve stops
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_a_full_queue_answers_429_with_retry_after(reference):

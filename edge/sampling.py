@@ -25,14 +25,17 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        _require(math.isfinite(self.temperature) and self.temperature >= 0,
-                 f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        _require(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                     f"{name} must be a number, got {value!r}")
+        _require(self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        _require(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         _require(0 < self.top_p <= 1, f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         _require(0 <= self.min_p <= 1, f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
-        _require(math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
-                 f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
-        _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _require(self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        _require(self.seed is None or _is_int(self.seed) and 0 <= self.seed < 2**63,
+                 f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -45,6 +48,10 @@ class SamplingParams:
         else:
             generator.manual_seed(self.seed)
         return generator
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _require(condition: bool, message: str) -> None:

@@ -44,8 +44,9 @@ DEFAULT_PROMPT = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="checkpoint folder or edge-export bundle; default: the built-in "
-                        "model. With a bundle, the suite runs on ONNX Runtime and peers run its source checkpoint")
+    parser.add_argument("model", nargs="?", help="checkpoint folder, edge-export bundle, .gguf file or Hub id "
+                        "(org/name; from the Hugging Face cache, else downloaded); default: the built-in model. With "
+                        "a bundle, the suite runs on ONNX Runtime and peers run its source checkpoint")
     parser.add_argument("--ar", action="store_true", help="plain decoding throughput on one prompt (not the suite)")
     parser.add_argument("--peers", nargs="?", const="all", default=None, metavar="NAMES",
                         help="also run other runtimes: transformers (generate(), and in the suite its prompt "

@@ -12,14 +12,17 @@ from edge.drafters.registry import usage as drafter_usage
 from edge.engine import GenerationOptions
 from edge.errors import CheckpointError
 from edge.load_spec import BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LoadSpec
+from edge.model_source import resolve_model
 from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.planning import plan
 from edge.quantized_kv_cache import KV_CACHE_CHOICES
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
-    help_text = ("checkpoint folder (Hugging Face layout: config.json, *.safetensors, tokenizer.json) or an "
-                 "edge-export bundle")
+    help_text = ("a checkpoint folder (Hugging Face layout: config.json, *.safetensors, tokenizer.json), an "
+                 "edge-export bundle, a .gguf file (f32, f16, q8_0, q4_0, ...; converted once into the cache) or a "
+                 "Hub id (org/name, org/name@revision, org/name:Q4_0 for a GGUF repo): taken from the Hugging Face "
+                 "cache, else downloaded unless HF_HUB_OFFLINE is set")
     if positional:
         parser.add_argument("model", nargs="?", help=help_text + "; default: the built-in model")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
@@ -120,9 +123,10 @@ def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptio
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """The checkpoint to load: the one given, or the built-in model once the package ships one."""
+    """The checkpoint folder to load: the one given (a .gguf file or a Hub id resolved to its folder), or the
+    built-in model once the package ships one."""
     if model:
-        return Path(model)
+        return resolve_model(model)
     builtin = builtin_model_path()
     if builtin is None:
         raise CheckpointError(

@@ -21,6 +21,7 @@ import torch
 from edge.drafters.registry import DrafterSpec
 from edge.errors import BundleError, CheckpointError, PromptError, SamplingError
 from edge.loading import parse_dtype
+from edge.model_source import resolve_model
 from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.quantized_kv_cache import KV_CACHE_CHOICES
 from edge.speculative import DraftLength
@@ -51,7 +52,7 @@ class DraftModelOptions:
 
 @dataclass(frozen=True)
 class LoadSpec:
-    path: Path  # a checkpoint folder or an edge-export bundle
+    path: Path  # a checkpoint folder or an edge-export bundle (from_options resolves .gguf files and Hub ids)
     dtype: str = "float32"  # what the model computes in
     device: str = "cpu"
     weights: str | None = None  # int8 / int4: quantize the layers for edge's CPU kernel at load (None: as stored)
@@ -93,7 +94,8 @@ class LoadSpec:
                      offload_layers: "list[int] | tuple[int, ...] | None" = None,
                      drafter: "str | DrafterSpec | None" = None, **options) -> "LoadSpec":
         """A spec from Engine.load's keywords: the draft model's options flat (draft_context, draft_weights,
-        draft_kv), and draft_vocab as the drafter's VocabTrim file."""
+        draft_kv), and draft_vocab as the drafter's VocabTrim file. `path` may also be a .gguf file or a Hub id
+        (org/name), resolved to a checkpoint folder here (edge/model_source.py)."""
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)} - {"draft"})
         if unknown:
             raise TypeError(f"unknown load option {unknown[0]!r}")
@@ -102,8 +104,9 @@ class LoadSpec:
             if spec is None:
                 raise SamplingError("a draft vocabulary trims a drafter's head; pass a drafter too")
             spec = dataclasses.replace(spec, vocabulary=str(draft_vocab))
-        return cls(Path(path), dtype=dtype, draft_length=draft_length, offload_layers=tuple(offload_layers or ()),
-                   drafter=spec, draft=DraftModelOptions(draft_context, draft_weights, draft_kv), **options)
+        return cls(resolve_model(path), dtype=dtype, draft_length=draft_length,
+                   offload_layers=tuple(offload_layers or ()), drafter=spec,
+                   draft=DraftModelOptions(draft_context, draft_weights, draft_kv), **options)
 
     def replace(self, **changes) -> "LoadSpec":
         return dataclasses.replace(self, **changes)

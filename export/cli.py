@@ -27,8 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-export", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", nargs="?",
-                        help="Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json); "
-                             "default: the built-in model")
+                        help="Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json), a .gguf "
+                             "file or a Hub id (org/name; from the Hugging Face cache, else downloaded); default: "
+                             "the built-in model")
     parser.add_argument("-o", "--output", required=True, type=Path,
                         help="bundle folder to create (must not exist, unless --overwrite)")
     parser.add_argument("--format", choices=["onnx", "torchscript", "both"], default="onnx",
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             _restore_interrupt(previous)
         try:
             options = _options(args, ExportOptions, QuantSettings, read_template_file)
-            checkpoint = args.checkpoint or _builtin()
+            checkpoint = _checkpoint(args.checkpoint)
             manifest = export_bundle(checkpoint, args.output, options, show_progress=not args.quiet)
         except (EdgeError, ValueError) as error:
             print(f"edge-export: {error}", file=sys.stderr)
@@ -146,6 +147,13 @@ def _options(args, ExportOptions, QuantSettings, read_template_file):
                          calibration_tokens=args.calibration_tokens, overwrite=args.overwrite,
                          chat_template=template,
                          chat_template_origin=str(args.chat_template.resolve()) if template else None)
+
+
+def _checkpoint(name: str | None) -> Path:
+    """The checkpoint folder named (a .gguf file or a Hub id resolved to its folder), or the built-in model."""
+    from edge.model_source import resolve_model
+
+    return resolve_model(name) if name else _builtin()
 
 
 def _builtin() -> Path:

@@ -30,7 +30,7 @@ import torch
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
 from edge.bundle import is_bundle, read_bundle
-from edge.chat_template import read_template_file
+from edge.chat_template import check_messages, read_template_file
 from edge.drafters import Drafter
 from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
 from edge.errors import BundleError, CheckpointError, EngineBusyError, PromptError, SamplingError
@@ -74,10 +74,27 @@ class GenerationOptions:
             raise SamplingError(f"unknown generation option {unknown[0]!r}; valid options: {', '.join(sorted(names))}")
         if isinstance(options.get("stop"), str):
             options = {**options, "stop": (options["stop"],)}
+        if isinstance(options.get("stop"), (list, tuple)):
+            options = {**options, "stop": tuple(options["stop"])}
         result = cls(**options)
-        if not isinstance(result.max_new_tokens, int) or result.max_new_tokens < 1:
-            raise SamplingError(f"max_new_tokens must be an integer >= 1, got {result.max_new_tokens!r}")
+        result.check()
         return result
+
+    def check(self) -> None:
+        """Raise SamplingError (one line) for an option of the wrong type or out of range."""
+        def require(condition: bool, message: str) -> None:
+            if not condition:
+                raise SamplingError(message)
+        require(type(self.max_new_tokens) is int and self.max_new_tokens >= 1,
+                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        require(isinstance(self.stop, tuple) and all(isinstance(text, str) for text in self.stop),
+                f"stop must be a string or a list of strings, got {self.stop!r}")
+        for name in ("ignore_eos", "speculate"):
+            require(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
+        require(self.task is None or isinstance(self.task, str), f"task must be a label (text), got {self.task!r}")
+        require(self.should_stop is None or callable(self.should_stop),
+                f"should_stop must be a function returning True to stop, got {self.should_stop!r}")
+        _ = self.sampling  # SamplingParams checks the sampling values
 
     @property
     def sampling(self) -> SamplingParams:
@@ -263,6 +280,7 @@ class Engine:
     def chat(self, messages: Sequence[dict], *, template_kwargs: dict | None = None, **options) -> Iterator[Event]:
         """Answer the last message of a conversation rendered with the checkpoint's chat template."""
         opts = GenerationOptions.from_kwargs(options)
+        check_messages(messages)
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **(template_kwargs or {}))
         return self._stream(self._continue_history(_checked_text(text, "the chat")), opts)
 
@@ -278,6 +296,7 @@ class Engine:
     def fit_messages(self, messages: Sequence[dict], reserve: int, render: Callable[[list[dict]], str]
                      ) -> tuple[list[dict], int]:
         """`fit_chat` for any rendering of the messages to prompt text (a base model's running text, say)."""
+        check_messages(messages)
         messages = list(messages)
         head = [m for m in messages[:1] if m.get("role") == "system"]
         turns = messages[len(head):]

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from edge.builtin import builtin_model_path
+from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path, builtin_model_path
 from edge.drafters.registry import usage as drafter_usage
 from edge.engine import GenerationOptions
 from edge.errors import CheckpointError
@@ -64,6 +64,21 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
                                  draft_length=args.draft_length, draft_context=args.draft_context,
                                  draft_weights=args.draft_weights, draft_kv=args.draft_kv,
                                  chat_template=getattr(args, "chat_template", None))
+
+
+def default_drafter(args: argparse.Namespace) -> str | None:
+    """The drafter asked for; with the built-in model and none asked for, n-gram lookup backed by the built-in
+    feature drafter (or the built-in draft model where no feature drafter ships) ("none": off): the fastest of the
+    built-in methods in docs/history/benchmarks-2026-11-21.md for greedy decoding. When sampling (temperature > 0),
+    plain decoding: drafts are accepted less often there, and on the built-in model every drafter measured slower
+    than none. edge-chat and edge-serve share it."""
+    if args.drafter is not None:
+        return None if args.drafter == "none" else args.drafter
+    if args.model is not None or args.temperature > 0:
+        return None
+    if builtin_feature_drafter_path() is not None:
+        return "hybrid:feature"
+    return "hybrid:builtin" if builtin_drafter_path() is not None else None
 
 
 def print_plan(spec: LoadSpec) -> None:

@@ -33,7 +33,8 @@ from edge.bundle import is_bundle, read_bundle
 from edge.chat_template import check_messages, read_template_file
 from edge.drafters import Drafter
 from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
-from edge.errors import BundleError, CheckpointError, EngineBusyError, PromptError, SamplingError
+from edge.errors import (BundleError, CheckpointError, ContextLengthError, EngineBusyError, PromptError,
+                         SamplingError)
 from edge.events import Event, Stats
 from edge.kv_cache import common_prefix
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
@@ -307,7 +308,7 @@ class Engine:
             if size + reserve <= self.max_context:
                 return head + turns, dropped
             if len(turns) <= 1:
-                raise PromptError(f"the last message is {size} tokens and the reply needs {reserve} more, but the "
+                raise ContextLengthError(f"the last message is {size} tokens and the reply needs {reserve} more, but the "
                                   f"context holds {self.max_context}; {self._context_fix(size + reserve)}")
             cut = 2 if len(turns) > 2 and turns[0].get("role") == "user" else 1  # a user turn and its reply
             turns, dropped = turns[cut:], dropped + cut
@@ -364,7 +365,7 @@ class Engine:
         if not prompt_ids:
             raise PromptError("the prompt is empty; pass some text to continue")
         if len(prompt_ids) >= self.max_context:
-            raise PromptError(f"the prompt is {len(prompt_ids)} tokens but the context holds {self.max_context}; "
+            raise ContextLengthError(f"the prompt is {len(prompt_ids)} tokens but the context holds {self.max_context}; "
                               f"{self._context_fix(len(prompt_ids) + 1)}")
         vocab = self.model.config.vocab_size
         bad = next((token for token in prompt_ids if not 0 <= token < vocab), None)

@@ -27,6 +27,10 @@ class PromptError(EdgeError, ValueError):
     """The prompt is empty or does not fit the context."""
 
 
+class ContextLengthError(PromptError):
+    """The prompt (with the room its reply needs) is longer than the context."""
+
+
 class SamplingError(EdgeError, ValueError):
     """A sampling parameter is out of range."""
 

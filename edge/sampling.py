@@ -15,6 +15,9 @@ import torch
 from edge.errors import SamplingError
 
 
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 means greedy (argmax)
@@ -34,8 +37,8 @@ class SamplingParams:
         _require(0 < self.top_p <= 1, f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         _require(0 <= self.min_p <= 1, f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
         _require(self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
-        _require(self.seed is None or _is_int(self.seed) and 0 <= self.seed < 2**63,
-                 f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
+        _require(self.seed is None or _is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1],
+                 f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -72,7 +75,9 @@ def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalt
 
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, top-k, top-p and min-p on logits (..., V); removed tokens get -inf. Needs temperature > 0."""
-    logits = logits.float() / params.temperature
+    logits = logits.float()
+    temperature = max(params.temperature, torch.finfo(torch.float32).tiny)  # a smaller one is 0 in float32
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature  # the top token at 0: no overflow at tiny T
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k, dim=-1).values[..., -1:]  # (..., 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -80,7 +85,8 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # (..., V)
         probs = sorted_logits.softmax(-1)
         mass_before = probs.cumsum(-1) - probs  # probability of all tokens ranked above this one
-        drop_sorted = mass_before >= params.top_p  # the first token always stays (mass_before = 0)
+        drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False  # the first token always stays, even for a top_p float32 rounds to 0
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     if params.min_p > 0.0:

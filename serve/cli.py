@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 import uvicorn
 
-from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.cli_options import (
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,
+    default_drafter,
     generation_options,
     load_spec,
     print_plan,
@@ -134,18 +134,6 @@ def model_id(model: str | None) -> str:
     if path.is_file():
         return path.stem
     return path.resolve().name if path.is_dir() else model
-
-
-def default_drafter(args: argparse.Namespace) -> str | None:
-    """edge-chat's default: with the built-in model, n-gram lookup backed by the built-in feature drafter (or draft
-    model); plain decoding for other checkpoints and when the default temperature samples ("none": off)."""
-    if args.drafter is not None:
-        return None if args.drafter == "none" else args.drafter
-    if args.model is not None or args.temperature > 0:
-        return None
-    if builtin_feature_drafter_path() is not None:
-        return "hybrid:feature"
-    return "hybrid:builtin" if builtin_drafter_path() is not None else None
 
 
 def is_loopback(host: str) -> bool:

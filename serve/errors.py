@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from edge.errors import EdgeError, EngineBusyError, PromptError
+from edge.errors import ContextLengthError, EdgeError, EngineBusyError, PromptError
 
 
 class ApiError(Exception):
@@ -52,6 +52,6 @@ def from_edge_error(error: EdgeError, param: str) -> ApiError:
     prompt that does not fit the context gets OpenAI's code for it."""
     if isinstance(error, EngineBusyError):  # never expected: one worker runs every generation
         return ApiError(503, str(error), kind="unavailable_error", code="engine_busy")
-    if isinstance(error, PromptError) and "context holds" in str(error):
+    if isinstance(error, ContextLengthError):
         return ApiError(400, str(error), param=param, code="context_length_exceeded")
     return ApiError(400, str(error), param=param if isinstance(error, PromptError) else None)

@@ -14,15 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from edge.engine import GenerationOptions
+from edge.sampling import SEED_RANGE
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
-# Below this, a temperature decodes greedily (its limit): edge's sampler divides float32 logits by the temperature,
-# which overflows to inf for temperatures near 1e-38 and fails on NaN probabilities.
-GREEDY_BELOW_TEMPERATURE = 1e-5
-# A smaller top_p keeps the same one token (the most likely has at least 1/vocabulary of the mass), and below float32's
-# range edge's sampler would read it as 0 and keep none.
-SMALLEST_TOP_P = 1e-6
 # text-completion fields edge-serve accepts only at their do-nothing values
 ACCEPTED_COMPLETION_VALUES = {"echo": (False,), "suffix": (None,), "best_of": (None, 1), "logprobs": (None, 0)}
 
@@ -99,11 +93,7 @@ class SamplingRequest(Body):
 
     def generation_options(self, defaults: GenerationOptions) -> GenerationOptions:
         """The engine's options: what the request sets, the server's defaults for the rest."""
-        temperature = self.temperature
-        if temperature is not None and temperature < GREEDY_BELOW_TEMPERATURE:
-            temperature = 0.0
-        top_p = None if self.top_p is None else max(self.top_p, SMALLEST_TOP_P)
-        asked = dict(max_new_tokens=self.max_new_tokens, temperature=temperature, top_p=top_p,
+        asked = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                      top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
                      stop=self.stop, ignore_eos=self.ignore_eos or None)
         return dataclasses.replace(defaults, **{name: value for name, value in asked.items() if value is not None})

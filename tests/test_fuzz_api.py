@@ -93,3 +93,12 @@ def test_any_drafter_spec_is_a_clear_error_or_lossless(engine, spec, length):
     finally:
         engine.use_drafter(None)
     assert sum(drafted, ()) == sum(plain, ())
+
+
+@FUZZ
+@given(temperature=st.one_of(st.floats(min_value=0, max_value=1e-3), st.floats(min_value=0, max_value=1e6)),
+       top_p=st.floats(min_value=0, max_value=1, exclude_min=True), seed=st.integers(0, 2**63 - 1))
+def test_extreme_sampling_values_sample_or_refuse_clearly(engine, temperature, top_p, seed):
+    engine.drafter = None
+    one_line_project_error(lambda: check_events(list(engine.generate("The quick", max_new_tokens=3, seed=seed,
+                                                                     temperature=temperature, top_p=top_p))))

@@ -39,8 +39,7 @@ def test_warpers_keep_the_same_tokens_as_transformers(seed, option):
     expected = warper(None, hf)
     ours = warp(logits, params)
     assert torch.equal(torch.isinf(ours), torch.isinf(expected))
-    kept = ~torch.isinf(ours)
-    torch.testing.assert_close(ours[kept], expected[kept])
+    torch.testing.assert_close(ours.softmax(-1), expected.softmax(-1))  # logits up to a shift: the same distribution
 
 
 def test_top_p_keeps_the_smallest_set_reaching_the_mass():

@@ -12,11 +12,11 @@ import argparse
 import sys
 from typing import Iterable, Iterator, TextIO
 
-from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.cli_options import (
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,
+    default_drafter,
     generation_options,
     load_spec,
     print_plan,
@@ -111,21 +111,6 @@ def app_settings(args: argparse.Namespace, spec: LoadSpec | None = None) -> Chat
     command line."""
     spec = spec or load_spec(args, default_drafter(args))
     return ChatSettings.from_spec(spec, generation_options(args), system_prompt=args.system or "")
-
-
-def default_drafter(args: argparse.Namespace) -> str | None:
-    """The drafter asked for; with the built-in model and none asked for, n-gram lookup backed by the built-in
-    feature drafter (or the built-in draft model where no feature drafter ships) ("none": off): the fastest of the
-    built-in methods in docs/history/benchmarks-2026-11-21.md for greedy decoding. When sampling (temperature > 0),
-    plain decoding: drafts are accepted less often there, and on the built-in model every drafter measured slower
-    than none."""
-    if args.drafter is not None:
-        return None if args.drafter == "none" else args.drafter
-    if args.model is not None or args.temperature > 0:
-        return None
-    if builtin_feature_drafter_path() is not None:
-        return "hybrid:feature"
-    return "hybrid:builtin" if builtin_drafter_path() is not None else None
 
 
 class ConsoleChat:

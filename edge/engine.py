@@ -131,8 +131,9 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, *, progress: Callable[[str, float], None] | None = None, **options) -> "Engine":
-        """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json) or an edge-export
-        bundle: `Engine.from_spec(LoadSpec.from_options(path, **options))`. The options (edge/load_spec.py):
+        """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json), an edge-export
+        bundle, a .gguf file or a Hub id ("org/name", from the Hugging Face cache or downloaded; edge/model_source.py):
+        `Engine.from_spec(LoadSpec.from_options(path, **options))`. The options (edge/load_spec.py):
 
         `dtype`, `device`, `max_context`; `drafter` turns on speculative decoding (a spec, edge/drafters/registry.py)
         and `draft_length` is "adaptive", "adaptive:P" or a fixed number of drafted tokens per step. With
@@ -150,6 +151,7 @@ class Engine:
         GPU the memory planner chooses them when the model does not fit otherwise. `weights="int8"` or `"int4"`
         quantizes the layers' matrices and the head at load for edge's CPU kernel (edge/packed_weights.py): a
         faster, slightly different model, whose speculative output equals its own plain decoding.
+        `chat_template` (a Jinja file) replaces the model's chat template, or gives a base model one.
         `progress(stage, fraction)`, if given, is called as each loading stage starts (for a loading screen)."""
         return cls.from_spec(LoadSpec.from_options(path, **options), progress=progress)
 

@@ -7,10 +7,12 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path, builtin_model_path
 from edge.drafters.registry import usage as drafter_usage
 from edge.engine import GenerationOptions
-from edge.errors import CheckpointError
+from edge.errors import CheckpointError, SettingError
 from edge.load_spec import BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LoadSpec
 from edge.model_source import resolve_model
 from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
@@ -79,6 +81,26 @@ def default_drafter(args: argparse.Namespace) -> str | None:
     if builtin_feature_drafter_path() is not None:
         return "hybrid:feature"
     return "hybrid:builtin" if builtin_drafter_path() is not None else None
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU threads decoding uses (default: torch's, one per core); on a machine busy with "
+                             "other work, fewer threads than cores wait less on each other")
+
+
+def command_spec(args: argparse.Namespace) -> LoadSpec | None:
+    """What edge-chat and edge-serve load: the command line's spec with their default drafter, and --threads
+    applied; None when --plan asked for the plan only (printed here)."""
+    spec = load_spec(args, default_drafter(args))
+    if args.plan:
+        print_plan(spec)
+        return None
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SettingError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    return spec
 
 
 def print_plan(spec: LoadSpec) -> None:

@@ -17,17 +17,15 @@ import os
 import sys
 from pathlib import Path
 
-import torch
 import uvicorn
 
 from edge.cli_options import (
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,
-    default_drafter,
+    add_threads_argument,
+    command_spec,
     generation_options,
-    load_spec,
-    print_plan,
 )
 from edge.engine import Engine
 from edge.errors import EdgeError
@@ -47,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         "GET /v1/models, /health). One model, one reply at a time: requests queue in arrival order.",
     )
     add_model_arguments(parser)
+    add_threads_argument(parser)
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: 127.0.0.1, this machine only); any other address lets "
@@ -61,9 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--model-name", default=None, metavar="NAME",
                         help="the model's id in /v1/models and in replies (default: the folder's name, or "
                              "edge-builtin); requests may name any model")
-    server.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="CPU threads a generation uses (default: torch's, one per core); on a machine busy "
-                             "with other work, fewer threads than cores wait less on each other")
     server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="uvicorn's log level (default: info)")
     add_speculation_arguments(parser)
@@ -74,9 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        spec = load_spec(args, default_drafter(args))
-        if args.plan:
-            print_plan(spec)
+        spec = command_spec(args)
+        if spec is None:  # --plan
             return 0
         config = serve_config(args)
     except (EdgeError, BudgetError, ValueError) as error:
@@ -86,8 +81,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edge-serve: warning: listening on {args.host}, not only this machine: other machines can reach the "
               f"server{'' if config.api_key else '; set an API key (--api-key or ' + API_KEY_VARIABLE + ')'}",
               file=sys.stderr)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     generations = GenerationQueue(args.queue_size)
     server = uvicorn.Server(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S))
@@ -114,8 +107,6 @@ def loaded(spec) -> Engine:
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     if args.queue_size < 1:
         raise ValueError(f"--queue-size must be at least 1, got {args.queue_size}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None

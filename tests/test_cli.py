@@ -299,7 +299,8 @@ def test_step_time_bench_reports_each_method(llama_dir, capsys):
 
 def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(llama_dir):
     from edge.builtin import builtin_feature_drafter_path
-    from tui.cli import build_parser, default_drafter
+    from edge.cli_options import default_drafter
+    from tui.cli import build_parser
 
     if builtin_feature_drafter_path() is None:
         pytest.skip("this checkout ships no built-in feature drafter")

@@ -15,7 +15,8 @@ from edge.builtin import builtin_model_path
 from edge.cli_options import load_spec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
-from serve.cli import build_parser, default_drafter, serve_config
+from edge.cli_options import default_drafter
+from serve.cli import build_parser, serve_config
 
 CONTEXT = 128  # tokens: a prompt longer than this is refused
 CHAT = "/v1/chat/completions"

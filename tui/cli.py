@@ -16,10 +16,11 @@ from edge.cli_options import (
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,
+    add_threads_argument,
+    command_spec,
     default_drafter,
     generation_options,
     load_spec,
-    print_plan,
 )
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cache so only the new turn is prefilled.",
     )
     add_model_arguments(parser)
+    add_threads_argument(parser)
     parser.add_argument("--prompt", help="send this one message, print the reply and exit")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template "
@@ -58,9 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        spec = load_spec(args, default_drafter(args))
-        if args.plan:
-            print_plan(spec)
+        spec = command_spec(args)
+        if spec is None:  # --plan
             return 0
     except (EdgeError, BudgetError) as error:
         print(f"edge-chat: error: {error}", file=sys.stderr)

@@ -17,8 +17,6 @@ import os
 import sys
 from pathlib import Path
 
-import uvicorn
-
 from edge.cli_options import (
     add_model_arguments,
     add_sampling_arguments,
@@ -30,8 +28,16 @@ from edge.cli_options import (
 from edge.engine import Engine
 from edge.errors import EdgeError
 from memory.budget import BudgetError
-from serve.app import ServeConfig, create_app
-from serve.generation_queue import GenerationQueue
+
+try:  # the serve extra (FastAPI, uvicorn): without it edge-serve says how to install it
+    import uvicorn
+
+    from serve.app import ServeConfig, create_app
+    from serve.generation_queue import GenerationQueue
+except ImportError as error:
+    MISSING_PACKAGE: str | None = error.name or str(error)
+else:
+    MISSING_PACKAGE = None
 
 API_KEY_VARIABLE = "EDGE_API_KEY"
 DEFAULT_PORT = 8080  # llama-server's
@@ -69,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if MISSING_PACKAGE is not None:
+        print(f"edge-serve: error: {MISSING_PACKAGE} is not installed; install the server's packages with pip install "
+              "'edge[serve]' (in a checkout: pip install -e '.[serve]')", file=sys.stderr)
+        return 2
     try:
         spec = command_spec(args)
         if spec is None:  # --plan

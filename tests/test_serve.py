@@ -281,3 +281,12 @@ def test_bad_options_are_one_line_errors(capsys, argv, needle):
 def test_plan_prints_the_memory_plan_without_serving(capsys):
     assert main(["--plan", "--memory-budget", "1GiB"]) == 0
     assert json.loads(capsys.readouterr().out)["budget"] == 2**30
+
+
+def test_without_the_serve_extra_it_says_how_to_install_it(monkeypatch, capsys):
+    import serve.cli
+
+    monkeypatch.setattr(serve.cli, "MISSING_PACKAGE", "uvicorn")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "uvicorn is not installed" in err and "edge[serve]" in err

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from edge.errors import EdgeError
+from kernels.cache import cache_folder
 
 GGUF_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "f16", "int8": "q8_0", "int4": "q4_0"}
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
@@ -43,13 +44,6 @@ def matching_precision(checkpoint: Path, dtype: str, weights: str | None) -> str
     return GGUF_TYPES[kept_weight_dtype(checkpoint, dtype, "cpu")]
 
 
-def _cache_dir() -> Path:
-    from platformdirs import user_cache_dir
-
-    root = os.environ.get("EDGE_CACHE_DIR")
-    return Path(root) if root else Path(user_cache_dir("edge", appauthor=False))
-
-
 def converter_source(explicit: str | Path | None = None) -> Path:
     """A llama.cpp source tree holding convert_hf_to_gguf.py (see the module docstring for where it is looked for)."""
     given = explicit or os.environ.get("EDGE_LLAMA_CPP_SOURCE")
@@ -64,7 +58,7 @@ def converter_source(explicit: str | Path | None = None) -> Path:
     from importlib.metadata import version
 
     installed = version("llama-cpp-python")
-    root = _cache_dir() / "llama.cpp-source" / installed
+    root = cache_folder("llama.cpp-source") / installed
     if all((root / part).exists() for part in CONVERTER_PARTS):
         return root
     with tempfile.TemporaryDirectory() as download:
@@ -95,7 +89,7 @@ def _checkpoint_key(checkpoint: Path) -> str:
 
 def converted(checkpoint: Path, gguf_type: str, source: str | Path | None = None, log=print) -> Path:
     """The checkpoint as a GGUF file of `gguf_type` (f32, f16, q8_0, q4_0), made once and cached."""
-    folder = _cache_dir() / "gguf"
+    folder = cache_folder("gguf")
     target = folder / f"{checkpoint.name}-{_checkpoint_key(checkpoint)}-{gguf_type}.gguf"
     if target.is_file():
         return target

@@ -45,12 +45,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from platformdirs import user_cache_dir
 
 from edge.config import ModelConfig
 from edge.errors import CheckpointError, EdgeError, UnsupportedModelError
 from edge.gguf_tokenizer import TokenizerFiles
 from edge.rope import inverse_frequencies
+from kernels.cache import cache_folder
 
 CONVERTER_VERSION = 1  # part of the cache key: a change in what a conversion writes redoes old conversions
 CHUNK_ELEMENTS = 1 << 24  # rows are dequantized and written this many values at a time (64 MiB of float32)
@@ -81,8 +81,7 @@ _SAFETENSORS_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16
 
 
 def converted_root() -> Path:
-    root = os.environ.get("EDGE_CACHE_DIR")
-    return (Path(root) if root else Path(user_cache_dir("edge", appauthor=False))) / "gguf-checkpoints"
+    return cache_folder("gguf-checkpoints")
 
 
 def checkpoint_from_gguf(path: str | Path, *, report: Callable[[str], None] | None = None) -> Path:

@@ -12,24 +12,20 @@ without a draft model, any cached bundle of the checkpoint serves.
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
-from platformdirs import user_cache_dir
 
 import edge
 from edge.bundle import is_bundle, sha256_file
 from export import bundle as exporter
 from export.quantize import QuantSettings
+from kernels.cache import cache_folder
 
 DEFAULT_WEIGHTS = "int8"
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("EDGE_CACHE_DIR")
-    if root:
-        return Path(root) / "bundles"
-    return Path(user_cache_dir("edge", appauthor=False)) / "bundles"
+    return cache_folder("bundles")
 
 
 def _fingerprint(folder: Path) -> list[str]:

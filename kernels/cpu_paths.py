@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from kernels.cache import cache_folder
+
 SOURCE_DIR = Path(__file__).with_name("csrc")
 COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 LIBRARIES = ["-lm"]
@@ -130,7 +132,7 @@ def build(path: str, extra_flags: list[str] | None = None, cc: str | None = None
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [p.read_text() for p in sorted(SOURCE_DIR.glob("*.[ch]"))]
     key = hashlib.sha256("\0".join([*texts, cc, version, " ".join(flags)]).encode()).hexdigest()[:16]
-    library = output or _cache_dir() / f"edge-kernel-{label or path}-{key}.so"
+    library = output or cache_folder("kernels") / f"edge-kernel-{label or path}-{key}.so"
     if library.is_file() and output is None:
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
@@ -148,10 +150,3 @@ def build(path: str, extra_flags: list[str] | None = None, cc: str | None = None
     return library
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("EDGE_CACHE_DIR")
-    if root:
-        return Path(root) / "kernels"
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("edge", appauthor=False)) / "kernels"

@@ -27,6 +27,7 @@ from edge.gguf_tokenizer import (
     TokenizerFiles,
 )
 from edge.tokenizer import Tokenizer
+from kernels.cache import cache_folder
 
 PROMPT = "Speculative decoding drafts several tokens"
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "def main():\n    return sum(range(10))  # 12345",
@@ -173,11 +174,8 @@ def test_an_architecture_edge_does_not_run_is_one_line(tmp_path):
 def llama_cpp_source():
     """A llama.cpp source tree already on this machine (EDGE_LLAMA_CPP_SOURCE, or the one edge-bench cached), or
     None: tests never download it."""
-    from platformdirs import user_cache_dir
-
     given = os.environ.get("EDGE_LLAMA_CPP_SOURCE")
-    cache = os.environ.get("EDGE_CACHE_DIR") or user_cache_dir("edge", appauthor=False)
-    candidates = [given] if given else sorted(Path(cache).glob("llama.cpp-source/*"))
+    candidates = [given] if given else sorted(cache_folder("llama.cpp-source").glob("*"))
     return next((Path(found) for found in candidates if (Path(found) / "convert_hf_to_gguf.py").is_file()), None)
 
 

@@ -138,10 +138,7 @@ class ChatSession:
         continues the prompt as text."""
         last = None
         options = {"max_new_tokens": tokens, "ignore_eos": True, "speculate": False}
-        if self.engine.tokenizer.chat_template is not None:
-            events = self.engine.chat([{"role": "user", "content": BASELINE_PROMPT}], **options)
-        else:
-            events = self.engine.generate(BASELINE_PROMPT, **options)
+        events, _ = reply_events(self.engine, [{"role": "user", "content": BASELINE_PROMPT}], 1, **options)
         for last in events:
             pass
         self.engine.reset()

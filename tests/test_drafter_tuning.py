@@ -109,6 +109,10 @@ def test_tuning_starts_from_the_trained_drafter_and_evaluates_on_held_back_repli
     assert not torch.equal(tuned.fc.weight, initial.fc.weight)  # trained from the stage-1 weights on
     card = feature_card_text(log, out / "final", tuning=log)
     assert "Tuned on the target's own replies" in card and "6 user turns" in card
+    assert "This folder holds the tuned model" in card
+    staged = feature_card_text(log, out / "final", tuning=log, task_tuning=log)  # a second stage after the first
+    assert "This folder holds the tuned model" not in staged and "This folder holds this model" in staged
+    assert "requests people make" in staged and staged.index("own replies") < staged.index("requests people make")
 
 
 def test_tuning_needs_both_a_drafter_and_replies(tmp_path, llama_dir):

@@ -1,10 +1,11 @@
-"""Rebuild the built-in default model pair from a fresh clone, in one command (about two and a half hours on 2 CPU
+"""Rebuild the built-in default model pair from a fresh clone, in one command (about three hours on 2 CPU
 cores):
 
     pip install -e '.[train]' && python -m train.build_default
 
 corpus -> tokenizer -> target (LayerSkip) -> drafter (distilled) -> feature drafter (on the target's hidden states)
 -> the target's greedy replies to training-split questions -> both drafters tuned on them
+-> the feature drafter tuned again on replies to requests of the benchmarks' kinds (train.task_turns)
 -> half-precision copies in edge/models/
 -> model cards with the loss curve, held-out perplexities and samples -> the golden outputs CI checks. Each stage is skipped when its output
 exists, and training resumes from its last checkpoint, so an interrupted run continues where it stopped.
@@ -19,6 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "edge" / "models"
+TASK_REPLY_COUNT = 3500  # of each kind: corpus turns and task requests (train.replies --requests both)
+TASK_TUNING_STEPS = 600
 
 
 def package_half_precision(final: Path, destination: Path) -> None:
@@ -97,6 +100,16 @@ def main(argv: list[str] | None = None) -> int:
                         "--out", str(runs / "drafter-replies"), *common])
     package_half_precision(runs / "drafter-replies" / "final", MODELS / "drafter")
     package_feature_drafter(runs / "feature-replies" / "final", MODELS / "feature")
+    conversations = work / "task-replies.jsonl"
+    if not conversations.is_file():  # corpus turns and requests of the benchmarks' kinds, in turn
+        replies_cli.main(["--target", str(MODELS / "default"), "--corpus", str(corpus), "--requests", "both",
+                          "--count", str(TASK_REPLY_COUNT), "--out", str(conversations)])
+    if not (runs / "feature-tasks" / "final" / "model.safetensors").is_file():  # from the drafter as shipped above
+        feature_cli.main(["--target", str(MODELS / "default"), "--init", str(MODELS / "feature"),
+                          "--replies", str(conversations), "--out", str(runs / "feature-tasks"),
+                          "--steps", str(TASK_TUNING_STEPS), "--eval-every", "200", "--precision", "float32",
+                          *common])
+    package_feature_drafter(runs / "feature-tasks" / "final", MODELS / "feature")
     model_card.main(["--runs", str(runs), "--corpus", str(corpus), "--models", str(MODELS)])
     golden.main()  # the greedy replies CI checks the shipped model against
     print(f"built-in models written to {MODELS}", file=sys.stderr)

@@ -164,7 +164,8 @@ def _minutes(log: list[dict]) -> float:
     return (done or [r for r in log if r["event"] == "eval"][-1])["elapsed_s"] / 60
 
 
-def feature_card_text(log: list[dict], folder: Path, tuning: list[dict] | None = None) -> str:
+def feature_card_text(log: list[dict], folder: Path, tuning: list[dict] | None = None,
+                      task_tuning: list[dict] | None = None) -> str:
     """The feature drafter's card: what it is, how it was trained (and tuned on the target's replies, when `tuning`
     is that stage's log), and its agreement with the target."""
     start = next(r for r in log if r["event"] == "start")
@@ -207,7 +208,8 @@ def feature_card_text(log: list[dict], folder: Path, tuning: list[dict] | None =
         "|---:|---:|---:|",
         *[f"| {r['step']} | {r['heldout_agreement'][0]:.3f} | {r['heldout_agreement'][1]:.3f} |" for r in evals],
         "",
-        *(_feature_tuning_lines(tuning) if tuning else []),
+        *(_feature_tuning_lines(tuning, final=task_tuning is None) if tuning else []),
+        *(feature_task_tuning_lines(task_tuning) if task_tuning else []),
         "## Reproduce",
         "",
         "```bash",
@@ -218,7 +220,7 @@ def feature_card_text(log: list[dict], folder: Path, tuning: list[dict] | None =
     return "\n".join(lines)
 
 
-def _tuning_intro(log: list[dict]) -> list[str]:
+def _tuning_intro(log: list[dict], final: bool = True) -> list[str]:
     """The tuning stage on the target's own replies: what it trained on, how long, and what it started from."""
     from train.replies import MAX_NEW_TOKENS
     from train.train import REPLY_CORPUS_SHARE
@@ -233,21 +235,49 @@ def _tuning_intro(log: list[dict]) -> list[str]:
         f"each), the last {start['replies_held_back']} held back. {start['steps']} steps of {start['batch_size']} x "
         f"{start['seq_len']} tokens, peak learning rate {start['lr']}, the corpus mixture at "
         f"{REPLY_CORPUS_SHARE:g} of its weight beside the replies; {_minutes(log):.1f} minutes on the same CPU. "
-        "This folder holds the tuned model. Step 0 is where the tuning started.",
+        + ("This folder holds the tuned model. " if final else "") + "Step 0 is where the tuning started.",
         "",
     ]
 
 
-def _tuning_lines(log: list[dict], columns: str, row) -> list[str]:
+def _tuning_lines(log: list[dict], columns: str, row, final: bool = True) -> list[str]:
     """The tuning section: the introduction, then one table row per evaluation (`row(record)` -> its cells)."""
-    return [*_tuning_intro(log), f"| step | {columns} |", "|---:|---:|---:|",
+    return [*_tuning_intro(log, final), f"| step | {columns} |", "|---:|---:|---:|",
             *[f"| {r['step']} | {row(r)} |" for r in log if r["event"] == "eval"], ""]
 
 
-def _feature_tuning_lines(log: list[dict]) -> list[str]:
+def _feature_tuning_lines(log: list[dict], final: bool = True) -> list[str]:
     return _tuning_lines(log, "held-out split, true / own features | held-back replies, true / own features",
                          lambda r: f"{r['heldout_agreement'][0]:.3f} / {r['heldout_agreement'][1]:.3f} | "
-                                   f"{r['replies_agreement'][0]:.3f} / {r['replies_agreement'][1]:.3f}")
+                                   f"{r['replies_agreement'][0]:.3f} / {r['replies_agreement'][1]:.3f}", final)
+
+
+def feature_task_tuning_lines(log: list[dict]) -> list[str]:
+    """The feature drafter's second tuning stage: the target's replies to the corpus's turns and to requests of the
+    benchmarks' kinds (train.replies --requests both)."""
+    start = next(r for r in log if r["event"] == "start")
+    replies = start["replies_trained"] + start["replies_held_back"]
+    return [
+        "## Tuned on replies to the requests people make (`python -m train.replies --requests both`)",
+        "",
+        "The corpus's own turns come in a few shapes (\"Describe `x`\", \"Write a Python function ... that does the "
+        "following\"). People also paste text to summarize, code to rewrite and documentation to answer from, and "
+        "the drafter above agreed with the target less often on the target's replies to those. So it was tuned once "
+        f"more, on {replies} conversations: in turn, a user turn of the training split and a request of one of the "
+        "kinds edge-bench measures (Spec-Bench's six categories: multi-turn, translation, summarization, question "
+        "answering, math, retrieval-augmented answers; and code; `train/task_turns.py`), written from training-split "
+        "material that never names a module edge-bench's prompts are about, each with the shipped target's greedy "
+        f"reply; the last {start['replies_held_back']} held back (half of each kind). {start['steps']} steps of "
+        f"{start['batch_size']} x {start['seq_len']} tokens, peak learning rate {start['lr']}, "
+        f"{start.get('precision', 'bfloat16')} forward, starting from the model above as shipped; "
+        f"{_minutes(log):.1f} minutes on a 2-core AVX2 CPU. This folder holds this model.",
+        "",
+        "| step | held-out split, true / own features | held-back conversations, true / own features |",
+        "|---:|---:|---:|",
+        *[f"| {r['step']} | {r['heldout_agreement'][0]:.3f} / {r['heldout_agreement'][1]:.3f} | "
+          f"{r['replies_agreement'][0]:.3f} / {r['replies_agreement'][1]:.3f} |" for r in log if r["event"] == "eval"],
+        "",
+    ]
 
 
 def _drafter_tuning_lines(log: list[dict]) -> list[str]:
@@ -294,10 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         (folder / "README.md").write_text(card)
         print(f"wrote {folder / 'README.md'}", file=sys.stderr)
     feature_log, feature_folder = args.runs / "feature" / "log.jsonl", args.models / "feature"
-    tuning_log = args.runs / "feature-replies" / "log.jsonl"
+    tuning_log, task_log = args.runs / "feature-replies" / "log.jsonl", args.runs / "feature-tasks" / "log.jsonl"
     if feature_log.is_file() and (feature_folder / "config.json").is_file():
         tuning = read_log(tuning_log) if tuning_log.is_file() else None
-        (feature_folder / "README.md").write_text(feature_card_text(read_log(feature_log), feature_folder, tuning))
+        task_tuning = read_log(task_log) if task_log.is_file() else None
+        (feature_folder / "README.md").write_text(
+            feature_card_text(read_log(feature_log), feature_folder, tuning, task_tuning))
         print(f"wrote {feature_folder / 'README.md'}", file=sys.stderr)
     return 0
 

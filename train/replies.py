@@ -2,8 +2,11 @@
 be asked to draft (the target's replies, not the corpus's answers).
 
     python -m train.replies --target edge/models/default --corpus data/corpus --out data/replies.jsonl
+    python -m train.replies ... --requests both --count 3500 --out data/task-replies.jsonl
 
-Writes one chat example per line, in the corpus's format ({"kind": "reply", "messages": [user, assistant]}), so
+`--requests` picks what is asked: the training split's own user turns (corpus, the default), requests of the kinds
+edge-bench measures, written from the training split (tasks: train.task_turns), or both in turn. Writes one chat
+example per line, in the corpus's format ({"kind": "reply", "messages": [*conversation, reply]}), so
 `train.data.load_split` reads it. The turns are drawn in a seeded order and decoding is greedy, so the file is the
 same on every run; it is written under a temporary name and renamed when complete.
 """
@@ -19,10 +22,12 @@ from typing import Iterator
 
 from train.corpus import read_jsonl
 from train.progress import Progress
+from train.task_turns import task_requests
 
 REPLY_COUNT = 9000
 MAX_NEW_TOKENS = 160
 ORDER_SEED = 7
+TASK_SEED = 11
 
 
 def user_turns(corpus_dir: Path, count: int, seed: int = ORDER_SEED) -> list[dict]:
@@ -33,15 +38,26 @@ def user_turns(corpus_dir: Path, count: int, seed: int = ORDER_SEED) -> list[dic
             for example in chats[:count]]
 
 
-def greedy_replies(target: Path, turns: list[dict], max_new_tokens: int) -> Iterator[dict]:
-    """One {"kind": "reply", "messages": [turn, reply]} per turn: the target's greedy answer, plain decoding."""
+def requests(corpus_dir: Path, kind: str, count: int, seed: int = ORDER_SEED,
+             task_seed: int = TASK_SEED) -> list[list[dict]]:
+    """The conversations to answer: `count` corpus turns, `count` task requests, or `count` of each in turn."""
+    corpus = [[turn] for turn in user_turns(corpus_dir, count, seed)] if kind in ("corpus", "both") else []
+    tasks = task_requests(corpus_dir, count, task_seed) if kind in ("tasks", "both") else []
+    if kind != "both":
+        return corpus or tasks
+    return [conversation for pair in zip(corpus, tasks) for conversation in pair]
+
+
+def greedy_replies(target: Path, conversations: list[list[dict]], max_new_tokens: int) -> Iterator[dict]:
+    """One {"kind": "reply", "messages": [*conversation, reply]} per conversation (ending with a user message): the
+    target's greedy answer, plain decoding."""
     from edge.engine import Engine
 
     engine = Engine.load(target, max_context=1024)
-    for turn in turns:
+    for conversation in conversations:
         engine.reset()
-        reply = "".join(event.text for event in engine.chat([turn], max_new_tokens=max_new_tokens))
-        yield {"kind": "reply", "messages": [turn, {"role": "assistant", "content": reply}]}
+        reply = "".join(event.text for event in engine.chat(conversation, max_new_tokens=max_new_tokens))
+        yield {"kind": "reply", "messages": [*conversation, {"role": "assistant", "content": reply}]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     parser.add_argument("--out", type=Path, required=True, help="the JSON-lines file to write")
     parser.add_argument("--count", type=int, default=REPLY_COUNT, help="how many user turns to answer")
+    parser.add_argument("--requests", choices=("corpus", "tasks", "both"), default="corpus",
+                        help="corpus: the training split's own user turns; tasks: requests of the benchmarks' kinds "
+                             "written from the training split (train.task_turns); both: --count of each, in turn")
+    parser.add_argument("--task-seed", type=int, default=TASK_SEED, help="the seed the task requests are drawn with")
     parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
     parser.add_argument("--seed", type=int, default=ORDER_SEED, help="the order the turns are drawn in")
     parser.add_argument("--threads", type=int, default=2)
@@ -58,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    turns = user_turns(args.corpus, args.count, args.seed)
+    turns = requests(args.corpus, args.requests, args.count, args.seed, args.task_seed)
     progress = Progress(len(turns), label="replies")
     partial = args.out.with_name(args.out.name + ".tmp")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -220,13 +220,18 @@ def feature_card_text(log: list[dict], folder: Path, tuning: list[dict] | None =
     return "\n".join(lines)
 
 
+def _tuning_start(log: list[dict]) -> tuple[dict, int]:
+    """A tuning log's start record, and how many replies (trained and held back) the stage read."""
+    start = next(r for r in log if r["event"] == "start")
+    return start, start["replies_trained"] + start["replies_held_back"]
+
+
 def _tuning_intro(log: list[dict], final: bool = True) -> list[str]:
     """The tuning stage on the target's own replies: what it trained on, how long, and what it started from."""
     from train.replies import MAX_NEW_TOKENS
     from train.train import REPLY_CORPUS_SHARE
 
-    start = next(r for r in log if r["event"] == "start")
-    replies = start["replies_trained"] + start["replies_held_back"]
+    start, replies = _tuning_start(log)
     return [
         "## Tuned on the target's own replies (`python -m train.replies`, then `--init ... --replies ...`)",
         "",
@@ -255,8 +260,7 @@ def _feature_tuning_lines(log: list[dict], final: bool = True) -> list[str]:
 def feature_task_tuning_lines(log: list[dict]) -> list[str]:
     """The feature drafter's second tuning stage: the target's replies to the corpus's turns and to requests of the
     benchmarks' kinds (train.replies --requests both)."""
-    start = next(r for r in log if r["event"] == "start")
-    replies = start["replies_trained"] + start["replies_held_back"]
+    start, replies = _tuning_start(log)
     return [
         "## Tuned on replies to the requests people make (`python -m train.replies --requests both`)",
         "",

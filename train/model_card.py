@@ -245,16 +245,26 @@ def _tuning_intro(log: list[dict], final: bool = True) -> list[str]:
     ]
 
 
-def _tuning_lines(log: list[dict], columns: str, row, final: bool = True) -> list[str]:
-    """The tuning section: the introduction, then one table row per evaluation (`row(record)` -> its cells)."""
-    return [*_tuning_intro(log, final), f"| step | {columns} |", "|---:|---:|---:|",
+def _evaluation_table(log: list[dict], columns: str, row) -> list[str]:
+    """One table row per evaluation of a log (`row(record)` -> its cells), under a step column."""
+    return [f"| step | {columns} |", "|---:|---:|---:|",
             *[f"| {r['step']} | {row(r)} |" for r in log if r["event"] == "eval"], ""]
+
+
+def _tuning_lines(log: list[dict], columns: str, row, final: bool = True) -> list[str]:
+    """The tuning section: the introduction, then its evaluations."""
+    return [*_tuning_intro(log, final), *_evaluation_table(log, columns, row)]
+
+
+def _agreement_cells(record: dict) -> str:
+    """A feature drafter's evaluation: held-out split and held-back replies, each from true / own features."""
+    return (f"{record['heldout_agreement'][0]:.3f} / {record['heldout_agreement'][1]:.3f} | "
+            f"{record['replies_agreement'][0]:.3f} / {record['replies_agreement'][1]:.3f}")
 
 
 def _feature_tuning_lines(log: list[dict], final: bool = True) -> list[str]:
     return _tuning_lines(log, "held-out split, true / own features | held-back replies, true / own features",
-                         lambda r: f"{r['heldout_agreement'][0]:.3f} / {r['heldout_agreement'][1]:.3f} | "
-                                   f"{r['replies_agreement'][0]:.3f} / {r['replies_agreement'][1]:.3f}", final)
+                         _agreement_cells, final)
 
 
 def feature_task_tuning_lines(log: list[dict]) -> list[str]:
@@ -276,11 +286,8 @@ def feature_task_tuning_lines(log: list[dict]) -> list[str]:
         f"{start.get('precision', 'bfloat16')} forward, starting from the model above as shipped; "
         f"{_minutes(log):.1f} minutes on a 2-core AVX2 CPU. This folder holds this model.",
         "",
-        "| step | held-out split, true / own features | held-back conversations, true / own features |",
-        "|---:|---:|---:|",
-        *[f"| {r['step']} | {r['heldout_agreement'][0]:.3f} / {r['heldout_agreement'][1]:.3f} | "
-          f"{r['replies_agreement'][0]:.3f} / {r['replies_agreement'][1]:.3f} |" for r in log if r["event"] == "eval"],
-        "",
+        *_evaluation_table(log, "held-out split, true / own features | held-back conversations, true / own features",
+                           _agreement_cells),
     ]
 
 

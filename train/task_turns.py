@@ -18,7 +18,7 @@ from pathlib import Path
 from train.corpus import read_jsonl
 
 # the modules edge-bench's prompts are about: never pasted or named here
-BENCH_MODULES = frozenset({"json", "shutil", "collections", "os", "os.path", "posixpath", "ntpath", "genericpath"})
+BENCH_MODULES = frozenset({"json", "shutil", "collections", "os", "posixpath", "ntpath", "genericpath"})
 
 SUMMARIZE = ("Summarize this documentation in two sentences:", "Give a one-sentence summary of this text:",
              "Summarize this in plain words:", "What is the gist of this documentation?")
@@ -50,8 +50,7 @@ CLASSES = (("Queue", "enqueue, dequeue and is_empty"), ("Counter", "increment, r
 
 
 def _allowed(example: dict) -> bool:
-    source = example["source"]
-    return source not in BENCH_MODULES and source.split(".")[0] not in BENCH_MODULES
+    return example["source"].split(".")[0] not in BENCH_MODULES  # os.path and its submodules go with os
 
 
 def _named(text: str) -> str | None:

@@ -94,6 +94,30 @@ def test_a_verify_pass_reproduces_decode_steps_bit_for_bit(checkpoint_factory, f
         assert torch.equal(verify, steps), path
 
 
+def test_the_fused_step_matches_transformers_on_widths_that_are_no_lane_multiple(tokenizer_dir, tmp_path,
+                                                                                 monkeypatch):
+    """An MLP 172 wide and contexts of 12-15 positions leave part-filled vectors in SwiGLU and the softmax; the fused
+    step (one row, then three) must still compute transformers' logits on every path."""
+    import transformers
+
+    from tests.conftest import build_checkpoint
+
+    folder = build_checkpoint(tmp_path / "odd", "llama3", tokenizer_dir, intermediate_size=172)
+    tokens = torch.randint(0, 300, (1, 15), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        reference = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()(tokens).logits[0]  # (15, V)
+    for path in cpu_paths.runnable_paths():
+        monkeypatch.setenv("EDGE_CPU_KERNEL", path)
+        model = load_model(folder)
+        cache = KVCache.for_model(model.config, 32, dtype=torch.float32, device=torch.device("cpu"))
+        with torch.inference_mode():
+            model(tokens[:, :11], 0, cache)
+            one = model.logits(model(tokens[:, 11:12], 11, cache))[0]  # (1, V)
+            three = model.logits(model(tokens[:, 12:15], 12, cache))[0]  # (3, V)
+        assert model._fused_weights, path  # the fused step ran
+        torch.testing.assert_close(torch.cat((one, three)), reference[11:], rtol=1e-4, atol=1e-4, msg=path)
+
+
 @pytest.mark.parametrize("path", cpu_paths.runnable_paths())
 @pytest.mark.parametrize("weights", ["float32", "float16", "int8", "int4"])
 def test_greedy_speculation_equals_plain_decoding_for_every_weights_format_on_every_path(llama_dir, half_llama_dir,

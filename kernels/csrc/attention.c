@@ -55,7 +55,13 @@ static float softmax_weights(float *scores, int64_t lo, int64_t hi) {
     float top = -INFINITY;
     for (int64_t j = lo; j <= hi; j++) top = scores[j] > top ? scores[j] : top;  /* a maximum: the same in any order */
     vf sums = vf_zero();
-    for (int64_t j = lo; j <= hi; j += VL) {
+    int64_t j = lo;
+    for (; j + VL <= hi + 1; j += VL) {  /* whole vectors in place */
+        const vf exps = vf_exp(vf_sub(vf_load(scores + j), vf_set(top)));
+        vf_store(scores + j, exps);
+        sums = vf_add(sums, exps);
+    }
+    for (; j <= hi; j += VL) {
         const int64_t count = hi + 1 - j < VL ? hi + 1 - j : VL;
         float block[VL], exps[VL];
         for (int64_t lane = 0; lane < VL; lane++) block[lane] = lane < count ? scores[j + lane] - top : -INFINITY;

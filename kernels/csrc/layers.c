@@ -44,14 +44,20 @@ static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t 
 /* silu(gate) * up for elements [begin, end) of one row of (gate | up) (2I floats) into out (I floats; out may be the
  * row's start): VL lanes at a time through vf_exp, the last few in a zero-padded vector. Every operation is per lane,
  * so an element's result does not depend on how the row is split. */
+static inline vf silu_times(vf g, vf up) {
+    return vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(vf_sub(vf_set(0.0f), g)))), up);
+}
+
 static void silu_span(const float *row, float *out, int64_t I, int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; i += VL) {
+    int64_t i = begin;
+    for (; i + VL <= end; i += VL)  /* whole vectors straight from the row (out never overlaps what is still unread) */
+        vf_store(out + i, silu_times(vf_load(row + i), vf_load(row + I + i)));
+    for (; i < end; i += VL) {
         float gate[VL] = {0}, up[VL] = {0}, result[VL];
         const int64_t count = end - i < VL ? end - i : VL;
         memcpy(gate, row + i, count * sizeof(float));
         memcpy(up, row + I + i, count * sizeof(float));
-        const vf g = vf_load(gate);
-        vf_store(result, vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(vf_sub(vf_set(0.0f), g)))), vf_load(up)));
+        vf_store(result, silu_times(vf_load(gate), vf_load(up)));
         memcpy(out + i, result, count * sizeof(float));
     }
 }

@@ -17,6 +17,7 @@ import ctypes
 import logging
 import os
 import subprocess
+import threading
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 # the C side's WEIGHTS_F32 / BF16 / F16 / I8 / I4 (int8, int4: packed matrices, float32 norms)
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
 WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "int4": 4}
+KEPT_SCRATCH_ROWS = 16  # passes of up to this many rows reuse one scratch buffer (RowwiseMatmul._scratch)
 FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -93,6 +95,7 @@ class RowwiseMatmul:
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer, size = ctypes.c_void_p, ctypes.c_int64
         self.threads: int | None = None  # None: torch's thread count at each call
+        self._kept = threading.local()  # this thread's scratch for passes of a few rows (_scratch)
         library.kernel_path.restype = ctypes.c_char_p
         self.path: str = library.kernel_path().decode()
         self._matmul = library.rowwise_matmul
@@ -153,6 +156,17 @@ class RowwiseMatmul:
         bound = copy.copy(self)
         bound.threads = threads
         return bound
+
+    def _scratch(self, rows: int, floats: int) -> torch.Tensor:
+        """Scratch floats for one call. Passes of at most KEPT_SCRATCH_ROWS rows (decode steps, verify passes, drafts)
+        reuse this thread's buffer, grown as needed: a fresh megabyte-sized buffer each step costs the step its page
+        faults (about 3% of a 4-row pass of a 500M model). Longer passes (prompt chunks) get their own."""
+        if rows > KEPT_SCRATCH_ROWS:
+            return torch.empty(floats, dtype=torch.float32)
+        kept = getattr(self._kept, "buffer", None)
+        if kept is None or kept.numel() < floats:
+            kept = self._kept.buffer = torch.empty(floats, dtype=torch.float32)
+        return kept
 
     def supports(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
         return (weight.device.type == "cpu" and weight.dtype in FLOAT_FORMATS and weight.is_contiguous()
@@ -216,9 +230,9 @@ class RowwiseMatmul:
         cos/sin (T, Dh) the rows' rotary tables, `cache` the whole KV cache (KernelCache)."""
         steps = x.shape[0]
         q_size, kv_size = model.H * model.Dh, model.Hkv * model.Dh
-        scratch = torch.empty(steps * (model.D + 2 * q_size + q_size + 2 * kv_size + 2 * model.I)
-                              + model.H * steps * (start + steps)
-                              + cache.dequantized_floats(model.Hkv, model.Dh, start + steps), dtype=torch.float32)
+        scratch = self._scratch(steps, steps * (model.D + 2 * q_size + q_size + 2 * kv_size + 2 * model.I)
+                                + model.H * steps * (start + steps)
+                                + cache.dequantized_floats(model.Hkv, model.Dh, start + steps))
         self._layers(x.data_ptr(), steps, model.D, model.H, model.Hkv, model.Dh, model.I, order.data_ptr(),
                      order.numel(), model.weights, model.windows, cos.data_ptr(), sin.data_ptr(), *cache.arguments(),
                      start, model.eps, model.scale, scratch.data_ptr(), model.format, self.thread_count())
@@ -233,9 +247,9 @@ class RowwiseMatmul:
         (row t continues row parents[t], -1 the cache; cos/sin then hold each row's depth position)."""
         steps = tokens.numel()
         q_size, kv_size = view.H * view.Dh, view.Hkv * view.Dh
-        scratch = torch.empty(steps * (2 * view.D + 2 * q_size + q_size + 2 * kv_size + 2 * view.I)
-                              + view.H * steps * (start + steps)
-                              + cache.dequantized_floats(view.Hkv, view.Dh, start + steps), dtype=torch.float32)
+        scratch = self._scratch(steps, steps * (2 * view.D + 2 * q_size + q_size + 2 * kv_size + 2 * view.I)
+                                + view.H * steps * (start + steps)
+                                + cache.dequantized_floats(view.Hkv, view.Dh, start + steps))
         hidden = torch.empty(steps, view.D, dtype=torch.float32)  # (T, D)
         logits = torch.empty(steps, view.V, dtype=torch.float32)  # (T, V)
         self._step(ctypes.byref(view), tokens.data_ptr(), steps, start, order.data_ptr(), order.numel(),
@@ -257,9 +271,9 @@ class RowwiseMatmul:
         back. With `runners_up` each step's second most likely token and both tokens' probabilities come back too."""
         steps = tokens.numel()
         q_size, kv_size = model.H * model.Dh, model.Hkv * model.Dh
-        scratch = torch.empty(steps * (4 * model.D + 3 * q_size + 2 * kv_size + 2 * model.I)
-                              + model.H * steps * (start + steps + k) + model.D + model.V
-                              + cache.dequantized_floats(model.Hkv, model.Dh, start + steps + k), dtype=torch.float32)
+        scratch = self._scratch(steps, steps * (4 * model.D + 3 * q_size + 2 * kv_size + 2 * model.I)
+                                + model.H * steps * (start + steps + k) + model.D + model.V
+                                + cache.dequantized_floats(model.Hkv, model.Dh, start + steps + k))
         out = torch.empty(k, dtype=torch.int64)
         second = torch.empty(k, dtype=torch.int64) if runners_up else None
         probabilities = torch.empty(k, 2, dtype=torch.float32) if runners_up else None

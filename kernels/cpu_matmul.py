@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 # the C side's WEIGHTS_F32 / BF16 / F16 / I8 / I4 (int8, int4: packed matrices, float32 norms)
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
 WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "int4": 4}
-KEPT_SCRATCH_ROWS = 16  # passes of up to this many rows reuse one scratch buffer (RowwiseMatmul._scratch)
 FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -158,10 +157,10 @@ class RowwiseMatmul:
         return bound
 
     def _scratch(self, rows: int, floats: int) -> torch.Tensor:
-        """Scratch floats for one call. Passes of at most KEPT_SCRATCH_ROWS rows (decode steps, verify passes, drafts)
+        """Scratch floats for one call. Passes of at most ROWWISE_MAX_ROWS rows (decode steps, verify passes, drafts)
         reuse this thread's buffer, grown as needed: a fresh megabyte-sized buffer each step costs the step its page
         faults (about 3% of a 4-row pass of a 500M model). Longer passes (prompt chunks) get their own."""
-        if rows > KEPT_SCRATCH_ROWS:
+        if rows > ROWWISE_MAX_ROWS:
             return torch.empty(floats, dtype=torch.float32)
         kept = getattr(self._kept, "buffer", None)
         if kept is None or kept.numel() < floats:

@@ -41,13 +41,14 @@ static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t 
     }
 }
 
-/* silu(gate) * up for elements [begin, end) of one row of (gate | up) (2I floats) into out (I floats; out may be the
- * row's start): VL lanes at a time through vf_exp, the last few in a zero-padded vector. Every operation is per lane,
- * so an element's result does not depend on how the row is split. */
+/* silu(g) * up, lane by lane */
 static inline vf silu_times(vf g, vf up) {
     return vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(vf_sub(vf_set(0.0f), g)))), up);
 }
 
+/* silu(gate) * up for elements [begin, end) of one row of (gate | up) (2I floats) into out (I floats; out may be the
+ * row's start): VL lanes at a time through vf_exp, the last few in a zero-padded vector. Every operation is per lane,
+ * so an element's result does not depend on how the row is split. */
 static void silu_span(const float *row, float *out, int64_t I, int64_t begin, int64_t end) {
     int64_t i = begin;
     for (; i + VL <= end; i += VL)  /* whole vectors straight from the row (out never overlaps what is still unread) */

@@ -34,52 +34,12 @@ typedef struct {
     const int32_t *offsets;
 } BlockRow;
 
-#if defined(EDGE_X86)
-/* 32 floats -> 32 codes, *scale = max|x| / 127; returns the codes' sum. quantize_codes' operations, held in registers:
- * the maximum is exact in any order, cvtps rounds half to even, and the sum is of integers. */
-static inline int32_t quantize_whole_block(const float *x, int8_t *codes, float *scale) {
-    __m256 v[4], tops = _mm256_setzero_ps();
-    for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-        tops = _mm256_max_ps(tops, _mm256_max_ps(v[i], _mm256_sub_ps(_mm256_setzero_ps(), v[i])));
-    }
-    __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(tops), _mm256_extractf128_ps(tops, 1));
-    top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
-    const float top = _mm_cvtss_f32(_mm_max_ss(top4, _mm_shuffle_ps(top4, top4, 1)));
-    *scale = top / 127.0f;
-    if (top == 0.0f) {
-        memset(codes, 0, BLOCK);
-        return 0;
-    }
-    const __m256 inverse = _mm256_set1_ps(127.0f / top);
-    __m256i q[4], sums = _mm256_setzero_si256();
-    for (int i = 0; i < 4; i++) {
-        q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
-        q[i] = _mm256_max_epi32(_mm256_min_epi32(q[i], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
-        sums = _mm256_add_epi32(sums, q[i]);
-    }
-    /* packs work within 128-bit lanes: 4-code groups come out as 0, 8, 16, 24 | 4, 12, 20, 28; put them in order */
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256((__m256i *)codes, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xB1)));
-}
-#endif
-
 /* Block b of a row x (K floats, padded to K'): its 32 codes, scale and offset (8 * the codes' sum) */
 static void quantize_block(const float *x, int64_t K, int64_t b, int8_t *codes, float *scales, int32_t *offsets) {
     const int64_t k0 = b * BLOCK, width = K - k0 < BLOCK ? K - k0 : BLOCK;
-#if defined(EDGE_X86)
-    if (width == BLOCK) {  /* a whole block in registers: the same maximum, codes and sum as the general steps below */
-        offsets[b] = 8 * quantize_whole_block(x + k0, codes + k0, scales + b);
-        return;
-    }
-#endif
-    memset(codes + k0, 0, BLOCK);
-    scales[b] = quantize_codes(x + k0, codes + k0, width) / 127.0f;
-    int32_t sum = 0;
-    for (int i = 0; i < BLOCK; i++) sum += codes[k0 + i];
+    memset(codes + k0 + width, 0, BLOCK - width);  /* the padding past K */
+    int32_t sum;
+    scales[b] = quantize_codes(x + k0, codes + k0, width, &sum) / 127.0f;
     offsets[b] = 8 * sum;
 }
 

@@ -87,6 +87,30 @@ def test_token_stream_draws_examples_by_their_mixture_weight():
         TokenStream(examples, 2, 1, weights=[1.0, -1.0, 1.0])
 
 
+def test_a_deeper_feature_drafter_starts_out_drafting_as_the_one_it_grows_from(tiny_llama, tmp_path):
+    import copy
+
+    from train.feature_drafter import FeatureDrafter, drafter_losses
+
+    target = copy.deepcopy(tiny_llama).requires_grad_(False)
+    shallow = FeatureDrafter(target.config)
+    shallow.init_from_target(target)
+    torch.nn.init.normal_(shallow.fc.weight, std=0.1)  # a drafter that is no longer its starting point
+    shallow.save(tmp_path / "shallow")
+    deeper = FeatureDrafter(target.config, layers=2)
+    deeper.init_from_target(target)
+    deeper.load_trained(tmp_path / "shallow")
+    features, embeds = torch.randn(2, 9, 32), torch.randn(2, 9, 32)
+    torch.testing.assert_close(deeper(features, embeds), shallow(features, embeds))
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    loss, _ = drafter_losses(deeper, target, tokens)
+    loss.backward()
+    assert deeper.body.layers[1].mlp.down_proj.weight.grad.abs().sum() > 0  # the added layer learns from the start
+    with pytest.raises(SystemExit, match="more than --layers 1; pass --layers 2 or more"):
+        deeper.save(tmp_path / "deeper")
+        FeatureDrafter(target.config).load_trained(tmp_path / "deeper")
+
+
 def test_the_feature_drafter_trains_on_the_frozen_targets_features(tiny_llama):
     import copy
 

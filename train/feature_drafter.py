@@ -1,4 +1,4 @@
-"""Train the built-in feature drafter (EAGLE-style): one decoder layer that drafts from the target's own features.
+"""Train the built-in feature drafter (EAGLE-style): a decoder layer that drafts from the target's own features.
 
     python -m train.feature_drafter --target data/runs/target/final --out data/runs/feature
 
@@ -19,6 +19,9 @@ what it drafts at run time, mixed with a share of the corpus:
 
     python -m train.feature_drafter --init data/runs/feature/final --replies data/replies.jsonl \
         --out data/runs/feature-replies
+
+`--layers 2` grows a drafter by a layer that starts out adding nothing, so tuning starts from the drafter it grows
+from.
 """
 
 from __future__ import annotations
@@ -48,13 +51,14 @@ SECOND_PASS_WEIGHT = 0.5
 
 
 class FeatureDrafter(nn.Module):
-    """fc(cat(feature[p-1], embed(token[p]))) -> one Llama layer -> norm = predicted feature[p]."""
+    """fc(cat(feature[p-1], embed(token[p]))) -> `layers` Llama layers (one by default) -> norm = predicted
+    feature[p]."""
 
-    def __init__(self, target_config) -> None:
+    def __init__(self, target_config, layers: int = 1) -> None:
         super().__init__()
         from transformers import LlamaConfig, LlamaModel
 
-        config = LlamaConfig(**{**target_config.to_dict(), "num_hidden_layers": 1})
+        config = LlamaConfig(**{**target_config.to_dict(), "num_hidden_layers": layers})
         config._attn_implementation = "sdpa"
         self.config = config
         hidden = config.hidden_size
@@ -67,8 +71,12 @@ class FeatureDrafter(nn.Module):
         return self.body(inputs_embeds=fused).last_hidden_state  # (B, T, D), causal (SDPA is_causal)
 
     def init_from_target(self, target) -> None:
-        """Start from the target's last layer and final norm, and a fusion that passes the feature through."""
-        self.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
+        """Start from the target's last layer and final norm, and a fusion that passes the feature through; layers
+        after the first start as the target's last layer with zero output projections (they add nothing yet)."""
+        for index, layer in enumerate(self.body.layers):
+            layer.load_state_dict(target.model.layers[-1].state_dict())
+            if index:
+                _adds_nothing(layer)
         self.body.norm.load_state_dict(target.model.norm.state_dict())
         self.body.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight.data)
         self.body.embed_tokens.requires_grad_(False)
@@ -79,13 +87,24 @@ class FeatureDrafter(nn.Module):
             self.fc.weight[:, hidden:].copy_(torch.eye(hidden))
 
     def load_trained(self, folder: Path) -> None:
-        """The weights a trained drafter saved in `folder` (its embedding stays the target's)."""
+        """The weights a trained drafter saved in `folder` (its embedding stays the target's). A drafter with more
+        layers than the saved one keeps its extra layers as init_from_target left them (adding nothing), so it
+        starts out drafting exactly as the saved one does."""
         from safetensors.torch import load_file
 
         state = load_file(str(folder / "model.safetensors"))
         with torch.no_grad():
             self.fc.weight.copy_(state.pop("fc.weight"))
-        self.body.load_state_dict({name.removeprefix("model."): tensor for name, tensor in state.items()}, strict=True)
+        state = {name.removeprefix("model."): tensor for name, tensor in state.items()}
+        saved_layers = len({name.split(".")[1] for name in state if name.startswith("layers.")})
+        if saved_layers > len(self.body.layers):
+            raise SystemExit(f"--init {folder} has {saved_layers} layers, more than --layers {len(self.body.layers)}; "
+                             f"pass --layers {saved_layers} or more")
+        missing, unexpected = self.body.load_state_dict(state, strict=False)
+        if unexpected or any(not name.startswith("layers.") or int(name.split(".")[1]) < saved_layers
+                             for name in missing):
+            raise SystemExit(f"{folder} does not hold a feature drafter's weights (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
         self.body.embed_tokens.requires_grad_(False)
 
     def save(self, folder: Path) -> None:
@@ -99,6 +118,13 @@ class FeatureDrafter(nn.Module):
         config = {**self.config.to_dict(), "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": True,
                   "edge_drafter": "feature"}
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _adds_nothing(layer: nn.Module) -> None:
+    """Zero a decoder layer's output projections: its residual branches add nothing until training moves them."""
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
 
 
 def drafter_losses(drafter: FeatureDrafter, target, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -148,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=["bfloat16", "float32"], default="bfloat16",
                         help="the training forward's precision: bfloat16 autocast is faster on CPUs with AVX-512 BF16 "
                              "or AMX, and 20x slower than float32 on an AVX2 CPU (Zen 3)")
+    parser.add_argument("--layers", type=int, default=1,
+                        help="decoder layers in the drafter (default 1); with --init from a drafter with fewer, the "
+                             "added layers start adding nothing")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=250)
@@ -174,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         args.corpus, tokenizer, preset.mix, preset.seq_len, preset.batch_size, args.seed, args.heldout_batches,
         args.replies, REPLIES_HELD_BACK)
 
-    drafter = FeatureDrafter(target.config)
+    drafter = FeatureDrafter(target.config, args.layers)
     drafter.init_from_target(target)
     if args.init:
         drafter.load_trained(args.init)
@@ -184,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out, drafter, optimizer, stream, None,
         {"steps": preset.steps, "batch_size": preset.batch_size, "seq_len": preset.seq_len, "lr": preset.lr,
          "seed": args.seed, "feature_weight": FEATURE_WEIGHT, "second_pass_weight": SECOND_PASS_WEIGHT,
+         "layers": args.layers,
          "parameters": sum(p.numel() for p in trainable), "init": str(args.init) if args.init else None,
          "replies": str(args.replies) if args.replies else None, "mix": preset.mix,
          "corpus_share": REPLY_CORPUS_SHARE if args.replies else 1.0,

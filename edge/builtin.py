@@ -22,3 +22,11 @@ def builtin_feature_drafter_path() -> Path | None:
     """The built-in feature drafter (trained on the built-in model's hidden states), or None."""
     folder = BUILTIN_DIR.parent / "feature"
     return folder if (folder / "config.json").is_file() else None
+
+
+def builtin_deep_feature_drafter_path() -> Path | None:
+    """The built-in feature drafter grown to two layers: more accurate, dearer per drafted token; it pays where a
+    target step reads far more weights than the drafter does (the benchmarks' memory-bound copies of the built-in
+    model), or None."""
+    folder = BUILTIN_DIR.parent / "feature-deep"
+    return folder if (folder / "config.json").is_file() else None

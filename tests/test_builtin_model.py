@@ -10,7 +10,8 @@ import transformers
 from conftest import transformers_greedy
 
 from edge import Engine
-from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path, builtin_model_path
+from edge.builtin import (builtin_deep_feature_drafter_path, builtin_drafter_path, builtin_feature_drafter_path,
+                          builtin_model_path)
 
 GOLDEN = Path(__file__).parent / "golden" / "builtin_greedy.json"
 pytestmark = pytest.mark.skipif(builtin_model_path() is None, reason="this checkout ships no built-in model")
@@ -23,7 +24,8 @@ def engine() -> Engine:
 
 def test_shipped_files_are_small_half_precision_safetensors():
     total = 0
-    for folder in (builtin_model_path(), builtin_drafter_path(), builtin_feature_drafter_path()):
+    for folder in (builtin_model_path(), builtin_drafter_path(), builtin_feature_drafter_path(),
+                   builtin_deep_feature_drafter_path()):
         config = json.loads((folder / "config.json").read_text())
         assert config.get("torch_dtype", config.get("dtype")) == "float16"
         assert (folder / "model.safetensors").is_file()
@@ -59,10 +61,12 @@ def test_builtin_drafter_speculation_is_lossless(engine):
     assert [t for e in fast.chat(messages, max_new_tokens=64) for t in e.token_ids] == plain
 
 
-def test_builtin_feature_drafter_is_lossless_and_drafts_well(engine):
+@pytest.mark.parametrize("folder", [None, builtin_deep_feature_drafter_path()], ids=["one layer", "two layers"])
+def test_builtin_feature_drafters_are_lossless_and_draft_well(engine, folder):
     messages = [{"role": "user", "content": "Write a Python function `flatten(items)` that flattens a nested list."}]
     plain = [t for e in engine.chat(messages, max_new_tokens=64) for t in e.token_ids]
-    fast = Engine.load(builtin_model_path(), max_context=1024, drafter="feature", draft_length=3)
+    drafter = "feature" if folder is None else f"feature:{folder}"
+    fast = Engine.load(builtin_model_path(), max_context=1024, drafter=drafter, draft_length=3)
     events = list(fast.chat(messages, max_new_tokens=64))
     assert [t for e in events for t in e.token_ids] == plain
     stats = events[-1].stats

@@ -6,6 +6,7 @@ cores):
 corpus -> tokenizer -> target (LayerSkip) -> drafter (distilled) -> feature drafter (on the target's hidden states)
 -> the target's greedy replies to training-split questions -> both drafters tuned on them
 -> the feature drafter tuned again on replies to requests of the benchmarks' kinds (train.task_turns)
+-> a copy of it grown to two layers and tuned on the same replies (for memory-bound targets)
 -> half-precision copies in edge/models/
 -> model cards with the loss curve, held-out perplexities and samples -> the golden outputs CI checks. Each stage is skipped when its output
 exists, and training resumes from its last checkpoint, so an interrupted run continues where it stopped.
@@ -110,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
                           "--steps", str(TASK_TUNING_STEPS), "--eval-every", "200", "--precision", "float32",
                           *common])
     package_feature_drafter(runs / "feature-tasks" / "final", MODELS / "feature")
+    if not (runs / "feature-deep" / "final" / "model.safetensors").is_file():  # from the drafter as shipped above
+        feature_cli.main(["--target", str(MODELS / "default"), "--init", str(MODELS / "feature"), "--layers", "2",
+                          "--replies", str(conversations), "--out", str(runs / "feature-deep"),
+                          "--steps", str(TASK_TUNING_STEPS), "--eval-every", "200", "--precision", "float32",
+                          *common])
+    package_feature_drafter(runs / "feature-deep" / "final", MODELS / "feature-deep")
     model_card.main(["--runs", str(runs), "--corpus", str(corpus), "--models", str(MODELS)])
     golden.main()  # the greedy replies CI checks the shipped model against
     print(f"built-in models written to {MODELS}", file=sys.stderr)

@@ -291,6 +291,49 @@ def feature_task_tuning_lines(log: list[dict]) -> list[str]:
     ]
 
 
+def deep_feature_card_text(log: list[dict], folder: Path) -> str:
+    """The two-layer feature drafter's card: the shipped feature drafter grown by a layer and tuned on the same
+    conversations, and when it pays."""
+    start = next(r for r in log if r["event"] == "start")
+    config = json.loads((folder / "config.json").read_text())
+    return "\n".join([
+        "# edge built-in feature drafter, two layers",
+        "",
+        f"The built-in feature drafter (`edge/models/feature`, whose card explains the design) with "
+        f"{config['num_hidden_layers']} decoder layers instead of one: `--drafter feature:PATH` with this folder "
+        "(`edge/models/feature-deep` in a checkout). It agrees with the target more often, and each drafted token "
+        "runs every layer. That pays where a target step reads far more weights than the drafter does, such "
+        "as the memory-bound copies of the built-in model that `python -m bench.memory_bound` writes; on the "
+        "built-in model itself, which fits in a CPU's cache, the one-layer drafter is faster "
+        "(docs/benchmarks.md).",
+        "",
+        "## Model",
+        "",
+        f"- {config['num_hidden_layers']} decoder layers, hidden {config['hidden_size']}, MLP "
+        f"{config['intermediate_size']}, {config['num_attention_heads']} heads / {config['num_key_value_heads']} KV "
+        f"heads, plus the fusion layer: {start['parameters'] / 1e6:.2f}M trained parameters, float16 safetensors "
+        f"({size_mb(folder):.1f} MB)",
+        "",
+        "## Training (`python -m train.feature_drafter --layers 2`, part of `python -m train.build_default`)",
+        "",
+        f"- Starts from the shipped one-layer drafter; the added layer is the target's last layer with zero output "
+        "projections, so at step 0 it drafts exactly as the one-layer drafter does",
+        f"- Tuned on the same {start['replies_trained'] + start['replies_held_back']} conversations as the one-layer "
+        f"drafter's last stage (the last {start['replies_held_back']} held back): {start['steps']} steps of "
+        f"{start['batch_size']} x {start['seq_len']} tokens, peak learning rate {start['lr']}, "
+        f"{start.get('precision', 'bfloat16')} forward; {_minutes(log):.1f} minutes on a 2-core AVX2 CPU",
+        "",
+        *_evaluation_table(log, "held-out split, true / own features | held-back conversations, true / own features",
+                           _agreement_cells),
+        "## Reproduce",
+        "",
+        "```bash",
+        "pip install -e '.[train]' && python -m train.build_default",
+        "```",
+        "",
+    ])
+
+
 def _drafter_tuning_lines(log: list[dict]) -> list[str]:
     return _tuning_lines(log, "held-out split perplexity | held-back replies perplexity",
                          lambda r: f"{r['heldout_ppl']:.2f} | {r['replies_ppl']:.2f}")
@@ -342,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
         (feature_folder / "README.md").write_text(
             feature_card_text(read_log(feature_log), feature_folder, tuning, task_tuning))
         print(f"wrote {feature_folder / 'README.md'}", file=sys.stderr)
+    deep_log, deep_folder = args.runs / "feature-deep" / "log.jsonl", args.models / "feature-deep"
+    if deep_log.is_file() and (deep_folder / "config.json").is_file():
+        (deep_folder / "README.md").write_text(deep_feature_card_text(read_log(deep_log), deep_folder))
+        print(f"wrote {deep_folder / 'README.md'}", file=sys.stderr)
     return 0
 
 

@@ -1,15 +1,15 @@
-"""A feature drafter (EAGLE-style): one decoder layer that drafts from the target's own last hidden states.
+"""A feature drafter (EAGLE-style): a decoder layer (or a few) that drafts from the target's own last hidden states.
 
-The row for position p fuses the target's normed hidden state at p-1 with the embedding of token p and runs one
-decoder layer (with its own small KV cache) and a norm; the result predicts the target's hidden state at p, and
+The row for position p fuses the target's normed hidden state at p-1 with the embedding of token p and runs the
+decoder layer(s) (with its own small KV cache) and a norm; the result predicts the target's hidden state at p, and
 the target's head turns it into a guess for token p+1. The next row feeds that prediction back as the feature:
 
     target features f[0 .. n-1]  (every full target pass stores them: Transformer.keep_features)
     rows j = reuse .. n-1:  fc(cat(f[j], embed(x[j+1])))  -> layer -> norm -> g     (true features)
     draft 1 = argmax head(g);  rows n, n+1, ...:  fc(cat(g, embed(draft)))  -> ...  (own predictions)
 
-It shares the target's embedding and head, so it adds one layer's weights (about a tenth of the built-in target)
-and a one-layer KV cache. Trained by `python -m train.feature_drafter` for one particular target.
+It shares the target's embedding and head, so it adds its layers' weights (one layer is about a tenth of the
+built-in target) and their KV cache. Trained by `python -m train.feature_drafter` for one particular target.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class FeatureDrafter:
     name = "feature"
 
     def __init__(self, target: Transformer, layer: Transformer, fc: Linear, max_len: int) -> None:
-        """`layer`: a one-layer Transformer whose embedding is the target's; `fc`: (2D -> D) fusion."""
+        """`layer`: a Transformer of the drafter's layers (usually one) whose embedding is the target's; `fc`:
+        (2D -> D) fusion."""
         self.target, self.layer, self.fc = target, layer, fc
         self.device = target.device
         target.keep_features(max_len)

@@ -253,7 +253,7 @@ KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
     DrafterKind("draft", "draft:PATH", "model", argument="path", argument_required=True, draft_checkpoint=True,
                 build=_draft_model),
     DrafterKind("builtin", "builtin", "model", draft_checkpoint=True, build=_draft_model),
-    # a feature drafter: one layer and its cache, counted like a draft model; it has no narrower forms
+    # a feature drafter: its layers and their cache, counted like a draft model; it has no narrower forms
     DrafterKind("feature", "feature[:PATH]", "model", argument="path",
                 build=lambda spec, target: FeatureDrafter.load(spec.folder(), target.model, target.max_len)),
     DrafterKind("bundle", "bundle", "model", build=_bundle),

@@ -25,6 +25,10 @@ SAMPLE_PROMPTS = [
      "a task outside the corpus"),
 ]
 
+# every card ends with the command that rebuilds it
+REPRODUCE_LINES = ["## Reproduce", "", "```bash", "pip install -e '.[train]' && python -m train.build_default", "```",
+                   ""]
+
 
 def read_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -155,7 +159,7 @@ def card_text(name: str, role: str, info: dict, stats: dict, samples: list[tuple
               "The prompts were fixed before training; each names what it asks about.", ""]
     for prompt, about, reply in samples:
         lines += [f"**User** ({about}): {prompt}", "", "````", reply.strip(), "````", ""]  # replies may hold ```
-    lines += ["## Reproduce", "", "```bash", "pip install -e '.[train]' && python -m train.build_default", "```", ""]
+    lines += REPRODUCE_LINES
     return "\n".join(lines)
 
 
@@ -210,12 +214,7 @@ def feature_card_text(log: list[dict], folder: Path, tuning: list[dict] | None =
         "",
         *(_feature_tuning_lines(tuning, final=task_tuning is None) if tuning else []),
         *(feature_task_tuning_lines(task_tuning) if task_tuning else []),
-        "## Reproduce",
-        "",
-        "```bash",
-        "pip install -e '.[train]' && python -m train.build_default",
-        "```",
-        "",
+        *REPRODUCE_LINES,
     ]
     return "\n".join(lines)
 
@@ -325,12 +324,7 @@ def deep_feature_card_text(log: list[dict], folder: Path) -> str:
         "",
         *_evaluation_table(log, "held-out split, true / own features | held-back conversations, true / own features",
                            _agreement_cells),
-        "## Reproduce",
-        "",
-        "```bash",
-        "pip install -e '.[train]' && python -m train.build_default",
-        "```",
-        "",
+        *REPRODUCE_LINES,
     ])
 
 

@@ -105,18 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     if not conversations.is_file():  # corpus turns and requests of the benchmarks' kinds, in turn
         replies_cli.main(["--target", str(MODELS / "default"), "--corpus", str(corpus), "--requests", "both",
                           "--count", str(TASK_REPLY_COUNT), "--out", str(conversations)])
-    if not (runs / "feature-tasks" / "final" / "model.safetensors").is_file():  # from the drafter as shipped above
-        feature_cli.main(["--target", str(MODELS / "default"), "--init", str(MODELS / "feature"),
-                          "--replies", str(conversations), "--out", str(runs / "feature-tasks"),
-                          "--steps", str(TASK_TUNING_STEPS), "--eval-every", "200", "--precision", "float32",
-                          *common])
-    package_feature_drafter(runs / "feature-tasks" / "final", MODELS / "feature")
-    if not (runs / "feature-deep" / "final" / "model.safetensors").is_file():  # from the drafter as shipped above
-        feature_cli.main(["--target", str(MODELS / "default"), "--init", str(MODELS / "feature"), "--layers", "2",
-                          "--replies", str(conversations), "--out", str(runs / "feature-deep"),
-                          "--steps", str(TASK_TUNING_STEPS), "--eval-every", "200", "--precision", "float32",
-                          *common])
-    package_feature_drafter(runs / "feature-deep" / "final", MODELS / "feature-deep")
+    # the task-tuned drafter from the one shipped just before, then its two-layer copy from it
+    for run, layers, folder in (("feature-tasks", 1, "feature"), ("feature-deep", 2, "feature-deep")):
+        if not (runs / run / "final" / "model.safetensors").is_file():
+            feature_cli.main(["--target", str(MODELS / "default"), "--init", str(MODELS / "feature"),
+                              "--layers", str(layers), "--replies", str(conversations), "--out", str(runs / run),
+                              "--steps", str(TASK_TUNING_STEPS), "--eval-every", "200", "--precision", "float32",
+                              *common])
+        package_feature_drafter(runs / run / "final", MODELS / folder)
     model_card.main(["--runs", str(runs), "--corpus", str(corpus), "--models", str(MODELS)])
     golden.main()  # the greedy replies CI checks the shipped model against
     print(f"built-in models written to {MODELS}", file=sys.stderr)

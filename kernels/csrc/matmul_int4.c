@@ -230,33 +230,61 @@ void int4_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, in
 #pragma omp barrier
 }
 
-/* One thread's share of the outputs (groups of 16 split evenly between `parts` threads), from prepared rows. */
+/* y[r, n0 + lane] = acc[r][lane] (+ bias) for R rows of one output group: whole vectors where the group lies inside N */
+static inline void store_group(float acc[MAX_ROWS][GROUP], const float *bias, float *y, int64_t N, int64_t n0, int R) {
+#if !defined(EDGE_PORTABLE)
+    if (n0 + GROUP <= N) {
+        for (int r = 0; r < R; r++)
+            for (int lane = 0; lane < GROUP; lane += VL) {
+                const vf sum = vf_load(acc[r] + lane);
+                vf_store(y + r * N + n0 + lane, bias ? vf_add(sum, vf_load(bias + n0 + lane)) : sum);
+            }
+        return;
+    }
+#endif
+    for (int r = 0; r < R; r++)
+        for (int lane = 0; lane < GROUP && n0 + lane < N; lane++)
+            y[r * N + n0 + lane] = bias ? acc[r][lane] + bias[n0 + lane] : acc[r][lane];
+}
+
+/* Groups [begin, end) for rows m .. m + R - 1 (R <= 4) */
+static void rows_tile(const int8_t *codes, const float *scales, const int32_t *offsets, const uint8_t *packed,
+                      const float *bias, float *y, int64_t m, int R, int64_t begin, int64_t end, int64_t N,
+                      int64_t Kp) {
+    const int64_t blocks = Kp / BLOCK;
+    BlockRow rows[MAX_ROWS];
+    for (int r = 0; r < R; r++)
+        rows[r] = (BlockRow){codes + (m + r) * Kp, scales + (m + r) * blocks, offsets + (m + r) * blocks};
+    float acc[MAX_ROWS][GROUP];
+    for (int64_t group = begin; group < end; group++) {
+        const uint8_t *weights = packed + group * blocks * BLOCK_BYTES;
+        switch (R) {
+            ROWS_CASE(1)
+            ROWS_CASE(2)
+            ROWS_CASE(3)
+            ROWS_CASE(4)
+            default: break;
+        }
+        store_group(acc, bias, y + m * N, N, group * GROUP, R);
+    }
+}
+
+/* One thread's share of the outputs (groups of 16 split evenly between `parts` threads), from prepared rows. Up to
+ * 4 rows (a decode step, a verify pass) take every group in one sweep; more rows (a prompt) go group by group, each
+ * group's weights read once for all of the rows' tiles while they are in cache. */
 void int4_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int part, int parts) {
     const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK, groups = round_up(N, GROUP) / GROUP;
+    const int64_t begin = groups * part / parts, end = groups * (part + 1) / parts;
     const int8_t *codes = prepared;
     const float *scales = (const float *)(codes + M * Kp + 64);
     const int32_t *offsets = (const int32_t *)(scales + M * blocks);
-    for (int64_t group = groups * part / parts; group < groups * (part + 1) / parts; group++) {
-        const uint8_t *weights = packed + group * blocks * BLOCK_BYTES;
-        float acc[MAX_ROWS][GROUP];
-        for (int64_t m = 0; m < M; m += MAX_ROWS) {
-            const int count = M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS;
-            BlockRow rows[MAX_ROWS];
-            for (int r = 0; r < count; r++)
-                rows[r] = (BlockRow){codes + (m + r) * Kp, scales + (m + r) * blocks, offsets + (m + r) * blocks};
-            switch (count) {
-                ROWS_CASE(1)
-                ROWS_CASE(2)
-                ROWS_CASE(3)
-                ROWS_CASE(4)
-                default: break;
-            }
-            for (int r = 0; r < count; r++)
-                for (int lane = 0; lane < GROUP; lane++) {
-                    const int64_t n = group * GROUP + lane;
-                    if (n < N) y[(m + r) * N + n] = bias ? acc[r][lane] + bias[n] : acc[r][lane];
-                }
-        }
+    if (M <= MAX_ROWS) {
+        rows_tile(codes, scales, offsets, packed, bias, y, 0, (int)M, begin, end, N, Kp);
+        return;
     }
+    for (int64_t group = begin; group < end; group++)
+        for (int64_t m = 0; m < M; m += MAX_ROWS)
+            rows_tile(codes, scales, offsets, packed, bias, y, m, M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS, group,
+                      group + 1, N, Kp);
 }

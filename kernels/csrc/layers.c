@@ -41,39 +41,6 @@ static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t 
     }
 }
 
-/* silu(g) * up, lane by lane */
-static inline vf silu_times(vf g, vf up) {
-    return vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(vf_sub(vf_set(0.0f), g)))), up);
-}
-
-/* silu(gate) * up for elements [begin, end) of one row of (gate | up) (2I floats) into out (I floats; out may be the
- * row's start): VL lanes at a time through vf_exp, the last few in a zero-padded vector. Every operation is per lane,
- * so an element's result does not depend on how the row is split. */
-static void silu_span(const float *row, float *out, int64_t I, int64_t begin, int64_t end) {
-    int64_t i = begin;
-    for (; i + VL <= end; i += VL)  /* whole vectors straight from the row (out never overlaps what is still unread) */
-        vf_store(out + i, silu_times(vf_load(row + i), vf_load(row + I + i)));
-    for (; i < end; i += VL) {
-        float gate[VL] = {0}, up[VL] = {0}, result[VL];
-        const int64_t count = end - i < VL ? end - i : VL;
-        memcpy(gate, row + i, count * sizeof(float));
-        memcpy(up, row + I + i, count * sizeof(float));
-        vf_store(result, silu_times(vf_load(gate), vf_load(up)));
-        memcpy(out + i, result, count * sizeof(float));
-    }
-}
-
-/* silu(gate) * up for T rows of (gate | up) (T, 2I), compacted in place into (T, I), split between the team: row t's
- * output [tI, tI + I) overwrites inputs of rows before it, so the team finishes each row before the next. */
-static void silu_rows_team(float *gate_up, int64_t T, int64_t I, int part, int parts) {
-    const int64_t vectors = (I + VL - 1) / VL;
-    const int64_t begin = vectors * part / parts * VL, end = vectors * (part + 1) / parts * VL;
-    for (int64_t t = 0; t < T; t++) {
-        silu_span(gate_up + t * 2 * I, gate_up + t * I, I, begin, end < I ? end : I);
-#pragma omp barrier
-    }
-}
-
 /* One decoder layer for a few rows, run by a team of threads (this thread is `part` of `parts`): the matmuls and the
  * attention split between them, the small row-wise steps on one thread, barriers between. The same row-by-row
  * operations as a 1-row call, so each row's result does not depend on how many rows share the call. */
@@ -136,8 +103,7 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
         rms_norm_rows(x, ffn_norm, normed, T, D, eps, format);
     }
     team_matmul(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, format, prepared, part, parts);
-    silu_rows_team(gate_up, T, I, part, parts);
-    team_matmul(gate_up, w_down, down_bias, normed, T, D, I, format, prepared, part, parts);
+    team_swiglu_matmul(gate_up, w_down, down_bias, normed, T, D, I, format, prepared, part, parts);
 #pragma omp single
     for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
 }

@@ -22,12 +22,41 @@ void team_matmul(const float *x, const void *w, const float *bias, float *y, int
         int8_prepare_share(x, M, K, prepared, part, parts);
         int8_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
     } else if (format == WEIGHTS_I4) {
-        int4_prepare_share(x, M, K, prepared, part, parts);
+        int4_prepare_share(x, M, K, 0, prepared, part, parts);
         int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
     } else {
         float_matmul_share(format, x, w, bias, y, M, N, K, part, parts);
     }
 #pragma omp barrier
+}
+
+/* silu(gate) * up for M rows of (gate | up) (M, 2K), compacted in place into (M, K), split between the team: row m's
+ * output [mK, mK + K) overwrites inputs of rows before it, so the team finishes each row before the next. */
+static void silu_rows_team(float *gate_up, int64_t M, int64_t K, int part, int parts) {
+    const int64_t vectors = (K + VL - 1) / VL;
+    const int64_t begin = vectors * part / parts * VL, end = vectors * (part + 1) / parts * VL;
+    const int64_t stop = end < K ? end : K;
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = gate_up + m * 2 * K;
+        if (begin < stop) silu_span(row + begin, row + K + begin, gate_up + m * K + begin, stop - begin);
+#pragma omp barrier
+    }
+}
+
+/* The MLP's down projection of SwiGLU: silu(gate) * up of gate_up (M, 2K), (gate | up) per row, through w into
+ * y (M, N). int4 quantizes silu's values block by block as the team computes them, without storing them as floats
+ * or waiting row by row; the other formats compact gate_up in place into (M, K) float rows first. The same values,
+ * so the same result either way. */
+void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                        int format, void *prepared, int part, int parts) {
+    if (format == WEIGHTS_I4) {
+        int4_prepare_share(gate_up, M, K, 1, prepared, part, parts);
+        int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
+#pragma omp barrier
+        return;
+    }
+    silu_rows_team(gate_up, M, K, part, parts);
+    team_matmul(gate_up, w, bias, y, M, N, K, format, prepared, part, parts);
 }
 
 /* One matmul in a parallel region of its own: x (M, K) through w in `format` (WEIGHTS_*; int8 and int4 packed as in

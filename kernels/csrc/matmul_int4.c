@@ -34,13 +34,12 @@ typedef struct {
     const int32_t *offsets;
 } BlockRow;
 
-/* Block b of a row x (K floats, padded to K'): its 32 codes, scale and offset (8 * the codes' sum) */
-static void quantize_block(const float *x, int64_t K, int64_t b, int8_t *codes, float *scales, int32_t *offsets) {
-    const int64_t k0 = b * BLOCK, width = K - k0 < BLOCK ? K - k0 : BLOCK;
-    memset(codes + k0 + width, 0, BLOCK - width);  /* the padding past K */
+/* A block's `width` floats x (at most 32) -> its 32 codes (zeros past width), scale and offset (8 * the codes' sum) */
+static void quantize_block(const float *x, int64_t width, int8_t *codes, float *scale, int32_t *offset) {
+    memset(codes + width, 0, BLOCK - width);  /* the padding past K */
     int32_t sum;
-    scales[b] = quantize_codes(x + k0, codes + k0, width, &sum) / 127.0f;
-    offsets[b] = 8 * sum;
+    *scale = quantize_codes(x, codes, width, &sum) / 127.0f;
+    *offset = 8 * sum;
 }
 
 static inline float scale_at(const uint8_t *block, int lane) {
@@ -216,16 +215,31 @@ int64_t int4_prepared_bytes(int64_t M, int64_t K) {
     return M * Kp + 64 + M * (Kp / BLOCK) * (int64_t)(sizeof(float) + sizeof(int32_t));
 }
 
-/* This thread's part of preparing M rows (inside the team's parallel region; one thread outside it): the rows'
- * blocks are independent, split evenly between the threads. */
-void int4_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts) {
-    const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK, total = M * blocks;
+/* This thread's part of preparing M rows x (M, K) (inside the team's parallel region; one thread outside it): the
+ * rows' blocks are independent, split evenly between the threads, and taken a few at a time within a row. With
+ * `swiglu` the rows are SwiGLU's, silu(gate) * up of x (M, 2K) as (gate | up) per row (matmul.c
+ * team_swiglu_matmul): each few blocks' values are computed into a buffer just before they are quantized. */
+void int4_prepare_share(const float *x, int64_t M, int64_t K, int swiglu, void *prepared, int part, int parts) {
+    enum { AT_ONCE = 8 };  /* blocks at a time: silu's vectors stream through one loop, their floats stay in L1 */
+    const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK, total = M * blocks, last = total * (part + 1) / parts;
     int8_t *codes = prepared;
     float *scales = (float *)(codes + M * Kp + 64);
     int32_t *offsets = (int32_t *)(scales + M * blocks);
-    for (int64_t i = total * part / parts; i < total * (part + 1) / parts; i++) {
-        const int64_t m = i / blocks;
-        quantize_block(x + m * K, K, i % blocks, codes + m * Kp, scales + m * blocks, offsets + m * blocks);
+    float values[AT_ONCE * BLOCK];
+    for (int64_t i = total * part / parts, count; i < last; i += count) {
+        const int64_t m = i / blocks, b = i % blocks, k0 = b * BLOCK;
+        count = last - i < AT_ONCE ? last - i : AT_ONCE;
+        count = blocks - b < count ? blocks - b : count;  /* within row m */
+        const int64_t width = K - k0 < count * BLOCK ? K - k0 : count * BLOCK;
+        const float *span = x + m * K + k0;
+        if (swiglu) {
+            silu_span(x + m * 2 * K + k0, x + m * 2 * K + K + k0, values, width);  /* simd.h */
+            span = values;
+        }
+        for (int64_t j = 0; j < count; j++) {
+            const int64_t done = j * BLOCK, rest = width - done < BLOCK ? width - done : BLOCK;
+            quantize_block(span + done, rest, codes + m * Kp + k0 + done, scales + i + j, offsets + i + j);
+        }
     }
 #pragma omp barrier
 }

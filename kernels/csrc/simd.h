@@ -315,6 +315,26 @@ static inline vf vf_exp(vf x) {
     return vf_mul(e, vf_pow2_bits(shifted));
 }
 
+/* silu(g) * up, lane by lane */
+static inline vf vf_silu_times(vf g, vf up) {
+    return vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(vf_sub(vf_set(0.0f), g)))), up);
+}
+
+/* out[i] = silu(gate[i]) * up[i] for i < count (SwiGLU): VL lanes at a time, the last few in a zero-padded vector.
+ * Every operation is per lane, so an element's result does not depend on how a row is split into spans. out may lie
+ * before gate in the same buffer (each vector is read before it is written). */
+static inline void silu_span(const float *gate, const float *up, float *out, int64_t count) {
+    int64_t i = 0;
+    for (; i + VL <= count; i += VL) vf_store(out + i, vf_silu_times(vf_load(gate + i), vf_load(up + i)));
+    if (i < count) {
+        float gates[VL] = {0}, ups[VL] = {0}, result[VL];
+        memcpy(gates, gate + i, (count - i) * sizeof(float));
+        memcpy(ups, up + i, (count - i) * sizeof(float));
+        vf_store(result, vf_silu_times(vf_load(gates), vf_load(ups)));
+        memcpy(out + i, result, (count - i) * sizeof(float));
+    }
+}
+
 /* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 / WEIGHTS_I4 the matrices are
  * packed (matmul_int8.c, matmul_int4.c) and the norms float32. */
 enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_I4 = 4 };
@@ -336,12 +356,14 @@ void int8_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, in
 void int8_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int part, int parts);
 int64_t int4_prepared_bytes(int64_t M, int64_t K);
-void int4_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts);
+void int4_prepare_share(const float *x, int64_t M, int64_t K, int swiglu, void *prepared, int part, int parts);
 void int4_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int part, int parts);
 void *prepared_alloc(int64_t M, int64_t K);  /* matmul.c: room for M rows' activations in any packed format */
 void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                  int format, void *prepared, int part, int parts);
+void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                        int format, void *prepared, int part, int parts);
 void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int format, int threads);
 void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,

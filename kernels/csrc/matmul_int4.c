@@ -26,6 +26,7 @@
 #define BLOCK 32
 #define BLOCK_BYTES 288 /* 256 bytes of nibbles, 16 float16 scales */
 #define MAX_ROWS 4
+#define SPAN_BYTES 65536   /* a prompt's tiles of rows share this much of the weights at a time (in L2) */
 
 /* A row quantized by blocks of 32: codes (K' bytes), each block's scale and 8 * the sum of its codes. */
 typedef struct {
@@ -284,8 +285,8 @@ static void rows_tile(const int8_t *codes, const float *scales, const int32_t *o
 }
 
 /* One thread's share of the outputs (groups of 16 split evenly between `parts` threads), from prepared rows. Up to
- * 4 rows (a decode step, a verify pass) take every group in one sweep; more rows (a prompt) go group by group, each
- * group's weights read once for all of the rows' tiles while they are in cache. */
+ * 4 rows (a decode step, a verify pass) take every group in one sweep. More rows (a prompt) go 4 at a time over a
+ * span of groups whose weights stay in cache meanwhile (SPAN_BYTES of them, or one group where K is long). */
 void int4_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int part, int parts) {
     const int64_t Kp = round_up(K, BLOCK), blocks = Kp / BLOCK, groups = round_up(N, GROUP) / GROUP;
@@ -297,8 +298,9 @@ void int4_matmul_share(const void *prepared, const uint8_t *packed, const float 
         rows_tile(codes, scales, offsets, packed, bias, y, 0, (int)M, begin, end, N, Kp);
         return;
     }
-    for (int64_t group = begin; group < end; group++)
+    const int64_t span = SPAN_BYTES / (blocks * BLOCK_BYTES) > 1 ? SPAN_BYTES / (blocks * BLOCK_BYTES) : 1;
+    for (int64_t first = begin; first < end; first += span)
         for (int64_t m = 0; m < M; m += MAX_ROWS)
-            rows_tile(codes, scales, offsets, packed, bias, y, m, M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS, group,
-                      group + 1, N, Kp);
+            rows_tile(codes, scales, offsets, packed, bias, y, m, M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS, first,
+                      end - first < span ? end : first + span, N, Kp);
 }

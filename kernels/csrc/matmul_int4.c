@@ -55,13 +55,8 @@ static inline float quantize_whole_block(const float *x, int8_t *codes, int32_t 
     }
     const __m256 inverse = _mm256_set1_ps(127.0f / top);
     __m256i q[4];
-    for (int i = 0; i < 4; i++)  /* cvtps rounds half to even, as nearbyintf does */
-        q[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse)),
-                                                 _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
-    __m256i sums = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4E));
-    *sum = _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xB1)));
+    for (int i = 0; i < 4; i++) q[i] = codes_of8(v[i], inverse);  /* quantized.h */
+    *sum = sum_of8(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
     /* packs work within 128-bit halves: the bytes come out as 4-element runs 0, 2, 4, 6, 1, 3, 5, 7 */
     const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256((__m256i *)codes,

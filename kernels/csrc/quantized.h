@@ -27,6 +27,21 @@ static inline float absolute_max(const float *x, int64_t K) {
     return top;
 }
 
+#if defined(EDGE_X86)
+/* 8 lanes of x * inverse as codes: rounded half to even (cvtps, as nearbyintf) and clamped to [-127, 127] */
+static inline __m256i codes_of8(__m256 x, __m256 inverse) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(x, inverse));
+    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+}
+
+/* the sum of 8 int32 lanes */
+static inline int32_t sum_of8(__m256i lanes) {
+    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xB1)));
+}
+#endif
+
 /* x[0, K) -> out[0, K) signed codes at the scale of `top` (max|x| of the whole row or block x belongs to); returns the
  * codes' sum, taken from the registers as they are written (int4's block offsets need it; reading the bytes back
  * just after their 8-byte stores stalled on store forwarding) */
@@ -40,17 +55,14 @@ static inline int32_t quantize_with(const float *x, int8_t *out, int64_t K, floa
     int64_t k = 0;
 #if defined(EDGE_X86)
     __m256i sums = _mm256_setzero_si256();
-    for (; k + 8 <= K; k += 8) {  /* cvtps rounds half to even, as nearbyintf does */
-        const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), _mm256_set1_ps(inverse)));
-        const __m256i clamped = _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+    for (; k + 8 <= K; k += 8) {
+        const __m256i clamped = codes_of8(_mm256_loadu_ps(x + k), _mm256_set1_ps(inverse));
         sums = _mm256_add_epi32(sums, clamped);
         const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(clamped), _mm256_extracti128_si256(clamped, 1));
         const __m128i bytes = _mm_packs_epi16(words, words);
         memcpy(out + k, &bytes, 8);
     }
-    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4E));
-    sum = _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xB1)));
+    sum = sum_of8(sums);
 #elif defined(EDGE_NEON)
     int32x4_t sums = vdupq_n_s32(0);
     for (; k + 4 <= K; k += 4) {  /* vcvtnq rounds half to even */

@@ -30,7 +30,7 @@ static inline __attribute__((always_inline)) vf load_weights(const void *w, int6
     return vf_load((const float *)w + i);
 }
 
-/* Outputs n[0 .. S) for R input rows (x + r * K), R and S compile-time constants, R * S <= 8 accumulators: each
+/* Outputs n[0 .. S) for R input rows (x + r * K), R and S compile-time constants, R * S <= 12 accumulators: each
  * output alone is one lane-wise chain over k, the lane reduction, the tail, the bias. Each row's x vector is loaded
  * once for the S outputs. */
 static inline __attribute__((always_inline)) void float_dots(const float *x, const void *w, const float *bias,
@@ -70,13 +70,16 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
 /* Outputs [first, end) for all M rows, S outputs at a time from S equal parts of the range, so the thread reads S
  * long sequential weight streams (one core keeps more reads in flight: 23.8 -> 30 GB/s over TinyLlama's float16
  * matrices on an AVX2 server with 4 streams against 1; 8 measured 5% slower) and loads each x vector once for S
- * outputs: 4 streams for one or two rows, 2 for more, whose rows go in groups of up to 4 against the same weight rows
- * (read from memory in the first group, from L1 after). The few outputs left over go one at a time. */
+ * outputs: 4 streams for one or two rows, 3 for more, whose rows go in groups of up to 4 against the same weight rows
+ * (read from memory in the first group, from L1 after). Three streams give 4 rows 12 independent accumulators: the
+ * 500M benchmark target's 4-row float16 pass took 39-40 ms against 42-44 with 2 (8 chains of 4-cycle FMAs), its
+ * 64-row pass 555-559 against 583-584 ms (Zen 3, AVX2; 3 rows on par, 6 rows in 2 streams were slower). The few
+ * outputs left over go one at a time. */
 #define DOTS(R, S) float_dots(xm, w, bias, ym, outputs, N, K, R, S, format, ahead)
 static inline __attribute__((always_inline)) void float_outputs(const float *x, const void *w, const float *bias,
                                                                 float *y, int64_t first, int64_t end, int64_t M,
                                                                 int64_t N, int64_t K, const int format) {
-    const int streams = M <= 2 ? 4 : 2;
+    const int streams = M <= 2 ? 4 : 3;
     const int64_t part = (end - first) / streams;
     for (int64_t n = first; n < end; n++) {
         const int tuple = n < first + part;  /* n and its partners in the other parts, or one left over */
@@ -96,10 +99,10 @@ static inline __attribute__((always_inline)) void float_outputs(const float *x, 
                 if (rows == 1) DOTS(1, 4);
                 else DOTS(2, 4);
             } else {
-                if (rows == 1) DOTS(1, 2);
-                else if (rows == 2) DOTS(2, 2);
-                else if (rows == 3) DOTS(3, 2);
-                else DOTS(4, 2);
+                if (rows == 1) DOTS(1, 3);
+                else if (rows == 2) DOTS(2, 3);
+                else if (rows == 3) DOTS(3, 3);
+                else DOTS(4, 3);
             }
         }
     }

@@ -21,7 +21,7 @@
 #include "simd.h"
 
 #define STREAMS 4   /* at most: outputs from separate parts of a thread's range read side by side */
-#define ROW_GROUP 4 /* input rows per pass over a weight row */
+#define ROW_GROUP 5 /* input rows per pass over a weight row: 4, or 5 for a 5-row call */
 
 
 static inline __attribute__((always_inline)) vf load_weights(const void *w, int64_t i, const int format) {
@@ -38,7 +38,7 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
                                                              const int R, const int S, const int format,
                                                              const int ahead) {
     vf acc[ROW_GROUP][STREAMS];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) acc[r][s] = vf_zero();
     int64_t row[STREAMS];
     _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) row[s] = n[s] * K;
@@ -49,20 +49,20 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
             _Pragma("GCC unroll 8") for (int s = 0; s < S; s++)
                 prefetch_ahead((const char *)w + (row[s] + k) * size);
         vf xs[ROW_GROUP];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) xs[r] = vf_load(x + r * K + k);
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) xs[r] = vf_load(x + r * K + k);
         _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) {
             const vf wv = load_weights(w, row[s] + k, format);
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][s] = vf_fma(acc[r][s], xs[r], wv);
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r][s] = vf_fma(acc[r][s], xs[r], wv);
         }
     }
     _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) {
         float sums[ROW_GROUP];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = vf_reduce(acc[r][s]);
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) sums[r] = vf_reduce(acc[r][s]);
         for (int64_t j = k; j < K; j++) {
             const float wk = weight_at(w, row[s] + j, format);
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = sums[r] + x[r * K + j] * wk;
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) sums[r] = sums[r] + x[r * K + j] * wk;
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
             y[r * N + n[s]] = sums[r] + (bias ? bias[n[s]] : 0.0f);
     }
 }
@@ -73,24 +73,30 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
  * outputs: 4 streams for one or two rows, 3 for more, whose rows go in groups of up to 4 against the same weight rows
  * (read from memory in the first group, from L1 after). Three streams give 4 rows 12 independent accumulators: the
  * 500M benchmark target's 4-row float16 pass took 39-40 ms against 42-44 with 2 (8 chains of 4-cycle FMAs), its
- * 64-row pass 555-559 against 583-584 ms (Zen 3, AVX2; 3 rows on par, 6 rows in 2 streams were slower). The few
- * outputs left over go one at a time. */
+ * 64-row pass 555-559 against 583-584 ms (Zen 3, AVX2; 3 rows on par, 6 rows in 2 streams were slower). A 5-row call
+ * (a verify pass of 4 drafted tokens) goes as one group against 2 outputs (10 chains) instead of 4 rows and then 1,
+ * which read every weight row twice: 47-49 against 58-67 ms on that target, 1.6-2.3 against 2.1-2.5 ms on the
+ * built-in model. Longer calls keep groups of 4 in 3 streams. The few outputs left over go one at a time. */
 #define DOTS(R, S) float_dots(xm, w, bias, ym, outputs, N, K, R, S, format, ahead)
 static inline __attribute__((always_inline)) void float_outputs(const float *x, const void *w, const float *bias,
                                                                 float *y, int64_t first, int64_t end, int64_t M,
                                                                 int64_t N, int64_t K, const int format) {
-    const int streams = M <= 2 ? 4 : 3;
+    const int streams = M <= 2 ? 4 : M == 5 ? 2 : 3;
+    const int group = M == 5 ? 5 : 4;
     const int64_t part = (end - first) / streams;
     for (int64_t n = first; n < end; n++) {
         const int tuple = n < first + part;  /* n and its partners in the other parts, or one left over */
         if (!tuple && n < first + streams * part) continue;
         int64_t outputs[STREAMS];
         for (int s = 0; s < streams; s++) outputs[s] = n + s * part;
-        for (int64_t m = 0; m < M; m += ROW_GROUP) {
+        for (int64_t m = 0; m < M; m += group) {
             const float *xm = x + m * K;
             float *ym = y + m * N;
-            const int ahead = m == 0 && M > 1, rows = M - m < ROW_GROUP ? (int)(M - m) : ROW_GROUP;
-            if (!tuple) {
+            const int ahead = m == 0 && M > 1, rows = M - m < group ? (int)(M - m) : group;
+            if (rows == 5) {
+                if (tuple) DOTS(5, 2);
+                else DOTS(5, 1);
+            } else if (!tuple) {
                 if (rows == 1) DOTS(1, 1);
                 else if (rows == 2) DOTS(2, 1);
                 else if (rows == 3) DOTS(3, 1);

@@ -21,7 +21,7 @@
 #include "simd.h"
 
 #define STREAMS 4   /* at most: outputs from separate parts of a thread's range read side by side */
-#define ROW_GROUP 5 /* input rows per pass over a weight row: 4, or 5 for a 5-row call */
+#define ROW_GROUP 5 /* the most input rows one pass takes (array sizes): groups of 4, or 5 for a 5-row call */
 
 
 static inline __attribute__((always_inline)) vf load_weights(const void *w, int64_t i, const int format) {

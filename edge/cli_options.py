@@ -13,29 +13,31 @@ from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path, bui
 from edge.drafters.registry import usage as drafter_usage
 from edge.engine import GenerationOptions
 from edge.errors import CheckpointError, SettingError
-from edge.load_spec import BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LoadSpec
+from edge.load_spec import (BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LOAD_WEIGHTS,
+                             LoadSpec)
 from edge.model_source import resolve_model
-from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.planning import plan
 from edge.quantized_kv_cache import KV_CACHE_CHOICES
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
     help_text = ("a checkpoint folder (Hugging Face layout: config.json, *.safetensors, tokenizer.json), an "
-                 "edge-export bundle, a .gguf file (f32, f16, q8_0, q4_0, ...; converted once into the cache) or a "
-                 "Hub id (org/name, org/name@revision, org/name:Q4_0 for a GGUF repo): taken from the Hugging Face "
-                 "cache, else downloaded unless HF_HUB_OFFLINE is set")
+                 "edge-export bundle, a .gguf file (run in its own quantization: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                 "Q4_K, Q5_K, Q6_K, or F16/BF16/F32) or a Hub id (org/name, org/name@revision, org/name:Q4_K_M "
+                 "for a GGUF repo): taken from the Hugging Face cache, else downloaded unless HF_HUB_OFFLINE is set")
     if positional:
         parser.add_argument("model", nargs="?", help=help_text + "; default: the built-in model")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="weight and KV-cache dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--weights", default=None, choices=WEIGHT_QUANTIZATIONS,
-                        help="quantize the layers' matrices and the head at load for edge's CPU kernel: int8 (per "
+    parser.add_argument("--weights", default=None, choices=LOAD_WEIGHTS,
+                        help="re-quantize the layers' matrices and the head at load for edge's CPU kernel: int8 (per "
                              "output channel, activations per row) or int4 (groups of 32, about half of int8's "
                              "bytes). Each is a slightly different model (logits move by about 1%% at int8, more at "
-                             "int4); speculation stays exactly equal to its own plain decoding (default: the "
-                             "checkpoint's weights as stored)")
+                             "int4); speculation stays exactly equal to its own plain decoding. float16: 16-bit "
+                             "matrices computed in float32 (a GGUF file's quantized blocks dequantized: about 3x its "
+                             "size in memory). Default: the weights as stored; a GGUF file runs in its own "
+                             "quantization")
     parser.add_argument("--kv-cache", default=None, choices=KV_CACHE_CHOICES,
                         help="store the KV cache quantized: int8, int8-int4 (int8 keys, int4 values) or "
                              "hierarchical (QuantSpec's int4+int4; --drafter quantspec selects it); default: --dtype")

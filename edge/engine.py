@@ -185,10 +185,12 @@ class Engine:
             if torch.device(spec.device).type != "cpu":
                 model.use_rowwise_matmul(None)  # the batch-invariant kernel is the CPU's
         else:
-            model = load_model(spec.path, dtype=spec.dtype, device=spec.device)
-        if spec.weights:
+            model = load_model(spec.path, dtype=spec.dtype, device=spec.device, dequantize=spec.weights == "float16")
+        if spec.weights in ("int8", "int4"):
             report(f"quantizing the weights to {spec.weights}", 0.6)
             quantize_weights(model, spec.weights)
+        elif spec.weights == "float16" and model.embed.weight.dtype == torch.float32:
+            model.store_weights(torch.float16)
         report("allocating the KV cache", 0.7)
         engine = cls(model, tokenizer, max_context=spec.max_context, kv_cache=spec.kv_format or "float32")
         engine.spec = spec

@@ -1,25 +1,21 @@
-"""GGUF files (llama.cpp's format) as edge checkpoint folders, converted once into the cache.
+"""GGUF files (llama.cpp's format) as edge checkpoint folders: what loading needs, read once into the cache.
 
-    folder = checkpoint_from_gguf(Path("tinyllama-1.1b-chat.Q4_0.gguf"))
-    engine = Engine.load(folder)         # Engine.load("....gguf") does both; so do edge-chat, edge-bench, edge-export
+    folder = checkpoint_from_gguf(Path("tinyllama-1.1b-chat.Q4_K_M.gguf"))
+    engine = Engine.load(folder)         # Engine.load("....gguf") does both; so do edge-chat, edge-bench, edge-serve
 
-The file is read with the `gguf` package's memory-mapped reader and written, one tensor at a time, as a Hugging
-Face checkpoint folder: config.json from the `{arch}.*` metadata, model.safetensors, and tokenizer.json plus
-tokenizer_config.json from the `tokenizer.ggml.*` keys (edge/gguf_tokenizer.py). The loader, the planner, the
-drafters and the exporter then work on it as on any folder. Families: llama (Llama 2/3.x, TinyLlama, SmolLM,
-Mistral), qwen2 and qwen3 (dense models).
+The file's header is read once with the `gguf` package and written as a small folder: config.json from the
+`{arch}.*` metadata, tokenizer.json and tokenizer_config.json from the `tokenizer.ggml.*` keys
+(edge/gguf_tokenizer.py), and gguf.json, the file's path and its tensors' names, types, shapes and byte offsets. The
+weights stay in the file: edge/gguf_weights.py maps them from there at each load, in their own quantization. Families:
+llama (Llama 2/3.x, TinyLlama, SmolLM, Mistral), qwen2 and qwen3 (dense models).
 
-Weights:
-- float32, float16 and bfloat16 matrices are kept as stored. 1-D tensors (norms), which llama.cpp keeps in float32,
-  are stored in the matrices' dtype when that is exact, else the whole folder is float32: the folder holds the
-  file's numbers, bit for bit.
-- Quantized matrices (q8_0, q4_0, and the other formats `gguf.quants` dequantizes: q4_k, q6_k, ...) are dequantized
-  and stored in float16, within float16's rounding (2^-11 relative; a 32nd of a q8_0 step at most) of the values
-  the file describes. edge runs them as a 16-bit model; `--weights int8` / `int4` requantizes them for edge's
-  kernel, which brings memory near the file's size (as a slightly different model: edge's formats are not
-  llama.cpp's).
+Before anything is written the file is checked whole: every metadata value a model needs, every tensor of every
+layer with the shape the metadata implies, every byte range inside the file. A file that fails is never cached, and
+the error names what is wrong with it.
+
 - llama.cpp permutes the q and k rows of a Llama layer for its rotary layout (convert_hf_to_gguf.py,
-  LlamaModel.permute); they are put back in Hugging Face order.
+  LlamaModel.permute); the index records the head count, and loading puts the rows back in Hugging Face order
+  (whole rows: a quantized row keeps its bytes).
 - A Llama 3 `rope_freqs` tensor becomes config.json's llama3 rope_scaling, checked against the frequencies edge
   computes from it.
 
@@ -41,10 +37,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
-import torch
 
 from edge.config import ModelConfig
 from edge.errors import CheckpointError, EdgeError, UnsupportedModelError
@@ -52,8 +47,8 @@ from edge.gguf_tokenizer import TokenizerFiles
 from edge.rope import inverse_frequencies
 from kernels.cache import cache_folder
 
-CONVERTER_VERSION = 1  # part of the cache key: a change in what a conversion writes redoes old conversions
-CHUNK_ELEMENTS = 1 << 24  # rows are dequantized and written this many values at a time (64 MiB of float32)
+CONVERTER_VERSION = 2  # part of the cache key: a change in what a conversion writes redoes old conversions
+INDEX_FILE = "gguf.json"  # the file's path and tensor table, beside config.json and the tokenizer
 
 
 @dataclass(frozen=True)
@@ -76,8 +71,7 @@ BLOCK_TENSORS = {  # blk.N.<name> -> model.layers.N.<name>
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-_STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-_SAFETENSORS_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def converted_root() -> Path:
@@ -85,8 +79,8 @@ def converted_root() -> Path:
 
 
 def checkpoint_from_gguf(path: str | Path, *, report: Callable[[str], None] | None = None) -> Path:
-    """The checkpoint folder converted from the GGUF file at `path`: from the cache, or converted now (`report`
-    gets one line saying so)."""
+    """The checkpoint folder read from the GGUF file at `path`: from the cache, or read now (`report` gets one line
+    saying so)."""
     path = Path(path)
     try:
         stat = path.stat()
@@ -97,30 +91,30 @@ def checkpoint_from_gguf(path: str | Path, *, report: Callable[[str], None] | No
     name = re.sub(r"[^\w.-]+", "-", path.stem).strip(".-") or "model"
     root = converted_root()
     final = root / key[:20]
-    if (final / name / "config.json").is_file():
+    if (final / name / INDEX_FILE).is_file():
         return final / name
     try:
         root.mkdir(parents=True, exist_ok=True)
         _remove_abandoned(root)
         scratch = Path(tempfile.mkdtemp(prefix=f"{key[:20]}.", suffix=".partial", dir=root))
     except OSError as error:
-        raise CheckpointError(f"cannot write the converted checkpoint under {root} ({error.strerror or error}); "
+        raise CheckpointError(f"cannot write the model's settings under {root} ({error.strerror or error}); "
                               "make it writable or set EDGE_CACHE_DIR to a writable folder") from None
     try:
         reader = _open(path)
         if report is not None:
-            report(f"converting {path.name} ({_file_type(reader)}, {stat.st_size / 2**20:.0f} MiB) once into "
-                   f"{final / name}; later loads read it from there")
+            report(f"reading {path.name} ({_file_type(reader)}, {stat.st_size / 2**20:.0f} MiB) once: its settings "
+                   f"and tokenizer go to {final / name}; the weights stay in the file")
         convert_gguf(path, scratch / name, reader=reader)
         try:
             os.rename(scratch, final)
         except OSError:
-            if not (final / name / "config.json").is_file():  # else another process finished the same conversion
+            if not (final / name / INDEX_FILE).is_file():  # else another process finished the same conversion
                 raise
     except EdgeError:  # a CheckpointError is an OSError too: keep its own message
         raise
     except OSError as error:
-        raise CheckpointError(f"cannot write the converted checkpoint under {root} ({error.strerror or error}); "
+        raise CheckpointError(f"cannot write the model's settings under {root} ({error.strerror or error}); "
                               "free disk space or set EDGE_CACHE_DIR to a folder with room") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -139,25 +133,33 @@ def _remove_abandoned(root: Path, age_s: float = 86400.0) -> None:
 
 def convert_gguf(path: str | Path, folder: Path, *, reader: Any = None) -> dict:
     """Write the checkpoint folder of the GGUF file at `path` (`reader`: the file already open with
-    gguf.GGUFReader) into `folder`, which must not exist; returns its config.json."""
-    reader = reader if reader is not None else _open(Path(path))
-    source_name = Path(path).name
-    metadata = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+    gguf.GGUFReader) into `folder`, which must not exist, after checking the file whole; returns its config.json."""
+    path = Path(path)
+    reader = reader if reader is not None else _open(path)
+    source_name = path.name
+    metadata = {name: _contents(field) for name, field in reader.fields.items() if not name.startswith("GGUF.")}
     arch = metadata.get("general.architecture")
     family = FAMILIES.get(arch)
     if family is None:
         raise UnsupportedModelError(f"{source_name} holds a {arch!r} model; edge runs the GGUF architectures "
                                     f"{', '.join(sorted(FAMILIES))} (load another file or the original checkpoint)")
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    plan = _plan(tensors, metadata, family, source_name)
-    dtype = _storage_dtype(plan)
+    shape = _shape(metadata, arch, tensors, source_name)
+    entries = _index(tensors, shape, family, path.stat().st_size, source_name)
     tokenizer = TokenizerFiles.from_metadata(metadata)
-    config = _config(metadata, arch, family, tensors, tokenizer, dtype, source_name)
+    if len(tokenizer.tokenizer_json["model"]["vocab"]) > shape["vocab"]:
+        raise CheckpointError(f"{source_name}: its tokenizer has {len(tokenizer.tokenizer_json['model']['vocab'])} "
+                              f"tokens but token_embd.weight only {shape['vocab']} rows; the file is damaged or "
+                              "mis-converted: download it again")
+    config = _config(metadata, arch, family, shape, tensors, tokenizer, source_name)
     folder.mkdir(parents=True)
     _write_json(folder / "config.json", config)
     _write_json(folder / "tokenizer.json", tokenizer.tokenizer_json)
     _write_json(folder / "tokenizer_config.json", tokenizer.tokenizer_config)
-    _write_safetensors(folder / "model.safetensors", plan, dtype)
+    stat = path.stat()
+    _write_json(folder / INDEX_FILE, {"file": str(path.resolve()), "size": stat.st_size,
+                                      "mtime_ns": stat.st_mtime_ns, "file_type": _file_type(reader),
+                                      "tensors": entries})
     return config
 
 
@@ -168,10 +170,31 @@ def _open(path: Path):
     from gguf import GGUFReader  # the gguf package costs ~0.2 s to import; only GGUF files need it
 
     try:
-        return GGUFReader(path)
-    except (ValueError, IndexError, OSError, struct.error, UnicodeDecodeError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"{path} is not a readable GGUF file ({reason}); download it again") from None
+        reader = GGUFReader(path)
+        _ = [(tensor.name, tensor.tensor_type) for tensor in reader.tensors]
+        return reader
+    except (ValueError, IndexError, KeyError, OSError, struct.error, UnicodeDecodeError, OverflowError,
+            TypeError) as error:
+        raise CheckpointError(f"{path} is not a readable GGUF file ({_reason(error)}); download it again") from None
+
+
+def _reason(error: Exception) -> str:
+    """A reader's failure in a few words: numpy's own messages (an index out of bounds, a buffer too small) all mean
+    the file ends before what its header describes."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if isinstance(error, (IndexError, struct.error)) or "out of bounds" in text or "buffer" in text or \
+            "mmap" in text or "cannot reshape" in text:
+        return "it ends before the header it starts with, or that header is damaged"
+    if isinstance(error, KeyError) or "is not a valid" in text:
+        return f"an unknown value in its header: {text}"
+    return text[:160]
+
+
+def _contents(field) -> Any:
+    try:
+        return field.contents()
+    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
+        return None
 
 
 def _file_type(reader) -> str:
@@ -186,67 +209,8 @@ def _file_type(reader) -> str:
         return "+".join(sorted(kinds)) or "unknown"
 
 
-@dataclass
-class _Entry:
-    """One Hugging Face tensor of the folder and where its values come from."""
-
-    name: str
-    tensor: Any  # gguf ReaderTensor
-    heads: int | None = None  # q/k rows to put back from llama.cpp's rotary order, in this many heads
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(int(size) for size in reversed(self.tensor.shape.tolist()))  # ggml lists ne0 (columns) first
-
-    @property
-    def kind(self) -> str:
-        return self.tensor.tensor_type.name
-
-
-def _plan(tensors: dict, metadata: dict, family: Family, source_name: str) -> list[_Entry]:
-    arch = metadata["general.architecture"]
-    heads = _number(metadata, arch, "attention.head_count", source_name)
-    kv_heads = _number(metadata, arch, "attention.head_count_kv", source_name, default=heads)
-    plan = []
-    for name, tensor in tensors.items():
-        stem, _, suffix = name.rpartition(".")
-        block = _BLOCK_NAME.fullmatch(name)
-        if name == "rope_freqs.weight":
-            continue  # read into config.json's rope_scaling
-        if stem in GLOBAL_TENSORS and suffix == "weight":
-            plan.append(_Entry(f"{GLOBAL_TENSORS[stem]}.weight", tensor))
-        elif block and block.group(2) in BLOCK_TENSORS:
-            layer, part, kind = block.groups()
-            permuted = {"attn_q": heads, "attn_k": kv_heads}.get(part) if family.rotary_permuted else None
-            plan.append(_Entry(f"model.layers.{layer}.{BLOCK_TENSORS[part]}.{kind}", tensor, permuted))
-        else:
-            raise UnsupportedModelError(f"{source_name} has a tensor {name!r} that a dense {arch} model does not "
-                                        "(a mixture of experts or another variant?); edge cannot run this file")
-        if tensor.tensor_type.name not in _STORED and len(tensor.shape) != 2:
-            raise UnsupportedModelError(f"{source_name}: tensor {name} is a quantized {len(tensor.shape)}-D "
-                                        "tensor; edge reads quantized matrices only")
-    if "token_embd.weight" not in tensors:
-        raise CheckpointError(f"{source_name} has no token_embd.weight; the file is incomplete, download it again")
-    return plan
-
-
-def _storage_dtype(plan: list[_Entry]) -> torch.dtype:
-    """float32, float16 or bfloat16 when every matrix is stored so and the 1-D tensors narrow to it exactly;
-    float16 when matrices are quantized; float32 when a float file's norms would lose bits in its matrices'
-    dtype."""
-    matrix_kinds = {entry.kind for entry in plan if len(entry.shape) == 2}
-    if len(matrix_kinds) == 1 and next(iter(matrix_kinds)) in _STORED:
-        dtype = _STORED[next(iter(matrix_kinds))]
-        for entry in plan:
-            if len(entry.shape) == 1 and entry.kind == "F32":
-                values = torch.from_numpy(np.array(entry.tensor.data, dtype=np.float32))
-                if not torch.equal(values.to(dtype).float(), values):
-                    return torch.float32
-        return dtype
-    return torch.float16
-
-
-def _number(metadata: dict, arch: str, key: str, source_name: str, default: Any = None) -> Any:
+def _number(metadata: dict, arch: str, key: str, source_name: str, default: Any = None, *,
+            positive: bool = True) -> Any:
     value = metadata.get(f"{arch}.{key}", default)
     if value is None:
         raise CheckpointError(f"{source_name} lacks the metadata key {arch}.{key} that a {arch} model needs; the "
@@ -254,7 +218,103 @@ def _number(metadata: dict, arch: str, key: str, source_name: str, default: Any 
     if isinstance(value, list):
         raise UnsupportedModelError(f"{source_name} gives {arch}.{key} per layer; edge runs models whose layers "
                                     "all have the same shape")
+    if positive and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+                     or (isinstance(value, float) and not math.isfinite(value))):
+        raise CheckpointError(f"{source_name}: metadata {arch}.{key} is {value!r}, which no model has (it must be a "
+                              "positive number); the file is damaged or mis-converted: download it again")
     return value
+
+
+def _shape(metadata: dict, arch: str, tensors: dict, source_name: str) -> dict:
+    """The sizes the metadata gives, checked against each other and the embedding."""
+    def number(key: str, default: Any = None) -> Any:
+        return _number(metadata, arch, key, source_name, default)
+
+    hidden, heads, layers = number("embedding_length"), number("attention.head_count"), number("block_count")
+    kv_heads, inner = number("attention.head_count_kv", heads), number("feed_forward_length")
+    if not all(isinstance(value, int) for value in (hidden, heads, layers, kv_heads, inner)):
+        raise CheckpointError(f"{source_name}: the {arch}.* sizes must be whole numbers; the file is damaged")
+    if "attention.key_length" not in str(metadata.keys()) and hidden % heads:
+        raise CheckpointError(f"{source_name}: embedding_length {hidden} is not a multiple of head_count {heads} "
+                              "and the file gives no attention.key_length; the file is damaged")
+    head_dim = number("attention.key_length", hidden // heads)
+    if heads % kv_heads or head_dim % 2:
+        raise CheckpointError(f"{source_name}: head_count {heads}, head_count_kv {kv_heads} and head size "
+                              f"{head_dim} do not make an attention layer; the file is damaged")
+    embedding = tensors.get("token_embd.weight")
+    if embedding is None:
+        raise CheckpointError(f"{source_name} has no token_embd.weight; the file is incomplete, download it again")
+    columns, vocab = (int(size) for size in embedding.shape.tolist()[:2]) if len(embedding.shape) == 2 else (0, 0)
+    if columns != hidden:
+        raise CheckpointError(f"{source_name}: token_embd.weight is {list(embedding.shape)[::-1]} but "
+                              f"embedding_length is {hidden}; the file is damaged or mis-converted")
+    return {"hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "inner": inner,
+            "layers": layers, "vocab": vocab}
+
+
+def _index(tensors: dict, shape: dict, family: Family, file_size: int, source_name: str) -> list[dict]:
+    """Every tensor the model reads, under its Hugging Face name, checked: known, where the metadata says it should
+    be, of the shape it implies, its bytes inside the file; and every layer complete."""
+    hidden, q_rows, kv_rows = shape["hidden"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
+    expected = {"attn_norm": (hidden,), "ffn_norm": (hidden,), "attn_q": (q_rows, hidden),
+                "attn_k": (kv_rows, hidden), "attn_v": (kv_rows, hidden), "attn_output": (hidden, q_rows),
+                "attn_q_norm": (shape["head_dim"],), "attn_k_norm": (shape["head_dim"],),
+                "ffn_gate": (shape["inner"], hidden), "ffn_up": (shape["inner"], hidden),
+                "ffn_down": (hidden, shape["inner"])}
+    biases = {"attn_q": (q_rows,), "attn_k": (kv_rows,), "attn_v": (kv_rows,), "attn_output": (hidden,),
+              "ffn_gate": (shape["inner"],), "ffn_up": (shape["inner"],), "ffn_down": (hidden,)}
+    globals_ = {"token_embd": (shape["vocab"], hidden), "output_norm": (hidden,), "output": (shape["vocab"], hidden)}
+    entries, layers_seen = [], {}
+    for name, tensor in tensors.items():
+        stem, _, suffix = name.rpartition(".")
+        block = _BLOCK_NAME.fullmatch(name)
+        if name == "rope_freqs.weight":
+            continue  # read into config.json's rope_scaling
+        heads = None
+        if stem in GLOBAL_TENSORS and suffix == "weight":
+            hf_name, wanted = f"{GLOBAL_TENSORS[stem]}.weight", globals_[stem]
+        elif block and block.group(2) in BLOCK_TENSORS:
+            layer, part, kind = block.groups()
+            if int(layer) >= shape["layers"]:
+                raise CheckpointError(f"{source_name} has tensor {name} but block_count is {shape['layers']}; the "
+                                      "file is damaged or mis-converted: download it again")
+            wanted = expected[part] if kind == "weight" else biases.get(part)
+            if wanted is None:
+                raise UnsupportedModelError(f"{source_name} has a tensor {name!r} that a dense model does not; edge "
+                                            "cannot run this file")
+            layers_seen.setdefault(int(layer), set()).add(f"{part}.{kind}")
+            if family.rotary_permuted and part in ("attn_q", "attn_k"):
+                heads = shape["heads"] if part == "attn_q" else shape["kv_heads"]
+            hf_name = f"model.layers.{layer}.{BLOCK_TENSORS[part]}.{kind}"
+        else:
+            raise UnsupportedModelError(f"{source_name} has a tensor {name!r} that a dense model does not (a "
+                                        "mixture of experts or another variant?); edge cannot run this file")
+        dims = tuple(int(size) for size in reversed(tensor.shape.tolist()))  # ggml lists ne0 (columns) first
+        while len(dims) > len(wanted) and dims[0] == 1:
+            dims = dims[1:]
+        if dims != wanted:
+            raise CheckpointError(f"{source_name}: tensor {name} is {list(dims)} but the metadata implies "
+                                  f"{list(wanted)}; the file is damaged or mis-converted: download it again")
+        kind_name = tensor.tensor_type.name
+        if len(dims) == 1 and kind_name not in FLOAT_TYPES:
+            raise UnsupportedModelError(f"{source_name}: the 1-D tensor {name} is stored as {kind_name}; edge reads "
+                                        "norms and biases in F32, F16 or BF16")
+        offset, size = int(tensor.data_offset), int(tensor.n_bytes)
+        if offset + size > file_size:
+            raise CheckpointError(f"{source_name} is truncated: tensor {name} ends at byte {offset + size} of a "
+                                  f"{file_size}-byte file; download it again")
+        entries.append({"name": hf_name, "gguf": name, "type": kind_name, "shape": list(dims), "offset": offset,
+                        "bytes": size, "heads": heads})
+    required = {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
+    for layer in range(shape["layers"]):
+        missing = sorted(required - layers_seen.get(layer, set()))
+        if missing:
+            raise CheckpointError(f"{source_name}: layer {layer} of block_count {shape['layers']} has no "
+                                  f"blk.{layer}.{missing[0]}; the file is incomplete or damaged: download it again")
+    if "output_norm.weight" not in tensors:
+        raise CheckpointError(f"{source_name} has no output_norm.weight; the file is incomplete, download it again")
+    return entries
 
 
 def _float32_value(value: float) -> float:
@@ -265,24 +325,22 @@ def _float32_value(value: float) -> float:
 # ---- config.json --------------------------------------------------------------------------------------------
 
 
-def _config(metadata: dict, arch: str, family: Family, tensors: dict, tokenizer: TokenizerFiles,
-            dtype: torch.dtype, source_name: str) -> dict:
+def _config(metadata: dict, arch: str, family: Family, shape: dict, tensors: dict, tokenizer: TokenizerFiles,
+            source_name: str) -> dict:
     def number(key: str, default: Any = None) -> Any:
         return _number(metadata, arch, key, source_name, default)
 
-    hidden, heads = number("embedding_length"), number("attention.head_count")
-    head_dim = number("attention.key_length", hidden // heads)
-    vocab_size = int(tensors["token_embd.weight"].shape[1])
+    kinds = {tensor.tensor_type.name for tensor in tensors.values() if len(tensor.shape) == 2}
     config = {
         "architectures": [family.architecture],
         "model_type": arch,
-        "vocab_size": vocab_size,
-        "hidden_size": hidden,
-        "intermediate_size": number("feed_forward_length"),
-        "num_hidden_layers": number("block_count"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": number("attention.head_count_kv", heads),
-        "head_dim": head_dim,
+        "vocab_size": shape["vocab"],
+        "hidden_size": shape["hidden"],
+        "intermediate_size": shape["inner"],
+        "num_hidden_layers": shape["layers"],
+        "num_attention_heads": shape["heads"],
+        "num_key_value_heads": shape["kv_heads"],
+        "head_dim": shape["head_dim"],
         "rms_norm_eps": _float32_value(number("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": _float32_value(number("rope.freq_base", 10000.0)),
         "max_position_embeddings": number("context_length", 2048),
@@ -292,7 +350,9 @@ def _config(metadata: dict, arch: str, family: Family, tensors: dict, tokenizer:
         "mlp_bias": "blk.0.ffn_gate.bias" in tensors,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_ids,
-        "torch_dtype": str(dtype).removeprefix("torch."),
+        # the matrices' own precision when they are all one float type; quantized files keep their blocks
+        "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(
+            next(iter(kinds)) if len(kinds) == 1 else "", "float16"),
         "gguf_source": source_name,
     }
     scaling = metadata.get(f"{arch}.rope.scaling.type")
@@ -360,58 +420,19 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _write_safetensors(path: Path, plan: list[_Entry], dtype: torch.dtype) -> None:
-    """A safetensors file written one tensor (and for big ones, one slab of rows) at a time: peak memory is one
-    tensor, not the model."""
-    header, offset = {}, 0
-    for entry in plan:
-        size = math.prod(entry.shape) * dtype.itemsize
-        header[entry.name] = {"dtype": _SAFETENSORS_NAMES[dtype], "shape": list(entry.shape),
-                              "data_offsets": [offset, offset + size]}
-        offset += size
-    header["__metadata__"] = {"format": "pt"}
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as handle:
-        handle.write(struct.pack("<Q", len(raw)))
-        handle.write(raw)
-        for entry in plan:
-            for values in _values(entry, dtype):
-                handle.write(values.contiguous().view(torch.uint8).numpy().data)
-
-
-def _values(entry: _Entry, dtype: torch.dtype) -> Iterator[torch.Tensor]:
-    """The entry's values in `dtype`, in slabs of rows (whole, when the rows must be permuted back)."""
-    data = entry.tensor.data
-    rows = entry.shape[0]
-    step = rows if entry.heads is not None or len(entry.shape) == 1 else max(1, CHUNK_ELEMENTS // entry.shape[1])
-    for start in range(0, rows, step):
-        values = _decoded(data[start:start + step], entry.tensor.tensor_type)
-        if entry.heads is not None:
-            values = _unpermute(values, entry.heads)
-        narrowed = values.to(dtype)
-        if dtype != values.dtype and not torch.isfinite(narrowed).all() and torch.isfinite(values).all():
-            raise UnsupportedModelError(f"tensor {entry.name} has values beyond {dtype}'s range; edge cannot "
-                                        "store this file's weights in 16 bits")
-        yield narrowed
-
-
-def _decoded(block: np.ndarray, kind) -> torch.Tensor:
-    """Rows of a GGUF tensor as a torch tensor: float types as stored, quantized ones dequantized to float32."""
-    from gguf.quants import dequantize
-
-    if kind.name in ("F32", "F16"):
-        return torch.from_numpy(np.array(block))
-    if kind.name == "BF16":
-        return torch.from_numpy(np.array(block).view(np.int16)).view(torch.bfloat16)
+def gguf_index(folder: str | Path) -> dict | None:
+    """The tensor index of a folder read from a GGUF file (None for any other folder), checked against the file:
+    a file that changed or moved since is an error naming it."""
+    index_path = Path(folder) / INDEX_FILE
+    if not index_path.is_file():
+        return None
     try:
-        return torch.from_numpy(dequantize(np.array(block), kind))
-    except NotImplementedError:
-        raise UnsupportedModelError(f"the gguf package cannot dequantize {kind.name} tensors; use a file in f16, "
-                                    "q8_0, q4_0 or a k-quant") from None
-
-
-def _unpermute(values: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's LlamaModel.permute: within each head, rows (2, D/2) were interleaved as (D/2, 2)."""
-    shape = values.shape  # (H * D, ...) rows of a q or k projection (or its bias)
-    return values.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        source = Path(index["file"])
+        stat = source.stat()
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"the GGUF file behind {folder} cannot be read ({getattr(error, 'strerror', None) or error}); "
+                              "load the .gguf file itself again") from None
+    if (stat.st_size, stat.st_mtime_ns) != (index["size"], index["mtime_ns"]):
+        raise CheckpointError(f"{source} changed since {folder} was read from it; load the .gguf file itself again")
+    return index

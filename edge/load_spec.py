@@ -30,6 +30,9 @@ DEFAULT_MAX_CONTEXT = 4096
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("torch", "onnx", "torchscript", "torch-export")
 DRAFT_WEIGHTS = ("float32", "bfloat16", *WEIGHT_QUANTIZATIONS)
+# --weights: re-quantize for edge's kernel (int8, int4), or 16-bit matrices computed in float32 (float16: a GGUF
+# file's blocks dequantized, a float32 checkpoint narrowed); None: as stored (a GGUF file in its own quantization)
+LOAD_WEIGHTS = (*WEIGHT_QUANTIZATIONS, "float16")
 DRAFT_KV_CACHES = ("float32", "int8", "int8-int4")
 
 
@@ -55,7 +58,8 @@ class LoadSpec:
     path: Path  # a checkpoint folder or an edge-export bundle (from_options resolves .gguf files and Hub ids)
     dtype: str = "float32"  # what the model computes in
     device: str = "cpu"
-    weights: str | None = None  # int8 / int4: quantize the layers for edge's CPU kernel at load (None: as stored)
+    weights: str | None = None  # LOAD_WEIGHTS: int8 / int4 re-quantize the layers at load, float16 keeps 16-bit
+    #                             matrices (None: as stored)
     max_context: int = DEFAULT_MAX_CONTEXT
     backend: str | None = None  # BACKENDS (None: torch for a folder, the bundle's first for a bundle)
     kv_cache: str | None = None  # KV_CACHE_CHOICES (None: the compute dtype, or hierarchical for quantspec)
@@ -78,10 +82,9 @@ class LoadSpec:
         DraftLength.parse(self.draft_length)  # raises naming the accepted forms
         if not isinstance(self.max_context, int) or isinstance(self.max_context, bool) or self.max_context < 2:
             raise PromptError(f"max_context must be an integer >= 2, got {self.max_context!r}")
-        if self.weights not in (None, *WEIGHT_QUANTIZATIONS):
-            raise CheckpointError(f"weights {self.weights!r}: the load-time quantizations are "
-                                  f"{', '.join(WEIGHT_QUANTIZATIONS)} (leave it out to use the checkpoint's weights "
-                                  "as stored)")
+        if self.weights not in (None, *LOAD_WEIGHTS):
+            raise CheckpointError(f"weights {self.weights!r}: choose one of {', '.join(LOAD_WEIGHTS)} (leave it out "
+                                  "to use the checkpoint's weights as stored)")
         if self.backend not in (None, *BACKENDS):
             raise CheckpointError(f"backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.kv_cache not in (None, *KV_CACHE_CHOICES):

@@ -17,6 +17,7 @@ import torch
 
 from edge.config import ModelConfig
 from edge.errors import CheckpointError, SettingError
+from edge.gguf_checkpoint import gguf_index
 from edge.model import Transformer
 from edge.rope import inverse_frequencies
 from kernels.cpu_matmul import RowwiseMatmul
@@ -263,10 +264,11 @@ def _source_shapes(config: ModelConfig, name: str, fused: tuple[int, ...]) -> li
 
 
 def build_state(
-    mapped: "MappedTensors", config: ModelConfig, dtype: torch.dtype, device: torch.device,
+    mapped, config: ModelConfig, dtype: torch.dtype, device: torch.device,
     bias_dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The model's state dict from mapped checkpoint tensors, one tensor at a time, in `dtype` (biases in
+    """The model's state dict from mapped checkpoint tensors (MappedTensors, or a GGUF file's tensors:
+    edge.gguf_weights.FloatTensors), one tensor at a time, in `dtype` (biases in
     `bias_dtype` when given: the compute dtype, when the weights are stored narrower).
 
     A tensor that is already in the right dtype and device stays a view of the map. One that is fused or converted
@@ -298,25 +300,39 @@ def build_state(
 
 def check_checkpoint(folder: str | Path) -> ModelConfig:
     """The checkpoint's config, after checking what a load reads first, in order: config.json, then that the weight
-    files are there (their headers are read by load_model). The tokenizer comes after these, so an empty or broken
-    folder is reported by its first problem."""
+    files are there (their headers are read by load_model; a folder read from a GGUF file names the file). The
+    tokenizer comes after these, so an empty or broken folder is reported by its first problem."""
     config = ModelConfig.from_dir(folder)
-    weight_files(Path(folder))
+    if gguf_index(folder) is None:
+        weight_files(Path(folder))
     return config
 
 
 def load_model(
-    folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+    folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+    dequantize: bool = False,
 ) -> Transformer:
     """Build the model for `folder` and fill it with its weights, computing in `dtype` on `device`. A float16 or
-    bfloat16 checkpoint computed in float32 on the CPU keeps its weights in their own precision (storage_dtype)."""
+    bfloat16 checkpoint computed in float32 on the CPU keeps its weights in their own precision (storage_dtype). A
+    folder read from a quantized GGUF file keeps the file's quantization on the CPU (edge/gguf_weights.py), unless
+    `dequantize` asks for 16-bit weights."""
     folder = Path(folder)
     config = ModelConfig.from_dir(folder)
     dtype, device = parse_dtype(dtype), torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
-    mapped = load_hf_tensors(folder)
-    source = _single_float_dtype({tensor.dtype for tensor in mapped.tensors.values()})
+    index = gguf_index(folder)
+    if index is not None:
+        from edge import gguf_weights
+
+        kernel = cpu_kernel() if device.type == "cpu" and dtype == torch.float32 else None
+        if gguf_weights.runs_as_blocks(index) and not dequantize and kernel is not None:
+            return gguf_weights.block_model(folder, index, kernel)
+        mapped = gguf_weights.float_tensors(folder, index)
+        source = mapped.source_dtype
+    else:
+        mapped = load_hf_tensors(folder)
+        source = _single_float_dtype({tensor.dtype for tensor in mapped.tensors.values()})
     storage = storage_dtype(source, dtype, device)
     state = build_state(mapped, config, storage, device, bias_dtype=dtype if storage != dtype else None)
     # not `with torch.device("meta")`: that context imports torch._dynamo and sympy (about 70 MiB resident)

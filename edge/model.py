@@ -24,9 +24,11 @@ from torch import nn
 
 from edge.config import ModelConfig
 from edge.errors import UnsupportedModelError
+from edge.block_weights import BlockEmbedding, BlockLinear
 from edge.kv_cache import KVCache, keep_slots
 from edge.packed_weights import PackedLinear
 from edge.rope import apply_rope, inverse_frequencies
+from kernels.block_formats import BlockMatrix
 from kernels.cpu_matmul import ROWWISE_MAX_ROWS, KernelDraft
 from kernels.fused_model import FeatureRows, FusedWeights, KernelHead, ModelEnds, ModelShape
 
@@ -187,8 +189,10 @@ class Transformer(nn.Module):
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         self._fused_weights: FusedWeights | bool | None = None  # made at first use; False: not fusable
-        self.packed_format: str | None = None  # "int8"/"int4": set by edge.packed_weights.quantize_weights
-        self.packed_head: torch.Tensor | None = None  # the head packed in that format
+        # "int8"/"int4": set by edge.packed_weights.quantize_weights; "blocks": a GGUF file's own formats
+        # (edge/gguf_weights.py)
+        self.packed_format: str | None = None
+        self.packed_head = None  # the head in a packed format: int8/int4 bytes, or a BlockMatrix
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
         self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, Dh) each
 
@@ -324,6 +328,8 @@ class Transformer(nn.Module):
         if vocab_subset is None and self.packed_head is not None and self.rowwise is not None:
             flat = hidden.reshape(-1, hidden.shape[-1]).float()  # (B*T, D)
             vocab = self.config.vocab_size
+            if isinstance(self.packed_head, BlockMatrix):
+                return self.rowwise.blocks(flat, self.packed_head).view(*hidden.shape[:-1], vocab)  # (B, T, V)
             return self.rowwise.quantized(flat, self.packed_head, self.packed_format, vocab).view(
                 *hidden.shape[:-1], vocab)  # (B, T, V)
         weight = self.head_weight  # (V, D)
@@ -349,7 +355,8 @@ class Transformer(nn.Module):
     def _build_fused_weights(self) -> FusedWeights | None:
         """The layers handed to the fused C calls, or None where one is not a Block of Linear projections
         (PackedLinear ones when packed) or holds weights the kernel does not read (offloaded, QuantizedLinear)."""
-        matrix_type, matrix = (PackedLinear, "packed") if self.packed_format else (Linear, "weight")
+        matrix_type, matrix = {"blocks": (BlockLinear, "table_entry"), None: (Linear, "weight")}.get(
+            self.packed_format, (PackedLinear, "packed"))
         tensors = [block.kernel_tensors(matrix_type, matrix) if isinstance(block, Block) else None
                    for block in self.layers]
         if None in tensors:
@@ -359,7 +366,8 @@ class Transformer(nn.Module):
                            config.intermediate_size, config.rms_norm_eps)
         windows = [block.attn.sliding_window or 0 for block in self.layers]
         # replaced when the last layer, or its first matrix, is not the one the pointers were taken from
-        watch = ((self.layers._modules, str(len(self.layers) - 1)), (last.attn.wqkv._parameters, matrix))
+        slots = last.attn.wqkv._buffers if matrix == "table_entry" else last.attn.wqkv._parameters
+        watch = ((self.layers._modules, str(len(self.layers) - 1)), (slots, matrix))
         return FusedWeights.build(self.rowwise, shape, tensors, windows, self.packed_format, watch)
 
     @property
@@ -379,11 +387,16 @@ class Transformer(nn.Module):
 
     def _kernel_ends(self, head: KernelHead | None = None) -> ModelEnds:
         """The embedding, final norm and `head` (default: this model's) as a whole pass in one C call reads them."""
-        return ModelEnds(self.embed.weight, self.norm.weight, head if head is not None else self.kernel_head())
+        head = head if head is not None else self.kernel_head()
+        if isinstance(self.embed, BlockEmbedding):
+            return ModelEnds(self.embed.table_entry, self.norm.weight, head, embed_format="blocks")
+        return ModelEnds(self.embed.weight, self.norm.weight, head)
 
     def kernel_head(self, rows: int | None = None) -> KernelHead:
         """This head as the fused C calls read it: the packed one when there is one and every row is wanted (as
         logits() does), else the leading `rows` float rows (a draft vocabulary padded beyond the target's)."""
+        if isinstance(self.packed_head, BlockMatrix) and rows in (None, self.config.vocab_size):
+            return KernelHead(self.packed_head.table_entry, self.config.vocab_size, packed_format="blocks")
         if self.packed_head is not None and rows in (None, self.config.vocab_size):
             return KernelHead(self.packed_head, self.config.vocab_size, packed_format=self.packed_format)
         weight = self.head_weight if rows is None else self.head_weight[:rows]  # (V', D): leading rows, contiguous
@@ -425,7 +438,7 @@ class Transformer(nn.Module):
         for module in linears:
             module.rowwise, module.max_rows = self.rowwise, max_rows
         for module in self.modules():
-            if isinstance(module, PackedLinear):
+            if isinstance(module, (PackedLinear, BlockLinear)):
                 module.rowwise, module.max_rows = self.rowwise, max_rows
         self.rowwise_max_rows = max_rows
 

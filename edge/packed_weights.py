@@ -49,7 +49,8 @@ class PackedLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Module, fmt: str, rowwise) -> "PackedLinear":
-        """From a float Linear, or from another PackedLinear (re-quantizing what its codes stand for)."""
+        """From a float Linear, or from another PackedLinear or a BlockLinear (re-quantizing what its codes stand
+        for)."""
         if isinstance(linear, PackedLinear):
                     weight = dequantize(linear.packed.data, linear.format, linear.out_features, linear.in_features)
         else:
@@ -73,7 +74,7 @@ def quantization_problem(model, fmt: str) -> str | None:
     if getattr(model, "rowwise", None) is None:
         return (f"{fmt} weights run on edge's CPU kernel, which is not available here (it needs a C compiler with "
                 "OpenMP)")
-    if model.packed_format not in (None, fmt):
+    if model.packed_format not in (None, fmt, "blocks"):
         return f"this model's weights are already {model.packed_format}; load it again to quantize to {fmt}"
     return None
 

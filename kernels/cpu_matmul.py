@@ -6,6 +6,7 @@ OpenMP); callers then use torch's matmul, which is fast but not batch-invariant.
     matmul.path                        # "avx2", "avx512-vnni", "neon-dotprod", "portable", ...
     y = matmul(x, weight, bias)        # x (..., K) float32, weight (N, K) float32/bfloat16/float16 -> (..., N) float32
     y = matmul.quantized(x, packed, "int4", N, bias)   # packed by kernels/cpu_packing.py
+    y = matmul.blocks(x, matrix, bias)                 # llama.cpp's block formats (kernels/block_formats.py)
 
 Set EDGE_ROWWISE_MATMUL=0 to turn the kernel off.
 """
@@ -26,9 +27,10 @@ import torch
 from kernels import cpu_paths
 
 log = logging.getLogger(__name__)
-# the C side's WEIGHTS_F32 / BF16 / F16 / I8 / I4 (int8, int4: packed matrices, float32 norms)
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
-WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "int4": 4}
+# the C side's WEIGHTS_F32 / BF16 / F16 / I8 / I4 / BLOCKS (int8, int4: packed matrices; blocks: a BlockMatrix of
+# llama.cpp's block formats, kernels/block_formats.py; float32 norms beside both)
+WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "int4": 4, "blocks": 5}
 FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -95,6 +97,7 @@ class RowwiseMatmul:
         pointer, size = ctypes.c_void_p, ctypes.c_int64
         self.threads: int | None = None  # None: torch's thread count at each call
         self._kept = threading.local()  # this thread's scratch for passes of a few rows (_scratch)
+        self.library = library
         library.kernel_path.restype = ctypes.c_char_p
         self.path: str = library.kernel_path().decode()
         self._matmul = library.rowwise_matmul
@@ -197,6 +200,17 @@ class RowwiseMatmul:
         out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)  # (..., N)
         self._matmul(x.data_ptr(), packed.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
                      x.numel() // in_features, out_features, in_features, WEIGHT_FORMATS[fmt], self.thread_count())
+        return out
+
+    def blocks(self, x: torch.Tensor, matrix, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x (..., K) float32 through a BlockMatrix (kernels/block_formats.py) -> (..., N) float32; activations
+        quantized to 8 bits per block as llama.cpp does, batch-invariant like the other formats."""
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], matrix.rows), dtype=torch.float32)  # (..., N)
+        self._matmul(x.data_ptr(), matrix.address, bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                     x.numel() // matrix.columns, matrix.rows, matrix.columns, WEIGHT_FORMATS["blocks"],
+                     self.thread_count())
         return out
 
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,

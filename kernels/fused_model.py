@@ -45,7 +45,7 @@ class KernelHead(NamedTuple):
     weight: torch.Tensor
     rows: int  # tokens it scores
     token_ids: torch.Tensor | None = None  # (rows,) int64: each row's token (a trimmed head); None: row v is token v
-    packed_format: str | None = None  # "int8" / "int4" (kernels/cpu_packing.py)
+    packed_format: str | None = None  # "int8" / "int4" (kernels/cpu_packing.py), "blocks" (a BlockMatrix's entry)
 
     @property
     def format(self) -> str | None:
@@ -56,9 +56,15 @@ class KernelHead(NamedTuple):
 class ModelEnds(NamedTuple):
     """What a whole pass reads beside the layers."""
 
-    embed: torch.Tensor  # (V, D)
+    embed: torch.Tensor  # (V, D), or a BlockMatrix's table entry (embed_format "blocks")
     norm: torch.Tensor  # (D,) the final norm's weight
     head: KernelHead
+    embed_format: str | None = None  # None: the embedding's dtype
+
+    @property
+    def embedding_format(self) -> str | None:
+        """Its C format name, None where the kernel does not read it."""
+        return self.embed_format or FLOAT_FORMATS.get(self.embed.dtype)
 
 
 class FeatureRows(NamedTuple):
@@ -88,7 +94,8 @@ class FusedWeights:
     def build(cls, matmul: RowwiseMatmul, shape: ModelShape, layers: list[tuple], windows: list[int],
               packed_format: str | None = None, watch: Iterable[tuple[dict, str]] = ()) -> "FusedWeights | None":
         """From each layer's tensors in TABLE_KINDS order: float matrices (float32, or 16-bit widened in registers)
-        with norms alike, or matrices packed in `packed_format` ("int8" / "int4", uint8 bytes) with float32 norms;
+        with norms alike, or matrices packed in `packed_format` ("int8" / "int4", uint8 bytes; "blocks", each a
+        BlockMatrix's table entry) with float32 norms;
         float32 biases; all contiguous. None where they are not (or heads are wider than the kernel rotates).
         `watch`: (mapping, key) slots, such as a module's _parameters and a name, whose contents replaced() checks."""
         matrix_dtype = torch.uint8 if packed_format else layers[0][1].dtype
@@ -172,12 +179,12 @@ class FusedWeights:
     def _view(self, ends: ModelEnds) -> ModelView | None:
         """The ModelView of these layers with `ends`, made once per embedding, norm and head; None where the kernel
         does not read one of them."""
-        embed, norm, head = ends
+        embed, norm, head, _ = ends
         key = (embed.data_ptr(), norm.data_ptr(), head.weight.data_ptr(), head.rows)  # kept tensors keep addresses
         kept = self._views.get(key)
         if kept is not None:
             return kept[0]
-        if not (embed.dtype in FLOAT_FORMATS and norm.dtype in FLOAT_FORMATS and head.format is not None
+        if not (ends.embedding_format is not None and norm.dtype in FLOAT_FORMATS and head.format is not None
                 and embed.is_contiguous() and head.weight.is_contiguous()):
             return None
         if len(self._views) == KEPT_VIEWS:
@@ -193,9 +200,9 @@ class FusedWeights:
                          eps=shape.eps, scale=shape.head_dim ** -0.5, format=weight_format(self.format),
                          weights=self._table.data_ptr(), windows=self._windows.data_ptr())
         if ends is not None:
-            embed, norm, head = ends
+            embed, norm, head, _ = ends
             view.V, view.head, view.head_format = head.rows, head.weight.data_ptr(), weight_format(head.format)
-            view.embed, view.embed_format = embed.data_ptr(), weight_format(embed.dtype)
+            view.embed, view.embed_format = embed.data_ptr(), weight_format(ends.embedding_format)
             view.norm, view.norm_format = norm.data_ptr(), weight_format(norm.dtype)
         return view
 

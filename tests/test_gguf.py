@@ -11,12 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf_files
+import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 from gguf import GGUFWriter
 from gguf_files import reference_folder, write_gguf
-from safetensors import safe_open
 
 from edge import CheckpointError, Engine, UnsupportedModelError, gguf_checkpoint
+from edge.block_weights import BlockEmbedding
+from edge.loading import load_model
+from kernels import cpu_paths
 from edge.gguf_checkpoint import checkpoint_from_gguf
 from edge.gguf_tokenizer import (
     PRE_TOKENIZERS,
@@ -41,30 +47,204 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf_checkpoint, "converted_root", lambda: tmp_path / "cache")
 
 
-def greedy(model, drafter: str | None = None) -> list[int]:
-    engine = Engine.load(model, max_context=128, drafter=drafter)
+def greedy(model, drafter: str | None = None, **options) -> list[int]:
+    engine = Engine.load(model, max_context=128, drafter=drafter, **options)
     return [token for event in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True)
             for token in event.token_ids]
 
 
-def stored_dtypes(folder) -> set[str]:
-    with safe_open(folder / "model.safetensors", "pt") as weights:
-        return {weights.get_slice(name).get_dtype() for name in weights.keys()}
+@pytest.fixture(scope="module")
+def wide_dir(tmp_path_factory, tokenizer_dir):
+    """A llama3 checkpoint whose matrices are whole blocks of 256 (what the k-quants need)."""
+    from conftest import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("wide"), "llama3", tokenizer_dir, hidden_size=256,
+                            intermediate_size=512)
 
 
-@pytest.mark.parametrize("qtype", ["f32", "f16", "bf16", "q8_0", "q4_0"])
-def test_a_gguf_file_decodes_as_its_weights_from_safetensors(llama_dir, tmp_path, qtype):
+def test_the_cache_keeps_only_what_loading_needs(llama_dir, tmp_path):
+    """Settings, tokenizer and the tensor index: the weights stay in the file."""
+    engine = Engine.load(write_gguf(llama_dir, tmp_path / "tiny.q8_0.gguf", "q8_0"), max_context=128)
+    assert engine.spec.path.name == "tiny.q8_0" and engine.spec.path.is_relative_to(tmp_path / "cache")
+    assert sorted(path.name for path in engine.spec.path.iterdir()) == [
+        "config.json", "gguf.json", "tokenizer.json", "tokenizer_config.json"]
+    assert sum(path.stat().st_size for path in engine.spec.path.iterdir()) < 200_000
+
+
+@pytest.mark.parametrize("qtype", ["f32", "f16", "bf16"])
+def test_a_float_gguf_file_decodes_as_its_weights_from_safetensors(llama_dir, tmp_path, qtype):
     """Llama 3 (rope_freqs, q/k rows permuted by llama.cpp): the file's greedy output equals the checkpoint holding
     the same values, plain and speculative; f32 equals the original checkpoint itself."""
     gguf = write_gguf(llama_dir, tmp_path / f"tiny.{qtype}.gguf", qtype)
-    engine = Engine.load(gguf, max_context=128)
-    assert engine.spec.path.name == f"tiny.{qtype}" and engine.spec.path.is_relative_to(tmp_path / "cache")
-    assert stored_dtypes(engine.spec.path) == {{"f32": "F32", "bf16": "BF16"}.get(qtype, "F16")}
     expected = greedy(reference_folder(llama_dir, tmp_path / "reference", qtype))
-    assert [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids] == expected
+    assert greedy(gguf) == expected
     assert greedy(gguf, drafter="early-exit:1") == expected
     if qtype == "f32":
         assert expected == greedy(llama_dir)
+
+
+QUANTIZED = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m"]
+
+
+def quantized_file(qtype: str, llama_dir, wide_dir, tmp_path, **types):
+    """A file of the type (k-quants on the wide checkpoint; `types` overrides some tensors' types) and what it holds,
+    dequantized, in float32."""
+    folder = wide_dir if qtype.startswith(("q4_k", "q5_k", "q6_k")) else llama_dir
+    kind = {**(gguf_files.Q4_K_M if qtype == "q4_k_m" else {"default": qtype}), **types}
+    name = "-".join([qtype, *types.values()])
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return (write_gguf(folder, tmp_path / f"tiny.{name}.gguf", kind),
+            reference_folder(folder, tmp_path / f"reference-{name}", kind, torch.float32))
+
+
+def quantized_activations(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x (..., K) as llama.cpp quantizes a matmul's input for a type with `block`-weight blocks (32: its Q8_0, with a
+    float16 scale; 256: its Q8_K): the values the 8-bit codes and scale stand for."""
+    blocks = x.reshape(*x.shape[:-1], -1, block)
+    top = blocks.abs().amax(-1, keepdim=True)
+    full = torch.full_like(top, 127.0)  # tensor / tensor: torch computes a Python number / tensor as a reciprocal
+    inverse = torch.where(top > 0, full / top, torch.zeros_like(top))  # times it, an ulp off a true division
+    codes = torch.round(blocks * inverse).clamp(-127, 127)  # ties to even, as the kernel and llama.cpp's x86 code
+    scale = (top / full).half().float() if block == 32 else torch.where(top > 0, torch.ones_like(top) / inverse, top)
+    return (codes * scale).reshape(x.shape)
+
+
+def block_mins(weight: torch.Tensor, qtype: str) -> torch.Tensor:
+    """(N, K) -> (N, K / 32) the mins m of its Q4_1 / Q5_1 blocks (float16 after the scale d in each block)."""
+    raw = gguf_files.quantized(weight.numpy(), qtype).reshape(weight.shape[0], -1, 20 if qtype == "q4_1" else 24)
+    return torch.from_numpy(raw[:, :, 2:4].copy().view(np.float16).astype(np.float32)[..., 0])
+
+
+def llama_cpp_matmul(x: torch.Tensor, weight: torch.Tensor, bias, block: int, mins: torch.Tensor | None):
+    """x @ weight.T (+ bias) as llama.cpp computes it: x quantized for the type's blocks; for Q4_1 / Q5_1 each block's
+    d q and m terms apart, m times the block's code sum kept in float16 (its Q8_1 `s`)."""
+    quantized = quantized_activations(x, block)
+    if mins is None:
+        return F.linear(quantized, weight, bias)
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    top = blocks.abs().amax(-1)
+    full = torch.full_like(top, 127.0)
+    sums = torch.round(blocks * torch.where(top > 0, full / top, torch.zeros_like(top))[..., None]).sum(-1)
+    scaled_sums = (sums * (top / full)).half().float()  # (..., K / 32)
+    out = F.linear(quantized, weight - mins.repeat_interleave(32, dim=1)) + F.linear(scaled_sums, mins)
+    return out if bias is None else out + bias
+
+
+def llama_cpp_logits(folder: Path, tokens: torch.Tensor, qtype: str) -> torch.Tensor:
+    """The logits of the float model holding a file's values, each matmul as llama.cpp computes it for `qtype` (every
+    projection and the head in that type)."""
+    model = load_model(folder)
+    model.use_rowwise_matmul(None)  # torch's matmul, through each module (replaced below)
+    block = 256 if qtype.endswith("_k") else 32
+    minned = qtype in ("q4_1", "q5_1")
+
+    def emulate(module) -> None:
+        weight = module.weight.float()
+        mins = block_mins(weight, qtype) if minned else None
+        module.forward = lambda x: llama_cpp_matmul(x, weight, module.bias, block, mins)
+
+    for layer in model.layers:
+        for module in (layer.attn.wqkv, layer.attn.wo, layer.ffn.w_gate_up, layer.ffn.w_down):
+            emulate(module)
+    head = model.head_weight.float()
+    with torch.inference_mode():
+        hidden = model(tokens, 0, model.new_cache(64))[0]  # (T, D)
+        return llama_cpp_matmul(hidden, head, None, block, block_mins(head, qtype) if minned else None)
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED)
+def test_a_quantized_file_runs_in_its_own_types(llama_dir, wide_dir, tmp_path, qtype):
+    """Every matrix, the embedding and the head keep the file's types (no 16-bit copy). The logits are those of plain
+    float32 arithmetic on the file's values within what 8-bit activations move (3% here for the 32-weight types, 8%
+    for the k-quants' 256-wide blocks), and those of llama.cpp's arithmetic (activations quantized per 32 or 256)
+    within 3%: each matmul alone is llama.cpp's within float rounding (test_block_formats.py), but a last-bit
+    difference in a norm or the attention flips an activation's 8-bit code where it lies on a rounding tie, and the
+    flip travels on. Greedy speculation equals plain decoding."""
+    gguf, reference = quantized_file(qtype, llama_dir, wide_dir, tmp_path)
+    engine = Engine.load(gguf, max_context=128)
+    model = engine.model
+    assert model.packed_format == "blocks" and isinstance(model.embed, BlockEmbedding)
+    types = {fmt for block in model.layers for linear in (block.attn.wqkv, block.attn.wo, block.ffn.w_gate_up,
+                                                           block.ffn.w_down) for fmt in linear.matrix.formats}
+    assert types == ({"q4_k", "q6_k"} if qtype == "q4_k_m" else {qtype})
+    assert not any(p.is_floating_point() and p.dim() == 2 for p in model.parameters())  # no float matrices
+    float_model = load_model(reference)
+    tokens = torch.tensor([Tokenizer.from_dir(reference).encode(PROMPT)])
+    with torch.inference_mode():
+        got = model.forward_logits(tokens, 0, model.new_cache(64))[0]  # (T, V)
+        plain = float_model.forward_logits(tokens, 0, float_model.new_cache(64))[0]
+    k_quant = qtype.startswith(("q4_k", "q5_k", "q6_k"))
+    assert (got - plain).norm() / plain.norm() < (0.08 if k_quant else 0.03)
+    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+    assert greedy(gguf, drafter="early-exit:1") == plain
+    assert greedy(gguf, drafter="ngram") == plain
+    emulated = llama_cpp_logits(reference, tokens, "q4_k" if qtype == "q4_k_m" else qtype)
+    assert (got - emulated).norm() / emulated.norm() < 0.03
+
+
+@pytest.mark.parametrize("path", cpu_paths.runnable_paths())
+def test_greedy_speculation_equals_plain_decoding_on_every_path(llama_dir, wide_dir, tmp_path, monkeypatch, path):
+    monkeypatch.setenv("EDGE_CPU_KERNEL", path)
+    for qtype in ("q4_1", "q5_0", "q4_k_m", "q5_k"):
+        gguf, _ = quantized_file(qtype, llama_dir, wide_dir, tmp_path / qtype)
+        plain = Engine.load(gguf, max_context=128)
+        assert plain.model.rowwise.path.startswith(path)
+        expected = [t for e in plain.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+        assert greedy(gguf, drafter="early-exit:2") == expected, qtype
+
+
+def test_weights_float16_dequantizes_and_int4_requantizes(llama_dir, tmp_path):
+    """--weights float16: the file's values in 16 bits (what earlier versions ran); --weights int4: edge's own
+    format, re-quantized from them."""
+    gguf = write_gguf(llama_dir, tmp_path / "tiny.q4_0.gguf", "q4_0")
+    assert greedy(gguf, weights="float16") == greedy(reference_folder(llama_dir, tmp_path / "reference", "q4_0"))
+    engine = Engine.load(gguf, max_context=128, weights="int4")
+    assert engine.model.packed_format == "int4"
+    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+    assert greedy(gguf, weights="int4", drafter="early-exit:1") == plain
+
+
+def test_a_type_the_kernel_does_not_run_is_one_line_naming_it(wide_dir, tmp_path):
+    """TQ1_0 (ternary): refused with the types that run and what dequantizing would cost; --weights float16 runs it
+    dequantized."""
+    gguf = write_gguf(wide_dir, tmp_path / "tiny.tq1_0.gguf", {"default": "q8_0", "ffn_up": "tq1_0"})
+    with pytest.raises(UnsupportedModelError, match=r"holds TQ1_0 tensors, which edge's kernel does not run \(it "
+                                                    r"runs Q4_0, .*Q6_K.*--weights float16") as caught:
+        Engine.load(gguf)
+    assert "\n" not in str(caught.value)
+    assert len(greedy(gguf, weights="float16")) == 24
+
+
+def damaged(llama_dir, tmp_path, name: str, **changes) -> Path:
+    return write_gguf(llama_dir, tmp_path / name, "q8_0", **changes)
+
+
+@pytest.mark.parametrize("case, changes, message", [
+    ("no-heads", dict(metadata={"attention.head_count": 0}), "head_count is 0, which no model has"),
+    ("short-embedding", dict(keep=lambda name, values: values[:200] if name in ("token_embd.weight", "output.weight")
+                             else values),
+     "its tokenizer has 3.. tokens but token_embd.weight only 200 rows"),
+    ("missing-layer", dict(keep=lambda name, values: None if name.startswith("blk.2.") else values),
+     "layer 2 of block_count 3 has no blk.2.attn_k.weight"),
+])
+def test_a_damaged_file_is_one_line_and_never_cached(llama_dir, tmp_path, case, changes, message):
+    gguf = damaged(llama_dir, tmp_path, f"{case}.gguf", **changes)
+    with pytest.raises(CheckpointError, match=message) as caught:
+        Engine.load(gguf)
+    assert "\n" not in str(caught.value)
+    assert not [path for path in (tmp_path / "cache").glob("*") if not path.name.endswith(".partial")]
+
+
+def test_a_truncated_file_says_so(llama_dir, tmp_path):
+    gguf = write_gguf(llama_dir, tmp_path / "cut.gguf", "q8_0")
+    data = gguf.read_bytes()
+    gguf.write_bytes(data[:-5000])
+    with pytest.raises(CheckpointError, match="is truncated: tensor .* ends at byte|it ends before"):
+        Engine.load(gguf)
+    gguf.write_bytes(data[:3000])
+    with pytest.raises(CheckpointError, match="not a readable GGUF file") as caught:
+        Engine.load(gguf)
+    assert "index" not in str(caught.value) and "axis" not in str(caught.value)
 
 
 @pytest.mark.parametrize("family", ["smollm", "qwen2", "qwen3", "llama_bias_linear_rope"])
@@ -142,14 +322,14 @@ def test_a_conversion_is_made_once_and_redone_when_the_file_changes(llama_dir, t
     assert checkpoint_from_gguf(gguf, report=said.append) != folder and len(said) == 2
 
 
-def test_edge_chat_runs_a_gguf_file_and_says_it_converted_it(llama_dir, tmp_path, capsys):
+def test_edge_chat_runs_a_gguf_file_and_says_it_read_it(llama_dir, tmp_path, capsys):
     from tui.cli import main as chat_main
 
     gguf = write_gguf(llama_dir, tmp_path / "tiny.q4_0.gguf", "q4_0")
     assert chat_main([str(gguf), "--prompt", "hi", "--max-new-tokens", "4", "--raw"]) == 0
-    assert "converting tiny.q4_0.gguf (q4_0" in capsys.readouterr().err
+    assert "reading tiny.q4_0.gguf (q4_0" in capsys.readouterr().err
     assert chat_main([str(gguf), "--prompt", "hi", "--max-new-tokens", "4", "--raw"]) == 0
-    assert "converting" not in capsys.readouterr().err  # the second run reads the cached folder
+    assert "reading" not in capsys.readouterr().err  # the second run reads the cached folder
 
 
 def test_a_file_that_is_not_gguf_is_one_line(tmp_path):

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_paths
+from kernels.block_formats import FORMATS as BLOCK_FORMATS
+from kernels.block_formats import BlockMatrix
 from kernels.cpu_matmul import RowwiseMatmul
 from kernels.cpu_packing import pack_int4, pack_int8
 from kernels.kv_quant import dequantize, quantize
@@ -77,6 +79,22 @@ def test_matmul_on_aarch64(driver, fmt, shape):
         assert torch.equal(whole, host)
     else:
         torch.testing.assert_close(whole, F.linear(x, stored.float(), bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(BLOCK_FORMATS))
+def test_block_formats_on_aarch64(driver, name):
+    """llama.cpp's block formats (csrc/matmul_blocks.c): the ARM code gives this machine's bits exactly, and each row
+    alone what it gives beside others."""
+    from test_block_formats import random_file
+
+    _, program = driver
+    rows, n, k = 5, 40, 512
+    data = random_file(name, n, k, seed=9)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(10))
+    _, out = run(program, ["blocks", BLOCK_FORMATS[name].number, rows, n, k], [x, torch.from_numpy(data)], rows * n)
+    whole, single = out[: rows * n].view(rows, n), out[rows * n:].view(rows, n)
+    assert torch.equal(whole, single), "a row's result depends on the rows beside it"
+    assert torch.equal(whole, RowwiseMatmul.load().blocks(x, BlockMatrix.from_file(name, data, n, k)))
 
 
 @pytest.mark.parametrize("window", [0, 7])

@@ -108,7 +108,7 @@ def test_drafter_specs_are_parsed_in_one_place_with_one_message(tmp_path):
 
 
 def test_bad_load_options_name_the_option(llama_dir):
-    for options, message in (({"weights": "int2"}, "load-time quantizations"), ({"kv_cache": "int3"}, "KV cache"),
+    for options, message in (({"weights": "int2"}, "weights .int2.: choose one of"), ({"kv_cache": "int3"}, "KV cache"),
                              ({"draft_weights": "fp8"}, "draft weights"), ({"max_context": 1}, "max_context"),
                              ({"backend": "tensorrt"}, "backend"), ({"draft_vocab": "v.json"}, "pass a drafter")):
         with pytest.raises(EdgeError, match=message):

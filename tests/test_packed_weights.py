@@ -173,7 +173,7 @@ def test_int8_quarters_and_int4_eighths_the_layers_memory(checkpoint_factory):
 
 
 def test_bad_weight_requests_are_one_line_errors(llama_dir, checkpoint_factory):
-    with pytest.raises(EdgeError, match="the load-time quantizations are int8, int4"):
+    with pytest.raises(EdgeError, match="choose one of int8, int4, float16"):
         Engine.load(llama_dir, weights="int2")
     with pytest.raises(UnsupportedModelError, match="float32"):
         Engine.load(llama_dir, weights="int4", dtype="bfloat16")

@@ -6,7 +6,17 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "blocks.h"
 #include "simd.h"
+
+/* out (D) = embedding row `token` in `format` (a BlockMatrix of llama.cpp's blocks is dequantized row by row) */
+static void embedding_row(const void *embed, int format, int64_t token, int64_t D, float *out) {
+    if (format == WEIGHTS_BLOCKS) {
+        block_matrix_row(embed, D, token, out);
+        return;
+    }
+    for (int64_t d = 0; d < D; d++) out[d] = weight_at(embed, token * D + d, format);
+}
 
 static void rms_norm_rows(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int format) {
     for (int64_t t = 0; t < T; t++) {
@@ -175,8 +185,7 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
                       float *hidden, float *logits, float *scratch, int threads) {
     const int64_t D = m->D;
     float *x = scratch, *layer_scratch = scratch + T * D;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t d = 0; d < D; d++) x[t * D + d] = weight_at(m->embed, tokens[t] * D + d, m->embed_format);
+    for (int64_t t = 0; t < T; t++) embedding_row(m->embed, m->embed_format, tokens[t], D, x + t * D);
     void *prepared = layers_prepared(m, T);
 #pragma omp parallel num_threads(threads)
     {
@@ -225,8 +234,7 @@ int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T
     const float *step_features = features;
     for (int64_t i = 0; i < k; i++) {
         for (int64_t t = 0; t < T; t++) {
-            float *row = fc ? joined + t * 2 * D + D : x + t * D;
-            for (int64_t d = 0; d < D; d++) row[d] = weight_at(embed, step_tokens[t] * D + d, embed_format);
+            embedding_row(embed, embed_format, step_tokens[t], D, fc ? joined + t * 2 * D + D : x + t * D);
             if (fc) memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
         }
         if (fc) rowwise_matmul(joined, fc, NULL, x, T, D, 2 * D, format, threads);

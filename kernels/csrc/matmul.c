@@ -4,11 +4,13 @@
 #include <omp.h>
 #include <stdlib.h>
 
-#include "simd.h"
+#include "blocks.h"
+#include "quantized.h"
 
 void *prepared_alloc(int64_t M, int64_t K) {
     const int64_t int8 = int8_prepared_bytes(M, K), int4 = int4_prepared_bytes(M, K);
-    void *prepared = malloc(int8 > int4 ? int8 : int4);
+    const int64_t blocks = blocks_prepared_bytes(M, K), packed = int8 > int4 ? int8 : int4;
+    void *prepared = aligned_alloc(64, round_up(packed > blocks ? packed : blocks, 64));
     if (prepared == NULL) abort();  /* M rows of int8 codes: far smaller than the weights; nothing to do without */
     return prepared;
 }
@@ -24,6 +26,8 @@ void team_matmul(const float *x, const void *w, const float *bias, float *y, int
     } else if (format == WEIGHTS_I4) {
         int4_prepare_share(x, M, K, 0, prepared, part, parts);
         int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
+    } else if (format == WEIGHTS_BLOCKS) {
+        blocks_matmul_team(x, w, bias, y, M, N, K, prepared, part, parts);
     } else {
         float_matmul_share(format, x, w, bias, y, M, N, K, part, parts);
     }
@@ -63,7 +67,8 @@ void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float 
  * matmul_int8.c and matmul_int4.c) into y (M, N). kernels/cpu_matmul.py calls it for every format. */
 void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int format, int threads) {
-    void *prepared = format == WEIGHTS_I8 || format == WEIGHTS_I4 ? prepared_alloc(M, K) : NULL;
+    void *prepared = format == WEIGHTS_I8 || format == WEIGHTS_I4 || format == WEIGHTS_BLOCKS ? prepared_alloc(M, K)
+                                                                                                : NULL;
 #pragma omp parallel num_threads(threads)
     team_matmul(x, w, bias, y, M, N, K, format, prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);

@@ -57,7 +57,23 @@ static inline simde__m512i emulated_cvtepu16_epi32(simde__m256i halves) {
     for (int i = 0; i < 16; i++) out[i] = bits[i];
     return simde_mm512_loadu_si512(out);
 }
+static inline simde__m512i emulated_cvtepi8_epi32(simde__m128i bytes) {
+    int8_t in[16];
+    int32_t out[16];
+    simde_mm_storeu_si128((simde__m128i *)in, bytes);
+    for (int i = 0; i < 16; i++) out[i] = in[i];
+    return simde_mm512_loadu_si512(out);
+}
+static inline simde__m512i emulated_cvtepu8_epi32(simde__m128i bytes) {
+    uint8_t in[16];
+    int32_t out[16];
+    simde_mm_storeu_si128((simde__m128i *)in, bytes);
+    for (int i = 0; i < 16; i++) out[i] = in[i];
+    return simde_mm512_loadu_si512(out);
+}
 #define _mm512_cvtph_ps emulated_cvtph_ps
+#define _mm512_cvtepi8_epi32 emulated_cvtepi8_epi32
+#define _mm512_cvtepu8_epi32 emulated_cvtepu8_epi32
 #define _mm512_cvtepu16_epi32 emulated_cvtepu16_epi32
 #define _mm512_cvtepi32_ps emulated_cvtepi32_ps
 #define _mm512_extractf32x8_ps emulated_extractf32x8_ps
@@ -336,8 +352,9 @@ static inline void silu_span(const float *gate, const float *up, float *out, int
 }
 
 /* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 / WEIGHTS_I4 the matrices are
- * packed (matmul_int8.c, matmul_int4.c) and the norms float32. */
-enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_I4 = 4 };
+ * packed (matmul_int8.c, matmul_int4.c) and the norms float32; with WEIGHTS_BLOCKS a matrix is a BlockMatrix of
+ * llama.cpp's block formats (blocks.h, matmul_blocks.c) and the norms float32. */
+enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_I4 = 4, WEIGHTS_BLOCKS = 5 };
 
 /* Element i of a float matrix or norm in its format, as float32 */
 static inline float weight_at(const void *w, int64_t i, int format) {

@@ -11,6 +11,9 @@
  *                 lower planes ((HKV, T, D/2) bytes each), step and low ((HKV, T) float16 bits each); then the keys
  *                 read back for the target and for the draft ((HKV, T, D) f32 each)
  *
+ *   kernel_driver blocks TYPE M N K < x (M*K f32), the GGUF tensor's bytes (N rows of K / B blocks) > y (M*N f32),
+ *                 then y again one row per call: TYPE is ggml's type number (csrc/blocks.h), repacked here
+ *
  * FORMAT: f32, bf16, f16 (weights N*K of that type), i8, i4 (packed bytes, kernels/cpu_packing.py; their size
  * follows from N and K). Prints the kernel's path name to stderr.
  */
@@ -25,6 +28,14 @@ void rowwise_matmul(const float *, const void *, const float *, float *, int64_t
 void rowwise_attention_f32(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, int64_t, float, int);
 const char *kernel_path(void);
+typedef struct {  /* csrc/blocks.h */
+    int32_t count;
+    int32_t formats[4];
+    int64_t rows[4];
+    const uint8_t *data[4];
+} BlockMatrix;
+void blocks_repack(int, const uint8_t *, int64_t, int64_t, uint8_t *, int);
+int64_t blocks_packed_bytes(int, int64_t, int64_t);
 typedef struct {  /* csrc/simd.h */
     uint8_t *upper, *lower;
     uint16_t *step, *low;
@@ -87,6 +98,25 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
+    if (argc == 6 && !strcmp(argv[1], "blocks")) {
+        const int type = atoi(argv[2]);
+        const int64_t M = atoll(argv[3]), N = atoll(argv[4]), K = atoll(argv[5]);
+        const int64_t weights = type >= 12 ? 256 : 32;
+        static const int64_t block_bytes[15] = {0, 0, 18, 20, 0, 0, 22, 24, 34, 0, 0, 0, 144, 176, 210};
+        float *x = read_exactly(M * K * sizeof(float));
+        uint8_t *file = read_exactly(N * (K / weights) * block_bytes[type]);
+        uint8_t *packed = malloc(blocks_packed_bytes(type, N, K));
+        blocks_repack(type, file, N, K, packed, 2);
+        const BlockMatrix matrix = {1, {type}, {N}, {packed}};
+        float *y = malloc(M * N * sizeof(float)), *single = malloc(N * sizeof(float));
+        rowwise_matmul(x, &matrix, NULL, y, M, N, K, 5, 2);  /* 5: WEIGHTS_BLOCKS */
+        write_floats(y, M * N);
+        for (int64_t m = 0; m < M; m++) {
+            rowwise_matmul(x + m * K, &matrix, NULL, single, 1, N, K, 5, 1);
+            write_floats(single, N);
+        }
+        return 0;
+    }
     if (argc == 8 && !strcmp(argv[1], "attention")) {
         const int64_t H = atoll(argv[2]), Hkv = atoll(argv[3]), T = atoll(argv[4]), D = atoll(argv[5]);
         const int64_t start = atoll(argv[6]), window = atoll(argv[7]), S = start + T;
@@ -143,7 +173,7 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
-    fprintf(stderr, "usage: kernel_driver matmul FORMAT M N K BIAS | attention H HKV T D START WINDOW | "
-                    "tree H HKV T D START | hierarchical T HKV D\n");
+    fprintf(stderr, "usage: kernel_driver matmul FORMAT M N K BIAS | blocks TYPE M N K | attention H HKV T D START "
+                    "WINDOW | tree H HKV T D START | hierarchical T HKV D\n");
     return 2;
 }

@@ -1,0 +1,255 @@
+"""A GGUF file's weights loaded into `Transformer`, in the file's own quantization: the folder edge/gguf_checkpoint.py
+wrote says where each tensor is, and the file is memory-mapped and read one tensor at a time.
+
+    model = block_model(folder, index, kernel)    # edge.loading.load_model calls these for such folders
+    tensors = float_tensors(folder, index)        # ... or builds a float model from these
+
+- Quantized files on the CPU (float32 compute, edge's kernel available): each matrix keeps its GGUF type (Q4_K, Q6_K,
+  Q8_0, ...), its bytes rearranged once into the kernel's groups (kernels/block_formats.py); q/k/v and gate/up are
+  fused as segments that keep their own types; the embedding and head likewise. Nothing is dequantized to 16 bits.
+- Float files (F32, F16, BF16 matrices), another device or dtype, or `dequantize=True` (--weights float16): the
+  values as float tensors, quantized ones dequantized by the gguf package (its reference of llama.cpp's formats).
+
+Each tensor's pages of the file are released from resident memory once its copy is made, so loading holds about one
+copy of the weights.
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from edge.block_weights import BlockEmbedding, BlockLinear
+from edge.config import ModelConfig
+from edge.errors import CheckpointError, UnsupportedModelError
+from edge.model import Transformer
+from edge.rope import inverse_frequencies
+from kernels.block_formats import FORMATS as BLOCK_FORMATS
+from kernels.block_formats import BlockMatrix
+
+FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.int16}
+
+
+def block_format(kind: str) -> str | None:
+    """The kernel format name of a GGUF tensor type ("Q4_K" -> "q4_k"), None where the kernel does not run it."""
+    name = kind.lower()
+    return name if name in BLOCK_FORMATS else None
+
+
+def runs_as_blocks(index: dict) -> bool:
+    """Whether the file's layer matrices are quantized (then they run in their blocks), not all float."""
+    return any(len(entry["shape"]) == 2 and entry["type"] not in FLOAT_DTYPES for entry in index["tensors"]
+               if entry["name"].startswith("model.layers."))
+
+
+def unsupported_types(index: dict) -> list[str]:
+    """The quantized types of the file's matrices that edge's kernel does not run (IQ2_XXS, TQ1_0, ...)."""
+    return sorted({entry["type"] for entry in index["tensors"] if len(entry["shape"]) == 2
+                   and entry["type"] not in FLOAT_DTYPES and block_format(entry["type"]) is None})
+
+
+def stored_bytes(index: dict) -> int:
+    """The bytes edge holds for the file's weights in their own formats (the grouped layout of the block types)."""
+    from kernels.block_formats import packed_bytes
+
+    total = 0
+    for entry in index["tensors"]:
+        name = block_format(entry["type"])
+        total += packed_bytes(name, *entry["shape"]) if name and len(entry["shape"]) == 2 else entry["bytes"]
+    return total
+
+
+class GGUFFile:
+    """The file's bytes, memory-mapped copy-on-write (so float tensors can be zero-copy views), by index entry."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            with path.open("rb") as handle:
+                self.buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+        self.path = path
+
+    def raw(self, entry: dict) -> np.ndarray:
+        """The entry's bytes as the file stores them: (rows, row bytes) uint8 for a matrix, (n,) bytes for 1-D; rows
+        put back from llama.cpp's rotary order when the entry says so (a copy)."""
+        data = np.frombuffer(self.buffer, dtype=np.uint8, count=entry["bytes"], offset=entry["offset"])
+        rows = entry["shape"][0]
+        data = data.reshape(rows, -1)
+        if entry["heads"]:
+            data = data[rotary_rows(rows, entry["heads"])]
+        return data
+
+    def floats(self, entry: dict) -> torch.Tensor:
+        """The entry's values as a torch tensor: float types as stored, quantized ones dequantized to float32."""
+        kind, shape = entry["type"], entry["shape"]
+        raw = self.raw(entry)
+        if kind in FLOAT_DTYPES:
+            values = torch.from_numpy(np.ascontiguousarray(raw).view(NUMPY_DTYPES[kind]))
+            values = values.view(torch.bfloat16) if kind == "BF16" else values
+            return values.reshape(shape)
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        try:
+            return torch.from_numpy(dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[kind])).reshape(shape)
+        except (NotImplementedError, KeyError):
+            raise UnsupportedModelError(f"the gguf package cannot dequantize {kind} tensors ({entry['gguf']}); use a "
+                                        "file in another type") from None
+
+    def release(self, entry: dict) -> None:
+        """Drop the entry's pages from resident memory (its copy has been made; it is not read again)."""
+        page = mmap.PAGESIZE
+        first, last = -(-entry["offset"] // page) * page, (entry["offset"] + entry["bytes"]) // page * page
+        if last > first:
+            self.buffer.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
+def rotary_rows(rows: int, heads: int) -> np.ndarray:
+    """For each Hugging Face row of a q or k projection, the row llama.cpp stored it as (convert_hf_to_gguf.py's
+    LlamaModel.permute interleaves each head's two halves: (2, D/2) -> (D/2, 2))."""
+    order = np.arange(rows).reshape(heads, rows // heads // 2, 2)  # file rows: (head, D/2, half)
+    return order.transpose(0, 2, 1).reshape(rows)  # HF row (head, half, i) <- file row (head, i, half)
+
+
+def block_model(folder: Path, index: dict, rowwise) -> Transformer:
+    """The model with every matrix in its own GGUF type (quantized files on the CPU; see the module docstring)."""
+    config = ModelConfig.from_dir(folder)
+    file = GGUFFile(Path(index["file"]))
+    unsupported = unsupported_types(index)
+    if unsupported:
+        raise UnsupportedModelError(
+            f"{file.path.name} holds {', '.join(unsupported)} tensors, which edge's kernel does not run (it runs "
+            f"{', '.join(f.upper() for f in BLOCK_FORMATS)}, F16, BF16 and F32); load it with --weights float16 to "
+            f"dequantize every matrix ({_gib(_float16_bytes(config))} in memory against the file's "
+            f"{_gib(file.path.stat().st_size)}), or use a file in one of those types")
+    return _block_model(config, file, {entry["name"]: entry for entry in index["tensors"]}, rowwise)
+
+
+def float_tensors(folder: Path, index: dict) -> "FloatTensors":
+    """The file's tensors as float tensors by Hugging Face name (edge.loading builds the float model from them); a
+    quantized file says once, on stderr, what dequantizing it costs."""
+    file = GGUFFile(Path(index["file"]))
+    if runs_as_blocks(index):
+        config = ModelConfig.from_dir(folder)
+        print(f"edge: dequantizing {file.path.name} ({index['file_type']}) to 16 bits: "
+              f"{_gib(_float16_bytes(config))} in memory against the file's {_gib(file.path.stat().st_size)}",
+              file=sys.stderr, flush=True)
+    return FloatTensors(file, {entry["name"]: entry for entry in index["tensors"]})
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
+
+
+def _float16_bytes(config: ModelConfig) -> int:
+    return config.shape().weight_bytes("float16")
+
+
+class FloatTensors(Mapping):
+    """The file's tensors by Hugging Face name as float tensors, made when read (one at a time): what
+    edge.loading.build_state takes in place of a safetensors file's (`tensors`, `release`)."""
+
+    def __init__(self, file: GGUFFile, entries: dict) -> None:
+        self.file, self.entries = file, entries
+        self.source_dtype = _single_float(entries)
+        self.tensors = self
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.file.floats(self.entries[name])
+
+    def __contains__(self, name: object) -> bool:  # without reading the tensor (Mapping's would)
+        return name in self.entries
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def release(self, name: str) -> None:
+        self.file.release(self.entries[name])
+
+
+def _single_float(entries: dict) -> torch.dtype | None:
+    """The dtype the float model keeps: the matrices' own when they are all one float type, else float16 (what
+    dequantized blocks narrow to within float16's rounding)."""
+    kinds = {entry["type"] for entry in entries.values() if len(entry["shape"]) == 2}
+    return FLOAT_DTYPES[kinds.pop()] if len(kinds) == 1 and next(iter(kinds)) in FLOAT_DTYPES else torch.float16
+
+
+# ---- the block model ------------------------------------------------------------------------------------------
+
+
+def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) -> Transformer:
+    """Every matrix in its own type (float ones as stored), norms and biases in float32."""
+    model = Transformer(config, device="meta")
+
+    def vector(name: str) -> nn.Parameter | None:
+        entry = entries.get(name)
+        if entry is None:
+            return None
+        values = file.floats(entry).float().clone()
+        file.release(entry)
+        return nn.Parameter(values, requires_grad=False)
+
+    def matrix(names: list[str]) -> BlockMatrix:
+        parts = []
+        for name in names:
+            entry = entries[name]
+            rows, columns = entry["shape"]
+            kind = block_format(entry["type"]) or entry["type"].lower()
+            parts.append(BlockMatrix.from_file(kind, file.raw(entry), rows, columns))
+            file.release(entry)
+        return BlockMatrix.stack(parts) if len(parts) > 1 else parts[0]
+
+    def biases(names: list[str]) -> torch.Tensor | None:
+        found = [vector(name) for name in names]
+        return None if found[0] is None else torch.cat([part.data for part in found])
+
+    for i, block in enumerate(model.layers):
+        hf = f"model.layers.{i}."
+        attn, mlp = hf + "self_attn.", hf + "mlp."
+        block.attn_norm.weight = vector(hf + "input_layernorm.weight")
+        block.ffn_norm.weight = vector(hf + "post_attention_layernorm.weight")
+        if config.qk_norm:
+            block.attn.q_norm.weight = vector(attn + "q_norm.weight")
+            block.attn.k_norm.weight = vector(attn + "k_norm.weight")
+        qkv = [attn + f"{p}_proj" for p in "qkv"]
+        block.attn.wqkv = BlockLinear(matrix([n + ".weight" for n in qkv]), biases([n + ".bias" for n in qkv]),
+                                      rowwise)
+        block.attn.wo = BlockLinear(matrix([attn + "o_proj.weight"]), biases([attn + "o_proj.bias"]), rowwise)
+        gate_up = [mlp + "gate_proj", mlp + "up_proj"]
+        block.ffn.w_gate_up = BlockLinear(matrix([n + ".weight" for n in gate_up]),
+                                          biases([n + ".bias" for n in gate_up]), rowwise)
+        block.ffn.w_down = BlockLinear(matrix([mlp + "down_proj.weight"]), biases([mlp + "down_proj.bias"]), rowwise)
+    model.norm.weight = vector("model.norm.weight")
+    embedding = entries["model.embed_tokens.weight"]
+    if block_format(embedding["type"]):
+        model.embed = BlockEmbedding(matrix(["model.embed_tokens.weight"]))
+    else:
+        weight = file.floats(embedding).clone()
+        file.release(embedding)
+        model.embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight.requires_grad_(False))
+    head = entries.get("lm_head.weight")
+    if head is None:  # tied: the embedding's matrix scores the rows
+        model.packed_head = model.embed.matrix if isinstance(model.embed, BlockEmbedding) else None
+    elif block_format(head["type"]):
+        model.lm_head = BlockLinear(matrix(["lm_head.weight"]), None, rowwise)
+        model.packed_head = model.lm_head.matrix
+    else:
+        weight = file.floats(head).clone()
+        file.release(head)
+        model.lm_head.weight = nn.Parameter(weight, requires_grad=False)
+    model.packed_format = "blocks"
+    model.compute_dtype = torch.float32
+    model.inv_freq = inverse_frequencies(config)  # the meta-device buffer held no data
+    model.use_rowwise_matmul(rowwise)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,292 @@
+/* The block formats' layout (blocks.h): a GGUF tensor's bytes rearranged into groups of 16 outputs, and rows read
+ * back as float32 (an embedding's lookups; the tests hold them to the gguf package's dequantization).
+ *
+ * Both directions go through one output's block unpacked: its codes as stored (unsigned, int8 for Q8_0), float16
+ * scale bits, and the k-quants' sub-block scales and mins. Repacking moves bits and never computes a value, so a
+ * packed matrix holds exactly the file's numbers.
+ */
+#include <omp.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "simd.h"
+
+/* One output's block, unpacked */
+typedef struct {
+    uint8_t q[256];             /* codes as stored: 4, 5 or 6 bits unsigned; Q8_0's int8 bytes */
+    uint16_t d, m;              /* float16 bits: the scale d, and the min m (Q4_1, Q5_1) or dmin (k-quants) */
+    uint8_t scales[16], mins[8];  /* k-quants: sub-block scales (Q6_K: int8 bytes) and mins (Q4_K, Q5_K) */
+} Unpacked;
+
+int64_t blocks_packed_bytes(int format, int64_t N, int64_t K) {
+    return (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP * (K / block_weights(format)) * block_group_bytes(format);
+}
+
+static uint16_t read16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* the k-quants' 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4) */
+static void unpack_scale_mins(const uint8_t *s, uint8_t *scales, uint8_t *mins) {
+    for (int j = 0; j < 4; j++) {
+        scales[j] = s[j] & 63;
+        mins[j] = s[j + 4] & 63;
+        scales[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 6) << 4);
+        mins[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+}
+
+/* the 32 codes of a Q4_0/Q4_1 block's 16 bytes: element j low nibbles, j + 16 high */
+static void unpack_nibbles32(const uint8_t *qs, uint8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = qs[j] & 0x0F;
+        q[j + 16] = qs[j] >> 4;
+    }
+}
+
+static void unpack_file_block(int format, const uint8_t *b, Unpacked *u) {
+    switch (format) {
+        case BLOCKS_Q8_0:
+            u->d = read16(b);
+            memcpy(u->q, b + 2, 32);
+            break;
+        case BLOCKS_Q4_0:
+            u->d = read16(b);
+            unpack_nibbles32(b + 2, u->q);
+            break;
+        case BLOCKS_Q4_1:
+            u->d = read16(b), u->m = read16(b + 2);
+            unpack_nibbles32(b + 4, u->q);
+            break;
+        case BLOCKS_Q5_0:
+        case BLOCKS_Q5_1: {
+            const int minned = format == BLOCKS_Q5_1;
+            u->d = read16(b);
+            if (minned) u->m = read16(b + 2);
+            uint32_t high;
+            memcpy(&high, b + 2 + 2 * minned, 4);
+            unpack_nibbles32(b + 6 + 2 * minned, u->q);
+            for (int j = 0; j < 32; j++) u->q[j] |= ((high >> j) & 1) << 4;
+            break;
+        }
+        case BLOCKS_Q4_K:
+        case BLOCKS_Q5_K: {
+            u->d = read16(b), u->m = read16(b + 2);
+            unpack_scale_mins(b + 4, u->scales, u->mins);
+            const int five = format == BLOCKS_Q5_K;
+            const uint8_t *qh = b + 16, *qs = b + 16 + 32 * five;
+            for (int c = 0; c < 4; c++)  /* 64 weights per 32 bytes: sub-block 2c low nibbles, 2c + 1 high */
+                for (int l = 0; l < 32; l++) {
+                    u->q[64 * c + l] = qs[32 * c + l] & 0x0F;
+                    u->q[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+                    if (five) {
+                        u->q[64 * c + l] |= ((qh[l] >> (2 * c)) & 1) << 4;
+                        u->q[64 * c + 32 + l] |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                    }
+                }
+            break;
+        }
+        default: { /* BLOCKS_Q6_K: ql[128], qh[64], scales[16] (int8), d */
+            const uint8_t *ql = b, *qh = b + 128;
+            memcpy(u->scales, b + 192, 16);
+            u->d = read16(b + 208);
+            for (int half = 0; half < 2; half++)
+                for (int l = 0; l < 32; l++) {
+                    const int e = 128 * half + l;
+                    const uint8_t h = qh[32 * half + l], a = ql[64 * half + l], c = ql[64 * half + 32 + l];
+                    u->q[e] = (a & 0x0F) | ((h & 3) << 4);
+                    u->q[e + 32] = (c & 0x0F) | (((h >> 2) & 3) << 4);
+                    u->q[e + 64] = (a >> 4) | (((h >> 4) & 3) << 4);
+                    u->q[e + 96] = (c >> 4) | (((h >> 6) & 3) << 4);
+                }
+            break;
+        }
+    }
+}
+
+/* Output n's share of a run of `length` (32 or 16) codes q into a group's pairs (and plane: bits 5-bit, 6-bit, or
+ * none) */
+static void place_run(const uint8_t *q, int length, int n, uint8_t *pairs, uint8_t *plane, int plane_bits) {
+    for (int p = 0; p < length / 8; p++)
+        for (int i = 0; i < 4; i++)
+            pairs[64 * p + 4 * n + i] = (q[8 * p + i] & 0x0F) | (q[8 * p + 4 + i] & 0x0F) << 4;
+    if (plane_bits == 0) return;
+    for (int i = 0; i < 4; i++) {
+        uint8_t bits = 0;
+        for (int c = 0; c < length / 4; c++) bits |= ((q[4 * c + i] >> 4) & ((1 << plane_bits) - 1)) << (plane_bits * c);
+        plane[4 * n + i] = bits;
+    }
+}
+
+static void read_run(const uint8_t *pairs, const uint8_t *plane, int plane_bits, int length, int n, uint8_t *q) {
+    for (int p = 0; p < length / 8; p++)
+        for (int i = 0; i < 4; i++) {
+            const uint8_t byte = pairs[64 * p + 4 * n + i];
+            q[8 * p + i] = byte & 0x0F;
+            q[8 * p + 4 + i] = byte >> 4;
+        }
+    if (plane_bits == 0) return;
+    for (int i = 0; i < 4; i++)
+        for (int c = 0; c < length / 4; c++)
+            q[4 * c + i] |= ((plane[4 * n + i] >> (plane_bits * c)) & ((1 << plane_bits) - 1)) << 4;
+}
+
+static void write16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* Output n of a group's block g (group_bytes of it) from / into the unpacked form */
+static void place_block(int format, const Unpacked *u, int n, uint8_t *g) {
+    switch (format) {
+        case BLOCKS_Q8_0:
+            for (int c = 0; c < 8; c++) memcpy(g + 64 * c + 4 * n, u->q + 4 * c, 4);
+            write16(g + 512 + 2 * n, u->d);
+            break;
+        case BLOCKS_Q4_0:
+        case BLOCKS_Q4_1:
+            place_run(u->q, 32, n, g, NULL, 0);
+            write16(g + 256 + 2 * n, u->d);
+            if (format == BLOCKS_Q4_1) write16(g + 288 + 2 * n, u->m);
+            break;
+        case BLOCKS_Q5_0:
+        case BLOCKS_Q5_1:
+            place_run(u->q, 32, n, g, g + 256, 1);
+            write16(g + 320 + 2 * n, u->d);
+            if (format == BLOCKS_Q5_1) write16(g + 352 + 2 * n, u->m);
+            break;
+        case BLOCKS_Q4_K:
+        case BLOCKS_Q5_K: {
+            const int five = format == BLOCKS_Q5_K, tail = 2048 + 512 * five;
+            for (int j = 0; j < 8; j++) {
+                place_run(u->q + 32 * j, 32, n, g + 256 * j, five ? g + 2048 + 64 * j : NULL, five);
+                g[tail + 16 * j + n] = u->scales[j];
+                g[tail + 128 + 16 * j + n] = u->mins[j];
+            }
+            write16(g + tail + 256 + 2 * n, u->d);
+            write16(g + tail + 288 + 2 * n, u->m);
+            break;
+        }
+        default:  /* BLOCKS_Q6_K */
+            for (int j = 0; j < 16; j++) {
+                place_run(u->q + 16 * j, 16, n, g + 192 * j, g + 192 * j + 128, 2);
+                g[3072 + 16 * j + n] = u->scales[j];
+            }
+            write16(g + 3328 + 2 * n, u->d);
+            break;
+    }
+}
+
+static void read_block(int format, const uint8_t *g, int n, Unpacked *u) {
+    switch (format) {
+        case BLOCKS_Q8_0:
+            for (int c = 0; c < 8; c++) memcpy(u->q + 4 * c, g + 64 * c + 4 * n, 4);
+            u->d = read16(g + 512 + 2 * n);
+            break;
+        case BLOCKS_Q4_0:
+        case BLOCKS_Q4_1:
+            read_run(g, NULL, 0, 32, n, u->q);
+            u->d = read16(g + 256 + 2 * n);
+            if (format == BLOCKS_Q4_1) u->m = read16(g + 288 + 2 * n);
+            break;
+        case BLOCKS_Q5_0:
+        case BLOCKS_Q5_1:
+            read_run(g, g + 256, 1, 32, n, u->q);
+            u->d = read16(g + 320 + 2 * n);
+            if (format == BLOCKS_Q5_1) u->m = read16(g + 352 + 2 * n);
+            break;
+        case BLOCKS_Q4_K:
+        case BLOCKS_Q5_K: {
+            const int five = format == BLOCKS_Q5_K, tail = 2048 + 512 * five;
+            for (int j = 0; j < 8; j++) {
+                read_run(g + 256 * j, five ? g + 2048 + 64 * j : NULL, five, 32, n, u->q + 32 * j);
+                u->scales[j] = g[tail + 16 * j + n];
+                u->mins[j] = g[tail + 128 + 16 * j + n];
+            }
+            u->d = read16(g + tail + 256 + 2 * n);
+            u->m = read16(g + tail + 288 + 2 * n);
+            break;
+        }
+        default:
+            for (int j = 0; j < 16; j++) {
+                read_run(g + 192 * j, g + 192 * j + 128, 2, 16, n, u->q + 16 * j);
+                u->scales[j] = g[3072 + 16 * j + n];
+            }
+            u->d = read16(g + 3328 + 2 * n);
+            break;
+    }
+}
+
+/* The values a block stands for, in the gguf package's order of float32 operations (ggml's dequantize_row_*) */
+static void block_values(int format, const Unpacked *u, float *out) {
+    const float d = f16_to_f32(u->d), m = f16_to_f32(u->m);
+    switch (format) {
+        case BLOCKS_Q8_0:
+            for (int j = 0; j < 32; j++) out[j] = d * (float)(int8_t)u->q[j];
+            break;
+        case BLOCKS_Q4_0:
+            for (int j = 0; j < 32; j++) out[j] = d * (float)((int)u->q[j] - 8);
+            break;
+        case BLOCKS_Q5_0:
+            for (int j = 0; j < 32; j++) out[j] = d * (float)((int)u->q[j] - 16);
+            break;
+        case BLOCKS_Q4_1:
+        case BLOCKS_Q5_1:
+            for (int j = 0; j < 32; j++) out[j] = d * (float)u->q[j] + m;
+            break;
+        case BLOCKS_Q4_K:
+        case BLOCKS_Q5_K:
+            for (int j = 0; j < 8; j++) {
+                const float scale = d * (float)u->scales[j], min = m * (float)u->mins[j];
+                for (int l = 0; l < 32; l++) out[32 * j + l] = scale * (float)u->q[32 * j + l] - min;
+            }
+            break;
+        default:
+            for (int j = 0; j < 16; j++) {
+                const float scale = d * (float)(int8_t)u->scales[j];
+                for (int l = 0; l < 16; l++) out[16 * j + l] = scale * (float)((int)u->q[16 * j + l] - 32);
+            }
+            break;
+    }
+}
+
+/* file (N rows of K / B file blocks each) -> packed (blocks_packed_bytes), padding rows zero */
+void blocks_repack(int format, const uint8_t *file, int64_t N, int64_t K, uint8_t *packed, int threads) {
+    const int64_t blocks = K / block_weights(format), file_row = blocks * block_file_bytes(format);
+    const int64_t group_bytes = block_group_bytes(format), groups = (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < groups; g++) {
+        uint8_t *out = packed + g * blocks * group_bytes;
+        memset(out, 0, blocks * group_bytes);
+        Unpacked u;
+        for (int n = 0; n < BLOCKS_GROUP && g * BLOCKS_GROUP + n < N; n++)
+            for (int64_t b = 0; b < blocks; b++) {
+                memset(&u, 0, sizeof u);
+                unpack_file_block(format, file + (g * BLOCKS_GROUP + n) * file_row + b * block_file_bytes(format), &u);
+                place_block(format, &u, n, out + b * group_bytes);
+            }
+    }
+}
+
+/* rows [first, first + count) of a packed matrix as float32 (count, K) */
+void blocks_dequantize_rows(int format, const uint8_t *packed, int64_t K, int64_t first, int64_t count, float *out) {
+    const int64_t B = block_weights(format), blocks = K / B, group_bytes = block_group_bytes(format);
+    Unpacked u;
+    for (int64_t r = 0; r < count; r++) {
+        const int64_t row = first + r;
+        const uint8_t *group = packed + row / BLOCKS_GROUP * blocks * group_bytes;
+        for (int64_t b = 0; b < blocks; b++) {
+            memset(&u, 0, sizeof u);
+            read_block(format, group + b * group_bytes, (int)(row % BLOCKS_GROUP), &u);
+            block_values(format, &u, out + r * K + b * B);
+        }
+    }
+}
+
+/* one row of a BlockMatrix (the segment that holds it) as float32 (K): an embedding's lookup */
+void block_matrix_row(const BlockMatrix *matrix, int64_t K, int64_t row, float *out) {
+    for (int s = 0; s < matrix->count; row -= matrix->rows[s], s++)
+        if (row < matrix->rows[s]) {
+            blocks_dequantize_rows(matrix->formats[s], matrix->data[s], K, row, 1, out);
+            return;
+        }
+}

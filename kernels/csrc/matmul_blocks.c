@@ -1,0 +1,598 @@
+/* The matmul over llama.cpp's block formats (blocks.h), activations quantized to 8 bits as llama.cpp does:
+ *
+ *   32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): each row per block of 32, one float32 scale sx = max|x| / 127
+ *       (llama.cpp's Q8_0 / Q8_1 activations)
+ *   k-quants (Q4_K, Q5_K, Q6_K): each row per block of 256, one scale, and the codes' sums per 16 and per 32
+ *       (llama.cpp's Q8_K)
+ *
+ * Per output n, row m and block b, an exact integer dot of the codes, then float32 steps in one fixed order:
+ *
+ *   Q8_0        acc += (float)dot * (d sx)
+ *   Q4_0, Q5_0  acc += (float)(dot - o xsum) * (d sx)                   o = 8, 16
+ *   Q4_1, Q5_1  acc += (float)dot * (d sx) + m (sx xsum)
+ *   Q4_K, Q5_K  acc += (float)(sum_j sc_j dot_j) * (d sx) - (float)(sum_j m_j xsum_j) * (dmin sx)
+ *   Q6_K        acc += (float)(sum_j sc_j (dot_j - 32 xsum_j)) * (d sx)
+ *
+ * each product and sum rounded to float32 (no fused multiply-add), then + bias. The integer sums are exact on every
+ * path and the float steps are lane-wise in the same order, so every path gives the same bits, and a row's result
+ * never depends on the other rows of the call: a verify pass reproduces decode steps exactly.
+ *
+ * A path works on LANES outputs at a time (16 with AVX-512 VNNI, 8 with AVX2 and NEON, 4 portable: a group of 16 in
+ * several passes over the same bytes, the later ones from cache), with these primitives:
+ *   lb   LANES * 4 bytes: a chunk, a pair or a plane's share for the pass
+ *   lw   partial integer dots: int16 pairs on AVX2 (vpmaddubsw, widened every few chunks before they could
+ *        overflow), int32 elsewhere (vpdpbusd, sdot)
+ *   li   LANES int32: exact dots;  lf  LANES float32
+ */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "blocks.h"
+#include "quantized.h"
+
+#define MAX_ROWS 4
+#define SPAN_BYTES 65536  /* a prompt's tiles of rows share this much of the weights at a time (in L2) */
+#define ALWAYS static inline __attribute__((always_inline))
+
+/* ---- the primitives, per path ---- */
+
+#if defined(EDGE_VNNI)
+#define LANES 16
+typedef __m512i lb;
+typedef __m512i lw;
+typedef __m512i li;
+typedef __m512 lf;
+#define WIDE_LW 1  /* lw holds int32: widen once per run */
+ALWAYS lb lb_load(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
+ALWAYS lb lb_low(lb v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+ALWAYS lb lb_high(lb v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+ALWAYS lb lb_or(lb a, lb b) { return _mm512_or_si512(a, b); }
+/* (v << s) or (v >> -s) per byte, then & mask: the shifts are 16-bit, and the mask drops what crossed a byte */
+ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
+    const lb shifted = s > 0 ? _mm512_slli_epi16(v, s) : s < 0 ? _mm512_srli_epi16(v, -s) : v;
+    return _mm512_and_si512(shifted, _mm512_set1_epi8((char)mask));
+}
+ALWAYS lw lw_zero(void) { return _mm512_setzero_si512(); }
+ALWAYS lw lw_dot(lw acc, lb w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
+ALWAYS li li_zero(void) { return _mm512_setzero_si512(); }
+ALWAYS li li_set(int32_t v) { return _mm512_set1_epi32(v); }
+ALWAYS li li_add(li a, li b) { return _mm512_add_epi32(a, b); }
+ALWAYS li li_sub(li a, li b) { return _mm512_sub_epi32(a, b); }
+ALWAYS li li_widen(li acc, lw part) { return _mm512_add_epi32(acc, part); }
+ALWAYS li li_shl(li v, const int s) { return _mm512_slli_epi32(v, s); }
+/* a per-output multiplier (k-quant scales and mins) from LANES bytes, in the form li_widen_by / li_times take */
+ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
+    return is_signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
+}
+ALWAYS li li_widen_by(li acc, lw part, li multiplier) { return _mm512_add_epi32(acc, _mm512_mullo_epi32(part, multiplier)); }
+ALWAYS li li_times(li multiplier, int32_t value) { return _mm512_mullo_epi32(multiplier, _mm512_set1_epi32(value)); }
+ALWAYS lf lf_zero(void) { return _mm512_setzero_ps(); }
+ALWAYS lf lf_set(float v) { return _mm512_set1_ps(v); }
+ALWAYS lf lf_f16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+ALWAYS lf lf_of(li v) { return _mm512_cvtepi32_ps(v); }
+ALWAYS lf lf_add(lf a, lf b) { return _mm512_add_ps(a, b); }
+ALWAYS lf lf_sub(lf a, lf b) { return _mm512_sub_ps(a, b); }
+ALWAYS lf lf_mul(lf a, lf b) { return _mm512_mul_ps(a, b); }
+ALWAYS void lf_store(float *p, lf v) { _mm512_storeu_ps(p, v); }
+/* Q8_0: signed weights as unsigned bytes w + 128 (the dot then carries 128 * the row's code sum) */
+#define Q8_FLIPPED 1
+ALWAYS lb lb_q8(lb v) { return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)); }
+ALWAYS li li_dot_q8(li acc, lb w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
+
+#elif defined(EDGE_X86)
+#define LANES 8
+typedef __m256i lb;
+typedef __m256i lw;
+typedef __m256i li;
+typedef __m256 lf;
+#define WIDE_LW 0
+ALWAYS lb lb_load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+ALWAYS lb lb_low(lb v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+ALWAYS lb lb_high(lb v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+ALWAYS lb lb_or(lb a, lb b) { return _mm256_or_si256(a, b); }
+ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
+    const lb shifted = s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
+    return _mm256_and_si256(shifted, _mm256_set1_epi8((char)mask));
+}
+ALWAYS lw lw_zero(void) { return _mm256_setzero_si256(); }
+/* int16 pairs: unsigned weight bytes times signed activations, adjacent products summed (no saturation: weights are
+ * at most 63, so a pair is at most 2 * 63 * 127) */
+ALWAYS lw lw_dot(lw acc, lb w, int32_t x4) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4))); }
+ALWAYS li li_zero(void) { return _mm256_setzero_si256(); }
+ALWAYS li li_set(int32_t v) { return _mm256_set1_epi32(v); }
+ALWAYS li li_add(li a, li b) { return _mm256_add_epi32(a, b); }
+ALWAYS li li_sub(li a, li b) { return _mm256_sub_epi32(a, b); }
+ALWAYS li li_widen(li acc, lw part) { return _mm256_add_epi32(acc, _mm256_madd_epi16(part, _mm256_set1_epi16(1))); }
+ALWAYS li li_shl(li v, const int s) { return _mm256_slli_epi32(v, s); }
+/* the multiplier as int16 pairs (v, v): vpmaddwd multiplies and widens the partial dots in one step */
+ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
+    const __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
+    const __m256i wide = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+    return _mm256_or_si256(_mm256_and_si256(wide, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(wide, 16));
+}
+ALWAYS li li_widen_by(li acc, lw part, li multiplier) { return _mm256_add_epi32(acc, _mm256_madd_epi16(part, multiplier)); }
+/* multiplier * value, value within int16 (a run's code sum: at most 32 * 127) */
+ALWAYS li li_times(li multiplier, int32_t value) {
+    return _mm256_madd_epi16(multiplier, _mm256_set1_epi32(value & 0xFFFF));
+}
+ALWAYS lf lf_zero(void) { return _mm256_setzero_ps(); }
+ALWAYS lf lf_set(float v) { return _mm256_set1_ps(v); }
+ALWAYS lf lf_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+ALWAYS lf lf_of(li v) { return _mm256_cvtepi32_ps(v); }
+ALWAYS lf lf_add(lf a, lf b) { return _mm256_add_ps(a, b); }
+ALWAYS lf lf_sub(lf a, lf b) { return _mm256_sub_ps(a, b); }
+ALWAYS lf lf_mul(lf a, lf b) { return _mm256_mul_ps(a, b); }
+ALWAYS void lf_store(float *p, lf v) { _mm256_storeu_ps(p, v); }
+/* Q8_0: signed x signed through |w| (unsigned: 128 for a code of -128) and x with w's sign, widened chunk by chunk
+ * (a pair is at most 2 * 128 * 127) */
+#define Q8_FLIPPED 0
+ALWAYS lb lb_q8(lb v) { return v; }
+ALWAYS li li_dot_q8(li acc, lb w, int32_t x4) {
+    const __m256i x = _mm256_set1_epi32(x4);
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+#elif defined(EDGE_NEON)
+#define LANES 8
+typedef uint8x16x2_t lb;
+typedef int32x4x2_t li;
+typedef li lw;
+typedef float32x4x2_t lf;
+#define WIDE_LW 1
+ALWAYS lb lb_load(const uint8_t *p) { return (lb){{vld1q_u8(p), vld1q_u8(p + 16)}}; }
+ALWAYS lb lb_low(lb v) { return (lb){{vandq_u8(v.val[0], vdupq_n_u8(0x0F)), vandq_u8(v.val[1], vdupq_n_u8(0x0F))}}; }
+ALWAYS lb lb_high(lb v) { return (lb){{vshrq_n_u8(v.val[0], 4), vshrq_n_u8(v.val[1], 4)}}; }
+ALWAYS lb lb_or(lb a, lb b) { return (lb){{vorrq_u8(a.val[0], b.val[0]), vorrq_u8(a.val[1], b.val[1])}}; }
+ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
+    const int8x16_t by = vdupq_n_s8((int8_t)s);  /* vshl: left for s > 0, right for s < 0 */
+    return (lb){{vandq_u8(vshlq_u8(v.val[0], by), vdupq_n_u8((uint8_t)mask)),
+                 vandq_u8(vshlq_u8(v.val[1], by), vdupq_n_u8((uint8_t)mask))}};
+}
+ALWAYS li li_zero(void) { return (li){{vdupq_n_s32(0), vdupq_n_s32(0)}}; }
+ALWAYS lw lw_zero(void) { return li_zero(); }
+/* weights at most 127 are the same bytes signed, so sdot (signed x signed) takes them as they are, Q8_0 too */
+ALWAYS int32x4_t dot4(int32x4_t acc, uint8x16_t w, int32_t x4) {
+    const int8x16_t x = vreinterpretq_s8_s32(vdupq_n_s32(x4));
+#if defined(EDGE_DOTPROD)
+    return vdotq_s32(acc, vreinterpretq_s8_u8(w), x);
+#else
+    const int8x16_t ws = vreinterpretq_s8_u8(w);
+    const int16x8_t pairs = vpaddq_s16(vmull_s8(vget_low_s8(ws), vget_low_s8(x)), vmull_s8(vget_high_s8(ws), vget_high_s8(x)));
+    return vpadalq_s16(acc, pairs);
+#endif
+}
+ALWAYS lw lw_dot(lw acc, lb w, int32_t x4) { return (lw){{dot4(acc.val[0], w.val[0], x4), dot4(acc.val[1], w.val[1], x4)}}; }
+ALWAYS li li_set(int32_t v) { return (li){{vdupq_n_s32(v), vdupq_n_s32(v)}}; }
+ALWAYS li li_add(li a, li b) { return (li){{vaddq_s32(a.val[0], b.val[0]), vaddq_s32(a.val[1], b.val[1])}}; }
+ALWAYS li li_sub(li a, li b) { return (li){{vsubq_s32(a.val[0], b.val[0]), vsubq_s32(a.val[1], b.val[1])}}; }
+ALWAYS li li_widen(li acc, lw part) { return li_add(acc, part); }
+ALWAYS li li_shl(li v, const int s) { return (li){{vshlq_s32(v.val[0], vdupq_n_s32(s)), vshlq_s32(v.val[1], vdupq_n_s32(s))}}; }
+ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
+    int16x8_t wide;
+    if (is_signed) wide = vmovl_s8(vld1_s8((const int8_t *)p));
+    else wide = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p)));
+    return (li){{vmovl_s16(vget_low_s16(wide)), vmovl_s16(vget_high_s16(wide))}};
+}
+ALWAYS li li_widen_by(li acc, lw part, li m) {
+    return (li){{vmlaq_s32(acc.val[0], part.val[0], m.val[0]), vmlaq_s32(acc.val[1], part.val[1], m.val[1])}};
+}
+ALWAYS li li_times(li m, int32_t value) {
+    return (li){{vmulq_n_s32(m.val[0], value), vmulq_n_s32(m.val[1], value)}};
+}
+ALWAYS lf lf_zero(void) { return (lf){{vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}}; }
+ALWAYS lf lf_set(float v) { return (lf){{vdupq_n_f32(v), vdupq_n_f32(v)}}; }
+ALWAYS lf lf_f16(const uint8_t *p) {
+    return (lf){{vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))), vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p + 8)))}};
+}
+ALWAYS lf lf_of(li v) { return (lf){{vcvtq_f32_s32(v.val[0]), vcvtq_f32_s32(v.val[1])}}; }
+ALWAYS lf lf_add(lf a, lf b) { return (lf){{vaddq_f32(a.val[0], b.val[0]), vaddq_f32(a.val[1], b.val[1])}}; }
+ALWAYS lf lf_sub(lf a, lf b) { return (lf){{vsubq_f32(a.val[0], b.val[0]), vsubq_f32(a.val[1], b.val[1])}}; }
+ALWAYS lf lf_mul(lf a, lf b) { return (lf){{vmulq_f32(a.val[0], b.val[0]), vmulq_f32(a.val[1], b.val[1])}}; }
+ALWAYS void lf_store(float *p, lf v) { vst1q_f32(p, v.val[0]), vst1q_f32(p + 4, v.val[1]); }
+#define Q8_FLIPPED 0
+ALWAYS lb lb_q8(lb v) { return v; }
+ALWAYS li li_dot_q8(li acc, lb w, int32_t x4) { return lw_dot(acc, w, x4); }
+
+#else
+/* portable: GCC vectors of 4 lanes (SSE2 on x86-64, scalar elsewhere) */
+#define LANES 4
+typedef uint8_t lb __attribute__((vector_size(16)));
+typedef int32_t li __attribute__((vector_size(16)));
+typedef li lw;
+typedef float lf __attribute__((vector_size(16)));
+typedef int8_t vs8 __attribute__((vector_size(16)));
+typedef int16_t vs16 __attribute__((vector_size(32)));
+#define WIDE_LW 1
+ALWAYS lb lb_load(const uint8_t *p) {
+    lb v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+ALWAYS lb lb_low(lb v) { return v & 0x0F; }
+ALWAYS lb lb_high(lb v) { return v >> 4; }
+ALWAYS lb lb_or(lb a, lb b) { return a | b; }
+ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
+    return (s > 0 ? v << s : s < 0 ? v >> -s : v) & (uint8_t)mask;
+}
+ALWAYS li li_zero(void) { return (li){0}; }
+ALWAYS lw lw_zero(void) { return li_zero(); }
+/* 16 signed bytes (weights reinterpreted: those at most 127 are unchanged) times x4 repeated, summed per 4 */
+ALWAYS li dot_signed(li acc, vs8 w, int32_t x4) {
+    int8_t x[4];
+    memcpy(x, &x4, 4);
+    const vs16 xs = {x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3]};
+    const vs16 products = __builtin_convertvector(w, vs16) * xs;
+    for (int n = 0; n < LANES; n++)
+        acc[n] += (int32_t)products[4 * n] + products[4 * n + 1] + products[4 * n + 2] + products[4 * n + 3];
+    return acc;
+}
+ALWAYS lw lw_dot(lw acc, lb w, int32_t x4) { return dot_signed(acc, (vs8)w, x4); }
+ALWAYS li li_set(int32_t v) { return (li){0} + v; }
+ALWAYS li li_add(li a, li b) { return a + b; }
+ALWAYS li li_sub(li a, li b) { return a - b; }
+ALWAYS li li_widen(li acc, lw part) { return acc + part; }
+ALWAYS li li_shl(li v, const int s) { return v * (1 << s); }
+ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
+    li m;
+    for (int n = 0; n < LANES; n++) m[n] = is_signed ? (int32_t)(int8_t)p[n] : (int32_t)p[n];
+    return m;
+}
+ALWAYS li li_widen_by(li acc, lw part, li m) { return acc + part * m; }
+ALWAYS li li_times(li m, int32_t value) { return m * value; }
+ALWAYS lf lf_zero(void) { return (lf){0}; }
+ALWAYS lf lf_set(float v) { return (lf){0} + v; }
+ALWAYS lf lf_f16(const uint8_t *p) {
+    lf v;
+    for (int n = 0; n < LANES; n++) {
+        uint16_t bits;
+        memcpy(&bits, p + 2 * n, 2);
+        v[n] = f16_to_f32(bits);
+    }
+    return v;
+}
+ALWAYS lf lf_of(li v) { return __builtin_convertvector(v, lf); }
+ALWAYS lf lf_add(lf a, lf b) { return a + b; }
+ALWAYS lf lf_sub(lf a, lf b) { return a - b; }
+ALWAYS lf lf_mul(lf a, lf b) { return a * b; }
+ALWAYS void lf_store(float *p, lf v) { memcpy(p, &v, sizeof v); }
+#define Q8_FLIPPED 0
+ALWAYS lb lb_q8(lb v) { return v; }
+ALWAYS li li_dot_q8(li acc, lb w, int32_t x4) { return dot_signed(acc, (vs8)w, x4); }
+#endif
+
+#define STEP (LANES * 4) /* bytes of a 64-byte chunk, pair or plane that one pass reads */
+
+/* ---- activations ---- */
+
+/* A row's codes and per-block numbers, as one format's tiles read them */
+typedef struct {
+    const int8_t *codes;        /* K */
+    const float *scales;        /* per block: sx (32-weight types) or per 256 (k-quants) */
+    const int32_t *sums;        /* 32-weight types: per 32; k-quants: per 16 */
+    const int32_t *sums32;      /* k-quants: per 32 */
+    const float *scaled_sums;   /* 32-weight types: sx * sum per 32 (Q4_1, Q5_1's min) */
+} Row;
+
+/* The prepared buffer: the rows at both granularities (a matrix's segments may want either), each: codes (M, K),
+ * then per-block numbers */
+typedef struct {
+    int8_t *codes;
+    float *scales;
+    int32_t *sums;
+    int32_t *sums32;
+    float *scaled_sums;
+} Prepared;
+
+static int64_t aligned(int64_t bytes) { return round_up(bytes, 64); }
+
+static Prepared prepared_at(void *base, int64_t M, int64_t K, int wide) {
+    uint8_t *p = base;
+    if (wide) p += aligned(M * K) + aligned(M * (K / 32) * 12);  /* after the 32-weight granularity */
+    Prepared out;
+    out.codes = (int8_t *)p;
+    p += aligned(M * K);
+    if (!wide) {
+        out.scales = (float *)p;
+        out.sums = (int32_t *)(out.scales + M * (K / 32));
+        out.scaled_sums = (float *)(out.sums + M * (K / 32));
+        out.sums32 = NULL;
+    } else {
+        out.scales = (float *)p;
+        p += aligned(M * (K / 256) * 4);
+        out.sums = (int32_t *)p;
+        out.sums32 = out.sums + M * (K / 16);
+        out.scaled_sums = NULL;
+    }
+    return out;
+}
+
+int64_t blocks_prepared_bytes(int64_t M, int64_t K) {
+    K = round_up(K, 256);
+    return aligned(M * K) + aligned(M * (K / 32) * 12) + aligned(M * K) + aligned(M * (K / 256) * 4) +
+           M * (K / 16 + K / 32) * 4 + 64;
+}
+
+static Row row_of(const Prepared *p, int64_t m, int64_t K, int wide) {
+    Row row = {p->codes + m * K, NULL, NULL, NULL, NULL};
+    if (!wide) {
+        row.scales = p->scales + m * (K / 32);
+        row.sums = p->sums + m * (K / 32);
+        row.scaled_sums = p->scaled_sums + m * (K / 32);
+    } else {
+        row.scales = p->scales + m * (K / 256);
+        row.sums = p->sums + m * (K / 16);
+        row.sums32 = p->sums32 + m * (K / 32);
+    }
+    return row;
+}
+
+/* float32 -> the nearest float16 (ties to even) -> float32, in integer arithmetic: the same on every path */
+static float rounded_to_half(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7FFFFFFFu;
+    uint32_t half;
+    if (magnitude >= 0x47800000u) {  /* beyond float16's range (or inf / nan): inf, nan kept */
+        half = magnitude > 0x7F800000u ? 0x7E00u : 0x7C00u;
+    } else if (magnitude < 0x38800000u) {  /* a float16 subnormal (or zero): units of 2^-24, exact to scale */
+        half = (uint32_t)nearbyintf(fabsf(value) * 0x1p24f);
+    } else {  /* round the 13 dropped mantissa bits to nearest, ties to even (a carry may raise the exponent) */
+        const uint32_t rebased = magnitude - 0x38000000u;  /* exponent 127 -> 15 */
+        half = (rebased >> 13) + (((rebased >> 12) & 1) & (((rebased & 0x0FFFu) != 0) | ((rebased >> 13) & 1)));
+    }
+    return f16_to_f32((uint16_t)(half | sign >> 16));
+}
+
+/* This thread's part of quantizing M rows at the granularity `wide` selects, blocks split evenly, as llama.cpp
+ * quantizes activations (codes round(x * 127 / max|x|), ties to even; quantized.h gives the same codes on every
+ * path):
+ *   per 32 (its Q8_0 / Q8_1): the scale max|x| / 127 rounded to float16, and float16(sum * max|x| / 127)
+ *   per 256 (its Q8_K): the scale 1 / (127 / max|x|), and the codes' sums per 16 (and per 32 here) */
+static void prepare_share(const float *x, int64_t M, int64_t K, const Prepared *p, int wide, int part, int parts) {
+    const int64_t B = wide ? 256 : 32, blocks = K / B, total = M * blocks;
+    for (int64_t i = total * part / parts; i < total * (part + 1) / parts; i++) {
+        const int64_t m = i / blocks, b = i % blocks;
+        int8_t *codes = p->codes + m * K + b * B;
+        int32_t sum;
+        const float top = quantize_codes(x + m * K + b * B, codes, B, &sum);
+        if (!wide) {
+            p->scales[i] = rounded_to_half(top / 127.0f);
+            p->sums[i] = sum;
+            p->scaled_sums[i] = rounded_to_half((float)sum * (top / 127.0f));
+        } else {
+            p->scales[i] = top > 0.0f ? 1.0f / (127.0f / top) : 0.0f;
+            for (int j = 0; j < 16; j++) {
+                int32_t run = 0;
+                for (int l = 0; l < 16; l++) run += codes[16 * j + l];
+                p->sums[i * 16 + j] = run;
+            }
+            for (int j = 0; j < 8; j++) p->sums32[i * 8 + j] = p->sums[i * 16 + 2 * j] + p->sums[i * 16 + 2 * j + 1];
+        }
+    }
+}
+
+/* ---- one run of codes: pairs of nibbles (and plane bits) against R rows ---- */
+
+/* dots[r] += the exact dots of a run of `pairs` pairs at `at` (plane at `plane`: `bits` 0, 1 or 2 higher bits per
+ * code) with each row's codes x[r], times `multiplier` per output when `scaled`. AVX2's int16 partial dots are widened
+ * every `every` pairs, before they could overflow (4 pairs of 4-bit codes: 16 products of at most 15 * 127). */
+ALWAYS void run_dots(const uint8_t *at, const uint8_t *plane_at, const int pairs, const int bits,
+                     const int8_t *const x[MAX_ROWS], li dots[MAX_ROWS], li multiplier, const int scaled, const int R) {
+    const int every = WIDE_LW ? pairs : bits == 0 ? 4 : bits == 1 ? 2 : 1;
+    lw part[MAX_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) part[r] = lw_zero();
+    lb plane;
+    if (bits) plane = lb_load(plane_at);
+    _Pragma("GCC unroll 4") for (int p = 0; p < pairs; p++) {
+        const lb v = lb_load(at + 64 * p);
+        lb lo = lb_low(v), hi = lb_high(v);
+        if (bits == 1) {  /* chunk c's bit c of the plane to bit 4 */
+            lo = lb_or(lo, lb_shift_mask(plane, 4 - 2 * p, 0x10));
+            hi = lb_or(hi, lb_shift_mask(plane, 3 - 2 * p, 0x10));
+        } else if (bits == 2) {  /* chunk c's bits 2c, 2c + 1 to bits 4, 5 */
+            lo = lb_or(lo, lb_shift_mask(plane, 4 - 4 * p, 0x30));
+            hi = lb_or(hi, lb_shift_mask(plane, 2 - 4 * p, 0x30));
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            int32_t quads[2];
+            memcpy(quads, x[r] + 8 * p, sizeof quads);
+            part[r] = lw_dot(lw_dot(part[r], lo, quads[0]), hi, quads[1]);
+        }
+        if ((p + 1) % every == 0 || p + 1 == pairs)
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                dots[r] = scaled ? li_widen_by(dots[r], part[r], multiplier) : li_widen(dots[r], part[r]);
+                part[r] = lw_zero();
+            }
+    }
+}
+
+/* ---- one block of a group (this pass's LANES outputs of it) against R rows: sums[r] += its terms ---- */
+
+ALWAYS void block_32(const int format, const uint8_t *g, const Row *rows, int64_t b, lf sums[MAX_ROWS], const int R,
+                     const int h) {
+    li dots[MAX_ROWS];
+    const int8_t *x[MAX_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = li_zero(), x[r] = rows[r].codes + 32 * b;
+    const int five = format == BLOCKS_Q5_0 || format == BLOCKS_Q5_1;
+    const int minned = format == BLOCKS_Q4_1 || format == BLOCKS_Q5_1;
+    const int scales_at = format == BLOCKS_Q8_0 ? 512 : 256 + 64 * five;  /* d, then m */
+    if (format == BLOCKS_Q8_0) {
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+            const lb w = lb_q8(lb_load(g + 64 * c + STEP * h));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                int32_t quad;
+                memcpy(&quad, x[r] + 4 * c, 4);
+                dots[r] = li_dot_q8(dots[r], w, quad);
+            }
+        }
+    } else {
+        run_dots(g + STEP * h, g + 256 + STEP * h, 4, five, x, dots, li_zero(), 0, R);
+    }
+    const lf d = lf_f16(g + scales_at + 2 * LANES * h);
+    const lf m = minned ? lf_f16(g + scales_at + 32 + 2 * LANES * h) : lf_zero();
+    const int offset = format == BLOCKS_Q8_0 ? 128 * Q8_FLIPPED : format == BLOCKS_Q4_0 ? 8 : format == BLOCKS_Q5_0 ? 16 : 0;
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        const li exact = offset ? li_sub(dots[r], li_set(offset * rows[r].sums[b])) : dots[r];
+        lf term = lf_mul(lf_of(exact), lf_mul(d, lf_set(rows[r].scales[b])));
+        if (minned) term = lf_add(term, lf_mul(m, lf_set(rows[r].scaled_sums[b])));
+        sums[r] = lf_add(sums[r], term);
+    }
+}
+
+ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t b, lf sums[MAX_ROWS], const int R,
+                    const int h) {
+    li dots[MAX_ROWS], offsets[MAX_ROWS];
+    const int8_t *x[MAX_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = offsets[r] = li_zero();
+    const int six = format == BLOCKS_Q6_K, five = format == BLOCKS_Q5_K;
+    const int tail = six ? 3072 : 2048 + 512 * five;  /* the scales (then mins), then d (and dmin) */
+    if (six) {
+        for (int j = 0; j < 16; j++) {  /* runs of 16: dots[r] += sc_j dot_j, offsets[r] += sc_j xsum_j */
+            const li scale = li_multiplier(g + tail + 16 * j + LANES * h, 1);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                x[r] = rows[r].codes + 256 * b + 16 * j;
+                offsets[r] = li_add(offsets[r], li_times(scale, rows[r].sums[16 * b + j]));
+            }
+            run_dots(g + 192 * j + STEP * h, g + 192 * j + 128 + STEP * h, 2, 2, x, dots, scale, 1, R);
+        }
+    } else {
+        for (int j = 0; j < 8; j++) {  /* runs of 32: dots[r] += sc_j dot_j, offsets[r] += m_j xsum_j */
+            const li scale = li_multiplier(g + tail + 16 * j + LANES * h, 0);
+            const li min = li_multiplier(g + tail + 128 + 16 * j + LANES * h, 0);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                x[r] = rows[r].codes + 256 * b + 32 * j;
+                offsets[r] = li_add(offsets[r], li_times(min, rows[r].sums32[8 * b + j]));
+            }
+            run_dots(g + 256 * j + STEP * h, g + 2048 + 64 * j + STEP * h, 4, five, x, dots, scale, 1, R);
+        }
+    }
+    const int scales_at = six ? tail + 256 : tail + 256;
+    const lf d = lf_f16(g + scales_at + 2 * LANES * h);
+    const lf dmin = six ? lf_zero() : lf_f16(g + scales_at + 32 + 2 * LANES * h);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        const lf sx = lf_set(rows[r].scales[b]);
+        const lf term = six ? lf_mul(lf_of(li_sub(dots[r], li_shl(offsets[r], 5))), lf_mul(d, sx))
+                            : lf_sub(lf_mul(lf_of(dots[r]), lf_mul(d, sx)), lf_mul(lf_of(offsets[r]), lf_mul(dmin, sx)));
+        sums[r] = lf_add(sums[r], term);
+    }
+}
+
+/* ---- a group of 16 outputs against R rows, and the matmul ---- */
+
+/* acc[r][0 .. 16) over all blocks of one group (`blocks` blocks of the format at `weights`), R rows */
+ALWAYS void group_tile(const int format, const Row *rows, const uint8_t *weights, int64_t blocks,
+                       float acc[MAX_ROWS][BLOCKS_GROUP], const int R) {
+    const int64_t bytes = block_group_bytes(format);
+    for (int h = 0; h < BLOCKS_GROUP / LANES; h++) {
+        lf sums[MAX_ROWS];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = lf_zero();
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint8_t *g = weights + b * bytes;
+            if (h == 0)
+                for (int64_t line = 0; line < bytes; line += 64) prefetch_ahead(g + line);  /* simd.h */
+            if (blocks_k_quant(format)) block_k(format, g, rows, b, sums, R, h);
+            else block_32(format, g, rows, b, sums, R, h);
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) lf_store(acc[r] + LANES * h, sums[r]);
+    }
+}
+
+/* y[r * ldy + n0 + lane] = acc[r][lane] (+ bias) for the group's outputs below N */
+static void store_group(float acc[MAX_ROWS][BLOCKS_GROUP], const float *bias, float *y, int64_t ldy, int64_t N,
+                        int64_t n0, int R) {
+    for (int r = 0; r < R; r++)
+        for (int lane = 0; lane < BLOCKS_GROUP && n0 + lane < N; lane++)
+            y[r * ldy + n0 + lane] = bias ? acc[r][lane] + bias[n0 + lane] : acc[r][lane];
+}
+
+/* Groups [begin, end) of one format for rows m .. m + R - 1 */
+ALWAYS void rows_tile_of(const int format, const Prepared *p, const uint8_t *packed, const float *bias, float *y,
+                         int64_t ldy, int64_t m, const int R, int64_t begin, int64_t end, int64_t N, int64_t K) {
+    const int wide = blocks_k_quant(format);
+    const int64_t blocks = K / block_weights(format), bytes = blocks * block_group_bytes(format);
+    Row rows[MAX_ROWS];
+    for (int r = 0; r < R; r++) rows[r] = row_of(p, m + r, K, wide);
+    float acc[MAX_ROWS][BLOCKS_GROUP];
+    for (int64_t group = begin; group < end; group++) {
+        group_tile(format, rows, packed + group * bytes, blocks, acc, R);
+        store_group(acc, bias, y + m * ldy, ldy, N, group * BLOCKS_GROUP, R);
+    }
+}
+
+/* each format's tiles compiled with the format a constant */
+#define FORMAT_TILES(NAME, FORMAT)                                                                                 \
+    static void NAME(const Prepared *p, const uint8_t *packed, const float *bias, float *y, int64_t ldy, int64_t m, \
+                     int R, int64_t begin, int64_t end, int64_t N, int64_t K) {                                    \
+        switch (R) {                                                                                               \
+            case 1: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 1, begin, end, N, K); break;                   \
+            case 2: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 2, begin, end, N, K); break;                   \
+            case 3: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 3, begin, end, N, K); break;                   \
+            default: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 4, begin, end, N, K); break;                  \
+        }                                                                                                          \
+    }
+FORMAT_TILES(tiles_q8_0, BLOCKS_Q8_0)
+FORMAT_TILES(tiles_q4_0, BLOCKS_Q4_0)
+FORMAT_TILES(tiles_q4_1, BLOCKS_Q4_1)
+FORMAT_TILES(tiles_q5_0, BLOCKS_Q5_0)
+FORMAT_TILES(tiles_q5_1, BLOCKS_Q5_1)
+FORMAT_TILES(tiles_q4_k, BLOCKS_Q4_K)
+FORMAT_TILES(tiles_q5_k, BLOCKS_Q5_K)
+FORMAT_TILES(tiles_q6_k, BLOCKS_Q6_K)
+
+typedef void (*Tiles)(const Prepared *, const uint8_t *, const float *, float *, int64_t, int64_t, int, int64_t,
+                      int64_t, int64_t, int64_t);
+static Tiles tiles_of(int format) {
+    switch (format) {
+        case BLOCKS_Q8_0: return tiles_q8_0;
+        case BLOCKS_Q4_0: return tiles_q4_0;
+        case BLOCKS_Q4_1: return tiles_q4_1;
+        case BLOCKS_Q5_0: return tiles_q5_0;
+        case BLOCKS_Q5_1: return tiles_q5_1;
+        case BLOCKS_Q4_K: return tiles_q4_k;
+        case BLOCKS_Q5_K: return tiles_q5_k;
+        default: return tiles_q6_k;
+    }
+}
+
+/* One thread's share of one segment (N outputs in `format`) from prepared rows: groups split evenly between the
+ * threads; up to 4 rows take every group in one sweep, more go 4 at a time over spans of groups kept in cache. */
+static void segment_share(int format, const Prepared *p, const uint8_t *packed, const float *bias, float *y,
+                          int64_t ldy, int64_t M, int64_t N, int64_t K, int part, int parts) {
+    const Tiles tiles = tiles_of(format);
+    const int64_t groups = (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP;
+    const int64_t begin = groups * part / parts, end = groups * (part + 1) / parts;
+    if (M <= MAX_ROWS) {
+        tiles(p, packed, bias, y, ldy, 0, (int)M, begin, end, N, K);
+        return;
+    }
+    const int64_t group_bytes = K / block_weights(format) * block_group_bytes(format);
+    const int64_t span = SPAN_BYTES / group_bytes > 1 ? SPAN_BYTES / group_bytes : 1;
+    for (int64_t first = begin; first < end; first += span)
+        for (int64_t m = 0; m < M; m += MAX_ROWS)
+            tiles(p, packed, bias, y, ldy, m, M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS, first,
+                  end - first < span ? end : first + span, N, K);
+}
+
+/* The whole team's matmul x (M, K) -> y (M, N) through a BlockMatrix (+ bias (N)): the team quantizes the rows at
+ * the granularities the segments need, waits, and each thread computes its share of every segment. The caller
+ * waits for y (matmul.c team_matmul). */
+void blocks_matmul_team(const float *x, const BlockMatrix *matrix, const float *bias, float *y, int64_t M, int64_t N,
+                        int64_t K, void *prepared, int part, int parts) {
+    int narrow = 0, wide = 0;
+    for (int s = 0; s < matrix->count; s++) {
+        if (matrix->formats[s] >= BLOCKS_Q4_K) wide = 1;
+        else narrow = 1;
+    }
+    const Prepared by32 = prepared_at(prepared, M, K, 0), by256 = prepared_at(prepared, M, K, 1);
+    if (narrow) prepare_share(x, M, K, &by32, 0, part, parts);
+    if (wide) prepare_share(x, M, K, &by256, 1, part, parts);
+#pragma omp barrier
+    int64_t n0 = 0;
+    for (int s = 0; s < matrix->count; n0 += matrix->rows[s], s++) {
+        const int format = matrix->formats[s];
+        segment_share(format, blocks_k_quant(format) ? &by256 : &by32, matrix->data[s], bias ? bias + n0 : NULL,
+                      y + n0, N, M, matrix->rows[s], K, part, parts);
+    }
+}

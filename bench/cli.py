@@ -27,6 +27,7 @@ import torch
 from bench import llama_cpp, scaling, suite
 from bench.checkpoints import source_checkpoint
 from edge.cli_options import print_plan, resolve_model_path
+from edge.gguf_checkpoint import gguf_index
 from edge.drafters.registry import usage as drafter_usage
 from edge.errors import EdgeError
 from edge.kv_cache import common_prefix
@@ -249,13 +250,24 @@ def suite_peer_runs(args: argparse.Namespace, model: Path, methods: list[str]) -
 
 
 def peer_runs(args: argparse.Namespace, model: Path) -> list[tuple[str, Path]]:
-    """The --ar peers to run: transformers on the checkpoint, llama.cpp on its GGUF at the matching precision."""
+    """The --ar peers to run: transformers on the checkpoint, llama.cpp on its GGUF at the matching precision; for a
+    .gguf file (or a Hub id naming one), llama.cpp on that very file."""
     if args.peers is None:
         return []
     wanted = {"transformers", "llama.cpp"} if args.peers == "all" else set(args.peers.split(","))
     unknown = wanted - {"transformers", "llama.cpp"}
     if unknown:
         raise EdgeError(f"--peers {args.peers}: unknown peer {sorted(unknown)[0]!r}; use transformers, llama.cpp")
+    index = gguf_index(model)
+    if index is not None and "transformers" in wanted:
+        if args.peers != "all":
+            raise EdgeError("--peers transformers runs checkpoint folders; for a .gguf file use --peers llama.cpp")
+        wanted.discard("transformers")
+        print("edge-bench: transformers skipped (it runs checkpoint folders, not .gguf files)", file=sys.stderr)
+    if index is not None and "llama.cpp" in wanted:
+        if not llama_cpp.available():
+            raise EdgeError("--peers llama.cpp needs llama-cpp-python: pip install 'edge[peers]'")
+        return [("llama.cpp", Path(index["file"]))]
     runs = [("transformers", model)] if "transformers" in wanted else []
     if "llama.cpp" in wanted:
         if not llama_cpp.available():

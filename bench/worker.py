@@ -77,8 +77,11 @@ def llama_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: 
 
 
 def backend_label(backend: str, model: str, dtype: str, weights: str | None) -> str:
+    from edge.gguf_checkpoint import checkpoint_from_gguf, gguf_index
+
     if backend == "llama.cpp":
-        return f"llama.cpp {model.removesuffix('.gguf').rsplit('-', 1)[-1]}"  # converted(): NAME-KEY-TYPE.gguf
+        index = gguf_index(checkpoint_from_gguf(model))  # the file's own type (q4_k_m, ...), from its header
+        return f"llama.cpp {index['file_type']}"
     if backend != "edge":
         return backend
     from edge.bundle import is_bundle, read_bundle
@@ -87,6 +90,9 @@ def backend_label(backend: str, model: str, dtype: str, weights: str | None) -> 
         return f"edge onnx {read_bundle(model, verify=False).manifest['quantization']['weights']}"
     if weights:
         return f"edge torch {weights}"
+    index = gguf_index(model)
+    if index is not None:
+        return f"edge {index['file_type']}"
     from edge.planning import kept_weight_dtype
 
     return f"edge torch {kept_weight_dtype(model, dtype, 'cpu')}"

@@ -31,7 +31,8 @@ from edge.errors import CheckpointError, UnsupportedModelError
 from edge.model import Transformer
 from edge.rope import inverse_frequencies
 from kernels.block_formats import FORMATS as BLOCK_FORMATS
-from kernels.block_formats import BlockMatrix
+from kernels.block_formats import QUANTIZED
+from kernels.block_formats import BlockMatrix, PackedArena, packed_bytes
 
 FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.int16}
@@ -40,7 +41,7 @@ NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.int16}
 def block_format(kind: str) -> str | None:
     """The kernel format name of a GGUF tensor type ("Q4_K" -> "q4_k"), None where the kernel does not run it."""
     name = kind.lower()
-    return name if name in BLOCK_FORMATS else None
+    return name if name in QUANTIZED else None
 
 
 def runs_as_blocks(index: dict) -> bool:
@@ -57,8 +58,6 @@ def unsupported_types(index: dict) -> list[str]:
 
 def stored_bytes(index: dict) -> int:
     """The bytes edge holds for the file's weights in their own formats (the grouped layout of the block types)."""
-    from kernels.block_formats import packed_bytes
-
     total = 0
     for entry in index["tensors"]:
         name = block_format(entry["type"])
@@ -127,7 +126,7 @@ def block_model(folder: Path, index: dict, rowwise) -> Transformer:
     if unsupported:
         raise UnsupportedModelError(
             f"{file.path.name} holds {', '.join(unsupported)} tensors, which edge's kernel does not run (it runs "
-            f"{', '.join(f.upper() for f in BLOCK_FORMATS)}, F16, BF16 and F32); load it with --weights float16 to "
+            f"{', '.join(f.upper() for f in QUANTIZED)}, F16, BF16 and F32); load it with --weights float16 to "
             f"dequantize every matrix ({_gib(_float16_bytes(config))} in memory against the file's "
             f"{_gib(file.path.stat().st_size)}), or use a file in one of those types")
     return _block_model(config, file, {entry["name"]: entry for entry in index["tensors"]}, rowwise)
@@ -189,8 +188,12 @@ def _single_float(entries: dict) -> torch.dtype | None:
 
 
 def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) -> Transformer:
-    """Every matrix in its own type (float ones as stored), norms and biases in float32."""
+    """Every matrix in its own type (float ones as stored), norms and biases in float32; the packed matrices in one
+    arena on huge pages (kernels/block_formats.py PackedArena)."""
     model = Transformer(config, device="meta")
+    arena = PackedArena(sum(packed_bytes(entry["type"].lower(), *entry["shape"]) + PackedArena.ALIGN
+                            for entry in entries.values()
+                            if len(entry["shape"]) == 2 and entry["type"].lower() in BLOCK_FORMATS))
 
     def vector(name: str) -> nn.Parameter | None:
         entry = entries.get(name)
@@ -206,7 +209,7 @@ def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) ->
             entry = entries[name]
             rows, columns = entry["shape"]
             kind = block_format(entry["type"]) or entry["type"].lower()
-            parts.append(BlockMatrix.from_file(kind, file.raw(entry), rows, columns))
+            parts.append(BlockMatrix.from_file(kind, file.raw(entry), rows, columns, arena=arena))
             file.release(entry)
         return BlockMatrix.stack(parts) if len(parts) > 1 else parts[0]
 

@@ -15,6 +15,8 @@ from edge.bundle import is_bundle, read_bundle
 from edge.config import ModelConfig
 from edge.drafters.registry import DrafterSpec
 from edge.errors import SamplingError
+from edge.gguf_checkpoint import gguf_index
+from edge.gguf_weights import runs_as_blocks, stored_bytes
 from edge.load_spec import DraftModelOptions, LoadSpec
 from edge.loading import checkpoint_dtype, parse_dtype, storage_dtype
 from edge.speculative import DraftLength
@@ -35,8 +37,9 @@ def plan(spec: LoadSpec) -> Plan:
     drafter_shape, drafter_dtype = drafter_description(drafter, spec) if kind == "model" else (None, None)
     longest = DraftLength.parse(spec.draft_length).longest
     context = min(spec.max_context, config.max_position_embeddings)
+    weight_dtype, stored = target_weights(spec)
     request = PlanRequest(target=config.shape(), context=context, drafter=kind, drafter_shape=drafter_shape,
-                          draft_length=longest, weight_dtype=kept_weight_dtype(spec.path, spec.dtype, spec.device),
+                          draft_length=longest, weight_dtype=weight_dtype, stored_weight_bytes=stored,
                           kv_dtype=spec.kv_format or spec.dtype, quantspec_bits=bits, min_context=min(256, context),
                           draft_context=spec.draft.context,
                           min_draft_context=max(2 * (longest + 1), min(256, context)),
@@ -72,6 +75,19 @@ def runtime_overhead(device: str) -> int:
     if device.startswith("cuda"):
         return torch.cuda.memory_reserved(torch.device(device))
     return psutil.Process().memory_info().rss
+
+
+def target_weights(spec: LoadSpec) -> tuple[str, int | None]:
+    """How the target's weights are held, and their bytes where the shape cannot size them: a quantized GGUF file
+    on the CPU keeps its blocks (its file type, their exact size); --weights int8/int4/float16 load that; anything
+    else the dtype load_model keeps."""
+    index = gguf_index(spec.path)
+    if (index is not None and spec.weights is None and runs_as_blocks(index) and spec.device == "cpu"
+            and spec.dtype == "float32"):
+        return index["file_type"], stored_bytes(index)
+    if spec.weights is not None:
+        return spec.weights, None
+    return kept_weight_dtype(spec.path, spec.dtype, spec.device), None
 
 
 def kept_weight_dtype(folder: str | Path, dtype: str, device: str) -> str:

@@ -132,13 +132,15 @@ def footprint(target: ModelShape, context: int, *, weight_dtype: str = "float32"
               drafter: ModelShape | None = None, drafter_weight_dtype: str | None = None,
               draft_kv_dtype: str | None = None, draft_context: int | None = None, draft_length: int = 0,
               drafter_vocab: int | None = None, offloaded_layers: int = 0,
-              quantized_self_draft: int | None = None) -> Footprint:
+              quantized_self_draft: int | None = None, target_weight_bytes: int | None = None) -> Footprint:
     """The bytes of target, its KV at `context`, and speculation with `draft_length` tokens per step.
 
     `drafter` is a separate draft model (None for self-drafts and n-gram, which hold no weights or cache of their
     own); `drafter_vocab` is the size of a trimmed drafter head (VocabTrim). `offloaded_layers` of the target's
     layers live in host memory; the device holds the rest and two staging layers they stream through.
-    `quantized_self_draft` (bits) is a QuantSpec draft: the target's projections quantized, nothing else."""
+    `quantized_self_draft` (bits) is a QuantSpec draft: the target's projections quantized, nothing else.
+    `target_weight_bytes` is the target's weights counted exactly where they are stored in a format the shape cannot
+    size (a GGUF file's blocks: weight_dtype is then its name only)."""
     draft_weights = draft_kv = 0
     if quantized_self_draft:
         draft_weights = target.quantized_projection_bytes(quantized_self_draft)
@@ -152,5 +154,6 @@ def footprint(target: ModelShape, context: int, *, weight_dtype: str = "float32"
             buffers += drafter.verify_buffer_bytes(1, draft_context or context, drafter_vocab)
     host = offloaded_layers * target.layer_bytes(weight_dtype) if offloaded_layers else 0
     staging = min(2, offloaded_layers) * target.layer_bytes(weight_dtype) if offloaded_layers else 0
-    return Footprint(target.weight_bytes(weight_dtype) - host + staging, target.kv_bytes(context, kv_dtype),
+    weights = target_weight_bytes if target_weight_bytes is not None else target.weight_bytes(weight_dtype)
+    return Footprint(weights - host + staging, target.kv_bytes(context, kv_dtype),
                      draft_weights, draft_kv, buffers, host)

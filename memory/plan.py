@@ -53,6 +53,8 @@ class PlanRequest:
     can_offload: bool = False  # the device has a host to offload layers to (a GPU): the last step-down
     quantspec_bits: int = 4  # a quantspec drafter's weight bits
     quantizable_draft_kv: bool = False  # whether the engine can store the draft model's cache as int8 (a step-down)
+    stored_weight_bytes: int | None = None  # the target's weights exactly, where the shape cannot say (a GGUF file's
+    #                                         blocks); weight_dtype then only names them
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -113,7 +115,8 @@ def _footprint(request: PlanRequest, context: int, offloaded: int = 0) -> Footpr
                      drafter_weight_dtype=request.drafter_weight_dtype, draft_kv_dtype=request.draft_kv_dtype,
                      draft_context=min(request.draft_context or context, context),
                      draft_length=request.draft_length if drafting else 0, offloaded_layers=offloaded,
-                     quantized_self_draft=request.quantspec_bits if request.drafter == "quantspec" else None)
+                     quantized_self_draft=request.quantspec_bits if request.drafter == "quantspec" else None,
+                     target_weight_bytes=request.stored_weight_bytes)
 
 
 def make_plan(request: PlanRequest, budget: int) -> Plan:

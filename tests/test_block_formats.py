@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import kernel_for, kernel_path_names
 from gguf import GGMLQuantizationType, quants
 
-from kernels.block_formats import FORMATS, BlockMatrix, file_bytes, packed_bytes
+from kernels.block_formats import FORMATS, QUANTIZED, BlockMatrix, file_bytes, packed_bytes
 from kernels.cpu_matmul import RowwiseMatmul
 
 pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: the kernel falls back to torch")
@@ -44,7 +44,7 @@ def reference(name: str, data: np.ndarray, rows: int, columns: int) -> torch.Ten
     return torch.from_numpy(values.astype(np.float32)).reshape(rows, columns)
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", QUANTIZED)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_matrix_holds_exactly_the_files_values(name, shape):
     rows, columns = shape
@@ -57,7 +57,7 @@ def test_a_matrix_holds_exactly_the_files_values(name, shape):
     assert matrix.nbytes <= groups_of_file * 1.03  # the file's bytes, padded to groups of 16 (k-quants: +2.8% at most)
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", QUANTIZED)
 def test_the_matmul_computes_the_files_values_with_rows_independent(kernel, name):
     """Close to float32 arithmetic on the dequantized values (the 8-bit activations move results by well under 2%),
     and each row's bits the same whatever shares the call or how many threads run it."""
@@ -75,7 +75,7 @@ def test_the_matmul_computes_the_files_values_with_rows_independent(kernel, name
     assert torch.equal(kernel.with_threads(2).blocks(x, matrix, bias), single)
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", QUANTIZED)
 def test_the_matmul_is_llama_cpps_arithmetic(name):
     """The activations quantized as llama.cpp quantizes them for the type (8 bits per 32 with a float16 scale, or per
     256), then each block's terms: the result of that arithmetic within float rounding, inputs with a large mean
@@ -100,7 +100,7 @@ def test_every_path_gives_the_same_bits():
     test_kernels_aarch64.py) and portable agree exactly, in every format, prompts of many rows included."""
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(19, 512, generator=generator)
-    for name in FORMATS:
+    for name in QUANTIZED:
         matrix = BlockMatrix.from_file(name, random_file(name, 40, 512, seed=4), 40, 512)
         results = {path: kernel_for(path).blocks(x, matrix) for path in kernel_path_names()}
         first = next(iter(results.values()))
@@ -119,6 +119,20 @@ def test_segments_of_different_types_compute_as_separate_matrices(kernel):
     assert torch.equal(kernel.blocks(x, fused, bias), expected)
     assert torch.equal(fused.dequantized(), torch.cat([part.dequantized() for part in parts]))
     assert torch.equal(fused.dequantized(60, 40), torch.cat([part.dequantized() for part in parts])[60:100])
+
+
+def test_a_float_segment_beside_quantized_ones_runs_on_the_float_kernel(kernel):
+    """A matrix a quantized file keeps in F16 (or F32, BF16): its rows as stored, exact float32 arithmetic on them,
+    stacked with quantized segments."""
+    columns, generator = 256, torch.Generator().manual_seed(11)
+    halves = torch.randn(24, columns, generator=generator).half()
+    quantized = BlockMatrix.from_file("q8_0", random_file("q8_0", 32, columns, seed=12), 32, columns)
+    fused = BlockMatrix.stack([quantized, BlockMatrix.from_file("f16", halves.view(torch.uint8).numpy(), 24, columns)])
+    x = torch.randn(3, columns, generator=generator)
+    out = kernel.blocks(x, fused)
+    assert torch.equal(out[:, :32], kernel.blocks(x, quantized))
+    torch.testing.assert_close(out[:, 32:], F.linear(x, halves.float()), rtol=1e-5, atol=1e-5)
+    assert torch.equal(fused.dequantized(30, 4)[2:], halves[:2].float())
 
 
 def test_q8_0_codes_of_minus_128_are_exact_on_every_path():

@@ -193,6 +193,18 @@ def test_greedy_speculation_equals_plain_decoding_on_every_path(llama_dir, wide_
         assert greedy(gguf, drafter="early-exit:2") == expected, qtype
 
 
+def test_every_drafter_runs_on_a_gguf_target(llama_dir, wide_dir, tmp_path):
+    """Self-drafts over the file's own layers, a separate draft model that is itself a .gguf file, n-gram lookup,
+    and QuantSpec's int4 copy beside the file's blocks: each equals plain decoding."""
+    gguf, _ = quantized_file("q4_k_m", llama_dir, wide_dir, tmp_path)
+    draft, _ = quantized_file("q4_0", llama_dir, wide_dir, tmp_path / "draft")
+    plain = greedy(gguf)
+    for drafter in ("ngram", "skip:1", "adaptive", f"draft:{draft}"):
+        assert greedy(gguf, drafter=drafter) == plain, drafter
+    hierarchical = greedy(gguf, kv_cache="hierarchical")
+    assert greedy(gguf, drafter="quantspec", kv_cache="hierarchical") == hierarchical
+
+
 def test_weights_float16_dequantizes_and_int4_requantizes(llama_dir, tmp_path):
     """--weights float16: the file's values in 16 bits (what earlier versions ran); --weights int4: edge's own
     format, re-quantized from them."""

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_paths
 from kernels.block_formats import FORMATS as BLOCK_FORMATS
-from kernels.block_formats import BlockMatrix
+from kernels.block_formats import QUANTIZED, BlockMatrix
 from kernels.cpu_matmul import RowwiseMatmul
 from kernels.cpu_packing import pack_int4, pack_int8
 from kernels.kv_quant import dequantize, quantize
@@ -81,7 +81,7 @@ def test_matmul_on_aarch64(driver, fmt, shape):
         torch.testing.assert_close(whole, F.linear(x, stored.float(), bias), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", list(BLOCK_FORMATS))
+@pytest.mark.parametrize("name", QUANTIZED)
 def test_block_formats_on_aarch64(driver, name):
     """llama.cpp's block formats (csrc/matmul_blocks.c): the ARM code gives this machine's bits exactly, and each row
     alone what it gives beside others."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from edge.block_weights import BlockEmbedding
 from edge.drafters.base import Draft, DraftSampler
 from edge.drafters.layer_skip import LayerSkipDrafter
 from edge.errors import SamplingError
@@ -41,6 +42,8 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
     draft = Transformer(model.config, device="meta")
     shared = {name: tensor for name, tensor in model.state_dict().items() if not name.endswith(".packed")}
     draft.load_state_dict(shared, strict=False, assign=True)  # shares the tensors, copies nothing
+    if isinstance(model.embed, BlockEmbedding):  # a GGUF file's embedding and head in their blocks: shared as they are
+        draft.embed, draft.lm_head, draft.packed_head = model.embed, model.lm_head, model.packed_head
     draft.inv_freq = model.inv_freq
     draft.compute_dtype = model.compute_dtype  # float32 activations over 16-bit weights, as the target computes
     packed = cpu_kernel_format(model, bits, group_size)

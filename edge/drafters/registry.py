@@ -39,6 +39,7 @@ from edge.errors import BundleError, SamplingError
 from edge.kv_cache import KVCache
 from edge.loading import load_model, parse_dtype
 from edge.model import Transformer
+from edge.model_source import resolve_model
 from edge.packed_weights import quantize_weights
 from edge.tokenizer import Tokenizer
 
@@ -125,7 +126,9 @@ class DrafterSpec:
             return _shipped(builtin_feature_drafter_path(), "feature drafter", "feature:PATH")
         if self.kind == "builtin":
             return _shipped(builtin_drafter_path(), "drafter", "draft:PATH to a draft checkpoint")
-        if self.kind in ("draft", "feature"):
+        if self.kind == "draft":  # a folder, a .gguf file or a Hub id, as the target's model is named
+            return resolve_model(self.argument)
+        if self.kind == "feature":
             return Path(self.argument)
         raise SamplingError(f"the {self.kind} drafter has no checkpoint of its own")
 

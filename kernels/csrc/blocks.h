@@ -24,7 +24,9 @@
  *   Q5_K  256  8 runs of 32: 4 pairs + a plane       2560 + 128 + 128 + 64             = 2880  d sc_j q - dmin m_j
  *   Q6_K  256  16 runs of 16: 2 pairs + a plane      3072 + 16x16 int8 scales + 16 d  = 3360  d sc_j (q - 32)
  *
- * (k-quant scales and mins: 6 bits each in the file, one byte each here: sub-block j's 16 bytes, output n at n.)
+ * (k-quant scales and mins: 6 bits each in the file, one byte each here. Scales: sub-block j's 16 bytes, output n
+ * at n. Mins in pairs of sub-blocks, for one int16 multiply-add per pair: pair i's 32 bytes hold output n's mins of
+ * sub-blocks 2i and 2i + 1 at 2n, 2n + 1.)
  * Every type but Q4_K and Q5_K takes exactly the file's bytes; those two take 64 bytes more per 2304 / 2816 (2.8%,
  * 2.3%), the 6-bit scales and mins unpacked into bytes.
  */
@@ -33,13 +35,17 @@
 
 #include <stdint.h>
 
-/* a segment's format: ggml's own type number (GGUF's tensor_type) */
+/* a segment's format: ggml's own type number (GGUF's tensor_type). F32, F16 and BF16 segments (a matrix a quantized
+ * file keeps in floats) keep the file's row-major layout and run on the float kernel (matmul_float.c). */
 enum {
-    BLOCKS_Q4_0 = 2, BLOCKS_Q4_1 = 3, BLOCKS_Q5_0 = 6, BLOCKS_Q5_1 = 7, BLOCKS_Q8_0 = 8,
-    BLOCKS_Q4_K = 12, BLOCKS_Q5_K = 13, BLOCKS_Q6_K = 14,
+    BLOCKS_F32 = 0, BLOCKS_F16 = 1, BLOCKS_Q4_0 = 2, BLOCKS_Q4_1 = 3, BLOCKS_Q5_0 = 6, BLOCKS_Q5_1 = 7,
+    BLOCKS_Q8_0 = 8, BLOCKS_Q4_K = 12, BLOCKS_Q5_K = 13, BLOCKS_Q6_K = 14, BLOCKS_BF16 = 30,
 };
 #define BLOCKS_GROUP 16
-static inline int blocks_k_quant(int format) { return format >= BLOCKS_Q4_K; }
+static inline int blocks_k_quant(int format) { return format >= BLOCKS_Q4_K && format <= BLOCKS_Q6_K; }
+static inline int blocks_float(int format) {
+    return format == BLOCKS_F32 || format == BLOCKS_F16 || format == BLOCKS_BF16;
+}
 
 /* A matrix of the fused calls' WEIGHTS_BLOCKS format: up to 4 row segments, each in its own block format (a fused
  * q/k/v projection whose v is Q6_K beside Q4_K q and k), stacked: segment s's outputs follow segment s - 1's. */
@@ -51,8 +57,8 @@ typedef struct {
     const uint8_t *data[BLOCKS_MAX_SEGMENTS];
 } BlockMatrix;
 
-/* B: weights per block */
-static inline int64_t block_weights(int format) { return blocks_k_quant(format) ? 256 : 32; }
+/* B: weights per block (1 for the float formats) */
+static inline int64_t block_weights(int format) { return blocks_k_quant(format) ? 256 : blocks_float(format) ? 1 : 32; }
 
 /* one output's block in the file (0: not a block format edge runs) */
 static inline int64_t block_file_bytes(int format) {
@@ -65,11 +71,13 @@ static inline int64_t block_file_bytes(int format) {
         case BLOCKS_Q4_K: return 144;
         case BLOCKS_Q5_K: return 176;
         case BLOCKS_Q6_K: return 210;
+        case BLOCKS_F32: return 4;
+        case BLOCKS_F16: case BLOCKS_BF16: return 2;
         default: return 0;
     }
 }
 
-/* one group's block here */
+/* one group's block here (the float formats are not grouped: blocks_packed_bytes) */
 static inline int64_t block_group_bytes(int format) {
     switch (format) {
         case BLOCKS_Q8_0: return 544;

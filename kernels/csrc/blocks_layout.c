@@ -19,6 +19,7 @@ typedef struct {
 } Unpacked;
 
 int64_t blocks_packed_bytes(int format, int64_t N, int64_t K) {
+    if (blocks_float(format)) return N * K * block_file_bytes(format);
     return (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP * (K / block_weights(format)) * block_group_bytes(format);
 }
 
@@ -160,7 +161,7 @@ static void place_block(int format, const Unpacked *u, int n, uint8_t *g) {
             for (int j = 0; j < 8; j++) {
                 place_run(u->q + 32 * j, 32, n, g + 256 * j, five ? g + 2048 + 64 * j : NULL, five);
                 g[tail + 16 * j + n] = u->scales[j];
-                g[tail + 128 + 16 * j + n] = u->mins[j];
+                g[tail + 128 + 32 * (j / 2) + 2 * n + j % 2] = u->mins[j];  /* pairs of sub-blocks */
             }
             write16(g + tail + 256 + 2 * n, u->d);
             write16(g + tail + 288 + 2 * n, u->m);
@@ -200,7 +201,7 @@ static void read_block(int format, const uint8_t *g, int n, Unpacked *u) {
             for (int j = 0; j < 8; j++) {
                 read_run(g + 256 * j, five ? g + 2048 + 64 * j : NULL, five, 32, n, u->q + 32 * j);
                 u->scales[j] = g[tail + 16 * j + n];
-                u->mins[j] = g[tail + 128 + 16 * j + n];
+                u->mins[j] = g[tail + 128 + 32 * (j / 2) + 2 * n + j % 2];
             }
             u->d = read16(g + tail + 256 + 2 * n);
             u->m = read16(g + tail + 288 + 2 * n);
@@ -251,6 +252,10 @@ static void block_values(int format, const Unpacked *u, float *out) {
 
 /* file (N rows of K / B file blocks each) -> packed (blocks_packed_bytes), padding rows zero */
 void blocks_repack(int format, const uint8_t *file, int64_t N, int64_t K, uint8_t *packed, int threads) {
+    if (blocks_float(format)) {  /* kept as the file lays it out */
+        memcpy(packed, file, (size_t)blocks_packed_bytes(format, N, K));
+        return;
+    }
     const int64_t blocks = K / block_weights(format), file_row = blocks * block_file_bytes(format);
     const int64_t group_bytes = block_group_bytes(format), groups = (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -269,6 +274,11 @@ void blocks_repack(int format, const uint8_t *file, int64_t N, int64_t K, uint8_
 
 /* rows [first, first + count) of a packed matrix as float32 (count, K) */
 void blocks_dequantize_rows(int format, const uint8_t *packed, int64_t K, int64_t first, int64_t count, float *out) {
+    if (blocks_float(format)) {
+        const int kind = format == BLOCKS_F32 ? WEIGHTS_F32 : format == BLOCKS_F16 ? WEIGHTS_F16 : WEIGHTS_BF16;
+        for (int64_t i = 0; i < count * K; i++) out[i] = weight_at(packed, first * K + i, kind);
+        return;
+    }
     const int64_t B = block_weights(format), blocks = K / B, group_bytes = block_group_bytes(format);
     Unpacked u;
     for (int64_t r = 0; r < count; r++) {

@@ -33,6 +33,8 @@
 #define MAX_ROWS 4
 #define SPAN_BYTES 65536  /* a prompt's tiles of rows share this much of the weights at a time (in L2) */
 #define ALWAYS static inline __attribute__((always_inline))
+typedef int32_t unaligned_i32 __attribute__((may_alias, aligned(1)));  /* 4 activation codes, read as one word */
+ALWAYS int32_t quad_at(const int8_t *x) { return *(const unaligned_i32 *)x; }
 
 /* ---- the primitives, per path ---- */
 
@@ -52,8 +54,14 @@ ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
     const lb shifted = s > 0 ? _mm512_slli_epi16(v, s) : s < 0 ? _mm512_srli_epi16(v, -s) : v;
     return _mm512_and_si512(shifted, _mm512_set1_epi8((char)mask));
 }
+/* lo | ((plane << s or >> -s) & mask) in one ternary-logic op after the shift (A | (B & C): 0xF8) */
+ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) {
+    const lb shifted = s > 0 ? _mm512_slli_epi16(plane, s) : s < 0 ? _mm512_srli_epi16(plane, -s) : plane;
+    return _mm512_ternarylogic_epi32(lo, shifted, _mm512_set1_epi8((char)mask), 0xF8);
+}
 ALWAYS lw lw_zero(void) { return _mm512_setzero_si512(); }
-ALWAYS lw lw_dot(lw acc, lb w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
+/* the 4 codes at x broadcast from memory: folded into vpdpbusd, no port-5 broadcast from a register */
+ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(quad_at(x))); }
 ALWAYS li li_zero(void) { return _mm512_setzero_si512(); }
 ALWAYS li li_set(int32_t v) { return _mm512_set1_epi32(v); }
 ALWAYS li li_add(li a, li b) { return _mm512_add_epi32(a, b); }
@@ -67,6 +75,11 @@ ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
 }
 ALWAYS li li_widen_by(li acc, lw part, li multiplier) { return _mm512_add_epi32(acc, _mm512_mullo_epi32(part, multiplier)); }
 ALWAYS li li_times(li multiplier, int32_t value) { return _mm512_mullo_epi32(multiplier, _mm512_set1_epi32(value)); }
+/* acc + per output the int16 pair at p (2 bytes, unsigned) dotted with the int16 pair in `pair` */
+ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
+    const __m512i pairs = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_dpwssd_epi32(acc, pairs, _mm512_set1_epi32(pair));
+}
 ALWAYS lf lf_zero(void) { return _mm512_setzero_ps(); }
 ALWAYS lf lf_set(float v) { return _mm512_set1_ps(v); }
 ALWAYS lf lf_f16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
@@ -78,7 +91,7 @@ ALWAYS void lf_store(float *p, lf v) { _mm512_storeu_ps(p, v); }
 /* Q8_0: signed weights as unsigned bytes w + 128 (the dot then carries 128 * the row's code sum) */
 #define Q8_FLIPPED 1
 ALWAYS lb lb_q8(lb v) { return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)); }
-ALWAYS li li_dot_q8(li acc, lb w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
+ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(quad_at(x))); }
 
 #elif defined(EDGE_X86)
 #define LANES 8
@@ -95,10 +108,13 @@ ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
     const lb shifted = s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
     return _mm256_and_si256(shifted, _mm256_set1_epi8((char)mask));
 }
+ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) { return lb_or(lo, lb_shift_mask(plane, s, mask)); }
 ALWAYS lw lw_zero(void) { return _mm256_setzero_si256(); }
 /* int16 pairs: unsigned weight bytes times signed activations, adjacent products summed (no saturation: weights are
  * at most 63, so a pair is at most 2 * 63 * 127) */
-ALWAYS lw lw_dot(lw acc, lb w, int32_t x4) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4))); }
+ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) {
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, _mm256_set1_epi32(quad_at(x))));
+}
 ALWAYS li li_zero(void) { return _mm256_setzero_si256(); }
 ALWAYS li li_set(int32_t v) { return _mm256_set1_epi32(v); }
 ALWAYS li li_add(li a, li b) { return _mm256_add_epi32(a, b); }
@@ -116,6 +132,10 @@ ALWAYS li li_widen_by(li acc, lw part, li multiplier) { return _mm256_add_epi32(
 ALWAYS li li_times(li multiplier, int32_t value) {
     return _mm256_madd_epi16(multiplier, _mm256_set1_epi32(value & 0xFFFF));
 }
+ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
+    const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi32(pair)));
+}
 ALWAYS lf lf_zero(void) { return _mm256_setzero_ps(); }
 ALWAYS lf lf_set(float v) { return _mm256_set1_ps(v); }
 ALWAYS lf lf_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
@@ -128,8 +148,8 @@ ALWAYS void lf_store(float *p, lf v) { _mm256_storeu_ps(p, v); }
  * (a pair is at most 2 * 128 * 127) */
 #define Q8_FLIPPED 0
 ALWAYS lb lb_q8(lb v) { return v; }
-ALWAYS li li_dot_q8(li acc, lb w, int32_t x4) {
-    const __m256i x = _mm256_set1_epi32(x4);
+ALWAYS li li_dot_q8(li acc, lb w, const int8_t *codes) {
+    const __m256i x = _mm256_set1_epi32(quad_at(codes));
     const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
@@ -150,11 +170,12 @@ ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
     return (lb){{vandq_u8(vshlq_u8(v.val[0], by), vdupq_n_u8((uint8_t)mask)),
                  vandq_u8(vshlq_u8(v.val[1], by), vdupq_n_u8((uint8_t)mask))}};
 }
+ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) { return lb_or(lo, lb_shift_mask(plane, s, mask)); }
 ALWAYS li li_zero(void) { return (li){{vdupq_n_s32(0), vdupq_n_s32(0)}}; }
 ALWAYS lw lw_zero(void) { return li_zero(); }
 /* weights at most 127 are the same bytes signed, so sdot (signed x signed) takes them as they are, Q8_0 too */
-ALWAYS int32x4_t dot4(int32x4_t acc, uint8x16_t w, int32_t x4) {
-    const int8x16_t x = vreinterpretq_s8_s32(vdupq_n_s32(x4));
+ALWAYS int32x4_t dot4(int32x4_t acc, uint8x16_t w, const int8_t *codes) {
+    const int8x16_t x = vreinterpretq_s8_s32(vld1q_dup_s32((const int32_t *)(const void *)codes));
 #if defined(EDGE_DOTPROD)
     return vdotq_s32(acc, vreinterpretq_s8_u8(w), x);
 #else
@@ -163,7 +184,7 @@ ALWAYS int32x4_t dot4(int32x4_t acc, uint8x16_t w, int32_t x4) {
     return vpadalq_s16(acc, pairs);
 #endif
 }
-ALWAYS lw lw_dot(lw acc, lb w, int32_t x4) { return (lw){{dot4(acc.val[0], w.val[0], x4), dot4(acc.val[1], w.val[1], x4)}}; }
+ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) { return (lw){{dot4(acc.val[0], w.val[0], x), dot4(acc.val[1], w.val[1], x)}}; }
 ALWAYS li li_set(int32_t v) { return (li){{vdupq_n_s32(v), vdupq_n_s32(v)}}; }
 ALWAYS li li_add(li a, li b) { return (li){{vaddq_s32(a.val[0], b.val[0]), vaddq_s32(a.val[1], b.val[1])}}; }
 ALWAYS li li_sub(li a, li b) { return (li){{vsubq_s32(a.val[0], b.val[0]), vsubq_s32(a.val[1], b.val[1])}}; }
@@ -181,6 +202,13 @@ ALWAYS li li_widen_by(li acc, lw part, li m) {
 ALWAYS li li_times(li m, int32_t value) {
     return (li){{vmulq_n_s32(m.val[0], value), vmulq_n_s32(m.val[1], value)}};
 }
+ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
+    const int16x4_t x = vreinterpret_s16_s32(vdup_n_s32(pair));  /* (first, second) twice */
+    const int16x8_t low = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p))), high = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p + 8)));
+    const int32x4_t a = vpaddq_s32(vmull_s16(vget_low_s16(low), x), vmull_s16(vget_high_s16(low), x));
+    const int32x4_t b = vpaddq_s32(vmull_s16(vget_low_s16(high), x), vmull_s16(vget_high_s16(high), x));
+    return (li){{vaddq_s32(acc.val[0], a), vaddq_s32(acc.val[1], b)}};
+}
 ALWAYS lf lf_zero(void) { return (lf){{vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}}; }
 ALWAYS lf lf_set(float v) { return (lf){{vdupq_n_f32(v), vdupq_n_f32(v)}}; }
 ALWAYS lf lf_f16(const uint8_t *p) {
@@ -193,7 +221,7 @@ ALWAYS lf lf_mul(lf a, lf b) { return (lf){{vmulq_f32(a.val[0], b.val[0]), vmulq
 ALWAYS void lf_store(float *p, lf v) { vst1q_f32(p, v.val[0]), vst1q_f32(p + 4, v.val[1]); }
 #define Q8_FLIPPED 0
 ALWAYS lb lb_q8(lb v) { return v; }
-ALWAYS li li_dot_q8(li acc, lb w, int32_t x4) { return lw_dot(acc, w, x4); }
+ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return lw_dot(acc, w, x); }
 
 #else
 /* portable: GCC vectors of 4 lanes (SSE2 on x86-64, scalar elsewhere) */
@@ -216,19 +244,18 @@ ALWAYS lb lb_or(lb a, lb b) { return a | b; }
 ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
     return (s > 0 ? v << s : s < 0 ? v >> -s : v) & (uint8_t)mask;
 }
+ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) { return lb_or(lo, lb_shift_mask(plane, s, mask)); }
 ALWAYS li li_zero(void) { return (li){0}; }
 ALWAYS lw lw_zero(void) { return li_zero(); }
 /* 16 signed bytes (weights reinterpreted: those at most 127 are unchanged) times x4 repeated, summed per 4 */
-ALWAYS li dot_signed(li acc, vs8 w, int32_t x4) {
-    int8_t x[4];
-    memcpy(x, &x4, 4);
+ALWAYS li dot_signed(li acc, vs8 w, const int8_t *x) {
     const vs16 xs = {x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3]};
     const vs16 products = __builtin_convertvector(w, vs16) * xs;
     for (int n = 0; n < LANES; n++)
         acc[n] += (int32_t)products[4 * n] + products[4 * n + 1] + products[4 * n + 2] + products[4 * n + 3];
     return acc;
 }
-ALWAYS lw lw_dot(lw acc, lb w, int32_t x4) { return dot_signed(acc, (vs8)w, x4); }
+ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) { return dot_signed(acc, (vs8)w, x); }
 ALWAYS li li_set(int32_t v) { return (li){0} + v; }
 ALWAYS li li_add(li a, li b) { return a + b; }
 ALWAYS li li_sub(li a, li b) { return a - b; }
@@ -241,6 +268,11 @@ ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
 }
 ALWAYS li li_widen_by(li acc, lw part, li m) { return acc + part * m; }
 ALWAYS li li_times(li m, int32_t value) { return m * value; }
+ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
+    const int32_t first = (int16_t)(pair & 0xFFFF), second = (int16_t)((uint32_t)pair >> 16);
+    for (int n = 0; n < LANES; n++) acc[n] += p[2 * n] * first + p[2 * n + 1] * second;
+    return acc;
+}
 ALWAYS lf lf_zero(void) { return (lf){0}; }
 ALWAYS lf lf_set(float v) { return (lf){0} + v; }
 ALWAYS lf lf_f16(const uint8_t *p) {
@@ -259,7 +291,7 @@ ALWAYS lf lf_mul(lf a, lf b) { return a * b; }
 ALWAYS void lf_store(float *p, lf v) { memcpy(p, &v, sizeof v); }
 #define Q8_FLIPPED 0
 ALWAYS lb lb_q8(lb v) { return v; }
-ALWAYS li li_dot_q8(li acc, lb w, int32_t x4) { return dot_signed(acc, (vs8)w, x4); }
+ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return dot_signed(acc, (vs8)w, x); }
 #endif
 
 #define STEP (LANES * 4) /* bytes of a 64-byte chunk, pair or plane that one pass reads */
@@ -271,7 +303,8 @@ typedef struct {
     const int8_t *codes;        /* K */
     const float *scales;        /* per block: sx (32-weight types) or per 256 (k-quants) */
     const int32_t *sums;        /* 32-weight types: per 32; k-quants: per 16 */
-    const int32_t *sums32;      /* k-quants: per 32 */
+    const int32_t *pairs;       /* k-quants: the sums per 32 of sub-blocks 2i and 2i + 1 as int16 halves of word i */
+    const int32_t *centred;     /* k-quants: 32 * the sums per 16 (Q6_K's codes q - 32) */
     const float *scaled_sums;   /* 32-weight types: sx * sum per 32 (Q4_1, Q5_1's min) */
 } Row;
 
@@ -281,7 +314,8 @@ typedef struct {
     int8_t *codes;
     float *scales;
     int32_t *sums;
-    int32_t *sums32;
+    int32_t *pairs;
+    int32_t *centred;
     float *scaled_sums;
 } Prepared;
 
@@ -297,12 +331,13 @@ static Prepared prepared_at(void *base, int64_t M, int64_t K, int wide) {
         out.scales = (float *)p;
         out.sums = (int32_t *)(out.scales + M * (K / 32));
         out.scaled_sums = (float *)(out.sums + M * (K / 32));
-        out.sums32 = NULL;
+        out.pairs = out.centred = NULL;
     } else {
         out.scales = (float *)p;
         p += aligned(M * (K / 256) * 4);
         out.sums = (int32_t *)p;
-        out.sums32 = out.sums + M * (K / 16);
+        out.pairs = out.sums + M * (K / 16);
+        out.centred = out.pairs + M * (K / 64);
         out.scaled_sums = NULL;
     }
     return out;
@@ -311,11 +346,11 @@ static Prepared prepared_at(void *base, int64_t M, int64_t K, int wide) {
 int64_t blocks_prepared_bytes(int64_t M, int64_t K) {
     K = round_up(K, 256);
     return aligned(M * K) + aligned(M * (K / 32) * 12) + aligned(M * K) + aligned(M * (K / 256) * 4) +
-           M * (K / 16 + K / 32) * 4 + 64;
+           M * (2 * (K / 16) + K / 64) * 4 + 64;
 }
 
 static Row row_of(const Prepared *p, int64_t m, int64_t K, int wide) {
-    Row row = {p->codes + m * K, NULL, NULL, NULL, NULL};
+    Row row = {p->codes + m * K, NULL, NULL, NULL, NULL, NULL};
     if (!wide) {
         row.scales = p->scales + m * (K / 32);
         row.sums = p->sums + m * (K / 32);
@@ -323,7 +358,8 @@ static Row row_of(const Prepared *p, int64_t m, int64_t K, int wide) {
     } else {
         row.scales = p->scales + m * (K / 256);
         row.sums = p->sums + m * (K / 16);
-        row.sums32 = p->sums32 + m * (K / 32);
+        row.pairs = p->pairs + m * (K / 64);
+        row.centred = p->centred + m * (K / 16);
     }
     return row;
 }
@@ -349,7 +385,8 @@ static float rounded_to_half(float value) {
  * quantizes activations (codes round(x * 127 / max|x|), ties to even; quantized.h gives the same codes on every
  * path):
  *   per 32 (its Q8_0 / Q8_1): the scale max|x| / 127 rounded to float16, and float16(sum * max|x| / 127)
- *   per 256 (its Q8_K): the scale 1 / (127 / max|x|), and the codes' sums per 16 (and per 32 here) */
+ *   per 256 (its Q8_K): the scale 1 / (127 / max|x|), and the codes' sums per 16 (and per 32 here, two to a word:
+ *   each at most 32 * 127 in magnitude) */
 static void prepare_share(const float *x, int64_t M, int64_t K, const Prepared *p, int wide, int part, int parts) {
     const int64_t B = wide ? 256 : 32, blocks = K / B, total = M * blocks;
     for (int64_t i = total * part / parts; i < total * (part + 1) / parts; i++) {
@@ -367,8 +404,13 @@ static void prepare_share(const float *x, int64_t M, int64_t K, const Prepared *
                 int32_t run = 0;
                 for (int l = 0; l < 16; l++) run += codes[16 * j + l];
                 p->sums[i * 16 + j] = run;
+                p->centred[i * 16 + j] = 32 * run;
             }
-            for (int j = 0; j < 8; j++) p->sums32[i * 8 + j] = p->sums[i * 16 + 2 * j] + p->sums[i * 16 + 2 * j + 1];
+            for (int j = 0; j < 4; j++) {
+                const int32_t first = p->sums[i * 16 + 4 * j] + p->sums[i * 16 + 4 * j + 1];
+                const int32_t second = p->sums[i * 16 + 4 * j + 2] + p->sums[i * 16 + 4 * j + 3];
+                p->pairs[i * 4 + j] = (int32_t)(((uint32_t)second << 16) | ((uint32_t)first & 0xFFFF));
+            }
         }
     }
 }
@@ -377,9 +419,12 @@ static void prepare_share(const float *x, int64_t M, int64_t K, const Prepared *
 
 /* dots[r] += the exact dots of a run of `pairs` pairs at `at` (plane at `plane`: `bits` 0, 1 or 2 higher bits per
  * code) with each row's codes x[r], times `multiplier` per output when `scaled`. AVX2's int16 partial dots are widened
- * every `every` pairs, before they could overflow (4 pairs of 4-bit codes: 16 products of at most 15 * 127). */
+ * every `every` pairs, before they could overflow (4 pairs of 4-bit codes: 16 products of at most 15 * 127). With
+ * `centred` rows (int32 partials only: one widening per run), each row's run dot has 32 * its codes' sum
+ * (rows[r].centred[index]) taken off before it is scaled: Q6_K's codes q - 32. */
 ALWAYS void run_dots(const uint8_t *at, const uint8_t *plane_at, const int pairs, const int bits,
-                     const int8_t *const x[MAX_ROWS], li dots[MAX_ROWS], li multiplier, const int scaled, const int R) {
+                     const int8_t *const x[MAX_ROWS], li dots[MAX_ROWS], li multiplier, const int scaled,
+                     const Row *centred, int64_t index, const int R) {
     const int every = WIDE_LW ? pairs : bits == 0 ? 4 : bits == 1 ? 2 : 1;
     lw part[MAX_ROWS];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) part[r] = lw_zero();
@@ -389,19 +434,16 @@ ALWAYS void run_dots(const uint8_t *at, const uint8_t *plane_at, const int pairs
         const lb v = lb_load(at + 64 * p);
         lb lo = lb_low(v), hi = lb_high(v);
         if (bits == 1) {  /* chunk c's bit c of the plane to bit 4 */
-            lo = lb_or(lo, lb_shift_mask(plane, 4 - 2 * p, 0x10));
-            hi = lb_or(hi, lb_shift_mask(plane, 3 - 2 * p, 0x10));
+            lo = lb_merge(lo, plane, 4 - 2 * p, 0x10);
+            hi = lb_merge(hi, plane, 3 - 2 * p, 0x10);
         } else if (bits == 2) {  /* chunk c's bits 2c, 2c + 1 to bits 4, 5 */
-            lo = lb_or(lo, lb_shift_mask(plane, 4 - 4 * p, 0x30));
-            hi = lb_or(hi, lb_shift_mask(plane, 2 - 4 * p, 0x30));
+            lo = lb_merge(lo, plane, 4 - 4 * p, 0x30);
+            hi = lb_merge(hi, plane, 2 - 4 * p, 0x30);
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            int32_t quads[2];
-            memcpy(quads, x[r] + 8 * p, sizeof quads);
-            part[r] = lw_dot(lw_dot(part[r], lo, quads[0]), hi, quads[1]);
-        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) part[r] = lw_dot(lw_dot(part[r], lo, x[r] + 8 * p), hi, x[r] + 8 * p + 4);
         if ((p + 1) % every == 0 || p + 1 == pairs)
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                if (WIDE_LW && centred) part[r] = li_sub(part[r], li_set(centred[r].centred[index]));
                 dots[r] = scaled ? li_widen_by(dots[r], part[r], multiplier) : li_widen(dots[r], part[r]);
                 part[r] = lw_zero();
             }
@@ -421,14 +463,10 @@ ALWAYS void block_32(const int format, const uint8_t *g, const Row *rows, int64_
     if (format == BLOCKS_Q8_0) {
         _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
             const lb w = lb_q8(lb_load(g + 64 * c + STEP * h));
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                int32_t quad;
-                memcpy(&quad, x[r] + 4 * c, 4);
-                dots[r] = li_dot_q8(dots[r], w, quad);
-            }
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = li_dot_q8(dots[r], w, x[r] + 4 * c);
         }
     } else {
-        run_dots(g + STEP * h, g + 256 + STEP * h, 4, five, x, dots, li_zero(), 0, R);
+        run_dots(g + STEP * h, g + 256 + STEP * h, 4, five, x, dots, li_zero(), 0, NULL, 0, R);
     }
     const lf d = lf_f16(g + scales_at + 2 * LANES * h);
     const lf m = minned ? lf_f16(g + scales_at + 32 + 2 * LANES * h) : lf_zero();
@@ -449,28 +487,28 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
     const int six = format == BLOCKS_Q6_K, five = format == BLOCKS_Q5_K;
     const int tail = six ? 3072 : 2048 + 512 * five;  /* the scales (then mins), then d (and dmin) */
     if (six) {
-        for (int j = 0; j < 16; j++) {  /* runs of 16: dots[r] += sc_j dot_j, offsets[r] += sc_j xsum_j */
+        for (int j = 0; j < 16; j++) {  /* runs of 16: dots[r] += sc_j (dot_j - 32 xsum_j) */
             const li scale = li_multiplier(g + tail + 16 * j + LANES * h, 1);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 x[r] = rows[r].codes + 256 * b + 16 * j;
-                offsets[r] = li_add(offsets[r], li_times(scale, rows[r].sums[16 * b + j]));
+                if (!WIDE_LW)  /* int16 partial dots are scaled pair by pair: the offset apart, sc_j xsum_j */
+                    offsets[r] = li_add(offsets[r], li_times(scale, rows[r].sums[16 * b + j]));
             }
-            run_dots(g + 192 * j + STEP * h, g + 192 * j + 128 + STEP * h, 2, 2, x, dots, scale, 1, R);
+            run_dots(g + 192 * j + STEP * h, g + 192 * j + 128 + STEP * h, 2, 2, x, dots, scale, 1,
+                     WIDE_LW ? rows : NULL, 16 * b + j, R);
         }
     } else {
-        for (int j = 0; j < 8; j++) {  /* runs of 32: dots[r] += sc_j dot_j, offsets[r] += m_j xsum_j */
+        for (int j = 0; j < 8; j++) {  /* runs of 32: dots[r] += sc_j dot_j */
             const li scale = li_multiplier(g + tail + 16 * j + LANES * h, 0);
-            const li min = li_multiplier(g + tail + 128 + 16 * j + LANES * h, 0);
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                x[r] = rows[r].codes + 256 * b + 32 * j;
-                offsets[r] = li_add(offsets[r], li_times(min, rows[r].sums32[8 * b + j]));
-            }
-            run_dots(g + 256 * j + STEP * h, g + 2048 + 64 * j + STEP * h, 4, five, x, dots, scale, 1, R);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) x[r] = rows[r].codes + 256 * b + 32 * j;
+            run_dots(g + 256 * j + STEP * h, g + 2048 + 64 * j + STEP * h, 4, five, x, dots, scale, 1, NULL, 0, R);
         }
+        for (int i = 0; i < 4; i++)  /* offsets[r] = sum_j m_j xsum_j, two sub-blocks at a time */
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                offsets[r] = li_pair_dot(offsets[r], g + tail + 128 + 32 * i + 2 * LANES * h, rows[r].pairs[4 * b + i]);
     }
-    const int scales_at = six ? tail + 256 : tail + 256;
-    const lf d = lf_f16(g + scales_at + 2 * LANES * h);
-    const lf dmin = six ? lf_zero() : lf_f16(g + scales_at + 32 + 2 * LANES * h);
+    const lf d = lf_f16(g + tail + 256 + 2 * LANES * h);
+    const lf dmin = six ? lf_zero() : lf_f16(g + tail + 288 + 2 * LANES * h);
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         const lf sx = lf_set(rows[r].scales[b]);
         const lf term = six ? lf_mul(lf_of(li_sub(dots[r], li_shl(offsets[r], 5))), lf_mul(d, sx))
@@ -592,6 +630,12 @@ void blocks_matmul_team(const float *x, const BlockMatrix *matrix, const float *
     int64_t n0 = 0;
     for (int s = 0; s < matrix->count; n0 += matrix->rows[s], s++) {
         const int format = matrix->formats[s];
+        if (blocks_float(format)) {
+            const int kind = format == BLOCKS_F32 ? WEIGHTS_F32 : format == BLOCKS_F16 ? WEIGHTS_F16 : WEIGHTS_BF16;
+            float_matmul_strided_share(kind, x, matrix->data[s], bias ? bias + n0 : NULL, y + n0, N, M,
+                                       matrix->rows[s], K, part, parts);
+            continue;
+        }
         segment_share(format, blocks_k_quant(format) ? &by256 : &by32, matrix->data[s], bias ? bias + n0 : NULL,
                       y + n0, N, M, matrix->rows[s], K, part, parts);
     }

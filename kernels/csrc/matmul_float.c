@@ -34,7 +34,7 @@ static inline __attribute__((always_inline)) vf load_weights(const void *w, int6
  * output alone is one lane-wise chain over k, the lane reduction, the tail, the bias. Each row's x vector is loaded
  * once for the S outputs. */
 static inline __attribute__((always_inline)) void float_dots(const float *x, const void *w, const float *bias,
-                                                             float *y, const int64_t *n, int64_t N, int64_t K,
+                                                             float *y, const int64_t *n, int64_t ldy, int64_t K,
                                                              const int R, const int S, const int format,
                                                              const int ahead) {
     vf acc[ROW_GROUP][STREAMS];
@@ -63,7 +63,7 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
             _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) sums[r] = sums[r] + x[r * K + j] * wk;
         }
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
-            y[r * N + n[s]] = sums[r] + (bias ? bias[n[s]] : 0.0f);
+            y[r * ldy + n[s]] = sums[r] + (bias ? bias[n[s]] : 0.0f);
     }
 }
 
@@ -77,10 +77,10 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
  * (a verify pass of 4 drafted tokens) goes as one group against 2 outputs (10 chains) instead of 4 rows and then 1,
  * which read every weight row twice: 47-49 against 58-67 ms on that target, 1.6-2.3 against 2.1-2.5 ms on the
  * built-in model. Longer calls keep groups of 4 in 3 streams. The few outputs left over go one at a time. */
-#define DOTS(R, S) float_dots(xm, w, bias, ym, outputs, N, K, R, S, format, ahead)
+#define DOTS(R, S) float_dots(xm, w, bias, ym, outputs, ldy, K, R, S, format, ahead)
 static inline __attribute__((always_inline)) void float_outputs(const float *x, const void *w, const float *bias,
                                                                 float *y, int64_t first, int64_t end, int64_t M,
-                                                                int64_t N, int64_t K, const int format) {
+                                                                int64_t ldy, int64_t K, const int format) {
     const int streams = M <= 2 ? 4 : M == 5 ? 2 : 3;
     const int group = M == 5 ? 5 : 4;
     const int64_t part = (end - first) / streams;
@@ -91,7 +91,7 @@ static inline __attribute__((always_inline)) void float_outputs(const float *x, 
         for (int s = 0; s < streams; s++) outputs[s] = n + s * part;
         for (int64_t m = 0; m < M; m += group) {
             const float *xm = x + m * K;
-            float *ym = y + m * N;
+            float *ym = y + m * ldy;
             const int ahead = m == 0 && M > 1, rows = M - m < group ? (int)(M - m) : group;
             if (rows == 5) {
                 if (tuple) DOTS(5, 2);
@@ -116,13 +116,18 @@ static inline __attribute__((always_inline)) void float_outputs(const float *x, 
 #undef DOTS
 
 /* One thread's share of the outputs (split evenly between `parts` threads): format 0 float32, 1 bfloat16, 2
- * float16. */
+ * float16; row m of y at y + m * ldy (ldy >= N: a segment of a wider output, csrc/matmul_blocks.c). */
+void float_matmul_strided_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t ldy,
+                                int64_t M, int64_t N, int64_t K, int part, int parts) {
+    const int64_t first = N * part / parts, end = N * (part + 1) / parts;
+    if (format == WEIGHTS_BF16) float_outputs(x, w, bias, y, first, end, M, ldy, K, WEIGHTS_BF16);
+    else if (format == WEIGHTS_F16) float_outputs(x, w, bias, y, first, end, M, ldy, K, WEIGHTS_F16);
+    else float_outputs(x, w, bias, y, first, end, M, ldy, K, WEIGHTS_F32);
+}
+
 void float_matmul_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N,
                         int64_t K, int part, int parts) {
-    const int64_t first = N * part / parts, end = N * (part + 1) / parts;
-    if (format == WEIGHTS_BF16) float_outputs(x, w, bias, y, first, end, M, N, K, WEIGHTS_BF16);
-    else if (format == WEIGHTS_F16) float_outputs(x, w, bias, y, first, end, M, N, K, WEIGHTS_F16);
-    else float_outputs(x, w, bias, y, first, end, M, N, K, WEIGHTS_F32);
+    float_matmul_strided_share(format, x, w, bias, y, N, M, N, K, part, parts);
 }
 
 /* Sums `length` floats from each of S streams (S a compile-time constant), two vectors per stream per step. */

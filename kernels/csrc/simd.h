@@ -71,7 +71,15 @@ static inline simde__m512i emulated_cvtepu8_epi32(simde__m128i bytes) {
     for (int i = 0; i < 16; i++) out[i] = in[i];
     return simde_mm512_loadu_si512(out);
 }
+static inline simde__m512i emulated_cvtepu8_epi16(simde__m256i bytes) {
+    uint8_t in[32];
+    int16_t out[32];
+    simde_mm256_storeu_si256((simde__m256i *)in, bytes);
+    for (int i = 0; i < 32; i++) out[i] = in[i];
+    return simde_mm512_loadu_si512(out);
+}
 #define _mm512_cvtph_ps emulated_cvtph_ps
+#define _mm512_cvtepu8_epi16 emulated_cvtepu8_epi16
 #define _mm512_cvtepi8_epi32 emulated_cvtepi8_epi32
 #define _mm512_cvtepu8_epi32 emulated_cvtepu8_epi32
 #define _mm512_cvtepu16_epi32 emulated_cvtepu16_epi32
@@ -309,7 +317,9 @@ static inline float vf_reduce(vf v) { return (v[0] + v[2]) + (v[1] + v[3]); } /*
  * itself, one line per 64 bytes consumed: calls with several rows (more compute per byte; a 4-row int8 call over
  * TinyLlama's matrices measured 58 -> 47 ms on an AVX2 server) and int4 decode steps, which read one stream per
  * thread (29 -> 26 ms). One-row int8 and float calls read several streams per thread and are faster without. */
+#ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 4096
+#endif
 static inline void prefetch_ahead(const void *p) { __builtin_prefetch((const char *)p + PREFETCH_AHEAD); }
 
 /* exp(x) on VL lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by the Cephes single-precision polynomial (about
@@ -368,6 +378,8 @@ static inline float weight_at(const void *w, int64_t i, int format) {
  * decode step in one); packed formats read activations the team prepares together first (*_prepare_share). */
 void float_matmul_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N,
                         int64_t K, int part, int parts);
+void float_matmul_strided_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t ldy,
+                                int64_t M, int64_t N, int64_t K, int part, int parts);
 int64_t int8_prepared_bytes(int64_t M, int64_t K);
 void int8_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts);
 void int8_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,

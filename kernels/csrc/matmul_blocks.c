@@ -440,7 +440,10 @@ ALWAYS void run_dots(const uint8_t *at, const uint8_t *plane_at, const int pairs
             lo = lb_merge(lo, plane, 4 - 4 * p, 0x30);
             hi = lb_merge(hi, plane, 2 - 4 * p, 0x30);
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) part[r] = lw_dot(lw_dot(part[r], lo, x[r] + 8 * p), hi, x[r] + 8 * p + 4);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            part[r] = lw_dot(lw_dot(part[r], lo, x[r] + 8 * p), hi, x[r] + 8 * p + 4);
+            pin_register(part[r]);  /* simd.h: a chain, not a tree of partial sums spilled to the stack */
+        }
         if ((p + 1) % every == 0 || p + 1 == pairs)
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 if (WIDE_LW && centred) part[r] = li_sub(part[r], li_set(centred[r].centred[index]));

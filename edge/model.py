@@ -171,6 +171,38 @@ class Block(nn.Module):
                 self.ffn_norm.weight, gate_up, ffn.w_gate_up.bias, down, ffn.w_down.bias)
 
 
+def _storages(modules: list[nn.Module]) -> set[int]:
+    seen: set[int] = set()
+    _held_bytes(modules, seen=seen)
+    return seen
+
+
+def _held_bytes(modules: list[nn.Module], extra: list = (), seen: set[int] | None = None) -> int:
+    """Bytes of the modules' weights (parameters, persistent buffers, a block matrix's packed segments) and of `extra`
+    tensors or BlockMatrix objects, each storage counted once (into `seen`)."""
+    seen = set() if seen is None else seen
+    tensors: list[torch.Tensor] = []
+    for root in modules:
+        for module in root.modules():
+            tensors += list(module.parameters(recurse=False))
+            tensors += [t for name, t in module.named_buffers(recurse=False)
+                        if name not in module._non_persistent_buffers_set]
+            if isinstance(module, (BlockLinear, BlockEmbedding)):
+                tensors += [packed for _, _, packed in module.matrix.segments]
+    for item in extra:
+        if isinstance(item, BlockMatrix):
+            tensors += [packed for _, _, packed in item.segments]
+        elif isinstance(item, torch.Tensor):
+            tensors.append(item)
+    total = 0
+    for tensor in tensors:
+        key = tensor.data_ptr()
+        if key not in seen and not tensor.is_meta:
+            seen.add(key)
+            total += tensor.nbytes
+    return total
+
+
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
         """`device="meta"` builds the structure without memory (the loader then assigns the checkpoint's tensors)."""
@@ -189,10 +221,10 @@ class Transformer(nn.Module):
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         self._fused_weights: FusedWeights | bool | None = None  # made at first use; False: not fusable
-        # "int8"/"int4": set by edge.packed_weights.quantize_weights; "blocks": a GGUF file's own formats
-        # (edge/gguf_weights.py)
+        # "int8": set by edge.packed_weights.quantize_weights; "blocks": a GGUF file's own formats
+        # (edge/gguf_weights.py), or --weights int4 (edge.packed_weights)
         self.packed_format: str | None = None
-        self.packed_head = None  # the head in a packed format: int8/int4 bytes, or a BlockMatrix
+        self.packed_head = None  # the head in a packed format: int8 bytes, or a BlockMatrix
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
         self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, Dh) each
 
@@ -201,8 +233,12 @@ class Transformer(nn.Module):
         return self.inv_freq.device
 
     def weight_bytes(self) -> int:
-        """Bytes of every parameter and buffer (what the checkpoint's tensors occupy in memory)."""
-        return sum(t.nbytes for t in self.state_dict().values())
+        """Bytes of every weight as held: parameters and buffers, packed and block matrices (each storage once)."""
+        return _held_bytes([self]) + _held_bytes([], extra=[self.packed_head], seen=_storages([self]))
+
+    def layers_weight_bytes(self) -> int:
+        """Bytes of the decoder layers' weights as held."""
+        return _held_bytes(list(self.layers))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -372,7 +408,7 @@ class Transformer(nn.Module):
 
     @property
     def _fused_format(self) -> str | None:
-        """The format the fused C calls read the layers in ("float32", "bfloat16", "float16", "int8", "int4"), None
+        """The format the fused C calls read the layers in ("float32", "bfloat16", "float16", "int8", "blocks"), None
         before any fused pass or where they do not read them."""
         return self._fused_weights.format if self._fused_weights else None
 

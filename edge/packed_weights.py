@@ -1,20 +1,22 @@
 """int8 and int4 weights on the CPU: each layer's four matrices and the head quantized at load, run by edge's kernel
-(kernels/csrc/matmul_int8.c, matmul_int4.c) on every row count, prompts included.
+on every row count, prompts included.
 
     model = load_model(path)                  # float32 compute, 16- or 32-bit weights
-    quantize_weights(model, "int4")           # wqkv, wo, w_gate_up, w_down -> PackedLinear; norms float32; the head
+    quantize_weights(model, "int4")           # wqkv, wo, w_gate_up, w_down quantized; norms float32; the head too
     model(tokens, start, cache)
 
-    int8  per output channel, activations quantized per row (w8a8): a quarter of float32's bytes
-    int4  groups of 32 inputs with a float16 scale each (4.5 bits a weight), activations per block of 32 (w4a8):
-          about half of int8's bytes
+    int8  per output channel, activations quantized per row (w8a8; kernels/csrc/matmul_int8.c): a quarter of
+          float32's bytes. The head gets a packed copy; the embedding stays as loaded.
+    int4  4-bit codes with a searched scale and minimum per 32 inputs (5 bits a weight: llama.cpp's Q4_1 layout,
+          kernels/csrc/blocks_quantize.c), run by the block kernel (edge/block_weights.py) with activations per
+          block of 32 (w4a8). The head in 8-bit blocks (Q8_0): a 4-bit head costs a small model most of int4's
+          loss. The embedding stays as loaded (its rows are looked up; a feature drafter reads the same rows).
 
 Both sum exactly in integers and finish with the same float steps for every row count and CPU path, so a verify pass
 reproduces decode steps bit for bit and greedy speculation on a quantized model equals its own plain decoding. A
-quantized model is a different model from the float one (int8 moves logits by about 1%, int4 by several): compare
-its speculative output with its own plain decoding. The embedding stays as loaded (its rows are looked up); the head
-gets a packed copy (the embedding's rows stay for lookups when the two are tied). Any matrix shape packs: the kernel
-pads outputs to 16 and inputs to 4 (int8) or 32 (int4) with zero weights.
+quantized model is a different model from the float one (docs/benchmarks.md measures how far): compare its
+speculative output with its own plain decoding. Any shape quantizes: outputs are padded to 16 and inputs to 4 (int8)
+or 32 (int4) with zero weights.
 """
 
 from __future__ import annotations
@@ -22,20 +24,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from edge.block_weights import BlockLinear
 from edge.errors import UnsupportedModelError
+from kernels.block_formats import BlockMatrix, PackedArena, packed_bytes
 from kernels.cpu_matmul import ROWWISE_MAX_ROWS
-from kernels.cpu_packing import dequantize, pack_int4, pack_int8
+from kernels.cpu_packing import dequantize, pack_int8
 
 FORMATS = ("int8", "int4")
-
-
-def _packer(fmt: str):
-    return {"int8": pack_int8, "int4": pack_int4}[fmt]
+PROJECTIONS = (("attn", "wqkv"), ("attn", "wo"), ("ffn", "w_gate_up"), ("ffn", "w_down"))
 
 
 class PackedLinear(nn.Module):
-    """A linear layer with weights packed for edge's CPU kernel (`format` "int8" or "int4"), run by the kernel for
-    every row count. `max_rows` is the float layers' limit, which the attention beside it also reads."""
+    """A linear layer with weights packed for edge's CPU kernel (`format` "int8"), run by the kernel for every row
+    count. `max_rows` is the float layers' limit, which the attention beside it also reads."""
 
     max_rows = ROWWISE_MAX_ROWS
 
@@ -51,11 +52,12 @@ class PackedLinear(nn.Module):
     def from_linear(cls, linear: nn.Module, fmt: str, rowwise) -> "PackedLinear":
         """From a float Linear, or from another PackedLinear or a BlockLinear (re-quantizing what its codes stand
         for)."""
-        if isinstance(linear, PackedLinear):
-                    weight = dequantize(linear.packed.data, linear.format, linear.out_features, linear.in_features)
-        else:
-            weight = linear.weight
-        return cls(_packer(fmt)(weight), fmt, linear.in_features, linear.out_features, linear.bias, rowwise)
+        return cls(pack_int8(linear.weight), fmt, linear.in_features, linear.out_features, linear.bias, rowwise)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The float32 values (N, K) the codes stand for (made on each call: for re-quantizing)."""
+        return dequantize(self.packed.data, self.format, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (..., K) float32 -> (..., N) float32 (quantize_weights only takes models computing in float32)
@@ -89,18 +91,45 @@ def widen_norms(model) -> None:
             norm.weight = nn.Parameter(norm.weight.detach().float(), requires_grad=False)
 
 
+def int4_linear(linear: nn.Module, rowwise, arena: PackedArena | None = None) -> BlockLinear:
+    """`linear` (float, int8-packed or in blocks) as edge's int4: its values quantized to 4 bits with a searched scale
+    and minimum per 32 inputs."""
+    return BlockLinear(BlockMatrix.quantized("q4_1", linear.weight, arena=arena), linear.bias, rowwise)
+
+
 def quantize_weights(model, fmt: str) -> None:
-    """Replace each layer's four matrices by PackedLinear in `fmt`, widen its norms to float32 and pack a copy of the
-    head (`model.packed_head`, which logits() and one-call drafting then use), in place."""
+    """Quantize each layer's four matrices to `fmt` and widen its norms to float32, in place, with a quantized copy of
+    the head (`model.packed_head`, which logits() and one-call drafting then use). int8: PackedLinear and an int8 head.
+    int4: BlockLinear (edge/block_weights.py) and an 8-bit block head; the model's format is then "blocks"."""
     problem = quantization_problem(model, fmt)
     if problem is not None:
         raise UnsupportedModelError(problem)
-    for block in model.layers:
-        for owner, name in ((block.attn, "wqkv"), (block.attn, "wo"), (block.ffn, "w_gate_up"), (block.ffn, "w_down")):
-            linear = getattr(owner, name)
-            if not isinstance(linear, PackedLinear):
-                setattr(owner, name, PackedLinear.from_linear(linear, fmt, model.rowwise))
+    if fmt == "int4":
+        _quantize_int4(model)
+    else:
+        for block in model.layers:
+            for owner, name in PROJECTIONS:
+                linear = getattr(getattr(block, owner), name)
+                if not isinstance(linear, PackedLinear):
+                    setattr(getattr(block, owner), name, PackedLinear.from_linear(linear, fmt, model.rowwise))
+        model.packed_head = pack_int8(model.head_weight)  # (V, D) packed; the embedding keeps its rows for lookups
+        model.packed_format = fmt
     widen_norms(model)
-    model.packed_head = _packer(fmt)(model.head_weight)  # (V, D) packed; the embedding keeps its rows for lookups
-    model.packed_format = fmt
     model._fused_weights = None  # the pointers change: found again at the next forward
+
+
+def _quantize_int4(model) -> None:
+    """The layers in 4-bit blocks and a copy of the head in 8-bit blocks, packed into one arena on huge pages; the
+    embedding stays as loaded."""
+    config = model.config
+    linears = [getattr(getattr(block, owner), name) for block in model.layers for owner, name in PROJECTIONS]
+    size = sum(packed_bytes("q4_1", linear.out_features, linear.in_features) for linear in linears)
+    size += packed_bytes("q8_0", config.vocab_size, config.hidden_size)
+    arena = PackedArena(size + PackedArena.ALIGN * (len(linears) + 1))
+    for block in model.layers:
+        for owner, name in PROJECTIONS:
+            setattr(getattr(block, owner), name, int4_linear(getattr(getattr(block, owner), name), model.rowwise,
+                                                             arena))
+    model.packed_head = BlockMatrix.quantized("q8_0", model.head_weight, arena=arena)  # (V, D)
+    model.packed_format = "blocks"
+    model.compute_dtype = torch.float32

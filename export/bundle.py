@@ -38,6 +38,7 @@ from edge.config import ModelConfig
 from edge.drafters.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
 from edge.errors import BundleError, EdgeError, UnsupportedModelError
+from edge.gguf_checkpoint import gguf_index
 from edge.tokenizer import Tokenizer
 from export.bundle_files import (
     CONFIG_FILES,
@@ -184,7 +185,9 @@ def _unsupported_by_edge(checkpoint: Path) -> UnsupportedModelError | None:
 def _export_edge_graphs(checkpoint: Path, workdir: Path, options: ExportOptions, progress: StageProgress) -> dict:
     """Graphs built from edge's own model (export/onnx_graph.py, export/torch_targets.py), validated against it."""
     progress.stage("reading the checkpoint")
-    engine = Engine.load(checkpoint)  # float32 eager: the reference the graphs are validated against
+    # float32 eager: the reference the graphs are validated against (a GGUF file's blocks dequantized: the graphs'
+    # own quantization starts from the values the file holds)
+    engine = Engine.load(checkpoint, weights="float16" if gguf_index(checkpoint) is not None else None)
     draft_engine = _load_drafter(options.drafter, engine) if options.drafter else None
     manifest = manifest_head(checkpoint, engine.tokenizer, options)
     progress.stage(f"building the target ({', '.join(options.formats)}; onnx weights {options.quant.weights})")

@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "embeddings), or both")
     parser.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"], default="int8",
                         help="ONNX weight format: int8/int4 = weight-only group quantization run by MatMulNBits "
-                             "(smallest and fastest on a CPU); fp16 = half-precision storage; fp32 = as trained "
-                             "(default: int8)")
+                             "(smallest and fastest on a CPU; int4 keeps q/k/v, the MLP's down projection and the "
+                             "head in 8 bits, as llama.cpp's Q4_K_M keeps its most sensitive matrices wider); fp16 = "
+                             "half-precision storage; fp32 = as trained (default: int8)")
     parser.add_argument("--block-size", type=int, default=32,
                         help="int8/int4: weights per quantization group along the input dimension; smaller is "
                              "more accurate and larger (default: 32)")

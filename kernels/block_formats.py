@@ -51,20 +51,22 @@ FORMATS = {f.name: f for f in (
     BlockFormat("bf16", 30, 1, 2, 0, "float32"),
 )}
 QUANTIZED = tuple(name for name, fmt in FORMATS.items() if fmt.group_bytes)
+QUANTIZERS = ("q4_1", "q8_0")  # what edge itself quantizes float weights into (csrc/blocks_quantize.c)
 
 
 def packed_bytes(name: str, rows: int, columns: int) -> int:
-    """Bytes a (rows, columns) matrix of this format takes in memory."""
+    """Bytes a (rows, columns) matrix of this format takes in memory (rows in whole blocks: padded with zero
+    weights where `columns` is not a multiple)."""
     fmt = FORMATS[name]
     if not fmt.group_bytes:  # a float format: the file's rows
         return rows * columns * fmt.file_bytes
-    return -(-rows // GROUP) * (columns // fmt.weights) * fmt.group_bytes
+    return -(-rows // GROUP) * -(-columns // fmt.weights) * fmt.group_bytes
 
 
 def file_bytes(name: str, rows: int, columns: int) -> int:
-    """Bytes the same matrix takes in a GGUF file."""
+    """Bytes the same matrix takes in a GGUF file's layout (rows in whole blocks)."""
     fmt = FORMATS[name]
-    return rows * (columns // fmt.weights) * fmt.file_bytes
+    return rows * -(-columns // fmt.weights) * fmt.file_bytes
 
 
 class PackedArena:
@@ -114,6 +116,9 @@ class _Library:
         self.rows = library.blocks_dequantize_rows
         self.rows.argtypes = [ctypes.c_int, pointer, size, size, size, pointer]
         self.rows.restype = None
+        self.quantize = library.blocks_quantize
+        self.quantize.argtypes = [ctypes.c_int, pointer, size, size, pointer, ctypes.c_int]
+        self.quantize.restype = None
 
     @classmethod
     def get(cls) -> "_Library":
@@ -147,11 +152,10 @@ class BlockMatrix:
     @classmethod
     def from_file(cls, name: str, data, rows: int, columns: int, threads: int = 0,
                   arena: PackedArena | None = None) -> "BlockMatrix":
-        """From a tensor's bytes as a GGUF file stores them: rows of `columns` / B blocks (numpy or torch uint8);
-        packed into `arena` when given, else into a tensor of its own."""
+        """From a tensor's bytes as a GGUF file stores them: rows of `columns` / B blocks (numpy or torch uint8; a
+        last partial block padded with zero weights); packed into `arena` when given, else into a tensor of its
+        own."""
         fmt = FORMATS[name]
-        if columns % fmt.weights:
-            raise ValueError(f"{name} rows hold whole blocks of {fmt.weights}; {columns} columns do not")
         source = torch.as_tensor(np.ascontiguousarray(data)).view(torch.uint8).reshape(-1)
         if source.numel() != file_bytes(name, rows, columns):
             raise ValueError(f"{name} ({rows}, {columns}) takes {file_bytes(name, rows, columns)} bytes, "
@@ -161,6 +165,21 @@ class BlockMatrix:
         _Library.get().repack(fmt.number, source.data_ptr(), rows, columns, packed.data_ptr(),
                               threads or torch.get_num_threads())
         return cls([(name, rows, packed)], columns)
+
+    @classmethod
+    def quantized(cls, name: str, weight: torch.Tensor, threads: int = 0,
+                  arena: PackedArena | None = None) -> "BlockMatrix":
+        """A float matrix (N, K) quantized by edge (csrc/blocks_quantize.c): "q4_1", 4-bit codes with a searched scale
+        and minimum per 32 weights; "q8_0", 8-bit codes with a scale per 32 (any K: the last block padded with zero
+        weights)."""
+        if name not in QUANTIZERS:
+            raise ValueError(f"edge quantizes into {', '.join(QUANTIZERS)}, not {name}")
+        rows, columns = weight.shape
+        source = weight.detach().to(torch.float32).contiguous()
+        data = torch.empty(file_bytes(name, rows, columns), dtype=torch.uint8)
+        _Library.get().quantize(FORMATS[name].number, source.data_ptr(), rows, columns, data.data_ptr(),
+                                threads or torch.get_num_threads())
+        return cls.from_file(name, data.numpy(), rows, columns, threads, arena)
 
     @classmethod
     def stack(cls, parts: list["BlockMatrix"]) -> "BlockMatrix":

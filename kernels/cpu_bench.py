@@ -29,8 +29,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def token_matrices(shape: str, fmt: str) -> list[tuple[torch.Tensor, int, int]]:
-    """(weights in `fmt`, N, K) for every matmul of one token: each layer's own copies, then the head."""
-    from kernels.cpu_packing import pack_int4, pack_int8
+    """(weights in `fmt`, N, K) for every matmul of one token: each layer's own copies, then the head. int4 is edge's
+    (4-bit blocks of 32 with a scale and minimum: kernels/block_formats.py BlockMatrix, whose `nbytes` it reports)."""
+    from kernels.block_formats import BlockMatrix
+    from kernels.cpu_packing import pack_int8
 
     layers, hidden, inner, qkv, vocab = SHAPES[shape]
     sizes = [(qkv, hidden), (hidden, hidden), (2 * inner, hidden), (hidden, inner)]
@@ -38,10 +40,14 @@ def token_matrices(shape: str, fmt: str) -> list[tuple[torch.Tensor, int, int]]:
     templates = {}
     for rows, columns in sizes + [(vocab, hidden)]:
         weight = torch.randn(rows, columns, generator=generator) * 0.02
-        templates[rows, columns] = (pack_int8(weight) if fmt == "int8" else pack_int4(weight) if fmt == "int4"
+        templates[rows, columns] = (pack_int8(weight) if fmt == "int8" else weight if fmt == "int4"
                                     else weight.to(DTYPES[fmt]))
-    matrices = [(templates[size].clone(), *size) for _ in range(layers) for size in sizes]
-    return matrices + [(templates[vocab, hidden], vocab, hidden)]
+
+    def copy(template: torch.Tensor):
+        return BlockMatrix.quantized("q4_1", template) if fmt == "int4" else template.clone()
+
+    matrices = [(copy(templates[size]), *size) for _ in range(layers) for size in sizes]
+    return matrices + [(copy(templates[vocab, hidden]), vocab, hidden)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for fmt in args.formats.split(","):
             matrices = token_matrices(args.shape, fmt)
-            total = sum(weight.nbytes for weight, _, _ in matrices)
+            total = sum(weight.nbytes for weight, _, _ in matrices)  # a BlockMatrix's too
             inputs = {(k, columns): torch.randn(k, columns) for k in rows for _, _, columns in matrices}
 
             def token(k: int) -> None:
                 for weight, n, columns in matrices:
                     x = inputs[k, columns]
-                    if fmt in ("int8", "int4"):
+                    if fmt == "int4":
+                        kernel.blocks(x, weight)
+                    elif fmt == "int8":
                         kernel.quantized(x, weight, fmt, n)
                     else:
                         kernel(x, weight)

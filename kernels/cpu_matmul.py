@@ -5,7 +5,7 @@ OpenMP); callers then use torch's matmul, which is fast but not batch-invariant.
     matmul = RowwiseMatmul.load()      # the best path here, or EDGE_CPU_KERNEL's
     matmul.path                        # "avx2", "avx512-vnni", "neon-dotprod", "portable", ...
     y = matmul(x, weight, bias)        # x (..., K) float32, weight (N, K) float32/bfloat16/float16 -> (..., N) float32
-    y = matmul.quantized(x, packed, "int4", N, bias)   # packed by kernels/cpu_packing.py
+    y = matmul.quantized(x, packed, "int8", N, bias)   # packed by kernels/cpu_packing.py
     y = matmul.blocks(x, matrix, bias)                 # llama.cpp's block formats (kernels/block_formats.py)
 
 Set EDGE_ROWWISE_MATMUL=0 to turn the kernel off.
@@ -28,14 +28,14 @@ from kernels import cpu_paths
 
 log = logging.getLogger(__name__)
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
-# the C side's WEIGHTS_F32 / BF16 / F16 / I8 / I4 / BLOCKS (int8, int4: packed matrices; blocks: a BlockMatrix of
-# llama.cpp's block formats, kernels/block_formats.py; float32 norms beside both)
-WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "int4": 4, "blocks": 5}
+# the C side's WEIGHTS_F32 / BF16 / F16 / I8 / BLOCKS (int8: packed matrices; blocks: a BlockMatrix of llama.cpp's
+# block formats, kernels/block_formats.py, a GGUF file's or edge's int4; float32 norms beside both)
+WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "blocks": 5}
 FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def weight_format(dtype: torch.dtype | str) -> int:
-    """The C side's format number of a float dtype or a packed format name ("int8", "int4")."""
+    """The C side's format number of a float dtype or a packed format name ("int8", "blocks")."""
     return WEIGHT_FORMATS[dtype if isinstance(dtype, str) else FLOAT_FORMATS[dtype]]
 
 
@@ -191,9 +191,8 @@ class RowwiseMatmul:
 
     def quantized(self, x: torch.Tensor, packed: torch.Tensor, fmt: str, out_features: int,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x (..., K) float32 through weights packed by kernels/cpu_packing.py in `fmt` ("int8", "int4") ->
-        (..., N) float32; activations quantized per row (int8) or per block of 32 (int4), batch-invariant like the
-        float kernels."""
+        """x (..., K) float32 through weights packed by kernels/cpu_packing.py in `fmt` ("int8") -> (..., N) float32;
+        activations quantized per row, batch-invariant like the float kernels."""
         in_features = x.shape[-1]
         if not x.is_contiguous():
             x = x.contiguous()

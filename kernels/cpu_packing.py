@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels.quant import quantize_weight
 
-OUTPUT_GROUP = 16  # outputs packed side by side (both formats)
-INT8_CHUNK = 4  # int8: inputs per chunk
-INT4_BLOCK = 32  # int4: inputs per group (one float16 scale each)
-INT4_BLOCK_BYTES = 288  # 16 outputs x 32 nibbles, then 16 float16 scales
+OUTPUT_GROUP = 16  # outputs packed side by side
+INT8_CHUNK = 4  # inputs per chunk
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -29,11 +26,6 @@ def _round_up(value: int, multiple: int) -> int:
 def int8_packed_size(rows: int, columns: int) -> int:
     padded_rows = _round_up(rows, OUTPUT_GROUP)
     return padded_rows * _round_up(columns, INT8_CHUNK) + 8 * padded_rows
-
-
-def int4_packed_size(rows: int, columns: int) -> int:
-    return _round_up(rows, OUTPUT_GROUP) // OUTPUT_GROUP * _round_up(columns, INT4_BLOCK) // INT4_BLOCK \
-        * INT4_BLOCK_BYTES
 
 
 def _padded(weight: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
@@ -71,42 +63,9 @@ def unpack_int8(packed: torch.Tensor, rows: int, columns: int) -> tuple[torch.Te
     return codes[:rows, :columns], scales[:rows]
 
 
-def pack_int4(weight: torch.Tensor) -> torch.Tensor:
-    """weight (N, K) -> the int4 kernel's bytes: kernels.quant.quantize_weight's codes (symmetric, one float16 scale
-    per 32 inputs) as nibbles code + 8, 16 outputs side by side, each block followed by its 16 scales."""
-    if weight.dim() != 2:
-        raise ValueError(f"int4 packing takes a matrix, got shape {tuple(weight.shape)}")
-    rows, columns = _round_up(weight.shape[0], OUTPUT_GROUP), _round_up(weight.shape[1], INT4_BLOCK)
-    quantized = quantize_weight(_padded(weight, rows, columns), bits=4, group_size=INT4_BLOCK)
-    nibbles = (quantized.signed_codes() + 8).to(torch.uint8)  # (N', K') in [0, 15]
-    groups, blocks = rows // OUTPUT_GROUP, columns // INT4_BLOCK
-    chunks = (nibbles.view(groups, OUTPUT_GROUP, blocks, 8, 4)  # (G, 16, B, chunk, 4)
-              .permute(0, 2, 3, 1, 4).reshape(groups, blocks, 4, 2, 64))  # (G, B, pair, even/odd chunk, 64)
-    packed = chunks[:, :, :, 0] | (chunks[:, :, :, 1] << 4)  # (G, B, 4, 64)
-    scales = (quantized.scales.view(groups, OUTPUT_GROUP, blocks).permute(0, 2, 1).contiguous()  # (G, B, 16)
-              .view(torch.uint8))  # (G, B, 32)
-    return torch.cat([packed.reshape(groups, blocks, 256), scales], dim=2).reshape(-1)  # (G * B * 288,)
-
-
-def unpack_int4(packed: torch.Tensor, rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The signed int4 codes (N, K') as int8 and float16 scales (N, K'/32) of a packed matrix, K' = K rounded up to
-    32 (codes * scales per block of 32 is what it stands for; padding columns hold zeros)."""
-    padded_rows, padded_columns = _round_up(rows, OUTPUT_GROUP), _round_up(columns, INT4_BLOCK)
-    groups, blocks = padded_rows // OUTPUT_GROUP, padded_columns // INT4_BLOCK
-    data = packed.view(groups, blocks, INT4_BLOCK_BYTES)
-    pairs = data[:, :, :256].reshape(groups, blocks, 4, 64)  # (G, B, pair, 64)
-    chunks = torch.stack([pairs & 0x0F, pairs >> 4], dim=3).reshape(groups, blocks, 8, OUTPUT_GROUP, 4)
-    nibbles = chunks.permute(0, 3, 1, 2, 4).reshape(padded_rows, padded_columns)  # (N', K')
-    scales = (data[:, :, 256:].contiguous().view(torch.float16)  # (G, B, 16)
-              .permute(0, 2, 1).reshape(padded_rows, blocks))  # (N', B)
-    return (nibbles.to(torch.int8) - 8)[:rows], scales[:rows]
-
-
 def dequantize(packed: torch.Tensor, fmt: str, rows: int, columns: int) -> torch.Tensor:
-    """The float32 weight (N, K) a matrix packed in `fmt` ("int8", "int4") stands for."""
-    if fmt == "int8":
-        codes, scales = unpack_int8(packed, rows, columns)  # (N, K), (N,)
-        return codes.float() * scales[:, None]
-    codes, scales = unpack_int4(packed, rows, columns)  # (N, K'), (N, K'/32)
-    blocks = codes.float().view(rows, -1, INT4_BLOCK) * scales.float()[..., None]  # (N, K'/32, 32)
-    return blocks.reshape(rows, -1)[:, :columns]
+    """The float32 weight (N, K) a matrix packed in `fmt` ("int8") stands for."""
+    if fmt != "int8":
+        raise ValueError(f"packed format {fmt!r}: kernels/cpu_packing.py packs int8 only")
+    codes, scales = unpack_int8(packed, rows, columns)  # (N, K), (N,)
+    return codes.float() * scales[:, None]

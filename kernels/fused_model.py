@@ -45,7 +45,7 @@ class KernelHead(NamedTuple):
     weight: torch.Tensor
     rows: int  # tokens it scores
     token_ids: torch.Tensor | None = None  # (rows,) int64: each row's token (a trimmed head); None: row v is token v
-    packed_format: str | None = None  # "int8" / "int4" (kernels/cpu_packing.py), "blocks" (a BlockMatrix's entry)
+    packed_format: str | None = None  # "int8" (kernels/cpu_packing.py), "blocks" (a BlockMatrix's table entry)
 
     @property
     def format(self) -> str | None:
@@ -94,7 +94,7 @@ class FusedWeights:
     def build(cls, matmul: RowwiseMatmul, shape: ModelShape, layers: list[tuple], windows: list[int],
               packed_format: str | None = None, watch: Iterable[tuple[dict, str]] = ()) -> "FusedWeights | None":
         """From each layer's tensors in TABLE_KINDS order: float matrices (float32, or 16-bit widened in registers)
-        with norms alike, or matrices packed in `packed_format` ("int8" / "int4", uint8 bytes; "blocks", each a
+        with norms alike, or matrices packed in `packed_format` ("int8", uint8 bytes; "blocks", each a
         BlockMatrix's table entry) with float32 norms;
         float32 biases; all contiguous. None where they are not (or heads are wider than the kernel rotates).
         `watch`: (mapping, key) slots, such as a module's _parameters and a name, whose contents replaced() checks."""

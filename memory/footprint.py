@@ -67,11 +67,12 @@ class ModelShape:
         return self.num_layers * self.layer_parameters() + embeddings + self.hidden_size  # + the final norm
 
     def quantized_projection_bytes(self, bits: int, group_size: int = 32) -> int:
-        """Every layer's projection matrices quantized to `bits` with a float16 scale per `group_size` weights
-        (what a QuantSpec draft holds beside the target: kernels/quant.py's layout)."""
+        """Every layer's projection matrices quantized to `bits` with a float16 scale per `group_size` weights, and
+        at 4 bits a float16 minimum too (what a QuantSpec draft holds beside the target: edge's int4 on the CPU)."""
         d, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
         matrices = [(q + 2 * kv, d), (d, q), (2 * i, d), (d, i)]  # (N, K): qkv, o, gate+up, down
-        per_layer = sum(n * k * bits // 8 + n * (k // group_size) * 2 for n, k in matrices)
+        per_group = 4 if bits == 4 else 2
+        per_layer = sum(n * k * bits // 8 + n * (k // group_size) * per_group for n, k in matrices)
         return self.num_layers * per_layer
 
     def layer_bytes(self, dtype: str = "float32") -> int:
@@ -79,8 +80,10 @@ class ModelShape:
         return int(self.layer_parameters() * WEIGHT_BYTES[dtype])
 
     def weight_bytes(self, dtype: str = "float32", group_size: int = 128) -> int:
-        """Weights in `dtype`; int8/int4 store the projection matrices quantized with one float16 scale per group
-        of `group_size` weights, and keep embeddings and norms in float16."""
+        """Weights in `dtype`. int8 stores the projection matrices quantized with one float16 scale per group of
+        `group_size` weights, and keeps embeddings and norms in float16. int4 (edge's, edge/packed_weights.py) stores
+        them in 4-bit blocks of 32 with a float16 scale and minimum (5 bits a weight), keeps embeddings and norms in
+        float16, and adds a copy of the head in 8-bit blocks of 32 with a float16 scale (8.5 bits)."""
         if dtype not in WEIGHT_BYTES:
             raise ValueError(f"unknown weight dtype {dtype!r}; expected one of {', '.join(WEIGHT_BYTES)}")
         if dtype not in ("int8", "int4"):
@@ -88,6 +91,8 @@ class ModelShape:
         matrices = self.num_layers * (self.hidden_size * (2 * self.q_size + 2 * self.kv_size)
                                       + 3 * self.hidden_size * self.intermediate_size)
         rest = self.parameters() - matrices
+        if dtype == "int4":
+            return int(matrices * 5 / 8 + rest * 2 + self.vocab_size * self.hidden_size * 8.5 / 8)
         return int(matrices * WEIGHT_BYTES[dtype] + matrices / group_size * 2 + rest * 2)
 
     def kv_bytes(self, context: int, dtype: str = "float32") -> int:

@@ -148,8 +148,18 @@ def test_q8_0_codes_of_minus_128_are_exact_on_every_path():
         assert (out - expected).norm() / expected.norm() < 0.02, path
 
 
-def test_a_row_that_is_not_whole_blocks_is_refused():
-    with pytest.raises(ValueError, match="whole blocks of 256"):
-        BlockMatrix.from_file("q4_k", np.zeros((16, 144), dtype=np.uint8), 16, 128)
+@pytest.mark.parametrize("name", ["q4_1", "q8_0"])
+def test_a_width_that_is_not_whole_blocks_takes_zero_weights_past_it(kernel, name):
+    """edge's own quantization of any shape (a 172-wide MLP): the last block padded with zero weights, the
+    activations with zeros, the same result as the matrix padded by hand."""
+    generator = torch.Generator().manual_seed(13)
+    weight, x = torch.randn(40, 172, generator=generator), torch.randn(5, 172, generator=generator)
+    matrix = BlockMatrix.quantized(name, weight)
+    padded = BlockMatrix.quantized(name, torch.nn.functional.pad(weight, (0, 20)))
+    assert torch.equal(matrix.dequantized(), padded.dequantized()[:, :172])
+    assert torch.equal(kernel.blocks(x, matrix), kernel.blocks(torch.nn.functional.pad(x, (0, 20)), padded))
+
+
+def test_a_file_tensor_of_the_wrong_size_is_refused():
     with pytest.raises(ValueError, match="takes 2304 bytes"):
         BlockMatrix.from_file("q4_k", np.zeros((16, 100), dtype=np.uint8), 16, 256)

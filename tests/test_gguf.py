@@ -211,7 +211,7 @@ def test_weights_float16_dequantizes_and_int4_requantizes(llama_dir, tmp_path):
     gguf = write_gguf(llama_dir, tmp_path / "tiny.q4_0.gguf", "q4_0")
     assert greedy(gguf, weights="float16") == greedy(reference_folder(llama_dir, tmp_path / "reference", "q4_0"))
     engine = Engine.load(gguf, max_context=128, weights="int4")
-    assert engine.model.packed_format == "int4"
+    assert {fmt for block in engine.model.layers for fmt in block.attn.wqkv.matrix.formats} == {"q4_1"}
     plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
     assert greedy(gguf, weights="int4", drafter="early-exit:1") == plain
 

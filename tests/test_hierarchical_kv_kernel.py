@@ -80,7 +80,7 @@ def test_quantspec_on_the_fused_step_equals_plain_decoding(llama_dir, half_llama
     plain = Engine.load(folder, max_context=256, weights=packed, kv_cache="hierarchical")
     fast = Engine.load(folder, max_context=256, weights=packed, drafter="quantspec", draft_length=3)
     draft = fast.drafter.model
-    assert draft.packed_format == "int4" and draft._can_fuse(1, 1, torch.float32, fast.cache)  # one C call a draft
+    assert draft.packed_format == "blocks" and draft._can_fuse(1, 1, torch.float32, fast.cache)  # one C call a draft
     expected = [t for e in plain.generate(PROMPT, max_new_tokens=60, ignore_eos=True) for t in e.token_ids]
     events = list(fast.generate(PROMPT, max_new_tokens=60, ignore_eos=True))
     assert [t for e in events for t in e.token_ids] == expected

@@ -1,7 +1,7 @@
 """edge's CPU kernel on aarch64 (the neon path, with and without the dot-product extension): cross-compiled with
 Debian's aarch64 toolchain and run under qemu-user through a small C driver (tests/csrc/kernel_driver.c), on an x86
-machine. Checks what the ARM code computes: float results close to torch, int8/int4 results bit-identical to this
-machine's own path, and every path's rows batch-invariant.
+machine. Checks what the ARM code computes: float results close to torch, int8 and block-format results
+bit-identical to this machine's own path, and every path's rows batch-invariant.
 
 Needs gcc-aarch64-linux-gnu and qemu-user (`.ci/run` installs them); skipped without them unless
 EDGE_REQUIRE_AARCH64=1, which CI sets so that a missing toolchain fails instead of passing quietly.
@@ -22,7 +22,7 @@ from kernels import cpu_paths
 from kernels.block_formats import FORMATS as BLOCK_FORMATS
 from kernels.block_formats import QUANTIZED, BlockMatrix
 from kernels.cpu_matmul import RowwiseMatmul
-from kernels.cpu_packing import pack_int4, pack_int8
+from kernels.cpu_packing import pack_int8
 from kernels.kv_quant import dequantize, quantize
 
 CROSS, QEMU, SYSROOT = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64"), "/usr/aarch64-linux-gnu"
@@ -56,11 +56,11 @@ def run(program: Path, arguments: list, payload: list[torch.Tensor], outputs: in
     return result.stderr.decode().strip(), out
 
 
-PACK = {"i8": pack_int8, "i4": pack_int4}
+PACK = {"i8": pack_int8}
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-@pytest.mark.parametrize("fmt", ["f32", "bf16", "f16", "i8", "i4"])
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "f16", "i8"])
 @pytest.mark.parametrize("shape", [(40, 64), (37, 83), (172, 200)])  # (N, K)
 def test_matmul_on_aarch64(driver, fmt, shape):
     name, program = driver
@@ -75,7 +75,7 @@ def test_matmul_on_aarch64(driver, fmt, shape):
     whole, single = out[: rows * n].view(rows, n), out[rows * n:].view(rows, n)
     assert torch.equal(whole, single), "a row's result depends on the rows beside it"
     if fmt in PACK:  # integer sums and one scalar epilogue: the same bits as this machine's path
-        host = RowwiseMatmul.load().quantized(x, stored, {"i8": "int8", "i4": "int4"}[fmt], n, bias)
+        host = RowwiseMatmul.load().quantized(x, stored, "int8", n, bias)
         assert torch.equal(whole, host)
     else:
         torch.testing.assert_close(whole, F.linear(x, stored.float(), bias), rtol=1e-5, atol=1e-4)

@@ -1,6 +1,8 @@
-"""int8 and int4 weights on the CPU (edge/packed_weights.py): on every kernel path the kernel computes exactly the
-integer arithmetic it promises (the same bits on every path), each row alone (so speculation on a quantized model is
-exactly its own plain decoding), any matrix shape packs, and a quantized model stays close to the float one."""
+"""int8 and int4 weights on the CPU (edge/packed_weights.py): on every kernel path the int8 kernel computes exactly
+the integer arithmetic it promises (the same bits on every path), each row alone (so speculation on a quantized model
+is exactly its own plain decoding), any matrix shape packs; edge's int4 quantizer (4-bit blocks of 32 with a searched
+scale and minimum, run by the block kernel: test_block_formats.py) beats plain min/max blocks; a quantized model
+stays close to the float one."""
 
 from __future__ import annotations
 
@@ -12,14 +14,15 @@ from edge import EdgeError, Engine
 from edge.errors import UnsupportedModelError
 from edge.kv_cache import KVCache
 from edge.loading import load_model
+from edge.block_weights import BlockLinear
 from edge.packed_weights import PackedLinear, quantize_weights
+from kernels.block_formats import BlockMatrix
 from kernels.cpu_matmul import RowwiseMatmul
-from kernels.cpu_packing import (int4_packed_size, int8_packed_size, pack_int4, pack_int8, unpack_int4,
-                                 unpack_int8)
+from kernels.cpu_packing import int8_packed_size, pack_int8, unpack_int8
 
 pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: packed weights need the kernel")
 FORMATS = ["int8", "int4"]
-
+MODEL_FORMAT = {"int8": "int8", "int4": "blocks"}  # the model's packed_format after --weights
 
 def quantize_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's activation quantization in torch: blocks of `block` values (zero padding to a whole block)
@@ -34,35 +37,20 @@ def quantize_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tens
     return codes.view(rows, -1), top / 127.0
 
 
-def reference(x: torch.Tensor, packed: torch.Tensor, fmt: str, rows: int, columns: int,
+def reference(x: torch.Tensor, packed: torch.Tensor, rows: int, columns: int,
               bias: torch.Tensor | None) -> torch.Tensor:
-    """What the kernel computes, in torch. int8: each row quantized alone, an exact integer dot product with the
-    codes, then (dot * weight scale) * row scale + bias. int4: blocks of 32, exact integer dots per block, then
-    acc = acc + dot * (weight scale * block scale) block by block, + bias; all in float32."""
-    if fmt == "int8":
-        codes, scales = unpack_int8(packed, rows, columns)  # (N, K) int8, (N,)
-        quantized, row_scales = quantize_rows(x, columns)  # (M, K), (M, 1)
-        dots = (quantized @ codes.to(torch.int64).T).to(torch.float32)  # (M, N), exact integers
-        out = (dots * scales[None, :]) * row_scales
-    else:
-        codes, scales = unpack_int4(packed, rows, columns)  # (N, K') int8, (N, B) float16
-        quantized, block_scales = quantize_rows(x, 32)  # (M, K'), (M, B)
-        blocks = scales.shape[1]
-        dots = torch.einsum("mbk,nbk->mnb", quantized.view(-1, blocks, 32),
-                            codes.to(torch.int64).view(rows, blocks, 32)).to(torch.float32)  # (M, N, B)
-        out = torch.zeros(x.shape[0], rows)
-        for b in range(blocks):
-            out = out + dots[:, :, b] * (scales[None, :, b].float() * block_scales[:, b:b + 1])
+    """What the int8 kernel computes, in torch: each row quantized alone, an exact integer dot product with the
+    codes, then (dot * weight scale) * row scale + bias, in float32."""
+    codes, scales = unpack_int8(packed, rows, columns)  # (N, K) int8, (N,)
+    quantized, row_scales = quantize_rows(x, columns)  # (M, K), (M, 1)
+    dots = (quantized @ codes.to(torch.int64).T).to(torch.float32)  # (M, N), exact integers
+    out = (dots * scales[None, :]) * row_scales
     return out + bias if bias is not None else out
 
 
-PACK = {"int8": pack_int8, "int4": pack_int4}
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", [(16, 4), (64, 96), (272, 200), (1536, 256), (37, 83), (172, 172)])  # (N, K)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_the_kernel_computes_the_quantized_product_exactly(kernel, fmt, shape, with_bias):
+def test_the_int8_kernel_computes_the_quantized_product_exactly(kernel, shape, with_bias):
     """Every shape packs (37 x 83, 172 x 172: padded with zero weights), and the kernel's result is the reference's,
     bit for bit."""
     generator = torch.Generator().manual_seed(sum(shape))
@@ -70,46 +58,49 @@ def test_the_kernel_computes_the_quantized_product_exactly(kernel, fmt, shape, w
     bias = torch.randn(shape[0], generator=generator) if with_bias else None
     x = torch.randn(7, shape[1], generator=generator)  # (M, K)
     x[3] = 0.0  # an all-zero row has scale 0
-    packed = PACK[fmt](weight)
-    assert packed.numel() == (int8_packed_size if fmt == "int8" else int4_packed_size)(*shape)
-    out = kernel.quantized(x, packed, fmt, shape[0], bias)  # (M, N)
-    assert torch.equal(out, reference(x, packed, fmt, *shape, bias))
+    packed = pack_int8(weight)
+    assert packed.numel() == int8_packed_size(*shape)
+    out = kernel.quantized(x, packed, "int8", shape[0], bias)  # (M, N)
+    assert torch.equal(out, reference(x, packed, *shape, bias))
     exact = x @ weight.T + (bias if bias is not None else 0.0)
-    assert (out - exact).abs().max() < (0.02 if fmt == "int8" else 0.15) * exact.abs().max()
+    assert (out - exact).abs().max() < 0.02 * exact.abs().max()
 
 
-def test_int4_codes_stand_for_the_weights():
+def test_int4_codes_stand_for_the_weights_better_than_min_max_blocks():
+    """edge's int4 quantizer searches each block's scale and minimum: its squared error is below that of the same
+    layout quantized from the block's range alone (the gguf package's Q4_1), and every weight lies within a step of
+    its value."""
+    from gguf import GGMLQuantizationType, quants
+
     generator = torch.Generator().manual_seed(6)
-    weight = torch.randn(48, 70, generator=generator)
-    codes, scales = unpack_int4(pack_int4(weight), 48, 70)  # (48, 96) codes, (48, 3) scales
-    assert codes.shape == (48, 96) and scales.shape == (48, 3) and codes.min() >= -8 and codes.max() <= 7
-    assert torch.equal(codes[:, 70:], torch.zeros(48, 26, dtype=torch.int8))  # padding
-    restored = (codes.float().view(48, 3, 32) * scales.float()[..., None]).view(48, 96)[:, :70]
-    block_top = torch.nn.functional.pad(weight, (0, 26)).abs().view(48, 3, 32).amax(dim=2)  # (48, 3)
-    error = (restored - weight).abs().view(48, -1)
-    assert (error <= block_top.repeat_interleave(32, dim=1)[:, :70] / 14 + 1e-3).all()  # half a step of max/7
+    weight = torch.randn(48, 96, generator=generator) * torch.exp(torch.randn(48, 96, generator=generator))
+    restored = BlockMatrix.quantized("q4_1", weight).dequantized()  # (48, 96)
+    min_max = torch.from_numpy(quants.dequantize(quants.quantize(weight.numpy(), GGMLQuantizationType.Q4_1),
+                                                 GGMLQuantizationType.Q4_1))
+    assert ((restored - weight) ** 2).sum() < 0.95 * ((min_max - weight) ** 2).sum()
+    blocks = weight.view(48, 3, 32)
+    step = ((blocks.amax(dim=2) - blocks.amin(dim=2)) / 15).repeat_interleave(32, dim=1)  # (48, 96)
+    assert ((restored - weight).abs() <= step * 1.01 + 1e-6).all()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_rows_are_batch_and_thread_invariant(kernel, fmt):
+def test_int8_rows_are_batch_and_thread_invariant(kernel):
     generator = torch.Generator().manual_seed(1)
     weight, bias = torch.randn(336, 200, generator=generator), torch.randn(336, generator=generator)
-    packed = PACK[fmt](weight)
+    packed = pack_int8(weight)
     x = torch.randn(13, 200, generator=generator)
     one = kernel.with_threads(1)
-    single = torch.cat([one.quantized(x[i:i + 1], packed, fmt, 336, bias) for i in range(13)])  # (13, N)
+    single = torch.cat([one.quantized(x[i:i + 1], packed, "int8", 336, bias) for i in range(13)])  # (13, N)
     for rows in range(1, 14):
-        assert torch.equal(kernel.quantized(x[:rows], packed, fmt, 336, bias), single[:rows]), rows
-    assert torch.equal(kernel.with_threads(2).quantized(x, packed, fmt, 336, bias), single)
+        assert torch.equal(kernel.quantized(x[:rows], packed, "int8", 336, bias), single[:rows]), rows
+    assert torch.equal(kernel.with_threads(2).quantized(x, packed, "int8", 336, bias), single)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_every_path_computes_the_same_bits(fmt):
+def test_every_path_computes_the_same_int8_bits():
     """Integer sums and one shared scalar epilogue: the avx512 (VNNI), avx2, neon and portable code agree exactly."""
     generator = torch.Generator().manual_seed(8)
     weight, bias = torch.randn(160, 136, generator=generator), torch.randn(160, generator=generator)
-    packed, x = PACK[fmt](weight), torch.randn(5, 136, generator=generator)
-    outputs = {name: kernel_for(name).quantized(x, packed, fmt, 160, bias) for name in kernel_path_names()}
+    packed, x = pack_int8(weight), torch.randn(5, 136, generator=generator)
+    outputs = {name: kernel_for(name).quantized(x, packed, "int8", 160, bias) for name in kernel_path_names()}
     first = next(iter(outputs.values()))
     assert all(torch.equal(out, first) for out in outputs.values()), list(outputs)
 
@@ -122,8 +113,8 @@ def test_a_quantized_verify_pass_reproduces_its_decode_steps_and_stays_close_to_
     model, reference_model = load_model(path), load_model(path)
     quantize_weights(model, fmt)
     assert model.packed_head is not None  # logits through the kernel too
-    assert isinstance(model.layers[0].attn.wqkv, PackedLinear) and model._can_fuse(1, 40, torch.float32,
-                                                                                    model.new_cache(8))
+    assert isinstance(model.layers[0].attn.wqkv, PackedLinear if fmt == "int8" else BlockLinear)
+    assert model._can_fuse(1, 40, torch.float32, model.new_cache(8))
     tokens = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(4))
     cache = KVCache.for_model(model.config, 128, dtype=torch.float32, device=torch.device("cpu"))
     with torch.inference_mode():
@@ -133,8 +124,9 @@ def test_a_quantized_verify_pass_reproduces_its_decode_steps_and_stays_close_to_
         steps = torch.cat([model.logits(model(tokens[:, i:i + 1], i, cache))[0] for i in range(30, 36)])
         exact = reference_model.logits(reference_model(tokens[:, :30], 0, reference_model.new_cache(128)))[0]
     assert torch.equal(verify, steps)
-    # relative error of the logits: about 4% at int8 and 35% at int4 on these tiny random models (3 layers of 64)
-    assert (prompt - exact).norm() < (0.1 if fmt == "int8" else 0.5) * exact.norm()
+    # relative error of the logits: about 4% at int8 and 30% at int4 on these tiny random models (3 layers of 64 with
+    # Gaussian weights, 4 bits' worst case; docs/benchmarks.md measures trained models)
+    assert (prompt - exact).norm() < (0.1 if fmt == "int8" else 0.4) * exact.norm()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -143,11 +135,13 @@ def test_greedy_speculation_on_quantized_weights_equals_their_plain_decoding(lla
     prompts = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "import os\nfor name in os"]
     plain = Engine.load(llama_dir, max_context=512, weights=fmt)
     fast = Engine.load(llama_dir, max_context=512, weights=fmt, drafter=drafter)
+    accepted = 0
     for prompt in prompts:
         expected = [t for e in plain.generate(prompt, max_new_tokens=120, ignore_eos=True) for t in e.token_ids]
         events = list(fast.generate(prompt, max_new_tokens=120, ignore_eos=True))
         assert [t for e in events for t in e.token_ids] == expected, (drafter, prompt)
-    assert events[-1].stats.steps < 120  # it did speculate
+        accepted += events[-1].stats.accepted
+    assert accepted > 0  # it did speculate
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -160,16 +154,21 @@ def test_quantized_weights_run_beside_a_quantized_kv_cache(llama_dir, fmt):
     assert [t for e in fast.generate(prompt, max_new_tokens=60, ignore_eos=True) for t in e.token_ids] == expected
 
 
-def test_int8_quarters_and_int4_eighths_the_layers_memory(checkpoint_factory):
-    path = checkpoint_factory("tinyllama")  # 64 wide: whole int4 blocks, as real models have
+def test_int8_quarters_and_int4_divides_by_six_the_layers_memory(checkpoint_factory):
+    """int8: 8 bits and a scale per output; int4: 5 bits a weight (4-bit codes, a float16 scale and minimum per 32),
+    with a copy of the head in 8-bit blocks; the embedding stays as loaded."""
+    path = checkpoint_factory("smollm")  # 64 wide: whole int4 blocks, as real models have; tied embeddings
     stored = load_model(path)
     layers = sum(t.nbytes for t in stored.layers.state_dict().values())
-    sizes = {}
+    sizes, wholes = {}, {}
     for fmt in FORMATS:
         model = load_model(path)
         quantize_weights(model, fmt)
-        sizes[fmt] = sum(t.nbytes for t in model.layers.state_dict().values())
-    assert sizes["int8"] < 0.3 * layers and sizes["int4"] < 0.6 * sizes["int8"]  # float32 -> int8 -> int4
+        sizes[fmt], wholes[fmt] = model.layers_weight_bytes(), model.weight_bytes()
+    assert sizes["int8"] < 0.3 * layers and sizes["int4"] < 0.2 * layers  # float32 -> int8 -> int4
+    head = stored.config.vocab_size * stored.config.hidden_size
+    assert model.packed_head.formats == ["q8_0"] and model.packed_head.nbytes < head * 8.6 / 8
+    assert wholes["int4"] == stored.weight_bytes() - layers + sizes["int4"] + model.packed_head.nbytes
 
 
 def test_bad_weight_requests_are_one_line_errors(llama_dir, checkpoint_factory):
@@ -195,7 +194,7 @@ def test_a_quantized_draft_model_keeps_the_float_target_lossless(checkpoint_fact
                              num_hidden_layers=1)
     plain = Engine.load(target, max_context=512)
     fast = Engine.load(target, max_context=512, drafter=f"draft:{small}", draft_weights=fmt)
-    assert fast.drafter.model.packed_format == fmt and not fast.model.packed_format
+    assert fast.drafter.model.packed_format == MODEL_FORMAT[fmt] and not fast.model.packed_format
     for prompt in ["The quick brown fox jumps over the lazy dog. The quick", "import os\nfor name in os"]:
         expected = [t for e in plain.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids]
         assert [t for e in fast.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids] == expected
@@ -242,4 +241,4 @@ def test_speculative_sampling_on_quantized_weights_keeps_their_distribution(chec
     degrees = torch.tensor((len(expected) - 1) / 2, dtype=torch.float64)
     p_value = float(torch.special.gammaincc(degrees, torch.tensor(statistic / 2, dtype=torch.float64)))
     assert p_value > 1e-3, (counts, expected)
-    assert fast.drafter.model.packed_format == fmt  # the draft model is quantized like the target
+    assert fast.drafter.model.packed_format == MODEL_FORMAT[fmt]  # the draft model is quantized like the target

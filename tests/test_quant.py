@@ -131,7 +131,7 @@ def odd_mlp_target(tmp_path_factory, tokenizer_dir) -> Path:
 
 @pytest.mark.parametrize("case", ["float16 weights", "int8 target", "int4 target", "172-wide MLP"])
 def test_quantspec_runs_on_the_cpu_kernel_for_any_target(case, target, half_llama_dir, odd_mlp_target):
-    from edge.packed_weights import PackedLinear
+    from edge.block_weights import BlockLinear
 
     path = {"float16 weights": half_llama_dir, "172-wide MLP": odd_mlp_target}.get(case, target)
     weights = {"int8 target": "int8", "int4 target": "int4"}.get(case)
@@ -139,10 +139,10 @@ def test_quantspec_runs_on_the_cpu_kernel_for_any_target(case, target, half_llam
     fast = Engine.load(path, max_context=256, drafter="quantspec", draft_length=3, weights=weights)
     for prompt in PROMPTS:
         assert greedy(fast, prompt) == greedy(plain, prompt), (case, prompt)
-    projections = [m for m in fast.drafter.model.layers.modules() if isinstance(m, PackedLinear)]
-    assert len(projections) == 4 * fast.model.config.num_layers and {m.format for m in projections} == {"int4"}
-    assert all(m.packed.data_ptr() != t.packed.data_ptr() for m, t in zip(
-        projections, [m for m in fast.model.layers.modules() if isinstance(m, PackedLinear)]))
+    projections = [m for m in fast.drafter.model.layers.modules() if isinstance(m, BlockLinear)]
+    assert len(projections) == 4 * fast.model.config.num_layers and {m.format for m in projections} == {"q4_1"}
+    targets = [m.matrix.segments[0][2] for m in fast.model.layers.modules() if isinstance(m, BlockLinear)]
+    assert all(m.matrix.segments[0][2].data_ptr() != t.data_ptr() for m, t in zip(projections, targets))
 
 
 def test_quantized_linear_pads_a_width_its_group_size_does_not_divide():

@@ -2,9 +2,9 @@
 
     engine = Engine.load(path, kv_cache="hierarchical", drafter="quantspec")     # or quantspec:8 for int8 weights
 
-The draft is the target's architecture with every projection of its layers quantized: on the CPU packed for edge's
-kernel (int4 in groups of 32; quantspec:8 int8 per output channel), elsewhere group-wise (kernels/quant.py); the
-embedding, norms and head are shared with the target, not copied. It reads the same cache the target
+The draft is the target's architecture with every projection of its layers quantized: on the CPU for edge's kernel
+(int4 in groups of 32 as --weights int4 quantizes; quantspec:8 int8 per output channel), elsewhere group-wise
+(kernels/quant.py); the embedding, norms and head are shared with the target, not copied. It reads the same cache the target
 writes: the target sees 8 bits per value (both nibble planes), the draft only the upper plane, so there is no
 second cache. Its own keys/values for the drafted positions are written past the verified length and rewritten by
 the verifying pass, as for layer-skip drafters. The target verifies in full precision, so the output is the
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from edge.block_weights import BlockEmbedding
+from edge.block_weights import BlockEmbedding, BlockLinear
 from edge.drafters.base import Draft, DraftSampler
 from edge.drafters.layer_skip import LayerSkipDrafter
 from edge.errors import SamplingError
 from edge.model import Linear, Transformer
-from edge.packed_weights import PackedLinear, widen_norms
+from edge.packed_weights import PackedLinear, int4_linear, widen_norms
 from kernels.quant import QuantizedLinear
 
 BITS = (4, 8)  # quantspec:B, int4 in groups of 32 or int8 per output channel
@@ -52,7 +52,9 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
             if not isinstance(child, Linear):
                 continue
             source = model.layers.get_submodule(f"{name}.{child_name}" if name else child_name)  # float or packed
-            if packed:
+            if packed == "int4":
+                setattr(module, child_name, int4_linear(source, model.rowwise))
+            elif packed:
                 setattr(module, child_name, PackedLinear.from_linear(source, packed, model.rowwise))
             elif isinstance(source, PackedLinear):  # only QuantSpec's own group size keeps a packed target's kernel
                 raise SamplingError("the quantspec drafter of an int8/int4 target runs on edge's CPU kernel, with "
@@ -62,7 +64,7 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
     if packed:  # the kernel's fused step and one-call drafting: float32 norms beside packed matrices, as the target's
         widen_norms(draft)
         draft.rowwise, draft.rowwise_max_rows = model.rowwise, model.rowwise_max_rows
-        draft.packed_format = packed  # the head stays the target's float one (packed_head None)
+        draft.packed_format = "blocks" if packed == "int4" else packed  # the head stays the target's (packed_head)
     return draft.eval().requires_grad_(False)
 
 
@@ -88,4 +90,5 @@ class QuantSpecDrafter(LayerSkipDrafter):
         """The quantized projections (the rest is the target's), and a trimmed head if any."""
         quantized = sum(m.quantized.nbytes for m in self.model.modules() if isinstance(m, QuantizedLinear))
         quantized += sum(m.packed.nbytes for m in self.model.modules() if isinstance(m, PackedLinear))
+        quantized += sum(m.matrix.nbytes for m in self.model.layers.modules() if isinstance(m, BlockLinear))
         return quantized + super().memory_bytes()

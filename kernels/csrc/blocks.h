@@ -1,5 +1,5 @@
 /* llama.cpp's block quantizations (GGUF tensor types) as kernel formats: the file's values, rearranged once at load
- * into groups of 16 outputs so that a vector lane is an output (as the int8/int4 formats are), never re-quantized.
+ * into groups of 16 outputs so that a vector lane is an output (as the int8 format is), never re-quantized.
  *
  * A GGUF row of K weights is K / B blocks of B weights (B = 32, or 256 for the k-quants); each block holds integer
  * codes and float16 scales. Layout here: outputs in groups of 16 (the last padded with zero bytes, which every type

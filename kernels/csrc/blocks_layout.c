@@ -18,9 +18,12 @@ typedef struct {
     uint8_t scales[16], mins[8];  /* k-quants: sub-block scales (Q6_K: int8 bytes) and mins (Q4_K, Q5_K) */
 } Unpacked;
 
+/* Rows of K weights take whole blocks: K / B rounded up (the padding holds zero weights) */
+static int64_t row_blocks(int format, int64_t K) { return (K + block_weights(format) - 1) / block_weights(format); }
+
 int64_t blocks_packed_bytes(int format, int64_t N, int64_t K) {
     if (blocks_float(format)) return N * K * block_file_bytes(format);
-    return (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP * (K / block_weights(format)) * block_group_bytes(format);
+    return (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP * row_blocks(format, K) * block_group_bytes(format);
 }
 
 static uint16_t read16(const uint8_t *p) {
@@ -250,13 +253,13 @@ static void block_values(int format, const Unpacked *u, float *out) {
     }
 }
 
-/* file (N rows of K / B file blocks each) -> packed (blocks_packed_bytes), padding rows zero */
+/* file (N rows of K / B file blocks each, rounded up) -> packed (blocks_packed_bytes), padding rows zero */
 void blocks_repack(int format, const uint8_t *file, int64_t N, int64_t K, uint8_t *packed, int threads) {
     if (blocks_float(format)) {  /* kept as the file lays it out */
         memcpy(packed, file, (size_t)blocks_packed_bytes(format, N, K));
         return;
     }
-    const int64_t blocks = K / block_weights(format), file_row = blocks * block_file_bytes(format);
+    const int64_t blocks = row_blocks(format, K), file_row = blocks * block_file_bytes(format);
     const int64_t group_bytes = block_group_bytes(format), groups = (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < groups; g++) {
@@ -279,15 +282,17 @@ void blocks_dequantize_rows(int format, const uint8_t *packed, int64_t K, int64_
         for (int64_t i = 0; i < count * K; i++) out[i] = weight_at(packed, first * K + i, kind);
         return;
     }
-    const int64_t B = block_weights(format), blocks = K / B, group_bytes = block_group_bytes(format);
+    const int64_t B = block_weights(format), blocks = row_blocks(format, K), group_bytes = block_group_bytes(format);
     Unpacked u;
+    float values[256];
     for (int64_t r = 0; r < count; r++) {
         const int64_t row = first + r;
         const uint8_t *group = packed + row / BLOCKS_GROUP * blocks * group_bytes;
         for (int64_t b = 0; b < blocks; b++) {
             memset(&u, 0, sizeof u);
             read_block(format, group + b * group_bytes, (int)(row % BLOCKS_GROUP), &u);
-            block_values(format, &u, out + r * K + b * B);
+            block_values(format, &u, values);
+            memcpy(out + r * K + b * B, values, (size_t)(K - b * B < B ? K - b * B : B) * sizeof(float));
         }
     }
 }

@@ -206,7 +206,8 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
  * The first step runs T0 rows at positions [start, start + T0): tokens[t] (and features[t] (T0, D) when fc is set);
  * each later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are
  * written into the drafter's cache as the layers run. embed (V, D) is in embed_format and head (V, D) in head_format
- * (WEIGHTS_I8 / WEIGHTS_I4: packed), everything else of the drafter (layers, norm, fc (D, 2D)) in format.
+ * (WEIGHTS_I8: packed, WEIGHTS_BLOCKS: a BlockMatrix), everything else of the drafter (layers, norm, fc (D, 2D))
+ * in format.
  * cos/sin are whole tables: row p is position p. A trimmed head (VocabTrim) holds only some tokens' rows: head_ids
  * (V) names the token of each row (NULL: row v is token v). The cache is keys/values or `hier`, as in
  * fused_layers_f32. scratch holds T0 * (4D + 3Q + 2KV + 2I) + (H * T0 + 2 * Hkv * Dh) * (start + T0 + k) + D + V

@@ -8,9 +8,8 @@
 #include "quantized.h"
 
 void *prepared_alloc(int64_t M, int64_t K) {
-    const int64_t int8 = int8_prepared_bytes(M, K), int4 = int4_prepared_bytes(M, K);
-    const int64_t blocks = blocks_prepared_bytes(M, K), packed = int8 > int4 ? int8 : int4;
-    void *prepared = aligned_alloc(64, round_up(packed > blocks ? packed : blocks, 64));
+    const int64_t int8 = int8_prepared_bytes(M, K), blocks = blocks_prepared_bytes(M, K);
+    void *prepared = aligned_alloc(64, round_up(int8 > blocks ? int8 : blocks, 64));
     if (prepared == NULL) abort();  /* M rows of int8 codes: far smaller than the weights; nothing to do without */
     return prepared;
 }
@@ -23,9 +22,6 @@ void team_matmul(const float *x, const void *w, const float *bias, float *y, int
     if (format == WEIGHTS_I8) {
         int8_prepare_share(x, M, K, prepared, part, parts);
         int8_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
-    } else if (format == WEIGHTS_I4) {
-        int4_prepare_share(x, M, K, 0, prepared, part, parts);
-        int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
     } else if (format == WEIGHTS_BLOCKS) {
         blocks_matmul_team(x, w, bias, y, M, N, K, prepared, part, parts);
     } else {
@@ -47,28 +43,20 @@ static void silu_rows_team(float *gate_up, int64_t M, int64_t K, int part, int p
     }
 }
 
-/* The MLP's down projection of SwiGLU: silu(gate) * up of gate_up (M, 2K), (gate | up) per row, through w into
- * y (M, N). int4 quantizes silu's values block by block as the team computes them, without storing them as floats
- * or waiting row by row; the other formats compact gate_up in place into (M, K) float rows first. The same values,
- * so the same result either way. */
+/* The MLP's down projection of SwiGLU: silu(gate) * up of gate_up (M, 2K), (gate | up) per row, compacted in place
+ * into (M, K) float rows, then through w into y (M, N). */
 void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                         int format, void *prepared, int part, int parts) {
-    if (format == WEIGHTS_I4) {
-        int4_prepare_share(gate_up, M, K, 1, prepared, part, parts);
-        int4_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
-#pragma omp barrier
-        return;
-    }
     silu_rows_team(gate_up, M, K, part, parts);
     team_matmul(gate_up, w, bias, y, M, N, K, format, prepared, part, parts);
 }
 
-/* One matmul in a parallel region of its own: x (M, K) through w in `format` (WEIGHTS_*; int8 and int4 packed as in
- * matmul_int8.c and matmul_int4.c) into y (M, N). kernels/cpu_matmul.py calls it for every format. */
+/* One matmul in a parallel region of its own: x (M, K) through w in `format` (WEIGHTS_*; int8 packed as in
+ * matmul_int8.c, a BlockMatrix as in matmul_blocks.c) into y (M, N). kernels/cpu_matmul.py calls it for every
+ * format. */
 void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int format, int threads) {
-    void *prepared = format == WEIGHTS_I8 || format == WEIGHTS_I4 || format == WEIGHTS_BLOCKS ? prepared_alloc(M, K)
-                                                                                                : NULL;
+    void *prepared = format == WEIGHTS_I8 || format == WEIGHTS_BLOCKS ? prepared_alloc(M, K) : NULL;
 #pragma omp parallel num_threads(threads)
     team_matmul(x, w, bias, y, M, N, K, format, prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);

@@ -321,64 +321,53 @@ typedef struct {
 
 static int64_t aligned(int64_t bytes) { return round_up(bytes, 64); }
 
+/* A row's width in whole blocks of the granularity (a matrix whose width is not a multiple takes zero weights and
+ * zero activations past it) */
+static int64_t padded(int64_t K, int wide) { return round_up(K, wide ? 256 : 32); }
+
 static Prepared prepared_at(void *base, int64_t M, int64_t K, int wide) {
+    const int64_t K32 = padded(K, 0), Kp = padded(K, wide);
     uint8_t *p = base;
-    if (wide) p += aligned(M * K) + aligned(M * (K / 32) * 12);  /* after the 32-weight granularity */
+    if (wide) p += aligned(M * K32) + aligned(M * (K32 / 32) * 12);  /* after the 32-weight granularity */
     Prepared out;
     out.codes = (int8_t *)p;
-    p += aligned(M * K);
+    p += aligned(M * Kp);
     if (!wide) {
         out.scales = (float *)p;
-        out.sums = (int32_t *)(out.scales + M * (K / 32));
-        out.scaled_sums = (float *)(out.sums + M * (K / 32));
+        out.sums = (int32_t *)(out.scales + M * (Kp / 32));
+        out.scaled_sums = (float *)(out.sums + M * (Kp / 32));
         out.pairs = out.centred = NULL;
     } else {
         out.scales = (float *)p;
-        p += aligned(M * (K / 256) * 4);
+        p += aligned(M * (Kp / 256) * 4);
         out.sums = (int32_t *)p;
-        out.pairs = out.sums + M * (K / 16);
-        out.centred = out.pairs + M * (K / 64);
+        out.pairs = out.sums + M * (Kp / 16);
+        out.centred = out.pairs + M * (Kp / 64);
         out.scaled_sums = NULL;
     }
     return out;
 }
 
 int64_t blocks_prepared_bytes(int64_t M, int64_t K) {
-    K = round_up(K, 256);
-    return aligned(M * K) + aligned(M * (K / 32) * 12) + aligned(M * K) + aligned(M * (K / 256) * 4) +
-           M * (2 * (K / 16) + K / 64) * 4 + 64;
+    const int64_t K32 = padded(K, 0), K256 = padded(K, 1);
+    return aligned(M * K32) + aligned(M * (K32 / 32) * 12) + aligned(M * K256) + aligned(M * (K256 / 256) * 4) +
+           M * (2 * (K256 / 16) + K256 / 64) * 4 + 64;
 }
 
 static Row row_of(const Prepared *p, int64_t m, int64_t K, int wide) {
-    Row row = {p->codes + m * K, NULL, NULL, NULL, NULL, NULL};
+    const int64_t Kp = padded(K, wide);
+    Row row = {p->codes + m * Kp, NULL, NULL, NULL, NULL, NULL};
     if (!wide) {
-        row.scales = p->scales + m * (K / 32);
-        row.sums = p->sums + m * (K / 32);
-        row.scaled_sums = p->scaled_sums + m * (K / 32);
+        row.scales = p->scales + m * (Kp / 32);
+        row.sums = p->sums + m * (Kp / 32);
+        row.scaled_sums = p->scaled_sums + m * (Kp / 32);
     } else {
-        row.scales = p->scales + m * (K / 256);
-        row.sums = p->sums + m * (K / 16);
-        row.pairs = p->pairs + m * (K / 64);
-        row.centred = p->centred + m * (K / 16);
+        row.scales = p->scales + m * (Kp / 256);
+        row.sums = p->sums + m * (Kp / 16);
+        row.pairs = p->pairs + m * (Kp / 64);
+        row.centred = p->centred + m * (Kp / 16);
     }
     return row;
-}
-
-/* float32 -> the nearest float16 (ties to even) -> float32, in integer arithmetic: the same on every path */
-static float rounded_to_half(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, 4);
-    const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7FFFFFFFu;
-    uint32_t half;
-    if (magnitude >= 0x47800000u) {  /* beyond float16's range (or inf / nan): inf, nan kept */
-        half = magnitude > 0x7F800000u ? 0x7E00u : 0x7C00u;
-    } else if (magnitude < 0x38800000u) {  /* a float16 subnormal (or zero): units of 2^-24, exact to scale */
-        half = (uint32_t)nearbyintf(fabsf(value) * 0x1p24f);
-    } else {  /* round the 13 dropped mantissa bits to nearest, ties to even (a carry may raise the exponent) */
-        const uint32_t rebased = magnitude - 0x38000000u;  /* exponent 127 -> 15 */
-        half = (rebased >> 13) + (((rebased >> 12) & 1) & (((rebased & 0x0FFFu) != 0) | ((rebased >> 13) & 1)));
-    }
-    return f16_to_f32((uint16_t)(half | sign >> 16));
 }
 
 /* This thread's part of quantizing M rows at the granularity `wide` selects, blocks split evenly, as llama.cpp
@@ -388,16 +377,17 @@ static float rounded_to_half(float value) {
  *   per 256 (its Q8_K): the scale 1 / (127 / max|x|), and the codes' sums per 16 (and per 32 here, two to a word:
  *   each at most 32 * 127 in magnitude) */
 static void prepare_share(const float *x, int64_t M, int64_t K, const Prepared *p, int wide, int part, int parts) {
-    const int64_t B = wide ? 256 : 32, blocks = K / B, total = M * blocks;
+    const int64_t B = wide ? 256 : 32, Kp = padded(K, wide), blocks = Kp / B, total = M * blocks;
     for (int64_t i = total * part / parts; i < total * (part + 1) / parts; i++) {
-        const int64_t m = i / blocks, b = i % blocks;
-        int8_t *codes = p->codes + m * K + b * B;
+        const int64_t m = i / blocks, b = i % blocks, width = K - b * B < B ? K - b * B : B;
+        int8_t *codes = p->codes + m * Kp + b * B;
         int32_t sum;
-        const float top = quantize_codes(x + m * K + b * B, codes, B, &sum);
+        const float top = quantize_codes(x + m * K + b * B, codes, width, &sum);
+        memset(codes + width, 0, B - width);  /* past a width that is not whole blocks */
         if (!wide) {
-            p->scales[i] = rounded_to_half(top / 127.0f);
+            p->scales[i] = f16_to_f32(half_bits(top / 127.0f));
             p->sums[i] = sum;
-            p->scaled_sums[i] = rounded_to_half((float)sum * (top / 127.0f));
+            p->scaled_sums[i] = f16_to_f32(half_bits((float)sum * (top / 127.0f)));
         } else {
             p->scales[i] = top > 0.0f ? 1.0f / (127.0f / top) : 0.0f;
             for (int j = 0; j < 16; j++) {
@@ -552,7 +542,7 @@ static void store_group(float acc[MAX_ROWS][BLOCKS_GROUP], const float *bias, fl
 ALWAYS void rows_tile_of(const int format, const Prepared *p, const uint8_t *packed, const float *bias, float *y,
                          int64_t ldy, int64_t m, const int R, int64_t begin, int64_t end, int64_t N, int64_t K) {
     const int wide = blocks_k_quant(format);
-    const int64_t blocks = K / block_weights(format), bytes = blocks * block_group_bytes(format);
+    const int64_t blocks = padded(K, wide) / block_weights(format), bytes = blocks * block_group_bytes(format);
     Row rows[MAX_ROWS];
     for (int r = 0; r < R; r++) rows[r] = row_of(p, m + r, K, wide);
     float acc[MAX_ROWS][BLOCKS_GROUP];
@@ -608,7 +598,7 @@ static void segment_share(int format, const Prepared *p, const uint8_t *packed, 
         tiles(p, packed, bias, y, ldy, 0, (int)M, begin, end, N, K);
         return;
     }
-    const int64_t group_bytes = K / block_weights(format) * block_group_bytes(format);
+    const int64_t group_bytes = padded(K, blocks_k_quant(format)) / block_weights(format) * block_group_bytes(format);
     const int64_t span = SPAN_BYTES / group_bytes > 1 ? SPAN_BYTES / group_bytes : 1;
     for (int64_t first = begin; first < end; first += span)
         for (int64_t m = 0; m < M; m += MAX_ROWS)

@@ -1,4 +1,4 @@
-/* What the int8 and int4 kernels share: activation rows quantized to signed bytes, exactly.
+/* What the int8 and block kernels share: activation rows quantized to signed bytes, exactly.
  *
  * A row (or a block of one) is scaled by 127 / max|x|, rounded half to even and clamped to [-127, 127]; the scale
  * returned is max|x| / 127 (0 for an all-zero row, whose codes are all 0). Vector and scalar rounding agree (both
@@ -43,7 +43,7 @@ static inline int32_t sum_of8(__m256i lanes) {
 #endif
 
 /* x[0, K) -> out[0, K) signed codes at the scale of `top` (max|x| of the whole row or block x belongs to); returns the
- * codes' sum, taken from the registers as they are written (int4's block offsets need it; reading the bytes back
+ * codes' sum, taken from the registers as they are written (the block formats' offsets need it; reading the bytes back
  * just after their 8-byte stores stalled on store forwarding) */
 static inline int32_t quantize_with(const float *x, int8_t *out, int64_t K, float top) {
     if (top == 0.0f) {

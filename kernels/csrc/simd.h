@@ -3,7 +3,7 @@
  * kernels/cpu_matmul.py builds one library per path from the same sources, with that path's compiler flags; the
  * flags alone pick the branch below:
  *
- *   path       flags                              float vectors        int8 / int4 dot products
+ *   path       flags                              float vectors        int8 / block dot products
  *   avx512     -march=x86-64-v4 [-mavx512vnni]    16 lanes (zmm)       vpdpbusd (VNNI), else the avx2 code
  *   avx2       -march=haswell (AVX2, FMA, F16C)    8 lanes (ymm)        vpmaddubsw + vpmaddwd
  *   neon       -march=armv8.2-a+dotprod / armv8-a  4 lanes (q regs)     sdot, else smull + pairwise adds
@@ -152,6 +152,23 @@ static inline float f16_to_f32(uint16_t bits) {
     memcpy(&out, &wide, sizeof out);
     return out;
 #endif
+}
+
+/* float32 -> the bits of the nearest float16 (ties to even), in integer arithmetic: the same on every path */
+static inline uint16_t half_bits(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7FFFFFFFu;
+    uint32_t half;
+    if (magnitude >= 0x47800000u) {  /* beyond float16's range (or inf / nan): inf, nan kept */
+        half = magnitude > 0x7F800000u ? 0x7E00u : 0x7C00u;
+    } else if (magnitude < 0x38800000u) {  /* a float16 subnormal (or zero): units of 2^-24, exact to scale */
+        half = (uint32_t)nearbyintf(fabsf(value) * 0x1p24f);
+    } else {  /* round the 13 dropped mantissa bits to nearest, ties to even (a carry may raise the exponent) */
+        const uint32_t rebased = magnitude - 0x38000000u;  /* exponent 127 -> 15 */
+        half = (rebased >> 13) + (((rebased >> 12) & 1) & (((rebased & 0x0FFFu) != 0) | ((rebased >> 13) & 1)));
+    }
+    return (uint16_t)(half | sign >> 16);
 }
 
 /* ---- float vectors: vf holds VL floats ---- */
@@ -304,7 +321,7 @@ static inline float vf_reduce(vf v) { return (v[0] + v[2]) + (v[1] + v[3]); } /*
 
 /* Keeps an accumulator in a register at this point of a loop: without it GCC re-associates a chain of integer adds
  * across unrolled iterations into a tree of partial sums (to shorten the dependency chain) and spills most of them to
- * the stack; measured twice as slow for int4's multi-row tiles. Values are unchanged (integer sums are exact). */
+ * the stack; measured twice as slow for 4-bit multi-row tiles. Values are unchanged (integer sums are exact). */
 #if defined(EDGE_X86) && !defined(EDGE_EMULATE_AVX512)
 #define pin_register(v) __asm__("" : "+x"(v))
 #elif defined(EDGE_NEON)
@@ -315,8 +332,8 @@ static inline float vf_reduce(vf v) { return (v[0] + v[2]) + (v[1] + v[3]); } /*
 
 /* Where the hardware prefetcher runs too little ahead of a weight stream, the kernel prefetches it 4 KiB ahead
  * itself, one line per 64 bytes consumed: calls with several rows (more compute per byte; a 4-row int8 call over
- * TinyLlama's matrices measured 58 -> 47 ms on an AVX2 server) and int4 decode steps, which read one stream per
- * thread (29 -> 26 ms). One-row int8 and float calls read several streams per thread and are faster without. */
+ * TinyLlama's matrices measured 58 -> 47 ms on an AVX2 server) and the block formats, which read one stream per
+ * thread. One-row int8 and float calls read several streams per thread and are faster without. */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 4096
 #endif
@@ -361,10 +378,10 @@ static inline void silu_span(const float *gate, const float *up, float *out, int
     }
 }
 
-/* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 / WEIGHTS_I4 the matrices are
- * packed (matmul_int8.c, matmul_int4.c) and the norms float32; with WEIGHTS_BLOCKS a matrix is a BlockMatrix of
- * llama.cpp's block formats (blocks.h, matmul_blocks.c) and the norms float32. */
-enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_I4 = 4, WEIGHTS_BLOCKS = 5 };
+/* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 the matrices are packed
+ * (matmul_int8.c) and the norms float32; with WEIGHTS_BLOCKS a matrix is a BlockMatrix of llama.cpp's block formats
+ * (blocks.h, matmul_blocks.c: a GGUF file's, or edge's int4) and the norms float32. */
+enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_BLOCKS = 5 };
 
 /* Element i of a float matrix or norm in its format, as float32 */
 static inline float weight_at(const void *w, int64_t i, int format) {
@@ -383,10 +400,6 @@ void float_matmul_strided_share(int format, const float *x, const void *w, const
 int64_t int8_prepared_bytes(int64_t M, int64_t K);
 void int8_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts);
 void int8_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
-                       int64_t K, int part, int parts);
-int64_t int4_prepared_bytes(int64_t M, int64_t K);
-void int4_prepare_share(const float *x, int64_t M, int64_t K, int swiglu, void *prepared, int part, int parts);
-void int4_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int part, int parts);
 void *prepared_alloc(int64_t M, int64_t K);  /* matmul.c: room for M rows' activations in any packed format */
 void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,

@@ -14,7 +14,7 @@
  *   kernel_driver blocks TYPE M N K < x (M*K f32), the GGUF tensor's bytes (N rows of K / B blocks) > y (M*N f32),
  *                 then y again one row per call: TYPE is ggml's type number (csrc/blocks.h), repacked here
  *
- * FORMAT: f32, bf16, f16 (weights N*K of that type), i8, i4 (packed bytes, kernels/cpu_packing.py; their size
+ * FORMAT: f32, bf16, f16 (weights N*K of that type), i8 (packed bytes, kernels/cpu_packing.py; their size
  * follows from N and K). Prints the kernel's path name to stderr.
  */
 #include <math.h>
@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* format numbers: csrc/simd.h WEIGHTS_F32, _BF16, _F16, _I8, _I4 */
+/* format numbers: csrc/simd.h WEIGHTS_F32, _BF16, _F16, _I8 */
 void rowwise_matmul(const float *, const void *, const float *, float *, int64_t, int64_t, int64_t, int, int);
 void rowwise_attention_f32(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, int64_t, float, int);
@@ -66,9 +66,9 @@ static void write_floats(const float *values, int64_t count) { fwrite(values, si
 
 static void matmul(const char *format, const float *x, const void *w, const float *bias, float *y, int64_t M,
                    int64_t N, int64_t K) {
-    static const char *const names[] = {"f32", "bf16", "f16", "i8", "i4"};
+    static const char *const names[] = {"f32", "bf16", "f16", "i8"};
     int code = 0;
-    while (code < 4 && strcmp(format, names[code])) code++;
+    while (code < 3 && strcmp(format, names[code])) code++;
     rowwise_matmul(x, w, bias, y, M, N, K, code, 2);
 }
 
@@ -76,7 +76,6 @@ static size_t weight_bytes(const char *format, int64_t N, int64_t K) {
     if (!strcmp(format, "f32")) return (size_t)(N * K * 4);
     if (!strcmp(format, "bf16") || !strcmp(format, "f16")) return (size_t)(N * K * 2);
     if (!strcmp(format, "i8")) return (size_t)(round_up(N, 16) * round_up(K, 4) + 8 * round_up(N, 16));
-    if (!strcmp(format, "i4")) return (size_t)(round_up(N, 16) / 16 * (round_up(K, 32) / 32) * 288);
     fprintf(stderr, "kernel_driver: unknown format %s\n", format);
     exit(2);
 }

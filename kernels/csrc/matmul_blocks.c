@@ -1,7 +1,7 @@
 /* The matmul over llama.cpp's block formats (blocks.h), activations quantized to 8 bits as llama.cpp does:
  *
- *   32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): each row per block of 32, one float32 scale sx = max|x| / 127
- *       (llama.cpp's Q8_0 / Q8_1 activations)
+ *   32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): each row per block of 32, one scale sx = max|x| / 127 rounded
+ *       to float16, and for Q4_1 / Q5_1 sxsum = float16(xsum * max|x| / 127) (llama.cpp's Q8_0 / Q8_1 activations)
  *   k-quants (Q4_K, Q5_K, Q6_K): each row per block of 256, one scale, and the codes' sums per 16 and per 32
  *       (llama.cpp's Q8_K)
  *
@@ -9,7 +9,7 @@
  *
  *   Q8_0        acc += (float)dot * (d sx)
  *   Q4_0, Q5_0  acc += (float)(dot - o xsum) * (d sx)                   o = 8, 16
- *   Q4_1, Q5_1  acc += (float)dot * (d sx) + m (sx xsum)
+ *   Q4_1, Q5_1  acc += (float)dot * (d sx) + m sxsum
  *   Q4_K, Q5_K  acc += (float)(sum_j sc_j dot_j) * (d sx) - (float)(sum_j m_j xsum_j) * (dmin sx)
  *   Q6_K        acc += (float)(sum_j sc_j (dot_j - 32 xsum_j)) * (d sx)
  *
@@ -300,12 +300,12 @@ ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return dot_signed(acc, (vs8
 
 /* A row's codes and per-block numbers, as one format's tiles read them */
 typedef struct {
-    const int8_t *codes;        /* K */
+    const int8_t *codes;        /* K, padded to whole blocks */
     const float *scales;        /* per block: sx (32-weight types) or per 256 (k-quants) */
     const int32_t *sums;        /* 32-weight types: per 32; k-quants: per 16 */
     const int32_t *pairs;       /* k-quants: the sums per 32 of sub-blocks 2i and 2i + 1 as int16 halves of word i */
     const int32_t *centred;     /* k-quants: 32 * the sums per 16 (Q6_K's codes q - 32) */
-    const float *scaled_sums;   /* 32-weight types: sx * sum per 32 (Q4_1, Q5_1's min) */
+    const float *scaled_sums;   /* 32-weight types: float16(sx * sum) per 32 (Q4_1, Q5_1 min term) */
 } Row;
 
 /* The prepared buffer: the rows at both granularities (a matrix's segments may want either), each: codes (M, K),
@@ -348,10 +348,18 @@ static Prepared prepared_at(void *base, int64_t M, int64_t K, int wide) {
     return out;
 }
 
-int64_t blocks_prepared_bytes(int64_t M, int64_t K) {
+static int64_t activation_bytes(int64_t M, int64_t K) {
     const int64_t K32 = padded(K, 0), K256 = padded(K, 1);
     return aligned(M * K32) + aligned(M * (K32 / 32) * 12) + aligned(M * K256) + aligned(M * (K256 / 256) * 4) +
-           M * (2 * (K256 / 16) + K256 / 64) * 4 + 64;
+           aligned(M * (2 * (K256 / 16) + K256 / 64) * 4);
+}
+
+/* the rows at both granularities, then one counter per segment (each on its own cache line): the chunks of output
+ * groups the team's threads have taken */
+int64_t blocks_prepared_bytes(int64_t M, int64_t K) { return activation_bytes(M, K) + 64 * BLOCKS_MAX_SEGMENTS; }
+
+static int64_t *taken_counter(void *prepared, int64_t M, int64_t K, int segment) {
+    return (int64_t *)((uint8_t *)prepared + activation_bytes(M, K) + 64 * segment);
 }
 
 static Row row_of(const Prepared *p, int64_t m, int64_t K, int wide) {
@@ -587,28 +595,34 @@ static Tiles tiles_of(int format) {
     }
 }
 
-/* One thread's share of one segment (N outputs in `format`) from prepared rows: groups split evenly between the
- * threads; up to 4 rows take every group in one sweep, more go 4 at a time over spans of groups kept in cache. */
+/* This thread's part of one segment (N outputs in `format`) from prepared rows: a contiguous share of the first
+ * seven eighths of the output groups (one long stream of weights per thread), then chunks of the rest taken from a
+ * shared counter until none are left, so that a thread slowed by the other's memory traffic or an interrupt does
+ * not hold the other at the next barrier. Which thread computes a group changes nothing in it. Up to 4 rows take a
+ * range's groups in one sweep; more (a prompt) go 4 at a time over a span of groups kept in cache meanwhile
+ * (SPAN_BYTES of them, or one group where K is long). */
 static void segment_share(int format, const Prepared *p, const uint8_t *packed, const float *bias, float *y,
-                          int64_t ldy, int64_t M, int64_t N, int64_t K, int part, int parts) {
+                          int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t *taken, int part, int parts) {
     const Tiles tiles = tiles_of(format);
-    const int64_t groups = (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP;
-    const int64_t begin = groups * part / parts, end = groups * (part + 1) / parts;
-    if (M <= MAX_ROWS) {
-        tiles(p, packed, bias, y, ldy, 0, (int)M, begin, end, N, K);
-        return;
-    }
+    const int64_t groups = (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP, shared = parts > 1 ? groups / 8 : 0;
     const int64_t group_bytes = padded(K, blocks_k_quant(format)) / block_weights(format) * block_group_bytes(format);
-    const int64_t span = SPAN_BYTES / group_bytes > 1 ? SPAN_BYTES / group_bytes : 1;
-    for (int64_t first = begin; first < end; first += span)
-        for (int64_t m = 0; m < M; m += MAX_ROWS)
-            tiles(p, packed, bias, y, ldy, m, M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS, first,
-                  end - first < span ? end : first + span, N, K);
+    const int64_t span = M <= MAX_ROWS ? groups : SPAN_BYTES / group_bytes > 1 ? SPAN_BYTES / group_bytes : 1;
+    const int64_t own = groups - shared, chunk = shared / (4 * parts) > 1 ? shared / (4 * parts) : 1;
+    int64_t first = own * part / parts, end = own * (part + 1) / parts;
+    for (;;) {
+        for (int64_t from = first; from < end; from += span)
+            for (int64_t m = 0; m < M; m += MAX_ROWS)
+                tiles(p, packed, bias, y, ldy, m, M - m < MAX_ROWS ? (int)(M - m) : MAX_ROWS, from,
+                      end - from < span ? end : from + span, N, K);
+        first = own + __atomic_fetch_add(taken, 1, __ATOMIC_RELAXED) * chunk;
+        if (first >= groups) break;
+        end = groups - first < chunk ? groups : first + chunk;
+    }
 }
 
 /* The whole team's matmul x (M, K) -> y (M, N) through a BlockMatrix (+ bias (N)): the team quantizes the rows at
- * the granularities the segments need, waits, and each thread computes its share of every segment. The caller
- * waits for y (matmul.c team_matmul). */
+ * the granularities the segments need, waits, and the threads share out every segment's groups. The caller waits
+ * for y (matmul.c team_matmul). */
 void blocks_matmul_team(const float *x, const BlockMatrix *matrix, const float *bias, float *y, int64_t M, int64_t N,
                         int64_t K, void *prepared, int part, int parts) {
     int narrow = 0, wide = 0;
@@ -619,6 +633,8 @@ void blocks_matmul_team(const float *x, const BlockMatrix *matrix, const float *
     const Prepared by32 = prepared_at(prepared, M, K, 0), by256 = prepared_at(prepared, M, K, 1);
     if (narrow) prepare_share(x, M, K, &by32, 0, part, parts);
     if (wide) prepare_share(x, M, K, &by256, 1, part, parts);
+    if (part == 0)
+        for (int s = 0; s < matrix->count; s++) *taken_counter(prepared, M, K, s) = 0;
 #pragma omp barrier
     int64_t n0 = 0;
     for (int s = 0; s < matrix->count; n0 += matrix->rows[s], s++) {
@@ -630,6 +646,6 @@ void blocks_matmul_team(const float *x, const BlockMatrix *matrix, const float *
             continue;
         }
         segment_share(format, blocks_k_quant(format) ? &by256 : &by32, matrix->data[s], bias ? bias + n0 : NULL,
-                      y + n0, N, M, matrix->rows[s], K, part, parts);
+                      y + n0, N, M, matrix->rows[s], K, taken_counter(prepared, M, K, s), part, parts);
     }
 }

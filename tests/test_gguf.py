@@ -5,6 +5,7 @@ decodes as the original tokenizer.json. The files are written here (tests/gguf_f
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -205,6 +206,38 @@ def test_every_drafter_runs_on_a_gguf_target(llama_dir, wide_dir, tmp_path):
     assert greedy(gguf, drafter="quantspec", kv_cache="hierarchical") == hierarchical
 
 
+def test_a_matrix_kept_in_f16_beside_quantized_ones_runs_as_stored(llama_dir, wide_dir, tmp_path):
+    """A quantized file that keeps some matrices in F16 (v and the down projections here): those segments run on
+    the float kernel beside the blocks, the logits are the file's values', and speculation stays exact."""
+    gguf, reference = quantized_file("q8_0", llama_dir, wide_dir, tmp_path, attn_v="f16", ffn_down="f16")
+    engine = Engine.load(gguf, max_context=128)
+    assert engine.model.layers[0].attn.wqkv.matrix.formats == ["q8_0", "q8_0", "f16"]
+    assert engine.model.layers[0].ffn.w_down.matrix.formats == ["f16"]
+    tokens = torch.tensor([Tokenizer.from_dir(reference).encode(PROMPT)])
+    float_model = load_model(reference)
+    with torch.inference_mode():
+        got = engine.model.forward_logits(tokens, 0, engine.model.new_cache(64))[0]
+        want = float_model.forward_logits(tokens, 0, float_model.new_cache(64))[0]
+    assert (got - want).norm() / want.norm() < 0.03
+    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+    assert greedy(gguf, drafter="early-exit:1") == plain
+
+
+def test_the_plan_counts_a_gguf_file_at_its_stored_size(llama_dir, wide_dir, tmp_path, capsys):
+    """The planner sizes the file's blocks as loading holds them (Q4_K and Q6_K segments, the embedding's blocks),
+    for Engine.load's budget and for --plan; --weights int8 plans edge's int8 instead."""
+    from edge.planning import plan_for
+    from tui.cli import main as chat_main
+
+    gguf, _ = quantized_file("q4_k_m", llama_dir, wide_dir, tmp_path)
+    plan = plan_for(gguf, budget="1GiB")
+    assert plan.weight_dtype == "q4_k_m"
+    assert plan.footprint.target_weights == Engine.load(gguf, max_context=64).model.weight_bytes()
+    assert plan_for(gguf, budget="1GiB", weights="int8").weight_dtype == "int8"
+    assert chat_main([str(gguf), "--plan"]) == 0
+    assert json.loads(capsys.readouterr().out)["footprint"]["target_weights"] == plan.footprint.target_weights
+
+
 def test_weights_float16_dequantizes_and_int4_requantizes(llama_dir, tmp_path):
     """--weights float16: the file's values in 16 bits (what earlier versions ran); --weights int4: edge's own
     format, re-quantized from them."""
@@ -361,6 +394,34 @@ def test_an_architecture_edge_does_not_run_is_one_line(tmp_path):
     writer.close()
     with pytest.raises(UnsupportedModelError, match="'gpt2' model; edge runs the GGUF architectures llama, qwen2"):
         checkpoint_from_gguf(tmp_path / "other.gguf")
+
+
+LLAMA_CPP_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is a benchmark peer (pip install -e '.[peers]'), not a test dependency")
+@pytest.mark.parametrize("ftype", LLAMA_CPP_TYPES)
+def test_files_from_llama_cpps_own_quantizer(wide_dir, tmp_path, ftype):
+    """llama.cpp's quantizer (its scale searches and its per-tensor choice of types in the _M mixtures) on an F32
+    file: the result runs in its types, close to the float model, and greedy speculation equals plain decoding."""
+    import llama_cpp
+
+    source = write_gguf(wide_dir, tmp_path / "tiny.f32.gguf", "f32")
+    out = tmp_path / f"tiny.{ftype}.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    assert llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params) == 0
+    engine = Engine.load(out, max_context=128)
+    assert engine.model.packed_format == "blocks"
+    tokens = torch.tensor([engine.tokenizer.encode(PROMPT)])
+    float_model = load_model(wide_dir)
+    with torch.inference_mode():
+        got = engine.model.forward_logits(tokens, 0, engine.model.new_cache(64))[0]
+        want = float_model.forward_logits(tokens, 0, float_model.new_cache(64))[0]
+    assert (got - want).norm() / want.norm() < 0.15  # 4-bit weights of a random model and 8-bit activations
+    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+    assert greedy(out, drafter="early-exit:1") == plain
 
 
 def llama_cpp_source():

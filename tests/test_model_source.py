@@ -14,6 +14,7 @@ from gguf_files import write_gguf
 
 from edge import CheckpointError, Engine, LoadSpec, gguf_checkpoint
 from edge.model_source import HubName, display_name, resolve_model
+from edge.planning import plan_for
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -152,6 +153,9 @@ def test_a_gguf_in_a_hub_repo_is_picked_by_tag_or_file(llama_dir, hub, tmp_path)
     with pytest.raises(CheckpointError, match="HF_HUB_OFFLINE"):
         resolve_model("org/tiny-GGUF:Q5_K_M")
     assert greedy(Engine.load("org/tiny-GGUF:q8_0", max_context=64)) == greedy(Engine.load(by_tag, max_context=64))
+    plan = plan_for("org/tiny-GGUF:Q4_0", budget="1GiB")  # --plan for a Hub id naming a GGUF: its blocks' size
+    assert plan.weight_dtype == "q4_0"
+    assert plan.footprint.target_weights == Engine.load("org/tiny-GGUF:Q4_0", max_context=64).model.weight_bytes()
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -96,6 +96,7 @@ class PackedArena:
         return self.bytes[start:start + size]
 
 
+
 class BlockMatrixView(ctypes.Structure):
     """csrc/blocks.h BlockMatrix: up to 4 row segments, each in its own format."""
 
@@ -132,6 +133,19 @@ class _Library:
             cls._bound = cls(kernel.library)
         return cls._bound
 
+
+def quantize_file(name: str, weight: torch.Tensor, threads: int = 0, library: ctypes.CDLL | None = None) -> np.ndarray:
+    """A float matrix (N, K) quantized by edge into `name` ("q4_1" or "q8_0"), as a GGUF file stores that type: N rows
+    of ceil(K / 32) blocks (csrc/blocks_quantize.c). `library`: one path's kernel library (default: this CPU's)."""
+    if name not in QUANTIZERS:
+        raise ValueError(f"edge quantizes into {', '.join(QUANTIZERS)}, not {name}")
+    rows, columns = weight.shape
+    source = weight.detach().to(torch.float32).contiguous()
+    data = np.empty(file_bytes(name, rows, columns), dtype=np.uint8)
+    bound = _Library(library) if library is not None else _Library.get()
+    bound.quantize(FORMATS[name].number, source.data_ptr(), rows, columns, data.ctypes.data,
+                   threads or torch.get_num_threads())
+    return data
 
 class BlockMatrix:
     """A matrix in block formats, as the kernel reads it: segments of rows, each (format name, rows, packed bytes)."""
@@ -172,14 +186,8 @@ class BlockMatrix:
         """A float matrix (N, K) quantized by edge (csrc/blocks_quantize.c): "q4_1", 4-bit codes with a searched scale
         and minimum per 32 weights; "q8_0", 8-bit codes with a scale per 32 (any K: the last block padded with zero
         weights)."""
-        if name not in QUANTIZERS:
-            raise ValueError(f"edge quantizes into {', '.join(QUANTIZERS)}, not {name}")
         rows, columns = weight.shape
-        source = weight.detach().to(torch.float32).contiguous()
-        data = torch.empty(file_bytes(name, rows, columns), dtype=torch.uint8)
-        _Library.get().quantize(FORMATS[name].number, source.data_ptr(), rows, columns, data.data_ptr(),
-                                threads or torch.get_num_threads())
-        return cls.from_file(name, data.numpy(), rows, columns, threads, arena)
+        return cls.from_file(name, quantize_file(name, weight, threads), rows, columns, threads, arena)
 
     @classmethod
     def stack(cls, parts: list["BlockMatrix"]) -> "BlockMatrix":

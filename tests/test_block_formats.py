@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import kernel_for, kernel_path_names
 from gguf import GGMLQuantizationType, quants
 
-from kernels.block_formats import FORMATS, QUANTIZED, BlockMatrix, file_bytes, packed_bytes
+from kernels.block_formats import FORMATS, QUANTIZED, QUANTIZERS, BlockMatrix, file_bytes, packed_bytes, quantize_file
 from kernels.cpu_matmul import RowwiseMatmul
 
 pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: the kernel falls back to torch")
@@ -106,6 +106,27 @@ def test_every_path_gives_the_same_bits():
         first = next(iter(results.values()))
         assert all(torch.equal(first, other) for other in results.values()), (name, list(results))
 
+
+
+def awkward_weights() -> torch.Tensor:
+    """(40, 172) weights a quantizer must get right everywhere: heavy tails, a constant block, a zero block, values
+    below float16's normal range, a last partial block."""
+    generator = torch.Generator().manual_seed(14)
+    weight = torch.randn(40, 172, generator=generator) * torch.exp(2 * torch.randn(40, 172, generator=generator))
+    weight[0, :32] = 0.25
+    weight[1, :32] = 0.0
+    weight[2, :64] *= 1e-6
+    return weight
+
+
+@pytest.mark.parametrize("name", QUANTIZERS)
+def test_every_path_quantizes_into_the_same_bytes(name):
+    """edge's own quantizer (csrc/blocks_quantize.c, vectorized across blocks by the compiler) writes the same bytes
+    on avx512, avx2 and portable (neon under qemu, in test_kernels_aarch64.py)."""
+    weight = awkward_weights()
+    files = {path: quantize_file(name, weight, library=kernel_for(path).library) for path in kernel_path_names()}
+    first = next(iter(files.values()))
+    assert all(np.array_equal(first, other) for other in files.values()), list(files)
 
 def test_segments_of_different_types_compute_as_separate_matrices(kernel):
     """A fused q/k/v whose v is Q6_K beside Q4_K q and k, or a 32-weight type beside a k-quant: each segment as if

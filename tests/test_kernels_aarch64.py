@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_paths
 from kernels.block_formats import FORMATS as BLOCK_FORMATS
-from kernels.block_formats import QUANTIZED, BlockMatrix
+from kernels.block_formats import QUANTIZED, QUANTIZERS, BlockMatrix, quantize_file
 from kernels.cpu_matmul import RowwiseMatmul
 from kernels.cpu_packing import pack_int8
 from kernels.kv_quant import dequantize, quantize
@@ -95,6 +95,22 @@ def test_block_formats_on_aarch64(driver, name):
     whole, single = out[: rows * n].view(rows, n), out[rows * n:].view(rows, n)
     assert torch.equal(whole, single), "a row's result depends on the rows beside it"
     assert torch.equal(whole, RowwiseMatmul.load().blocks(x, BlockMatrix.from_file(name, data, n, k)))
+
+
+
+@pytest.mark.parametrize("name", QUANTIZERS)
+def test_own_quantizer_on_aarch64(driver, name):
+    """edge's own quantization (csrc/blocks_quantize.c) writes on ARM the bytes it writes here."""
+    from test_block_formats import awkward_weights
+
+    _, program = driver
+    weight = awkward_weights()
+    rows, columns = weight.shape
+    arguments = ["quantize", BLOCK_FORMATS[name].number, rows, columns]
+    result = subprocess.run([QEMU, "-L", SYSROOT, str(program), *map(str, arguments)],
+                            input=weight.numpy().tobytes(), capture_output=True, timeout=600)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == quantize_file(name, weight).tobytes()
 
 
 @pytest.mark.parametrize("window", [0, 7])

@@ -13,6 +13,8 @@
  *
  *   kernel_driver blocks TYPE M N K < x (M*K f32), the GGUF tensor's bytes (N rows of K / B blocks) > y (M*N f32),
  *                 then y again one row per call: TYPE is ggml's type number (csrc/blocks.h), repacked here
+ *   kernel_driver quantize TYPE N K < w (N*K f32) > edge's own quantization of w in the GGUF tensor layout (TYPE 3:
+ *                 Q4_1, 8: Q8_0; csrc/blocks_quantize.c)
  *
  * FORMAT: f32, bf16, f16 (weights N*K of that type), i8 (packed bytes, kernels/cpu_packing.py; their size
  * follows from N and K). Prints the kernel's path name to stderr.
@@ -36,6 +38,7 @@ typedef struct {  /* csrc/blocks.h */
 } BlockMatrix;
 void blocks_repack(int, const uint8_t *, int64_t, int64_t, uint8_t *, int);
 int64_t blocks_packed_bytes(int, int64_t, int64_t);
+void blocks_quantize(int, const float *, int64_t, int64_t, uint8_t *, int);
 typedef struct {  /* csrc/simd.h */
     uint8_t *upper, *lower;
     uint16_t *step, *low;
@@ -116,6 +119,16 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
+    if (argc == 5 && !strcmp(argv[1], "quantize")) {
+        const int type = atoi(argv[2]);
+        const int64_t N = atoll(argv[3]), K = atoll(argv[4]), bytes = N * ((K + 31) / 32) * (type == 3 ? 20 : 34);
+        float *w = read_exactly(N * K * sizeof(float));
+        uint8_t *file = malloc(bytes);
+        blocks_quantize(type, w, N, K, file, 2);
+        fwrite(file, 1, bytes, stdout);
+        fprintf(stderr, "%s\n", kernel_path());
+        return 0;
+    }
     if (argc == 8 && !strcmp(argv[1], "attention")) {
         const int64_t H = atoll(argv[2]), Hkv = atoll(argv[3]), T = atoll(argv[4]), D = atoll(argv[5]);
         const int64_t start = atoll(argv[6]), window = atoll(argv[7]), S = start + T;
@@ -172,7 +185,7 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
-    fprintf(stderr, "usage: kernel_driver matmul FORMAT M N K BIAS | blocks TYPE M N K | attention H HKV T D START "
-                    "WINDOW | tree H HKV T D START | hierarchical T HKV D\n");
+    fprintf(stderr, "usage: kernel_driver matmul FORMAT M N K BIAS | blocks TYPE M N K | quantize TYPE N K | "
+                    "attention H HKV T D START WINDOW | tree H HKV T D START | hierarchical T HKV D\n");
     return 2;
 }

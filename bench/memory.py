@@ -7,7 +7,9 @@ A method is a drafter spec (or `ar`), optionally with `+ctxN` (a draft model wit
 
 For each method a worker measures the process's resident memory once torch and edge are loaded and warmed up (the
 runtime's own overhead), plans with a roomy budget, loads, answers five bench prompts, and reports its peak
-resident memory (ru_maxrss). Predicted = runtime + the plan's footprint. Prints a Markdown table and JSON.
+resident memory (ru_maxrss), and what is resident once loaded and once it has answered (over the runtime's own: the
+model, its cache, its tokenizer and buffers). Predicted = runtime + the plan's footprint. Prints a Markdown table
+and JSON.
 """
 
 from __future__ import annotations
@@ -49,13 +51,16 @@ def main(argv: list[str] | None = None) -> int:
                                                       "--max-new-tokens", str(args.max_new_tokens), *extra],
                               method))
     print("| method | runtime MiB | plan MiB (weights + KV + speculation) | predicted peak MiB | measured peak MiB "
-          "| measured / predicted | tokens/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| measured / predicted | resident loaded, over runtime MiB | after answering MiB | after answering / plan "
+          "| tokens/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         plan = row["footprint"]
+        loaded, answered = row["loaded_rss"] - row["runtime_rss"], row["resident_rss"] - row["runtime_rss"]
         print(f"| {row['method']} | {row['runtime_rss'] / MiB:.0f} | {plan['total'] / MiB:.1f} "
               f"({plan['target_weights'] / MiB:.1f} + {plan['target_kv'] / MiB:.1f} + {plan['speculation'] / MiB:.1f})"
               f" | {row['predicted'] / MiB:.0f} | {row['peak_rss'] / MiB:.0f} | {row['peak_rss'] / row['predicted']:.3f}"
+              f" | {loaded / MiB:.0f} | {answered / MiB:.0f} | {answered / plan['total']:.3f}"
               f" | {row['tokens_per_s']:.0f} |")
     print()
     print(generation_table(rows, args.naive))

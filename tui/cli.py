@@ -1,6 +1,7 @@
 """edge-chat: chat with a model in the terminal, streaming the reply as it is generated.
 
-    edge-chat [MODEL]                    the chat app (Textual); the built-in model when MODEL is omitted
+    edge-chat [MODEL]                    the chat app (Textual); the default model (SmolLM2-135M-Instruct) when
+                                         MODEL is omitted
     edge-chat [MODEL] --prompt "..."     print one reply and exit (also reads the prompt from a pipe)
     edge-chat [MODEL] --plain            a line-by-line console chat (/reset, /quit; Ctrl+C stops a reply), saved
                                          like the app's; piped in, one message per line
@@ -12,6 +13,7 @@ import argparse
 import sys
 from typing import Iterable, Iterator, TextIO
 
+from edge import default_model
 from edge.cli_options import (
     add_model_arguments,
     add_sampling_arguments,
@@ -93,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_app(args: argparse.Namespace, spec: LoadSpec) -> int:
     """The Textual chat app; loading errors are shown in the app, bad options here as one line."""
+    builtin = args.model is None and default_model.packaged_file() is None  # the built-in model: its drafters fit
     app = EdgeChatApp(app_loader(args, spec), drafters=[choice for choice in DRAFTER_CHOICES
-                                                        if "builtin" not in choice[1] or args.model is None])
+                                                        if "builtin" not in choice[1] or builtin])
     app.run()
     if app.load_error:
         print(f"edge-chat: error: {app.load_error}", file=sys.stderr)

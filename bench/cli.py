@@ -91,9 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-weights", default=None, choices=DRAFT_WEIGHTS,
                         help="suite: how a separate draft model (draft:PATH, builtin) stores its weights; int8 "
                              "quantizes its layers for edge's CPU kernel (default: as its checkpoint)")
-    parser.add_argument("--kv-cache", default="float32", choices=KV_CACHE_CHOICES,
+    parser.add_argument("--kv-cache", default=None, choices=KV_CACHE_CHOICES,
                         help="suite: KV cache format for every edge method, the plain-decoding baseline included "
-                             "(hierarchical: QuantSpec's int4+int4, which the quantspec drafter reads)")
+                             "(hierarchical: QuantSpec's int4+int4, which the quantspec drafter reads); default: "
+                             "float32, and hierarchical for quantspec, which then runs on a target of its own")
     parser.add_argument("--json", type=Path, help="--ar: write the results as JSON here")
     parser.add_argument("--bundles", default="", metavar="B1,B2",
                         help="--ar: also run these edge-export bundles of the model (ONNX Runtime), side by side")

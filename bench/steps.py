@@ -18,7 +18,7 @@ from edge.cli_options import resolve_model_path
 
 
 def measure(model: str, method: str, max_new_tokens: int, weights: str | None = None,
-            kv_cache: str = "float32") -> dict:
+            kv_cache: str | None = None) -> dict:
     spec, _, length = method.rpartition(":") if method != "ar" else ("ar", "", "")
     run, prompts, _ = edge_runner(model, spec, length or "adaptive", "float32", kv_cache=kv_cache, weights=weights)
     for _ in range(2):  # the second pass is reported
@@ -41,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--weights", choices=["int8", "int4"], default=None,
                         help="quantize the target at load (edge/packed_weights.py)")
-    parser.add_argument("--kv-cache", choices=["float32", "int8", "int8-int4", "hierarchical"], default="float32",
-                        help="KV cache format for every method (hierarchical: what the quantspec drafter reads)")
+    parser.add_argument("--kv-cache", choices=["float32", "int8", "int8-int4", "hierarchical"], default=None,
+                        help="KV cache format for every method (hierarchical: what the quantspec drafter reads); "
+                             "default: float32, hierarchical for quantspec")
     args = parser.parse_args(argv)
     model = resolve_model_path(args.model)
     print("| method | tokens/s | ms per step | draft ms | verify ms | tokens per step |")

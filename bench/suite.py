@@ -25,23 +25,29 @@ def run_child(module: str, args: list[str], label: str) -> dict:
 
 
 def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str,
-               kv_cache: str = "float32", weights: str | None = None, draft_weights: str | None = None) -> dict:
+               kv_cache: str | None = None, weights: str | None = None, draft_weights: str | None = None) -> dict:
     return run_child("bench.suite_worker", ["--model", str(model), "--method", method, "--draft-length",
                                             draft_length, "--max-new-tokens", str(max_new_tokens),
-                                            "--dtype", dtype, "--kv-cache", kv_cache,
+                                            "--dtype", dtype, *kv_cache_options(kv_cache),
                                             *weights_options(weights, draft_weights)],
                      label(method, draft_length))
 
 
 def run_interleaved(model: Path, runs: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
-                    kv_cache: str = "float32", weights: str | None = None,
+                    kv_cache: str | None = None, weights: str | None = None,
                     draft_weights: str | None = None) -> list[dict]:
     """Every edge method in one worker process, prompt by prompt (bench.suite_worker --interleave)."""
     return run_child("bench.suite_worker", ["--model", str(model), "--interleave", json.dumps(runs),
                                             "--passes", str(passes), "--max-new-tokens", str(max_new_tokens),
-                                            "--dtype", dtype, "--kv-cache", kv_cache,
+                                            "--dtype", dtype, *kv_cache_options(kv_cache),
                                             *weights_options(weights, draft_weights)],
                      "interleaved run")["runs"]
+
+
+def kv_cache_options(kv_cache: str | None) -> list[str]:
+    """The worker's --kv-cache argument, or nothing (each method's own: hierarchical for quantspec, else the
+    dtype's)."""
+    return ["--kv-cache", kv_cache] if kv_cache else []
 
 
 def weights_options(weights: str | None, draft_weights: str | None) -> list[str]:

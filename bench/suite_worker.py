@@ -33,12 +33,23 @@ from bench.suite import SUITE_CONTEXT, is_peer
 Runner = Callable[[list[int], int], tuple[list[int], dict]]
 
 
-def edge_runner(model: str, method: str, draft_length: str, dtype: str, kv_cache: str = "float32",
+def method_kv_cache(method: str, kv_cache: str | None) -> str | None:
+    """The KV cache a method's engine needs: the one asked for, else hierarchical for QuantSpec (its draft reads the
+    upper 4 bits), else the dtype's."""
+    from edge.drafters.registry import DrafterSpec
+
+    if kv_cache is None and method != "ar" and DrafterSpec.parse(method).kind == "quantspec":
+        return "hierarchical"
+    return kv_cache
+
+
+def edge_runner(model: str, method: str, draft_length: str, dtype: str, kv_cache: str | None = None,
                 weights: str | None = None, draft_weights: str | None = None) -> tuple[Runner, list[list[int]], int]:
     """run(prompt_ids, new_tokens), the prompt set's ids, and the bytes of the target's weights (what a step reads)."""
     from edge.engine import Engine
 
-    engine = Engine.load(model, dtype=dtype, max_context=SUITE_CONTEXT, kv_cache=kv_cache, weights=weights)
+    engine = Engine.load(model, dtype=dtype, max_context=SUITE_CONTEXT, kv_cache=method_kv_cache(method, kv_cache),
+                         weights=weights)
     if method != "ar":
         engine.use_drafter(method, draft_length, dtype=dtype, draft_weights=draft_weights)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
@@ -59,18 +70,27 @@ def generate_once(engine, prompt_ids: list[int], new_tokens: int) -> tuple[list[
 
 
 def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
-                     kv_cache: str = "float32", weights: str | None = None,
+                     kv_cache: str | None = None, weights: str | None = None,
                      draft_weights: str | None = None) -> list[dict]:
     """Every (method, draft length) on each prompt in turn, `passes` times over the prompt set, in this process:
-    edge's methods share one loaded target (each drafter built once), a peer loads its own model."""
+    edge's methods share a loaded target per KV cache format (each drafter built once; QuantSpec's has its own
+    hierarchical cache), a peer loads its own model."""
     import statistics
 
     from edge.engine import Engine
 
-    engine = Engine.load(model, dtype=dtype, max_context=SUITE_CONTEXT, kv_cache=kv_cache, weights=weights)
-    prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
+    engines: dict[str | None, Engine] = {}
 
-    def edge_run(drafter, length) -> Runner:
+    def engine_for(method: str) -> Engine:
+        format = method_kv_cache(method, kv_cache)
+        if format not in engines:
+            engines[format] = Engine.load(model, dtype=dtype, max_context=SUITE_CONTEXT, kv_cache=format,
+                                          weights=weights)
+        return engines[format]
+
+    prompts = [engine_for("ar").tokenizer.encode_chat(p.messages) for p in PROMPTS]
+
+    def edge_run(engine, drafter, length) -> Runner:
         def run(prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict]:
             engine.use_drafter(drafter, length)
             return generate_once(engine, prompt_ids, new_tokens)
@@ -81,10 +101,11 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
         if is_peer(method):
             runners.append(peer_runner(model, method, dtype)[0])
         elif method == "ar":
-            runners.append(edge_run(None, "adaptive"))
+            runners.append(edge_run(engine_for(method), None, "adaptive"))
         else:
+            engine = engine_for(method)
             engine.use_drafter(method, length, dtype=dtype, draft_weights=draft_weights)
-            runners.append(edge_run(engine.drafter, engine.draft_length))
+            runners.append(edge_run(engine, engine.drafter, engine.draft_length))
 
     def timed(run: Runner, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict, float]:
         t0 = time.perf_counter()
@@ -181,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-length", default="adaptive")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--kv-cache", default="float32")
+    parser.add_argument("--kv-cache", default=None, help="every method's KV cache (default: each method's own)")
     parser.add_argument("--weights", default=None,
                         help="int8 or int4: quantize edge's target at load (edge methods only)")
     parser.add_argument("--draft-weights", default=None,

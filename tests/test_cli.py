@@ -312,3 +312,12 @@ def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(
     assert default_drafter(parser.parse_args([str(llama_dir)])) is None  # another model: plain unless asked
     assert default_drafter(parser.parse_args(["--temperature", "0.7"])) is None  # sampling: drafts pay less
     assert default_drafter(parser.parse_args(["--temperature", "0.7", "--drafter", "feature"])) == "feature"
+
+
+def test_bench_suite_runs_quantspec_on_a_hierarchical_cache_of_its_own(llama_dir):
+    """QuantSpec's draft reads the hierarchical KV cache: in an interleaved suite it gets a target with that cache,
+    while plain decoding keeps its float32 one (both were one engine, and QuantSpec was a traceback)."""
+    from bench.suite_worker import interleaved_runs
+
+    runs = interleaved_runs(str(llama_dir), [("ar", "2"), ("quantspec", "2")], 1, 6, "float32")
+    assert len(runs) == 2 and all(len(run["prompts"]) == len(runs[0]["prompts"]) > 0 for run in runs)

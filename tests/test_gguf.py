@@ -206,6 +206,18 @@ def test_every_drafter_runs_on_a_gguf_target(llama_dir, wide_dir, tmp_path):
     assert greedy(gguf, drafter="quantspec", kv_cache="hierarchical") == hierarchical
 
 
+def test_a_gguf_draft_drafts_for_a_checkpoint_folder_and_the_other_way_round(llama_dir, wide_dir, tmp_path):
+    """The tokenizer check compares a GGUF file's tokenizer with a Hugging Face one (the same vocabulary, read from
+    the file's metadata); a trimmed head (SPEC@vocab.json) works on a GGUF draft."""
+    draft, _ = quantized_file("q8_0", llama_dir, wide_dir, tmp_path)
+    plain = greedy(llama_dir)
+    assert greedy(llama_dir, drafter=f"draft:{draft}") == plain
+    vocabulary = tmp_path / "vocab.json"
+    vocabulary.write_text(json.dumps(list(range(0, 300))))
+    assert greedy(llama_dir, drafter=f"draft:{draft}@{vocabulary}") == plain
+    assert greedy(draft, drafter=f"draft:{llama_dir}") == greedy(draft)
+
+
 def test_a_matrix_kept_in_f16_beside_quantized_ones_runs_as_stored(llama_dir, wide_dir, tmp_path):
     """A quantized file that keeps some matrices in F16 (v and the down projections here): those segments run on
     the float kernel beside the blocks, the logits are the file's values', and speculation stays exact."""

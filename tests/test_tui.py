@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from edge.drafters import NGramDrafter
+from edge.drafters.draft_model import DraftModelDrafter
 from edge.engine import Engine
 from tui.app import EdgeChatApp
 from tui.history import Conversation, ConversationStore
@@ -235,6 +236,29 @@ def test_settings_change_the_drafter_in_place_and_reject_bad_values(make_app):
             assert screen.query_one(StatsPanel).figures.drafter == "ngram"
             await send(app, pilot, "hello")
             assert screen.session.conversation.messages[-1]["stats"]["tokens"] == 12
+    asyncio.run(scenario())
+
+
+def test_a_draft_model_named_in_the_settings_drafts_for_the_chat(make_app, tiny_model, tmp_path):
+    """A draft model as the command line names one: here a .gguf file of the same model family."""
+    from gguf_files import write_gguf
+
+    draft = write_gguf(tiny_model, tmp_path / "draft.Q8_0.gguf", {"default": "q8_0"})
+
+    async def scenario():
+        app = make_app()
+        async with app.run_test(size=(100, 40)) as pilot:
+            screen = await ready(app, pilot)
+            await pilot.press("f3")
+            app.screen.query_one("#draft_model").value = str(draft)
+            await pilot.press("ctrl+s")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            assert app.screen is screen, app.screen.query_one("#settings-error").render()
+            assert isinstance(screen.session.engine.drafter, DraftModelDrafter)
+            assert screen.session.drafter_spec == f"draft:{draft}"
+            await send(app, pilot, "hello")
+            assert screen.session.conversation.messages[-1]["stats"]["tokens"] > 0
     asyncio.run(scenario())
 
 

@@ -1,4 +1,5 @@
-"""Settings: drafter, draft length, sampling, max tokens, memory budget and system prompt, applied in place."""
+"""Settings: drafter (one of the list, or a draft model named as on the command line), draft length, sampling, max
+tokens, memory budget and system prompt, applied in place."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             with Grid(id="settings-grid"):
                 yield Label("drafter")
                 yield Select(self.drafters, value=s.drafter, allow_blank=False, id="drafter", compact=True)
+                yield Label("draft model")
+                yield Input("", placeholder="a folder, .gguf file or org/name:Q4_K_M", id="draft_model", compact=True)
                 yield Label("draft length")
                 yield Input(s.draft_length, placeholder="adaptive or a number", id="draft_length", compact=True)
                 yield Label("temperature")
@@ -51,8 +54,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def read(self) -> ChatSettings:
         """The form as settings; raises a one-line error naming the field that is wrong."""
         value = lambda name: self.query_one(f"#{name}", Input).value  # noqa: E731
+        draft_model = value("draft_model").strip()
         return self.settings.replace(
-            drafter=str(self.query_one("#drafter", Select).value),
+            drafter=f"draft:{draft_model}" if draft_model else str(self.query_one("#drafter", Select).value),
             draft_length=value("draft_length").strip() or "adaptive",
             temperature=parse_number(value("temperature"), "temperature"),
             top_p=parse_number(value("top_p"), "top-p"),

@@ -35,6 +35,7 @@ from edge.verify import Verdict, verify_greedy, verify_stochastic
 
 # adaptive draft length starts at 2 and then follows the measured costs (StepCosts)
 ADAPTIVE_START = 2
+PROBE_EVERY = 32  # steps of plain decoding after which a paused adaptive length drafts again, to measure anew
 
 
 @dataclass
@@ -85,6 +86,15 @@ class StepCosts:
                 best, best_rate = k, rate
         return best
 
+    def plain_pays(self, k: int) -> bool:
+        """Whether a plain step (one row, nothing drafted), as measured, makes tokens faster than drafting k tokens
+        is expected to: the drafter does not pay on this model and machine at present."""
+        plain, verify = self.verify.get(1), self.verify_estimate(k + 1)
+        if plain is None or verify is None or self.draft_per_token is None:
+            return False
+        a = min(self.acceptance, 0.999)
+        return 1.0 / plain > (1.0 - a ** (k + 1)) / (1.0 - a) / (verify + k * self.draft_per_token)
+
     def verify_estimate(self, rows: int) -> float | None:
         """A verify pass of `rows` rows: as measured, else the dearest pass of fewer rows measured (fewer rows than
         any measured: the cheapest measured), so a row count is tried once before its own cost decides; None with
@@ -131,7 +141,9 @@ class DraftLength:
 
     Adaptive picks, after every step, the k with the most expected tokens per second from what this engine has
     measured (StepCosts: verify passes by row count, drafting per token, the running acceptance), within
-    [min_k, max_k]. Where a verify pass of a few rows costs about one step (memory-bound decoding) it drafts
+    [min_k, max_k]; where a plain step, as measured, makes tokens faster than the best k would, it pauses (k = 0:
+    plain decoding) and drafts again after PROBE_EVERY steps to measure anew, so a drafter that cannot pay costs
+    little more than plain decoding. Where a verify pass of a few rows costs about one step (memory-bound decoding) it drafts
     longer; where every row costs compute (a model in cache) shorter. In interleaved suites this rule measured
     level with or ahead of the best fixed k and of the grow-by-one/drop-to-accepted rule it replaced, on the
     500M-parameter-traffic target and on the built-in model (docs/benchmarks.md, "Draft length"). Sampled
@@ -144,6 +156,7 @@ class DraftLength:
     max_k: int = 12
     stop_below: float | None = None
     costs: StepCosts = dataclasses.field(default_factory=StepCosts)  # shared by copies: one table per engine
+    paused_steps: int = 0  # plain steps taken since the length paused (k = 0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
@@ -190,11 +203,21 @@ class DraftLength:
         pass of `rows` rows: drafted + 1 unless a token tree added some). Without
         timings (sampled decoding, where a seed must give the same output on every run, and times never repeat)
         k follows acceptance alone: +1 after a wholly accepted draft, else the tokens accepted + 1 (at most k - 1)."""
-        if not self.adaptive or drafted == 0:
+        if not self.adaptive:
             return
-        if draft_s is not None and verify_s is not None and verify_s > 0.0:
+        timed = draft_s is not None and verify_s is not None and verify_s > 0.0
+        if drafted == 0:  # a plain step: paused, or the drafter had nothing to propose
+            if timed and rows in (None, 1):
+                self.costs.observe(0, 0, draft_s, verify_s, 1)
+            if self.k == 0:
+                self.paused_steps += 1
+                if self.paused_steps >= PROBE_EVERY:
+                    self.k, self.paused_steps = self.costs.best_length(self.min_k, self.max_k), 0
+            return
+        if timed:
             self.costs.observe(accepted, drafted, draft_s, verify_s, rows)
-            self.k = self.costs.best_length(self.min_k, self.max_k)
+            best = self.costs.best_length(self.min_k, self.max_k)
+            self.k = 0 if self.costs.plain_pays(best) else best
         else:
             self.k = min(self.k + 1, self.max_k) if accepted == drafted else \
                 max(min(self.k - 1, accepted + 1), self.min_k)

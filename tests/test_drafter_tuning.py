@@ -60,6 +60,25 @@ def test_replies_are_the_targets_greedy_answers_in_the_corpus_format(tuning_inpu
                                                      {"role": "assistant", "content": expected}]}
 
 
+def test_an_interrupted_replies_run_goes_on_where_it_stopped(tuning_inputs, llama_dir, tmp_path, monkeypatch):
+    root, complete = tuning_inputs
+    lines = complete.read_text().splitlines(keepends=True)
+    out = tmp_path / "replies.jsonl"
+    out.with_name(out.name + ".tmp").write_text("".join(lines[:2]) + lines[2][:10])  # cut short inside a line
+    answered = []
+    real = replies.greedy_replies
+
+    def counting(target, conversations, max_new_tokens):
+        answered.extend(conversations)
+        return real(target, conversations, max_new_tokens)
+
+    monkeypatch.setattr(replies, "greedy_replies", counting)
+    assert replies.main(["--target", str(llama_dir), "--corpus", str(root / "corpus"), "--out", str(out),
+                         "--count", "6", "--max-new-tokens", "6", "--threads", "1"]) == 0
+    assert len(answered) == 4  # the two complete replies were kept, the cut one answered again
+    assert out.read_text() == complete.read_text()
+
+
 def tiny_drafter(target_dir, folder):
     from transformers import AutoModelForCausalLM
 

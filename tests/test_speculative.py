@@ -266,6 +266,29 @@ def test_adaptive_draft_length_follows_measured_verify_costs_and_explores_one_ro
     assert by_acceptance.k == 1  # the accepted tokens + 1
 
 
+def test_an_adaptive_length_pauses_where_drafting_does_not_pay_and_probes_again():
+    """Where a plain step (measured when the drafter had nothing to propose) makes tokens faster than any draft is
+    expected to, the length pauses at 0 (plain decoding), then drafts again after PROBE_EVERY plain steps; a drafter
+    that pays again resumes."""
+    from edge.speculative import PROBE_EVERY, DraftLength
+
+    length = DraftLength.parse("adaptive")
+    length.update(0, 0, draft_s=0.0, verify_s=0.010)  # nothing proposed: a plain step, 10 ms
+    drafts = 0
+    while length.k and drafts < 4:  # a draft costs a 19 ms verify pass plus 2 ms a token, and is seldom accepted
+        length.update(0, length.k, draft_s=0.002 * length.k, verify_s=0.019)
+        drafts += 1
+    assert length.k == 0
+    for _ in range(PROBE_EVERY - 1):
+        length.update(0, 0, draft_s=0.0, verify_s=0.010)
+        assert length.k == 0
+    length.update(0, 0, draft_s=0.0, verify_s=0.010)
+    assert length.k >= 1  # drafting again, to measure anew
+    for _ in range(12):  # now every draft is accepted and cheap: drafting pays, and the length stays on
+        length.update(length.k, length.k, draft_s=0.0001 * length.k, verify_s=0.011)
+    assert length.k >= 2
+
+
 def test_a_draft_model_with_a_short_window_stays_lossless(checkpoints):
     """The drafter's cache holds 24 positions while the sequence grows past 100: it restarts its window (at
     shifted positions) several times, and the output is still the target's own."""

@@ -132,3 +132,29 @@ def test_the_feature_drafter_trains_on_the_frozen_targets_features(tiny_llama):
         later.backward()
         optimizer.step()
     assert later.item() < loss.item()
+
+
+def test_a_gguf_target_becomes_a_float_checkpoint_with_its_own_tokenizer_for_training(llama_dir, tmp_path):
+    """A drafter for a real model trains against the file's exact values in transformers, on data encoded with the
+    model's own tokenizer and chat template."""
+    from gguf_files import write_gguf
+    from transformers import AutoModelForCausalLM
+
+    from edge import Engine
+    from edge.tokenizer import Tokenizer
+    from train.float_checkpoint import write_float_checkpoint
+    from train.tokenizer import TargetTokenizer, encode_example
+
+    gguf = write_gguf(llama_dir, tmp_path / "tiny.Q8_0.gguf", "q8_0")
+    folder = write_float_checkpoint(gguf, tmp_path / "float")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    reference = Engine.load(gguf, weights="float16", dtype="float32", max_context=64).model  # the file, dequantized
+    tokens = torch.tensor([[5, 17, 42, 99, 7]])
+    with torch.no_grad():
+        expected = reference.forward_logits(tokens, 0, reference.new_cache(16))[0]  # (T, V)
+        got = model(tokens).logits[0]  # (T, V)
+    assert (got - expected).norm() / expected.norm() < 2e-3  # the reference rounds the values to 16 bits
+    chat = {"kind": "reply", "messages": [{"role": "user", "content": "Hi there"},
+                                          {"role": "assistant", "content": "Hello!"}]}
+    own = Tokenizer.from_dir(folder).encode_chat(chat["messages"], add_generation_prompt=False)
+    assert encode_example(chat, TargetTokenizer(folder)) == own

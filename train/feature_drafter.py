@@ -166,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=Path, default=Path("data/runs/target/final"))
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
+    parser.add_argument("--target-tokenizer", action="store_true",
+                        help="encode the data with the target folder's own tokenizer and chat template instead of "
+                             "--tokenizer: a drafter for a real model (its folder from python -m "
+                             "train.float_checkpoint FILE.gguf OUT)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--init", type=Path, help="start from this trained feature drafter (the tuning stage)")
     parser.add_argument("--replies", type=Path,
@@ -194,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     from transformers import AutoModelForCausalLM
 
-    from train.tokenizer import load_tokenizer
+    from train.tokenizer import TargetTokenizer, load_tokenizer
 
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = TargetTokenizer(args.target) if args.target_tokenizer else load_tokenizer(args.tokenizer)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32, attn_implementation="sdpa")
     target.eval().requires_grad_(False)
     stream, heldout, replies_trained = training_streams(

@@ -8,7 +8,8 @@ be asked to draft (the target's replies, not the corpus's answers).
 edge-bench measures, written from the training split (tasks: train.task_turns), or both in turn. Writes one chat
 example per line, in the corpus's format ({"kind": "reply", "messages": [*conversation, reply]}), so
 `train.data.load_split` reads it. The turns are drawn in a seeded order and decoding is greedy, so the file is the
-same on every run; it is written under a temporary name and renamed when complete.
+same on every run; it is written under a temporary name and renamed when complete, and a run started again after
+an interruption keeps the replies already written and goes on from there.
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ def greedy_replies(target: Path, conversations: list[list[dict]], max_new_tokens
         yield {"kind": "reply", "messages": [*conversation, {"role": "assistant", "content": reply}]}
 
 
+def finished_lines(partial: Path) -> list[str]:
+    """The complete lines of an interrupted run's file (a last line cut short is dropped), or none."""
+    if not partial.is_file():
+        return []
+    lines = partial.read_text().splitlines(keepends=True)
+    return lines if not lines or lines[-1].endswith("\n") else lines[:-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.replies", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", type=Path, required=True, help="the target checkpoint that answers")
@@ -79,12 +88,16 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     turns = requests(args.corpus, args.requests, args.count, args.seed, args.task_seed)
-    progress = Progress(len(turns), label="replies")
     partial = args.out.with_name(args.out.name + ".tmp")
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    done = finished_lines(partial)  # an interrupted run goes on where it stopped (the order is seeded)
+    progress = Progress(len(turns), start=len(done), label="replies")
     with partial.open("w") as file:
-        for index, example in enumerate(greedy_replies(args.target, turns, args.max_new_tokens), start=1):
+        file.writelines(done)
+        for index, example in enumerate(greedy_replies(args.target, turns[len(done):], args.max_new_tokens),
+                                        start=len(done) + 1):
             file.write(json.dumps(example) + "\n")
+            file.flush()
             progress.update(index)
     progress.close()
     partial.rename(args.out)  # a half-written file never looks complete

@@ -71,12 +71,37 @@ def example_text(example: dict) -> str:
     return example["text"] + ENDOFTEXT
 
 
-def encode_example(example: dict, tokenizer: Tokenizer) -> list[int]:
-    """Token ids of a corpus example: the rendered chat (it ends with `<|im_end|>\\n`), or the code text followed by
-    the `<|endoftext|>` id."""
+def encode_example(example: dict, tokenizer: "Tokenizer | TargetTokenizer") -> list[int]:
+    """Token ids of a corpus example: the rendered chat (it ends with `<|im_end|>\\n`; a TargetTokenizer renders
+    with its model's own template), or the code text followed by the `<|endoftext|>` id."""
     if "messages" in example:
-        return tokenizer.encode(render_chat(example["messages"]), add_special_tokens=False).ids
+        render = getattr(tokenizer, "render_chat", render_chat)
+        return tokenizer.encode(render(example["messages"]), add_special_tokens=False).ids
     return tokenizer.encode(example["text"], add_special_tokens=False).ids + [tokenizer.token_to_id(ENDOFTEXT)]
+
+
+class TargetTokenizer:
+    """A real model's tokenizer and chat template, in the shape encode_example reads: training data for a drafter of
+    that model (train.feature_drafter --target-tokenizer) is encoded as the model sees it at run time."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        from edge.tokenizer import Tokenizer as ModelTokenizer
+
+        self.model_tokenizer = ModelTokenizer.from_dir(folder)
+        self.backend = self.model_tokenizer.backend
+
+    def render_chat(self, messages: Sequence[dict]) -> str:
+        return self.model_tokenizer.apply_chat_template(list(messages), add_generation_prompt=False)
+
+    def encode(self, text: str, add_special_tokens: bool = False):
+        return self.backend.encode(text, add_special_tokens=add_special_tokens)
+
+    def token_to_id(self, token: str) -> int:
+        """The token's id; a vocabulary without `<|endoftext|>` ends code texts with its end-of-sequence token."""
+        found = self.backend.token_to_id(token)
+        if found is None and token == ENDOFTEXT:
+            found = self.model_tokenizer.eos_token_ids[0]
+        return found
 
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:

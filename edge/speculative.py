@@ -198,11 +198,13 @@ class DraftLength:
         return cls.fixed(value)
 
     def update(self, accepted: int, drafted: int, draft_s: float | None = None, verify_s: float | None = None,
-               rows: int | None = None) -> None:
+               rows: int | None = None, pausable: bool = True) -> None:
         """After a step that drafted `drafted` tokens, `accepted` of them, in draft_s + verify_s seconds (a verify
         pass of `rows` rows: drafted + 1 unless a token tree added some). Without
         timings (sampled decoding, where a seed must give the same output on every run, and times never repeat)
-        k follows acceptance alone: +1 after a wholly accepted draft, else the tokens accepted + 1 (at most k - 1)."""
+        k follows acceptance alone: +1 after a wholly accepted draft, else the tokens accepted + 1 (at most k - 1).
+        `pausable` False: never pause (a drafter that proposes only where it has evidence, and costs nothing where
+        it has none, as n-gram lookup: its average acceptance undersells its strong matches)."""
         if not self.adaptive:
             return
         timed = draft_s is not None and verify_s is not None and verify_s > 0.0
@@ -217,7 +219,7 @@ class DraftLength:
         if timed:
             self.costs.observe(accepted, drafted, draft_s, verify_s, rows)
             best = self.costs.best_length(self.min_k, self.max_k)
-            self.k = 0 if self.costs.plain_pays(best) else best
+            self.k = 0 if pausable and self.costs.plain_pays(best) else best
         else:
             self.k = min(self.k + 1, self.max_k) if accepted == drafted else \
                 max(min(self.k - 1, accepted + 1), self.min_k)
@@ -230,6 +232,7 @@ class SpeculativeDecoding:
                  drafter: Drafter, length: DraftLength) -> None:
         self.model, self.cache, self.params, self.generator = model, cache, params, generator
         self.drafter, self.length = drafter, length
+        self.pausable = getattr(drafter, "pausable", True)  # see DraftLength.update
         self.device = model.device
         self.sampler = DraftSampler(params, generator, length.stop_below, model.config.vocab_size)
         verifies_trees = getattr(model, "verifies_trees", None)
@@ -255,7 +258,7 @@ class SpeculativeDecoding:
         self.cache.rollback(start + 1 + verdict.accepted)
         t3 = time.perf_counter()
         timings = (t1 - t0, t2 - t1) if self.params.greedy else ()  # a seeded sample must not depend on time
-        self.length.update(verdict.accepted, len(draft.tokens), *timings)
+        self.length.update(verdict.accepted, len(draft.tokens), *timings, pausable=self.pausable)
         self.drafter.observe(verdict.accepted, len(draft.tokens), t3 - t0)
         emitted = verdict.tokens(draft.tokens)
         return Step(tokens=emitted, drafted=[True] * verdict.accepted + [False], drafted_count=len(draft.tokens),
@@ -284,7 +287,7 @@ class SpeculativeDecoding:
         on_chain = sum(1 for i, row in enumerate(path) if row == i + 1)  # chain tokens accepted, from the first
         self.tree_rows += len(branches)
         self.tree_accepted += len(path) - on_chain
-        self.length.update(on_chain, n, t1 - t0, t2 - t1, rows=len(feed_tokens))
+        self.length.update(on_chain, n, t1 - t0, t2 - t1, rows=len(feed_tokens), pausable=self.pausable)
         self.drafter.observe(len(path), n, t3 - t0)
         emitted = [feed_tokens[row] for row in path] + [choices[row]]
         return Step(tokens=emitted, drafted=[True] * len(path) + [False], drafted_count=n,

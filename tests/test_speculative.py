@@ -287,6 +287,11 @@ def test_an_adaptive_length_pauses_where_drafting_does_not_pay_and_probes_again(
     for _ in range(12):  # now every draft is accepted and cheap: drafting pays, and the length stays on
         length.update(length.k, length.k, draft_s=0.0001 * length.k, verify_s=0.011)
     assert length.k >= 2
+    lookup = DraftLength.parse("adaptive")  # n-gram lookup (pausable=False) keeps drafting on the same costs
+    lookup.update(0, 0, draft_s=0.0, verify_s=0.010)
+    for _ in range(4):
+        lookup.update(0, lookup.k, draft_s=0.002 * lookup.k, verify_s=0.019, pausable=False)
+        assert lookup.k >= 1
 
 
 def test_a_draft_model_with_a_short_window_stays_lossless(checkpoints):

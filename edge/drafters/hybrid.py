@@ -21,6 +21,7 @@ class HybridDrafter:
         self.model_drafter = model_drafter
         self.lookup = lookup or NGramDrafter(max_ngram=4, min_ngram=2)
         self.name = f"hybrid:{model_drafter.name}"
+        self.pausable = getattr(model_drafter, "pausable", True)  # the model drafter's cost decides
         self.lookups = self.model_drafts = 0  # how often each source drafted
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:

@@ -13,6 +13,7 @@ from edge.errors import SamplingError
 
 class NGramDrafter:
     name = "ngram"
+    pausable = False  # proposes only where the context repeats, at no cost where it does not (DraftLength.update)
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:

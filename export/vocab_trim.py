@@ -67,7 +67,7 @@ def count_generated(engine, prompts: Sequence[str] = CALIBRATION_PROMPTS, *, max
     """How often the target emits each token id: greedy replies to `prompts` (in `chat_template`, or the
     tokenizer's own; as plain text for a base model), plus every token of `extra_text`."""
     counts: Counter = Counter()
-    for index, prompt in enumerate(prompts):
+    for index, prompt in enumerate(prompts if max_new_tokens > 0 else ()):
         for event in engine.generate(prompt_ids(engine.tokenizer, prompt, chat_template),
                                      max_new_tokens=max_new_tokens, speculate=False):
             counts.update(event.token_ids)
@@ -118,6 +118,18 @@ def covered_share(counts: Counter, kept: Iterable[int]) -> float:
     return sum(count for token, count in counts.items() if token in kept) / total if total else 0.0
 
 
+def reply_texts(path: Path) -> list[str]:
+    """The assistant messages of a JSON-lines file of conversations ({"messages": [...]} per line)."""
+    texts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            messages = json.loads(line)["messages"]
+            texts += [m["content"] for m in messages if m["role"] == "assistant" and isinstance(m["content"], str)]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{path}:{number} is not a conversation (expected {{\"messages\": [...]}})") from None
+    return texts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m export.vocab_trim",
                                      description="Count the tokens a checkpoint generates on calibration prompts and "
@@ -127,10 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--coverage", type=float, default=0.99, help="share of generated tokens to cover")
     parser.add_argument("--calibration-text", type=Path, help="UTF-8 text whose tokens also count")
-    parser.add_argument("--calibration-tokens", type=int, default=96, help="tokens generated per prompt")
+    parser.add_argument("--calibration-tokens", type=int, default=96,
+                        help="tokens generated per prompt (0: none, count only the texts and replies given)")
+    parser.add_argument("--replies", type=Path,
+                        help="the target's own replies, which count too: JSON lines of conversations (python -m "
+                             "train.replies --target CHECKPOINT writes them); their assistant messages are counted")
     args = parser.parse_args(argv)
     try:
-        text = args.calibration_text.read_text(encoding="utf-8") if args.calibration_text else None
+        texts = [args.calibration_text.read_text(encoding="utf-8")] if args.calibration_text else []
+        if args.replies:
+            texts += reply_texts(args.replies)
+        text = "\n\n".join(texts) or None
         engine = Engine.load(args.checkpoint)
         kept, report = calibrate(engine, args.coverage, max_new_tokens=args.calibration_tokens, extra_text=text)
     except (EdgeError, OSError, ValueError) as error:

@@ -377,3 +377,26 @@ def test_a_checkpoint_runs_on_onnx_through_the_cache(llama_dir, drafter_dir, tmp
     monkeypatch.setattr(bundle_module, "export_bundle", no_second_export)
     again = Engine.load(llama_dir, max_context=256, backend="onnx", drafter="ngram")
     assert again.bundle.root == cached[0] and again.drafter.name == "ngram"
+
+
+def test_the_vocabulary_file_can_come_from_the_targets_own_replies(llama_dir, tmp_path):
+    """python -m export.vocab_trim --replies FILE --calibration-tokens 0: the tokens of the assistant messages alone."""
+    import json
+
+    from edge.tokenizer import Tokenizer
+    from export.vocab_trim import main as vocab_main
+
+    replies = tmp_path / "replies.jsonl"
+    conversation = [{"role": "user", "content": "ignored"}, {"role": "assistant", "content": "hello world hello"}]
+    replies.write_text(json.dumps({"kind": "reply", "messages": conversation}) + "\n")
+    out = tmp_path / "vocab.json"
+    assert vocab_main([str(llama_dir), "-o", str(out), "--replies", str(replies), "--calibration-tokens", "0",
+                       "--coverage", "1.0"]) == 0
+    report = json.loads(out.read_text())
+    tokenizer = Tokenizer.from_dir(llama_dir)
+    expected = set(tokenizer.encode("hello world hello", add_special_tokens=False))
+    assert expected <= set(report["kept_ids"]) and report["calibration_tokens"] == len(
+        tokenizer.encode("hello world hello", add_special_tokens=False))
+    assert "ignored" not in tokenizer.decode(report["kept_ids"])
+    (tmp_path / "bad.jsonl").write_text('{"text": 1}\n')
+    assert vocab_main([str(llama_dir), "-o", str(out), "--replies", str(tmp_path / "bad.jsonl")]) == 2

@@ -134,6 +134,28 @@ def test_the_feature_drafter_trains_on_the_frozen_targets_features(tiny_llama):
     assert later.item() < loss.item()
 
 
+def test_a_drafter_trained_on_a_trimmed_vocabulary_sees_only_those_rows_of_the_head(tiny_llama):
+    """With kept ids the losses use those head rows alone: the same as the full head's distributions renormalized
+    over the kept tokens."""
+    import copy
+
+    from train.feature_drafter import FeatureDrafter, drafter_losses
+
+    target = copy.deepcopy(tiny_llama).requires_grad_(False)
+    drafter = FeatureDrafter(target.config)
+    drafter.init_from_target(target)
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    everything = torch.arange(target.config.vocab_size)
+    full, full_parts = drafter_losses(drafter, target, tokens)
+    same, same_parts = drafter_losses(drafter, target, tokens, everything)
+    assert torch.allclose(full, same) and full_parts == same_parts  # keeping every row changes nothing
+    kept = torch.arange(0, target.config.vocab_size, 3)
+    trimmed, parts = drafter_losses(drafter, target, tokens, kept)
+    trimmed.backward()
+    assert torch.isfinite(trimmed) and not torch.allclose(trimmed, full)
+    assert drafter.fc.weight.grad is not None
+
+
 def test_a_gguf_target_becomes_a_float_checkpoint_with_its_own_tokenizer_for_training(llama_dir, tmp_path):
     """A drafter for a real model trains against the file's exact values in transformers, on data encoded with the
     model's own tokenizer and chat template."""

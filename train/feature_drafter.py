@@ -127,12 +127,15 @@ def _adds_nothing(layer: nn.Module) -> None:
         layer.mlp.down_proj.weight.zero_()
 
 
-def drafter_losses(drafter: FeatureDrafter, target, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """Both passes' losses over positions 1..T-1 of a (B, T) batch."""
+def drafter_losses(drafter: FeatureDrafter, target, tokens: torch.Tensor,
+                   kept: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Both passes' losses over positions 1..T-1 of a (B, T) batch; with `kept` (V',) token ids, over the head's rows
+    of those tokens only (the distributions renormalized over them), as the drafter then drafts with a trimmed head
+    (SPEC@vocab.json): on a large vocabulary the head is most of a training step."""
+    head = target.lm_head.weight if kept is None else target.lm_head.weight[kept]  # (V or V', D), frozen
     with torch.no_grad():
         features = target.model(tokens).last_hidden_state  # (B, T, D), after the final norm
-        target_logp = target.lm_head(features).float().log_softmax(-1)  # (B, T, V)
-    head = target.lm_head.weight  # (V, D), frozen
+        target_logp = F.linear(features, head).float().log_softmax(-1)  # (B, T, V or V')
     embeds = target.model.embed_tokens(tokens[:, 1:])  # (B, T-1, D)
     wanted, wanted_logp = features[:, 1:], target_logp[:, 1:]  # what position p should predict
     total, parts = 0.0, {}
@@ -151,11 +154,11 @@ def drafter_losses(drafter: FeatureDrafter, target, tokens: torch.Tensor) -> tup
 
 
 @torch.no_grad()
-def heldout_agreement(drafter: FeatureDrafter, target, batches) -> list[float]:
+def heldout_agreement(drafter: FeatureDrafter, target, batches, kept: torch.Tensor | None = None) -> list[float]:
     """How often the drafter's top token equals the target's, from true features and from its own (two passes)."""
     agree = [0.0, 0.0]
     for tokens, _ in batches:
-        _, parts = drafter_losses(drafter, target, tokens)
+        _, parts = drafter_losses(drafter, target, tokens, kept)
         agree[0] += parts["agree1"]
         agree[1] += parts["agree2"]
     return [value / len(batches) for value in agree]
@@ -181,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=1,
                         help="decoder layers in the drafter (default 1); with --init from a drafter with fewer, the "
                              "added layers start adding nothing")
+    parser.add_argument("--vocab", type=Path,
+                        help="train over the head rows of these token ids only (a JSON file from python -m "
+                             "export.vocab_trim): the drafter then runs as feature:PATH@VOCAB.json")
+    parser.add_argument("--batch-size", type=int, help="override the batch size (default 16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=250)
@@ -190,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if (args.init is None) != (args.replies is None):
         parser.error("the tuning stage takes both --init (a trained drafter) and --replies (the target's replies)")
     preset = TUNE_PRESET if args.replies else PRESET
-    preset = Preset(**{**preset.__dict__, "steps": args.steps or preset.steps})
+    preset = Preset(**{**preset.__dict__, "steps": args.steps or preset.steps,
+                       "batch_size": args.batch_size or preset.batch_size})
 
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
@@ -207,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         args.corpus, tokenizer, preset.mix, preset.seq_len, preset.batch_size, args.seed, args.heldout_batches,
         args.replies, REPLIES_HELD_BACK)
 
+    kept = None
+    if args.vocab is not None:
+        from edge.drafters.trimmed_head import read_vocabulary
+
+        kept = read_vocabulary(args.vocab)  # (V',) sorted ids
     drafter = FeatureDrafter(target.config, args.layers)
     drafter.init_from_target(target)
     if args.init:
@@ -222,12 +235,14 @@ def main(argv: list[str] | None = None) -> int:
          "replies": str(args.replies) if args.replies else None, "mix": preset.mix,
          "corpus_share": REPLY_CORPUS_SHARE if args.replies else 1.0,
          "replies_trained": replies_trained,
-         "replies_held_back": REPLIES_HELD_BACK if args.replies else 0, "precision": args.precision},
+         "replies_held_back": REPLIES_HELD_BACK if args.replies else 0, "precision": args.precision,
+         "vocab": str(args.vocab) if args.vocab else None, "kept_tokens": int(kept.numel()) if kept is not None
+         else None},
         "the feature drafter")
 
     def evaluate(step: int, elapsed: float) -> None:
         drafter.eval()
-        agreements = {f"{name}_agreement": heldout_agreement(drafter, target, batches)
+        agreements = {f"{name}_agreement": heldout_agreement(drafter, target, batches, kept)
                       for name, batches in heldout.items()}
         drafter.train()
         log_record(log_path, {"event": "eval", "step": step, "elapsed_s": elapsed, **agreements})
@@ -241,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     while step < preset.steps:
         tokens, _ = stream.next_batch()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bfloat16"):
-            loss, parts = drafter_losses(drafter, target, tokens)
+            loss, parts = drafter_losses(drafter, target, tokens, kept)
         grad_norm = optimizer_step(optimizer, loss, trainable, step, preset)
         step += 1
         elapsed = elapsed_before + time.perf_counter() - started

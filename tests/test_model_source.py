@@ -158,6 +158,16 @@ def test_a_gguf_in_a_hub_repo_is_picked_by_tag_or_file(llama_dir, hub, tmp_path)
     assert plan.footprint.target_weights == Engine.load("org/tiny-GGUF:Q4_0", max_context=64).model.weight_bytes()
 
 
+def test_a_draft_model_is_named_by_hub_id_and_tag_as_a_target_is(llama_dir, hub, tmp_path):
+    """--drafter draft:org/name:Q8_0 (and a Hub id of a checkpoint folder) drafts for the target, losslessly."""
+    cache_repo(hub, "org/tiny-GGUF", {"tiny.Q8_0.gguf": write_gguf(llama_dir, tmp_path / "a.gguf", "q8_0")})
+    cache_repo(hub, "org/tiny", checkpoint_files(llama_dir))
+    plain = greedy(Engine.load(llama_dir, max_context=64))
+    for drafter in ("draft:org/tiny-GGUF:Q8_0", "draft:org/tiny"):
+        engine = Engine.load(llama_dir, max_context=64, drafter=drafter, draft_length=2)
+        assert engine.drafter is not None and greedy(engine) == plain, drafter
+
+
 @pytest.mark.parametrize("text, expected", [
     ("org/name", HubName("org/name")),
     ("HuggingFaceTB/SmolLM2-135M-Instruct@v1.0", HubName("HuggingFaceTB/SmolLM2-135M-Instruct", revision="v1.0")),

@@ -36,6 +36,7 @@ from edge.verify import Verdict, verify_greedy, verify_stochastic
 # adaptive draft length starts at 2 and then follows the measured costs (StepCosts)
 ADAPTIVE_START = 2
 PROBE_EVERY = 32  # steps of plain decoding after which a paused adaptive length drafts again, to measure anew
+PLAIN_PROBE_AFTER = 8  # drafted steps after which a drafter that always proposes gets one plain step measured
 
 
 @dataclass
@@ -220,6 +221,8 @@ class DraftLength:
             self.costs.observe(accepted, drafted, draft_s, verify_s, rows)
             best = self.costs.best_length(self.min_k, self.max_k)
             self.k = 0 if pausable and self.costs.plain_pays(best) else best
+            if pausable and 1 not in self.costs.verify and sum(self.costs.seen.values()) >= PLAIN_PROBE_AFTER:
+                self.k, self.paused_steps = 0, PROBE_EVERY - 1  # one plain step, to measure what drafting must beat
         else:
             self.k = min(self.k + 1, self.max_k) if accepted == drafted else \
                 max(min(self.k - 1, accepted + 1), self.min_k)

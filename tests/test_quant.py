@@ -107,6 +107,8 @@ def test_quantspec_is_lossless(bits, length, target):
     assert fast.kv_cache == "hierarchical"  # selected for the QuantSpec draft
     for prompt in PROMPTS:
         assert greedy(fast, prompt) == greedy(plain, prompt), (bits, length, prompt)
+    if length == "adaptive":  # it may have paused by now where drafting measured slower (timing-dependent)
+        fast.use_drafter(fast.drafter, 2)
     stats = list(fast.generate(PROMPTS[0], max_new_tokens=32, ignore_eos=True))[-1].stats
     assert stats.drafted > 0 and stats.accepted > 0
     assert 0 < fast.drafter.memory_bytes() < fast.model.weight_bytes() * (0.5 if bits == 4 else 0.6)

@@ -251,13 +251,14 @@ def test_adaptive_draft_length_follows_measured_verify_costs_and_explores_one_ro
     for _ in range(30):
         drafted = length.k
         accepted = drafted if len(chosen) % 3 else 0  # two of three drafts wholly accepted
-        length.update(accepted, drafted, draft_s=0.0005 * drafted, verify_s=verify_seconds(drafted + 1))
+        length.update(accepted, drafted, draft_s=0.0005 * drafted, verify_s=verify_seconds(drafted + 1),
+                      pausable=False)  # the length rule alone (the pause has its own test)
         chosen.append(length.k)
     assert max(chosen) == 4 and sorted(length.costs.verify) == [3, 4, 5]  # tried 5 rows once, and went back
     assert chosen[-5:] == [3] * 5  # the longest draft whose verify pass still costs one step
     flat = DraftLength.parse("adaptive")  # when every row count costs the same, drafting longer always pays
     for _ in range(6):
-        flat.update(flat.k, flat.k, draft_s=0.0, verify_s=0.02)
+        flat.update(flat.k, flat.k, draft_s=0.0, verify_s=0.02, pausable=False)
     assert flat.k == 8 and max(flat.costs.verify) == 8  # one row further per step, never a jump
     by_acceptance = DraftLength.parse("adaptive")  # without timings (sampling: a seed must reproduce the output)
     by_acceptance.update(2, 2)
@@ -270,7 +271,7 @@ def test_an_adaptive_length_pauses_where_drafting_does_not_pay_and_probes_again(
     """Where a plain step (measured when the drafter had nothing to propose) makes tokens faster than any draft is
     expected to, the length pauses at 0 (plain decoding), then drafts again after PROBE_EVERY plain steps; a drafter
     that pays again resumes."""
-    from edge.speculative import PROBE_EVERY, DraftLength
+    from edge.speculative import PLAIN_PROBE_AFTER, PROBE_EVERY, DraftLength
 
     length = DraftLength.parse("adaptive")
     length.update(0, 0, draft_s=0.0, verify_s=0.010)  # nothing proposed: a plain step, 10 ms
@@ -287,6 +288,12 @@ def test_an_adaptive_length_pauses_where_drafting_does_not_pay_and_probes_again(
     for _ in range(12):  # now every draft is accepted and cheap: drafting pays, and the length stays on
         length.update(length.k, length.k, draft_s=0.0001 * length.k, verify_s=0.011)
     assert length.k >= 2
+    always = DraftLength.parse("adaptive")  # a drafter that always proposes: one plain step is measured
+    for _ in range(PLAIN_PROBE_AFTER):
+        always.update(0, always.k, draft_s=0.002 * always.k, verify_s=0.019)
+    assert always.k == 0 and 1 not in always.costs.verify
+    always.update(0, 0, draft_s=0.0, verify_s=0.010)
+    assert always.costs.verify[1] == 0.010
     lookup = DraftLength.parse("adaptive")  # n-gram lookup (pausable=False) keeps drafting on the same costs
     lookup.update(0, 0, draft_s=0.0, verify_s=0.010)
     for _ in range(4):

@@ -1,4 +1,5 @@
-"""Where the built-in default model lives inside the package (shipped by the issue "Step 2 of 7")."""
+"""Where the built-in models live inside the package: the 10M demonstration target (run when the default model is not
+installed, and the fixture of the tests and benchmarks) and its drafters."""
 
 from __future__ import annotations
 

@@ -33,23 +33,14 @@ from bench.suite import SUITE_CONTEXT, is_peer
 Runner = Callable[[list[int], int], tuple[list[int], dict]]
 
 
-def method_kv_cache(method: str, kv_cache: str | None) -> str | None:
-    """The KV cache a method's engine needs: the one asked for, else hierarchical for QuantSpec (its draft reads the
-    upper 4 bits), else the dtype's."""
-    from edge.drafters.registry import DrafterSpec
-
-    if kv_cache is None and method != "ar" and DrafterSpec.parse(method).kind == "quantspec":
-        return "hierarchical"
-    return kv_cache
-
-
 def edge_runner(model: str, method: str, draft_length: str, dtype: str, kv_cache: str | None = None,
                 weights: str | None = None, draft_weights: str | None = None) -> tuple[Runner, list[list[int]], int]:
     """run(prompt_ids, new_tokens), the prompt set's ids, and the bytes of the target's weights (what a step reads)."""
     from edge.engine import Engine
+    from edge.load_spec import kv_cache_for
 
-    engine = Engine.load(model, dtype=dtype, max_context=SUITE_CONTEXT, kv_cache=method_kv_cache(method, kv_cache),
-                         weights=weights)
+    engine = Engine.load(model, dtype=dtype, max_context=SUITE_CONTEXT,
+                         kv_cache=kv_cache_for(None if method == "ar" else method, kv_cache), weights=weights)
     if method != "ar":
         engine.use_drafter(method, draft_length, dtype=dtype, draft_weights=draft_weights)
     prompts = [engine.tokenizer.encode_chat(p.messages) for p in PROMPTS]
@@ -78,11 +69,12 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
     import statistics
 
     from edge.engine import Engine
+    from edge.load_spec import kv_cache_for
 
     engines: dict[str | None, Engine] = {}
 
     def engine_for(method: str) -> Engine:
-        format = method_kv_cache(method, kv_cache)
+        format = kv_cache_for(None if method == "ar" else method, kv_cache)
         if format not in engines:
             engines[format] = Engine.load(model, dtype=dtype, max_context=SUITE_CONTEXT, kv_cache=format,
                                           weights=weights)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge import default_model
+from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.default_model import DEFAULT_MODEL_HELP
 from edge.drafters.registry import usage as drafter_usage
 from edge.engine import GenerationOptions

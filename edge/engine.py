@@ -47,8 +47,8 @@ from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
 from edge.sampling import SamplingParams, history_tensor, next_token
 from edge.speculative import DraftLength, SpeculativeDecoding
 from edge.stopping import StopStrings
-from memory.device import return_freed_heap
 from edge.tokenizer import StreamDecoder, Tokenizer
+from memory.device import return_freed_heap
 
 log = logging.getLogger(__name__)
 

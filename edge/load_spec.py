@@ -36,6 +36,15 @@ LOAD_WEIGHTS = (*WEIGHT_QUANTIZATIONS, "float16")
 DRAFT_KV_CACHES = ("float32", "int8", "int8-int4")
 
 
+def kv_cache_for(drafter: "DrafterSpec | str | None", kv_cache: str | None) -> str | None:
+    """The KV cache format an engine with `drafter` allocates: `kv_cache` where given, hierarchical for QuantSpec (what
+    its draft reads), else None (the compute dtype)."""
+    spec = DrafterSpec.parse(drafter)
+    if kv_cache is None and spec is not None and spec.kind == "quantspec":
+        return "hierarchical"
+    return kv_cache
+
+
 @dataclass(frozen=True)
 class DraftModelOptions:
     """A separate draft model's own options (other drafters ignore them)."""
@@ -118,9 +127,7 @@ class LoadSpec:
     def kv_format(self) -> str | None:
         """The KV cache format the engine allocates: the one asked for, hierarchical for QuantSpec (what its draft
         reads), else None (the compute dtype)."""
-        if self.kv_cache is None and self.drafter is not None and self.drafter.kind == "quantspec":
-            return "hierarchical"
-        return self.kv_cache
+        return kv_cache_for(self.drafter, self.kv_cache)
 
     def check_combination(self, is_bundle: bool) -> None:
         """Raise for options that cannot go together on this path (a bundle folder or a checkpoint folder)."""

@@ -78,14 +78,17 @@ class StepCosts:
         a longer draft pays."""
         if not self.verify:
             return min_k
-        largest, a = max(self.verify), min(self.acceptance, 0.999)
         best, best_rate = min_k, -1.0
-        for k in range(min_k, min(max_k, largest) + 1):
-            verify = self.verify_estimate(k + 1)
-            rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (verify + k * (self.draft_per_token or 0.0))
+        for k in range(min_k, min(max_k, max(self.verify)) + 1):
+            rate = self.expected_rate(k, self.verify_estimate(k + 1))
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
+
+    def expected_rate(self, k: int, verify: float) -> float:
+        """Expected tokens per second of a step that drafts k tokens and verifies them in `verify` seconds."""
+        a = min(self.acceptance, 0.999)
+        return (1.0 - a ** (k + 1)) / (1.0 - a) / (verify + k * (self.draft_per_token or 0.0))
 
     def plain_pays(self, k: int) -> bool:
         """Whether a plain step (one row, nothing drafted), as measured, makes tokens faster than drafting k tokens
@@ -93,8 +96,7 @@ class StepCosts:
         plain, verify = self.verify.get(1), self.verify_estimate(k + 1)
         if plain is None or verify is None or self.draft_per_token is None:
             return False
-        a = min(self.acceptance, 0.999)
-        return 1.0 / plain > (1.0 - a ** (k + 1)) / (1.0 - a) / (verify + k * self.draft_per_token)
+        return 1.0 / plain > self.expected_rate(k, verify)
 
     def verify_estimate(self, rows: int) -> float | None:
         """A verify pass of `rows` rows: as measured, else the dearest pass of fewer rows measured (fewer rows than
@@ -144,8 +146,8 @@ class DraftLength:
     measured (StepCosts: verify passes by row count, drafting per token, the running acceptance), within
     [min_k, max_k]; where a plain step, as measured, makes tokens faster than the best k would, it pauses (k = 0:
     plain decoding) and drafts again after PROBE_EVERY steps to measure anew, so a drafter that cannot pay costs
-    little more than plain decoding. Where a verify pass of a few rows costs about one step (memory-bound decoding) it drafts
-    longer; where every row costs compute (a model in cache) shorter. In interleaved suites this rule measured
+    little more than plain decoding. Where a verify pass of a few rows costs about one step (memory-bound decoding)
+    it drafts longer; where every row costs compute (a model in cache) shorter. In interleaved suites this rule measured
     level with or ahead of the best fixed k and of the grow-by-one/drop-to-accepted rule it replaced, on the
     500M-parameter-traffic target and on the built-in model (docs/benchmarks.md, "Draft length"). Sampled
     decoding keeps that older rule (`update` without timings), so that a seed reproduces its output. Optionally a

@@ -1,13 +1,12 @@
-"""Packing weight matrices for the CPU kernel's int8 and int4 formats (csrc/matmul_int8.c, csrc/matmul_int4.c say
-how the kernel reads them), and unpacking them again for references and tests.
+"""Packing weight matrices for the CPU kernel's int8 format (csrc/matmul_int8.c says how the kernel reads it), and
+unpacking them again for references and tests. int4 is a block format (kernels/block_formats.py).
 
     packed = pack_int8(weight)        # (N, K) float -> uint8 bytes: per output channel int8, w8a8 in the kernel
-    packed = pack_int4(weight)        # (N, K) float -> uint8 bytes: int4 in groups of 32 along K, w4a8
-    codes, scales = unpack_int4(packed, N, K)
-    weight = dequantize(packed, "int4", N, K)   # (N, K) float32: what the codes stand for
+    codes, scales = unpack_int8(packed, N, K)
+    weight = dequantize(packed, "int8", N, K)   # (N, K) float32: what the codes stand for
 
-Any shape packs: outputs are padded to a multiple of 16 and inputs to a multiple of 4 (int8) or 32 (int4) with
-zero weights, which add nothing to any dot product; the kernel writes only the N real outputs.
+Any shape packs: outputs are padded to a multiple of 16 and inputs to a multiple of 4 with zero weights, which add
+nothing to any dot product; the kernel writes only the N real outputs.
 """
 
 from __future__ import annotations

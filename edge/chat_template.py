@@ -5,24 +5,212 @@ was trained on. transformers 4.57 (`apply_chat_template(tokenize=False)`) render
 `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `{% generation %}` block, a `tojson` filter that
 does not escape HTML, and the globals `raise_exception` and `strftime_now`. This module sets up the same environment,
 so the text edge feeds the model is byte-for-byte the text transformers would produce.
+
+A template comes with the model file, so it is untrusted code: besides Jinja's sandbox, every render has a time
+limit (a tracer on the template's own frames checks it at each line, so no loop runs on), an output limit, and
+refuses the operations that make one huge value in a single step (`'x' * 10**10`, `10**10**10`, `'%9999999999d' % 1`,
+`center(10**10)`, `join` and `replace` that multiply a string). Going past one is a `TemplateLimitError` that blames
+the template, not the messages.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
+import threading
+import time
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, wraps
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.runtime
 import jinja2.sandbox
 
 from edge.errors import PromptError, TokenizerError
 
 _FIX_HINT = "fix the messages to fit the template, or pass another chat template"
+_TEMPLATE_FIX = ("the chat template is at fault, not the messages: fix it in the model's files (chat_template.jinja, "
+                 "tokenizer_config.json or the GGUF's tokenizer.chat_template) or pass another one "
+                 "(--chat-template FILE)")
+
+RENDER_SECONDS = 5.0  # one render's time limit; chat templates take milliseconds
+RENDER_CHARS = 2**20  # the least text (and largest single value) a render may make; 4x the input's size if larger
+RANGE_ITEMS = 100_000  # items a range() may have (Jinja's sandbox limit)
+
+
+class TemplateLimitError(TokenizerError):
+    """A chat template ran past its time limit or made too much text: a fault of the template (the model file's, or
+    the one passed), never of the messages."""
+
+
+class _Limits:
+    """One render's limits, for the thread rendering: a deadline and a size for the output and for any one value."""
+
+    def __init__(self, seconds: float, chars: int) -> None:
+        self.seconds, self.chars = seconds, chars
+        self.deadline = time.monotonic() + seconds
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateLimitError(f"chat template error: rendering ran past its {self.seconds:g} s limit (a loop "
+                                     f"that does not end?); {_TEMPLATE_FIX}")
+
+    def check_size(self, size: int, what: str) -> None:
+        if size > self.chars:
+            raise TemplateLimitError(f"chat template error: {what} of {size:,} characters is over the {self.chars:,} "
+                                     f"a render may make; {_TEMPLATE_FIX}")
+
+
+_active = threading.local()  # .limits: the render this thread is in, if any
+
+
+def _limits() -> _Limits:
+    """The running render's limits; outside a render (Jinja folding constants at compile time) the defaults."""
+    return getattr(_active, "limits", None) or _Limits(RENDER_SECONDS, RENDER_CHARS)
+
+
+def _sized(value: Any) -> Any:
+    """`value`, unless it is a string or sequence over the render's size limit."""
+    if isinstance(value, (str, list, tuple)):
+        _limits().check_size(len(value), "a value")
+    return value
+
+
+_FORMAT_NUMBER = re.compile(r"\d+")
+
+
+def _check_format(pattern: str) -> None:
+    """A format string (`%`-style or str.format) must not ask for a width or precision over the size limit."""
+    limits = _limits()
+    for number in _FORMAT_NUMBER.findall(pattern):
+        if len(number) > 12 or int(number) > limits.chars:
+            limits.check_size(int(number[:13]), "a format width")
+
+
+def _check_repeat(items: Any, times: Any) -> None:
+    """`items * times` for a string or sequence: refused when the result would be over the size limit."""
+    if isinstance(items, (str, list, tuple)) and isinstance(times, int):
+        _limits().check_size(len(items) * max(times, 0), "a repeated value")
+
+
+def _check_join(separator: Any, items: Any) -> None:
+    if isinstance(separator, str) and hasattr(items, "__len__"):
+        _limits().check_size(len(separator) * max(len(items) - 1, 0), "a join")
+
+
+def _check_replace(text: Any, old: Any, new: Any) -> None:
+    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str):
+        matches = text.count(old) if old else len(text) + 1
+        _limits().check_size(len(text) + matches * len(new), "a replace")
+
+
+def _check_call(function: Any, args: tuple, kwargs: dict) -> None:
+    """Before a call from the template: the arguments that make a string larger than the limit are refused (widths
+    of center/ljust/..., a join or replace that multiplies a string, format widths); so are oversized arguments."""
+    target = getattr(function, "__wrapped__", function)
+    owner, name = getattr(target, "__self__", None), getattr(target, "__name__", "")
+    values = (*args, *kwargs.values())
+    for value in values:
+        _sized(value)
+    if not isinstance(owner, str):
+        return
+    if name in ("center", "ljust", "rjust", "zfill", "expandtabs"):
+        for value in values:
+            if isinstance(value, int):
+                _limits().check_size(value * (owner.count("\t") if name == "expandtabs" else 1), "a padded string")
+    elif name == "join" and args:
+        _check_join(owner, args[0])
+    elif name == "replace" and len(args) >= 2:
+        _check_replace(owner, args[0], args[1])
+    elif name in ("format", "format_map"):
+        _check_format(owner)
+
+
+def _checked_filter(name: str, function: Any) -> Any:
+    """A filter that refuses arguments making a string over the size limit, and results over it."""
+
+    @wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        values = [value for value in (*args, *kwargs.values()) if not isinstance(value, jinja2.nodes.EvalContext)]
+        for value in values:
+            _sized(value)
+            if isinstance(value, int) and not isinstance(value, bool) and name != "round":
+                _limits().check_size(value, f"a '{name}' filter argument")
+        if name == "join" and len(values) >= 2:
+            _check_join(values[1], values[0] if hasattr(values[0], "__len__") else [])
+        elif name == "replace" and len(values) >= 3:
+            _check_replace(values[0], values[1], values[2])
+        elif name == "format" and values:
+            _check_format(str(values[0]))
+        elif name == "wordwrap" and values and isinstance(values[0], str):
+            wrap = kwargs.get("wrapstring") or (args[3] if len(args) > 3 and isinstance(args[3], str) else "\n")
+            width = next((value for value in values[1:2] if isinstance(value, int)), 79)
+            _limits().check_size(len(values[0]) + len(values[0]) // max(width, 1) * len(wrap), "a wordwrap")
+        return _sized(function(*args, **kwargs))
+
+    return checked
+
+
+class _LimitedNamespace(jinja2.runtime.Namespace):
+    """`namespace()`, whose attributes cannot hold a value over the size limit (a loop doubling a string)."""
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        super().__setitem__(name, _sized(value))
+
+
+class _BoundedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, with each call checked against the running render's limits and the operators that
+    make a huge value in one step (`*`, `**`, `%`) refused past them (intercepted operators are not folded at compile
+    time either)."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            _check_repeat(left, right)
+            _check_repeat(right, left)
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
+            _limits().check_size(right * abs(left).bit_length() // 3, "a power")  # about its decimal digits
+        elif operator == "%" and isinstance(left, str):
+            _check_format(left)
+        return _sized(super().call_binop(context, operator, left, right))
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - Jinja's own
+        _limits().check_time()
+        if __obj is range:
+            __obj = _bounded_range
+        _check_call(__obj, args, kwargs)
+        return _sized(super().call(__context, __obj, *args, **kwargs))
+
+
+def _bounded_range(*args: int) -> range:
+    items = range(*args)
+    if len(items) > RANGE_ITEMS:
+        raise TemplateLimitError(f"chat template error: range() of {len(items):,} items is over the {RANGE_ITEMS:,} "
+                                 f"a render may loop over; {_TEMPLATE_FIX}")
+    return items
+
+
+def _tracer(limits: _Limits) -> Any:
+    """A trace function (sys.settrace, this thread only) that checks the deadline on each line the template's own
+    compiled code runs, so that loops without calls (`range(n)|list` nested) stop too."""
+
+    def on_line(frame: Any, event: str, arg: Any) -> Any:
+        limits.check_time()
+        return on_line
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename == "<template>":
+            limits.check_time()
+            return on_line
+        return None
+
+    return on_call
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -65,12 +253,15 @@ def _strftime_now(format: str) -> str:  # noqa: A002 - the name templates use
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     """The one Jinja environment every template is compiled in (same settings as transformers)."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    env = _BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
+    env.filters = {name: _checked_filter(name, function) for name, function in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["namespace"] = _LimitedNamespace
+    env.globals["range"] = _bounded_range
     return env
 
 
@@ -123,6 +314,8 @@ def check_template(source: str, origin: str) -> None:
                              "template") from None
     try:
         ChatTemplate(source).render([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
+    except TemplateLimitError as error:
+        raise TemplateLimitError(f"{origin}: {error}") from None
     except TokenizerError as error:
         detail = str(error).removeprefix("chat template error: ").rpartition("; ")[0] or str(error)
         raise TokenizerError(f"{origin} does not render a one-message chat ({detail}); fix the template or pass "
@@ -208,17 +401,38 @@ class ChatTemplate:
         _check_dict_list("documents", documents)
         variables = {**self.special_tokens, **kwargs}
         template = _compile(self.source)
+        inputs = {"messages": messages, "tools": tools, "documents": documents, **kwargs}
+        limits = _Limits(RENDER_SECONDS, max(RENDER_CHARS, 4 * len(json.dumps(inputs, default=str))))
         try:
-            return template.render(
-                messages=messages,
-                tools=tools,
-                documents=documents,
-                add_generation_prompt=add_generation_prompt,
-                **variables,
-            )
+            return _limited_render(template, limits, messages=messages, tools=tools, documents=documents,
+                                   add_generation_prompt=add_generation_prompt, **variables)
+        except TemplateLimitError:
+            raise
+        except RecursionError:
+            raise TemplateLimitError(f"chat template error: rendering recursed too deep; {_TEMPLATE_FIX}") from None
+        except MemoryError:
+            raise TemplateLimitError(f"chat template error: rendering ran out of memory; {_TEMPLATE_FIX}") from None
         except jinja2.TemplateError as error:
             raise TokenizerError(f"chat template error: {_one_line(error.message or error)}; {_FIX_HINT}") from None
         except Exception as error:  # a template bug surfacing as a Python error, e.g. str + int
             raise TokenizerError(
                 f"chat template error: {type(error).__name__}: {_one_line(error)}; {_FIX_HINT}"
             ) from None
+
+
+def _limited_render(template: jinja2.Template, limits: _Limits, **variables: Any) -> str:
+    """`template.render(**variables)` within `limits`: the deadline checked at each line of the template's code (a
+    tracer on this thread, the previous one put back after), the output counted as it is made."""
+    parts, size = [], 0
+    previous_limits, previous_trace = getattr(_active, "limits", None), sys.gettrace()
+    _active.limits = limits
+    sys.settrace(_tracer(limits))
+    try:
+        for part in template.generate(**variables):
+            size += len(part)
+            limits.check_size(size, "an output")
+            parts.append(part)
+    finally:
+        sys.settrace(previous_trace)
+        _active.limits = previous_limits
+    return "".join(parts)

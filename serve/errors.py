@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
+from edge.chat_template import TemplateLimitError
 from edge.errors import ContextLengthError, EdgeError, EngineBusyError, PromptError
 
 
@@ -49,9 +50,12 @@ def field_path(location: tuple) -> str:
 
 def from_edge_error(error: EdgeError, param: str) -> ApiError:
     """edge's errors are about the request (edge/errors.py: bad input), so 400, with the one-line message; a
-    prompt that does not fit the context gets OpenAI's code for it."""
+    prompt that does not fit the context gets OpenAI's code for it. A chat template past its limits is the model's
+    fault: a 500 that says so."""
     if isinstance(error, EngineBusyError):  # never expected: one worker runs every generation
         return ApiError(503, str(error), kind="unavailable_error", code="engine_busy")
+    if isinstance(error, TemplateLimitError):  # the model's template is at fault, not the request
+        return ApiError(500, str(error), kind="server_error", code="chat_template_error")
     if isinstance(error, ContextLengthError):
         return ApiError(400, str(error), param=param, code="context_length_exceeded")
     return ApiError(400, str(error), param=param if isinstance(error, PromptError) else None)

@@ -3,7 +3,8 @@
     POST /v1/chat/completions   POST /v1/completions     streaming (server-sent events) or whole
     GET  /v1/models             GET  /health             503 while the model loads
 
-A handler checks the API key and the body, queues one job (429 with Retry-After when the queue is full) and relays
+Before any route, serve/access.py checks the Host (an allow-list), the Origin (only --cors origins) and answers
+the --cors origins' preflights. A handler checks the API key and the body (JSON only), queues one job (429 with Retry-After when the queue is full) and relays
 the job's events: as SSE chunks, or gathered into one body. A client that goes away cancels its job: a waiting
 job is skipped, a running one stops after its current step.
 """
@@ -22,11 +23,13 @@ from fastapi import Depends, FastAPI, Request
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from edge.events import Event
+from serve.access import AccessGuard
 from serve.errors import ApiError, from_edge_error, from_validation
 from serve.generation_queue import EventChannel, Generation, GenerationQueue, Job, QueueFull
 from serve.responses import Reply, server_sent_event
@@ -45,6 +48,9 @@ class ServeConfig:
     api_key: str | None = None  # when set, every route but /health needs "Authorization: Bearer KEY"
     speculate_when_sampling: bool = True  # False: requests with temperature > 0 decode plainly
     max_body_bytes: int = 16 * 2**20
+    listen_host: str = "127.0.0.1"  # --host: a name requests may carry in Host, besides the loopback names
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-host: more names for Host
+    cors_origins: tuple[str, ...] = ()  # --cors: web pages (scheme://host[:port]) that may call the API
 
 
 class ClientGone(Exception):
@@ -53,6 +59,11 @@ class ClientGone(Exception):
 
 def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
     app = FastAPI(title="edge-serve", docs_url=None, redoc_url=None, openapi_url=None)
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(AccessGuard, listen_host=config.listen_host, allowed_hosts=config.allowed_hosts,
+                       cors_origins=config.cors_origins)  # added last: runs first
 
     def require_key(request: Request) -> None:
         if config.api_key is None:
@@ -202,7 +213,12 @@ def engine_options(body: SamplingRequest, config: ServeConfig) -> GenerationOpti
 
 
 async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object; over `limit` bytes is a 413, anything but a JSON object a 400."""
+    """The body as a JSON object; not sent as application/json is a 415 (a web page's "simple" request, which skips
+    the CORS preflight, cannot be), over `limit` bytes a 413, anything but a JSON object a 400."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(415, f"the request body must be JSON sent as 'Content-Type: application/json' (got "
+                       f"{media_type or 'no Content-Type'!r}); set that header", code="unsupported_media_type")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

@@ -2,6 +2,7 @@
 
     edge-serve [MODEL_OR_BUNDLE]                     the default model when MODEL is omitted
     edge-serve MODEL --port 8080 --api-key KEY       clients send "Authorization: Bearer KEY"
+    edge-serve --cors http://localhost:5173          a web page at that origin may call the API
 
 The model, drafter, weights and memory options are edge-chat's (edge/cli_options.py, one load spec); the sampling
 flags set the defaults of requests that leave a field out. The server listens at once and loads in the background
@@ -33,6 +34,7 @@ from memory.budget import BudgetError
 try:  # the serve extra (FastAPI, uvicorn): without it edge-serve says how to install it
     import uvicorn
 
+    from serve.access import check_origin
     from serve.app import ServeConfig, create_app
     from serve.generation_queue import GenerationQueue
 except ImportError as error:
@@ -58,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address to listen on (default: 127.0.0.1, this machine only); any other address lets "
                              "other machines in, so set an API key")
     server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default: {DEFAULT_PORT}")
+    server.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="a name clients may reach the server by (the Host header), besides localhost, "
+                             "127.0.0.1, [::1] and the --host address (any IP address when --host is 0.0.0.0 or ::); "
+                             "other names are refused (421), which keeps web pages out through DNS rebinding; "
+                             "repeatable")
+    server.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                        help="let the web page at ORIGIN (scheme://host[:port]) call the API from a browser: its "
+                             "preflights are answered and replies carry CORS headers; without --cors every request "
+                             "a browser sends from a page (it has an Origin header) is refused (403); repeatable")
     server.add_argument("--api-key", default=None, metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' on every route but /health (default: the "
                              f"{API_KEY_VARIABLE} environment variable; neither: no key)")
@@ -125,7 +136,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     defaults = generation_options(args)
     defaults.sampling  # noqa: B018 - checks the sampling flags now (SamplingError), not at the first request
     return ServeConfig(model_id=name, defaults=defaults, api_key=api_key,
-                       speculate_when_sampling=args.drafter is not None)
+                       speculate_when_sampling=args.drafter is not None, listen_host=args.host,
+                       allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(check_origin(o) for o in args.cors))
 
 
 def model_id(model: str | None) -> str:

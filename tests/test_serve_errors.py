@@ -33,7 +33,7 @@ def server():
 
 def post(server, path: str, body, **options) -> httpx.Response:
     if isinstance(body, (bytes, str)):
-        return httpx.post(server.url + path, content=body, **options)
+        return httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"}, **options)
     return httpx.post(server.url + path, json=body, **options)
 
 

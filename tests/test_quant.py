@@ -101,10 +101,12 @@ def test_speculation_over_a_quantized_cache_equals_plain_decoding_over_it(kv_cac
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("length", ["adaptive", 2, 5])
-def test_quantspec_is_lossless(bits, length, target):
+@pytest.mark.parametrize("view", ["both planes", "upper plane"])
+def test_quantspec_is_lossless(bits, length, view, target):
     plain = Engine.load(target, max_context=256, kv_cache="hierarchical")
     fast = Engine.load(target, max_context=256, drafter=f"quantspec:{bits}", draft_length=length)
     assert fast.kv_cache == "hierarchical"  # selected for the QuantSpec draft
+    fast.drafter.upper_plane_from = 0 if view == "upper plane" else 10**9  # else chosen by the model's size
     for prompt in PROMPTS:
         assert greedy(fast, prompt) == greedy(plain, prompt), (bits, length, prompt)
     if length == "adaptive":  # it may have paused by now where drafting measured slower (timing-dependent)
@@ -112,6 +114,19 @@ def test_quantspec_is_lossless(bits, length, target):
     stats = list(fast.generate(PROMPTS[0], max_new_tokens=32, ignore_eos=True))[-1].stats
     assert stats.drafted > 0 and stats.accepted > 0
     assert 0 < fast.drafter.memory_bytes() < fast.model.weight_bytes() * (0.5 if bits == 4 else 0.6)
+
+
+def test_quantspec_reads_the_upper_plane_once_the_cache_outweighs_a_quarter_of_its_weights(target):
+    from edge.drafters.quantspec import UPPER_PLANE_SHARE
+
+    engine = Engine.load(target, max_context=256, drafter="quantspec")
+    drafter, config = engine.drafter, engine.model.config
+    per_token = 2 * config.num_layers * config.num_kv_heads * (config.head_dim + 4)  # 8-bit codes, step, low
+    assert drafter.upper_plane_from == int(UPPER_PLANE_SHARE * drafter._bytes_per_drafted_token() / per_token)
+    assert not drafter.reads_upper_plane(drafter.upper_plane_from - 1) and drafter.reads_upper_plane(
+        drafter.upper_plane_from)
+    head = drafter.model.packed_head  # the float head gets an 8-bit copy in blocks: it is read once per drafted token
+    assert head is not None and head.formats == ["q8_0"] and head is not engine.model.packed_head
 
 
 def test_quantspec_samples_and_refuses_a_plain_cache(target):

@@ -10,7 +10,7 @@ DNS rebinding (a name of the attacker's that resolves to 127.0.0.1) it also read
     CORS     starlette's CORSMiddleware for the --cors origins only: their preflights are answered, their replies
              carry the CORS headers
 
-POST bodies must also be `application/json` (app.read_json: 415 otherwise), so no page can send a "simple" request
+POST bodies must also be `application/json` (app.read_body: 415 otherwise), so no page can send a "simple" request
 (text/plain, a form) that skips the preflight.
 """
 

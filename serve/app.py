@@ -4,7 +4,10 @@
     GET  /v1/models             GET  /health             503 while the model loads
 
 Before any route, serve/access.py checks the Host (an allow-list), the Origin (only --cors origins) and answers
-the --cors origins' preflights. A handler checks the API key and the body (JSON only), queues one job (429 with Retry-After when the queue is full) and relays
+the --cors origins' preflights. A handler checks the API key and reads the body (JSON only); parsing it, rendering the chat template and counting the
+prompt's tokens run in a worker thread (starlette's threadpool), never on the event loop, within the prompt limits
+(characters, checked before anything is tokenized, then the context in tokens), so a prompt that does not fit never
+takes the generation slot. It then queues one job (429 with Retry-After when the queue is full) and relays
 the job's events: as SSE chunks, or gathered into one body. A client that goes away cancels its job: a waiting
 job is skipped, a running one stops after its current step.
 """
@@ -17,11 +20,12 @@ import hmac
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -38,6 +42,8 @@ from serve.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequ
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25  # how often a handler waiting for a whole reply checks that its client is still there
+CHARS_PER_TOKEN = 16  # the default prompt limit in characters, per token of the context: more never fits it
+VERBS = {"messages": "are", "prompt": "is"}
 ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models and GET /health"
 
 
@@ -51,6 +57,7 @@ class ServeConfig:
     listen_host: str = "127.0.0.1"  # --host: a name requests may carry in Host, besides the loopback names
     allowed_hosts: tuple[str, ...] = ()  # --allowed-host: more names for Host
     cors_origins: tuple[str, ...] = ()  # --cors: web pages (scheme://host[:port]) that may call the API
+    max_prompt_chars: int | None = None  # --max-prompt-chars; None: CHARS_PER_TOKEN per token of the context
 
 
 class ClientGone(Exception):
@@ -104,14 +111,51 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
                            kind="not_found_error", param="model", code="model_not_found")
         return model_card(config)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
-    async def chat_completions(request: Request) -> Response:
-        body = parsed(ChatCompletionRequest, await read_json(request, config.max_body_bytes))
-        if loaded_engine().tokenizer.chat_template is None:
+    def prompt_limits(engine: Engine, param: str, chars: int, count_tokens: Callable[[], int]) -> None:
+        """In a worker thread: the prompt's characters (before any tokenizing) and then its tokens must fit."""
+        limit, verb = config.max_prompt_chars or CHARS_PER_TOKEN * engine.max_context, VERBS[param]
+        if chars > limit:
+            raise ApiError(400, f"the {param} {verb} {chars:,} characters, over the {limit:,} this server reads; shorten "
+                           f"it, or start edge-serve with --max-prompt-chars N", param=param,
+                           code="string_above_max_length")
+        try:
+            tokens = count_tokens()
+        except EdgeError as error:
+            raise api_error(error, param) from None
+        if tokens >= engine.max_context:
+            raise ApiError(400, f"the {param} {verb} {tokens:,} tokens but the context holds "
+                           f"{engine.max_context:,}; shorten it, or start edge-serve with a longer context (--max-context N)", param=param,
+                           code="context_length_exceeded")
+
+    def checked_chat(raw: bytes) -> tuple[ChatCompletionRequest, list[dict]]:
+        body = parsed(ChatCompletionRequest, json_object(raw))
+        engine = loaded_engine()
+        if engine.tokenizer.chat_template is None:
             raise ApiError(400, "this model has no chat template: send a plain prompt to /v1/completions, or start "
                            "edge-serve with a chat template (--chat-template FILE)", param="messages",
                            code="no_chat_template")
-        messages, options = body.template_messages(), engine_options(body, config)
+        messages = body.template_messages()
+        tokenizer = engine.tokenizer
+        prompt_limits(engine, "messages", sum(len(message["content"]) for message in messages),
+                      lambda: len(tokenizer.encode(utf8(tokenizer.apply_chat_template(messages,
+                                                                                      add_generation_prompt=True),
+                                                        "the chat", "messages"), add_special_tokens=False)))
+        return body, messages
+
+    def checked_completion(raw: bytes) -> CompletionRequest:
+        body = parsed(CompletionRequest, json_object(raw))
+        engine, prompt = loaded_engine(), body.prompt
+        if isinstance(prompt, str):
+            prompt_limits(engine, "prompt", len(prompt),
+                          lambda: len(engine.tokenizer.encode(utf8(prompt, "the prompt", "prompt"))))
+        else:  # token ids
+            prompt_limits(engine, "prompt", 0, lambda: len(prompt))
+        return body
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
+    async def chat_completions(request: Request) -> Response:
+        body, messages = await run_in_threadpool(checked_chat, await read_body(request, config.max_body_bytes))
+        options = engine_options(body, config)
 
         def generation(engine: Engine, should_stop) -> Any:
             return engine.chat(messages, **vars(dataclasses.replace(options, should_stop=should_stop)))
@@ -120,8 +164,7 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)])
     async def completions(request: Request) -> Response:
-        body = parsed(CompletionRequest, await read_json(request, config.max_body_bytes))
-        loaded_engine()
+        body = await run_in_threadpool(checked_completion, await read_body(request, config.max_body_bytes))
         prompt, options = body.prompt, engine_options(body, config)
 
         def generation(engine: Engine, should_stop) -> Any:
@@ -212,9 +255,9 @@ def engine_options(body: SamplingRequest, config: ServeConfig) -> GenerationOpti
     return options
 
 
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object; not sent as application/json is a 415 (a web page's "simple" request, which skips
-    the CORS preflight, cannot be), over `limit` bytes a 413, anything but a JSON object a 400."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes; not sent as application/json is a 415 (a web page's "simple" request, which skips the CORS
+    preflight, cannot be), over `limit` bytes a 413."""
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != "application/json":
         raise ApiError(415, f"the request body must be JSON sent as 'Content-Type: application/json' (got "
@@ -225,14 +268,29 @@ async def read_json(request: Request, limit: int) -> dict:
         if size > limit:
             raise ApiError(413, f"the request body is over {limit} bytes", code="request_too_large")
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def json_object(raw: bytes) -> dict:
+    """The body as a JSON object; anything else is a 400."""
     try:
-        data = json.loads(b"".join(chunks), parse_constant=refuse_constant)
+        data = json.loads(raw, parse_constant=refuse_constant)
     except (ValueError, RecursionError) as error:
         raise ApiError(400, f"the request body is not valid JSON ({error}); send a JSON object",
                        code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
     return data
+
+
+def utf8(text: str, what: str, param: str) -> str:
+    """`text` if it is valid Unicode (JSON may carry a lone surrogate, which no tokenizer takes); else a 400."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ApiError(400, f"{what} is not valid UTF-8 text (a lone surrogate at character {error.start}); send "
+                       "valid Unicode", param=param) from None
+    return text
 
 
 def refuse_constant(name: str) -> float:

@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--queue-size", type=int, default=16, metavar="N",
                         help="requests that may wait while one is generated; one more is answered 429 with "
                              "Retry-After (default: 16)")
+    server.add_argument("--max-prompt-chars", type=int, default=None, metavar="N",
+                        help="the longest prompt (a chat's messages, or a completion's text) in characters, checked "
+                             "before it is tokenized; longer ones get 400 (default: 16 per token of the context); "
+                             "a prompt must also fit the context in tokens")
     server.add_argument("--model-name", default=None, metavar="NAME",
                         help="the model's id in /v1/models and in replies (default: the folder's name, or "
                              "edge-builtin); requests may name any model")
@@ -131,13 +135,16 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         raise ValueError(f"--queue-size must be at least 1, got {args.queue_size}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_prompt_chars is not None and args.max_prompt_chars < 1:
+        raise ValueError(f"--max-prompt-chars must be at least 1, got {args.max_prompt_chars}")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
     name = args.model_name or model_id(args.model)
     defaults = generation_options(args)
     defaults.sampling  # noqa: B018 - checks the sampling flags now (SamplingError), not at the first request
     return ServeConfig(model_id=name, defaults=defaults, api_key=api_key,
                        speculate_when_sampling=args.drafter is not None, listen_host=args.host,
-                       allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(check_origin(o) for o in args.cors))
+                       allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(check_origin(o) for o in args.cors),
+                       max_prompt_chars=args.max_prompt_chars)
 
 
 def model_id(model: str | None) -> str:

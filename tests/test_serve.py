@@ -153,7 +153,7 @@ class GatedEngine:
     """Answers like an engine, one event per released step, so that a test decides when a generation moves."""
 
     def __init__(self, reference: Engine) -> None:
-        self.tokenizer = reference.tokenizer
+        self.tokenizer, self.max_context = reference.tokenizer, reference.max_context
         self.reference = reference
         self.gate = threading.Semaphore(0)
         self.started = threading.Event()

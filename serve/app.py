@@ -19,6 +19,7 @@ import dataclasses
 import hmac
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -175,6 +176,8 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
     async def respond(request: Request, reply: Reply, generation: Generation, body: SamplingRequest,
                       param: str) -> Response:
         job = Job(generation, EventChannel(asyncio.get_running_loop()))
+        if generations.closing.is_set():
+            raise shutting_down()
         try:
             generations.submit(job)
         except QueueFull as full:
@@ -182,7 +185,7 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
                            "requests are already waiting", kind="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(full.retry_after_s)}) from None
         try:
-            first = await next_event(job, request, param)
+            first = await next_event(job, request, param, generations.closing)
         except BaseException:
             job.cancel()  # refused, or the client went away while the job waited
             raise
@@ -193,7 +196,7 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
         try:
             text, last = [first.text], first
             while not last.finished:
-                last = await next_event(job, request, param)
+                last = await next_event(job, request, param, generations.closing)
                 text.append(last.text)
         finally:
             job.cancel()  # the client went away, or the reply is done and there is nothing left to stop
@@ -209,7 +212,9 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
                     yield server_sent_event(reply.chunk(event.text, event if event.finished else None))
                 if event.finished:
                     break
-                item = await job.channel.get()
+                item = None
+                while item is None:
+                    item = await next_item(job, generations.closing)
                 if isinstance(item, BaseException):  # after the headers went out: the error is the last event
                     yield server_sent_event(api_error(item, param).body())
                     break
@@ -304,12 +309,12 @@ def parsed(kind: type[SamplingRequest], data: dict) -> Any:
         raise from_validation(error) from None
 
 
-async def next_event(job: Job, request: Request, param: str) -> Event:
-    """The job's next event, watching the client meanwhile; the error that ended the job, as an ApiError."""
+async def next_event(job: Job, request: Request, param: str, closing: threading.Event) -> Event:
+    """The job's next event, watching the client and the server's shutdown meanwhile; the error that ended the job,
+    as an ApiError."""
     while True:
-        try:
-            item = await asyncio.wait_for(job.channel.get(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
+        item = await next_item(job, closing)
+        if item is None:
             if await request.is_disconnected():
                 raise ClientGone() from None
             continue
@@ -318,7 +323,24 @@ async def next_event(job: Job, request: Request, param: str) -> Event:
         return item
 
 
+async def next_item(job: Job, closing: threading.Event) -> Event | BaseException | None:
+    """The job's next event or error within DISCONNECT_POLL_S (else None); once the server is stopping (SIGINT,
+    SIGTERM: `closing`), the 503 that ends the reply instead, not the cut-off rest of it."""
+    try:
+        item = await asyncio.wait_for(job.channel.get(), DISCONNECT_POLL_S)
+    except asyncio.TimeoutError:
+        item = None
+    return shutting_down() if closing.is_set() else item
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "edge-serve is shutting down, so this reply was cut off; retry once it is back",
+                    kind="unavailable_error", code="server_shutting_down")
+
+
 def api_error(error: BaseException, param: str) -> ApiError:
+    if isinstance(error, ApiError):
+        return error
     if isinstance(error, EdgeError):
         return from_edge_error(error, param)
     return ApiError(500, "internal error in edge-serve (see its log)", kind="server_error")

@@ -50,6 +50,7 @@ class BackgroundServer:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self.generations.close()  # as edge-serve on Ctrl+C: open replies end with an error
         self.server.should_exit = True
         self._thread.join(timeout=30)
         self._socket.close()

@@ -44,7 +44,7 @@ else:
 
 API_KEY_VARIABLE = "EDGE_API_KEY"
 DEFAULT_PORT = 8080  # llama-server's
-GRACEFUL_S = 10  # on Ctrl+C, how long replies still streaming may go on before they are cut
+GRACEFUL_S = 3  # on Ctrl+C or SIGTERM, how long connections may take to close (open replies end at once)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,19 +108,39 @@ def main(argv: list[str] | None = None) -> int:
               f"server{'' if config.api_key else '; set an API key (--api-key or ' + API_KEY_VARIABLE + ')'}",
               file=sys.stderr)
     generations = GenerationQueue(args.queue_size)
-    server = uvicorn.Server(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
-                                           log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S))
+    server = StoppingServer(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
+                                           log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S),
+                            generations)
 
     def stop_server(error: BaseException) -> None:
         server.should_exit = True
 
     generations.start(lambda: loaded(spec), on_load_error=stop_server)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn raises the Ctrl+C it caught again once it has shut down
+        generations.stop()
+        return 130
     generations.stop()
     if generations.load_error is not None:
         print(f"edge-serve: error: {generations.load_error}", file=sys.stderr)
         return 2
     return 0
+
+
+if MISSING_PACKAGE is None:
+    class StoppingServer(uvicorn.Server):
+        """uvicorn's server, which on SIGINT or SIGTERM first closes the generation queue: open replies end at once
+        with an error event (streams) or a 503, instead of running on until uvicorn's graceful timeout cancels
+        them."""
+
+        def __init__(self, config: uvicorn.Config, generations: GenerationQueue) -> None:
+            super().__init__(config)
+            self.generations = generations
+
+        def handle_exit(self, sig: int, frame) -> None:
+            self.generations.close()
+            super().handle_exit(sig, frame)
 
 
 def loaded(spec) -> Engine:

@@ -79,6 +79,8 @@ class GenerationQueue:
         self._finished_lock = threading.Lock()
         self._mean_job_s = 1.0  # running mean of a job's duration, for Retry-After
         self._thread: threading.Thread | None = None
+        self._running: Job | None = None
+        self.closing = threading.Event()  # set by close(): the server is stopping
 
     @property
     def waiting(self) -> int:
@@ -105,6 +107,17 @@ class GenerationQueue:
         except queue.Full:
             raise QueueFull(max(1, math.ceil(self._mean_job_s * (self.waiting + 1)))) from None
 
+    def close(self) -> None:
+        """The server is stopping (SIGINT, SIGTERM): from now on handlers refuse new requests and end open replies
+        with an error; the running job stops at its next step, the waiting ones are skipped."""
+        self.closing.set()
+        running = self._running
+        if running is not None:
+            running.cancel()
+        for job in list(self._jobs.queue):
+            if job is not None:
+                job.cancel()
+
     def stop(self) -> None:
         """Finish the running job, drop the waiting ones, and end the worker."""
         while True:
@@ -115,7 +128,7 @@ class GenerationQueue:
             if job is not None:
                 job.cancel()
         self._jobs.put(None)
-        if self._thread is not None:
+        if self._thread is not None and self.loaded.is_set():  # a load under way is not waited for (daemon thread)
             self._thread.join(timeout=30)
 
     def _run(self, load: Callable[[], Engine], on_load_error: Callable[[BaseException], None] | None) -> None:
@@ -136,6 +149,7 @@ class GenerationQueue:
             self._count("skipped")
             return
         started = time.perf_counter()
+        self._running = job
         try:
             for event in job.generation(self.engine, job.cancelled.is_set):
                 job.channel.put(event)
@@ -148,4 +162,6 @@ class GenerationQueue:
             log.exception("generation failed")
             self._count("failed")
             job.channel.put(error)
+        finally:
+            self._running = None
         self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)

@@ -59,6 +59,7 @@ class ServeConfig:
     allowed_hosts: tuple[str, ...] = ()  # --allowed-host: more names for Host
     cors_origins: tuple[str, ...] = ()  # --cors: web pages (scheme://host[:port]) that may call the API
     max_prompt_chars: int | None = None  # --max-prompt-chars; None: CHARS_PER_TOKEN per token of the context
+    write_timeout_s: float = 5.0  # --write-timeout: a stream whose client stops reading this long is cut off
 
 
 class ClientGone(Exception):
@@ -190,9 +191,9 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
             job.cancel()  # refused, or the client went away while the job waited
             raise
         if body.stream:  # a disconnect cancels the stream, which cancels the job; so does the stream's end
-            return StreamingResponse(streamed(job, reply, first, body.include_usage, param),
-                                     media_type="text/event-stream", background=BackgroundTask(job.cancel),
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return ReadStream(streamed(job, reply, first, body.include_usage, param), job, config.write_timeout_s,
+                              media_type="text/event-stream", background=BackgroundTask(job.cancel),
+                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             text, last = [first.text], first
             while not last.finished:
@@ -247,6 +248,28 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
         return ApiError(500, "internal error in edge-serve (see its log)", kind="server_error").response()
 
     return app
+
+
+class ReadStream(StreamingResponse):
+    """A stream its client must keep reading: a write that waits over `write_timeout_s` (the client stopped reading
+    and the socket's buffers are full) ends the reply and cancels its job, so a slow reader never holds the one
+    generation slot. The connection is then closed (uvicorn logs that the response was not completed)."""
+
+    def __init__(self, content: AsyncIterator[str], job: Job, write_timeout_s: float, **options: Any) -> None:
+        super().__init__(content, **options)
+        self.job, self.write_timeout_s = job, write_timeout_s
+
+    async def stream_response(self, send: Any) -> None:
+        async def timed(message: dict) -> None:
+            await asyncio.wait_for(send(message), self.write_timeout_s)
+
+        try:
+            await super().stream_response(timed)
+        except asyncio.TimeoutError:
+            self.job.cancel()
+            await self.body_iterator.aclose()
+            log.warning("a client read nothing of its stream for %g s: its reply was cut off (--write-timeout)",
+                        self.write_timeout_s)
 
 
 def model_card(config: ServeConfig) -> dict:

@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the longest prompt (a chat's messages, or a completion's text) in characters, checked "
                              "before it is tokenized; longer ones get 400 (default: 16 per token of the context); "
                              "a prompt must also fit the context in tokens")
+    server.add_argument("--write-timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="a streamed reply whose client reads nothing for this long is cut off and its "
+                             "generation stopped, so a stalled client cannot hold the one generation slot "
+                             "(default: 5)")
     server.add_argument("--model-name", default=None, metavar="NAME",
                         help="the model's id in /v1/models and in replies (default: the folder's name, or "
                              "edge-builtin); requests may name any model")
@@ -155,6 +159,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         raise ValueError(f"--queue-size must be at least 1, got {args.queue_size}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if not args.write_timeout > 0:
+        raise ValueError(f"--write-timeout must be above 0 seconds, got {args.write_timeout}")
     if args.max_prompt_chars is not None and args.max_prompt_chars < 1:
         raise ValueError(f"--max-prompt-chars must be at least 1, got {args.max_prompt_chars}")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
@@ -164,7 +170,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(model_id=name, defaults=defaults, api_key=api_key,
                        speculate_when_sampling=args.drafter is not None, listen_host=args.host,
                        allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(check_origin(o) for o in args.cors),
-                       max_prompt_chars=args.max_prompt_chars)
+                       max_prompt_chars=args.max_prompt_chars, write_timeout_s=args.write_timeout)
 
 
 def model_id(model: str | None) -> str:

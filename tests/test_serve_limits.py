@@ -70,3 +70,47 @@ def test_the_character_limit_is_an_option(server):
             == 200
     assert serve_config(build_parser().parse_args(["--max-prompt-chars", "5000"])).max_prompt_chars == 5000
     assert main(["--max-prompt-chars", "0"]) == 2
+
+
+class EndlessEngine:
+    """Streams 16 KB of text a step until told to stop, like a long reply on a big model."""
+
+    def __init__(self, reference: Engine) -> None:
+        self.tokenizer, self.max_context = reference.tokenizer, reference.max_context
+        self.event = next(iter(reference.generate("The json module", max_new_tokens=1)))
+        self.steps = 0
+
+    def generate(self, prompt, should_stop, max_new_tokens, **options):
+        if max_new_tokens < 100:  # a short request: answered as is
+            yield self.event
+            return
+        while not should_stop():
+            self.steps += 1
+            time.sleep(0.002)
+            yield dataclasses.replace(self.event, text="x" * 16384, finish_reason=None)
+        yield dataclasses.replace(self.event, finish_reason="stopped")
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_frees_the_slot(server):
+    import socket
+
+    engine = EndlessEngine(server.generations.engine)
+    config = dataclasses.replace(ServeConfig("m"), write_timeout_s=0.5)
+    with BackgroundServer(lambda: engine, config) as running:
+        running.generations.loaded.wait(10)
+        stalled = socket.create_connection((running.host, running.port))
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        body = b'{"prompt": "The json module", "max_tokens": 100000, "stream": true}'
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # and then reads nothing
+        try:
+            deadline = time.monotonic() + 10
+            while engine.steps == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            reply = httpx.post(running.url + "/v1/completions", json={"prompt": "The json", "max_tokens": 8},
+                               timeout=60)
+            assert reply.status_code == 200  # served once the stalled stream's write timed out
+            assert running.generations.replies().get("stopped") == 1
+        finally:
+            stalled.close()

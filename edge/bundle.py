@@ -114,11 +114,25 @@ def read_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
     bundle = Bundle(root, manifest)
     if verify:
         verify_files(bundle)
+        verify_tokenizer(bundle)
     drafter = manifest.get("drafter")
     if drafter is not None and drafter.get("tokenizer_sha256") != manifest["tokenizer"]["sha256"]:
         raise BundleError(f"the drafter in {root} was exported with a different tokenizer than the target; a "
                           "drafter must share the target's tokenizer (re-export with a matching drafter)")
     return bundle
+
+
+def verify_tokenizer(bundle: Bundle) -> None:
+    """The tokenizer files read back to the vocabulary the manifest's `tokenizer.sha256` names (the vocabulary's
+    fingerprint: what the model's ids mean)."""
+    from edge.tokenizer import Tokenizer
+
+    expected = (bundle.manifest.get("tokenizer") or {}).get("sha256")
+    if not isinstance(expected, str):
+        raise BundleError(f"{bundle.root / MANIFEST} has no tokenizer.sha256; re-export the bundle with edge-export")
+    if Tokenizer.from_dir(bundle.root).fingerprint()["vocab_sha256"] != expected:
+        raise BundleError(f"the tokenizer in {bundle.root} does not match the tokenizer.sha256 of its manifest "
+                          "(replaced or modified); re-export the bundle")
 
 
 def verify_files(bundle: Bundle) -> None:

@@ -38,7 +38,7 @@ from edge.errors import (BundleError, CheckpointError, ContextLengthError, Engin
 from edge.events import Event, Stats
 from edge.kv_cache import common_prefix
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
-from edge.loading import check_checkpoint, load_model
+from edge.loading import check_checkpoint, load_model, not_a_folder
 from edge.model import Transformer
 from edge.offload import offload_layers
 from edge.packed_weights import quantize_weights
@@ -162,7 +162,7 @@ class Engine:
         budget)."""
         report = progress or (lambda stage, fraction: None)
         if not spec.path.is_dir():
-            raise CheckpointError(f"checkpoint folder {spec.path} does not exist; pass the folder holding config.json")
+            raise CheckpointError(not_a_folder(spec.path))
         bundled = is_bundle(spec.path)
         spec.check_combination(bundled)
         if bundled:

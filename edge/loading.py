@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
+import stat
 import struct
 from pathlib import Path
 
@@ -54,10 +56,45 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise CheckpointError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16") from None
 
 
+def special_kind(path: Path) -> str | None:
+    """What `path` is when it is neither a regular file nor a folder nor absent: "a character device", "a named
+    pipe", ..., or a symlink to one ("a symlink to /dev/zero, a character device"); None otherwise."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"a symlink to {os.readlink(path)}, which does not exist" if os.path.islink(path) else None
+    except OSError as error:
+        return f"unreadable ({error.strerror or error})"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+            "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return f"a symlink to {os.path.realpath(path)}, {kind}" if os.path.islink(path) else kind
+
+
+def not_a_folder(path: Path) -> str:
+    """The one-line reason a model path that is not a folder cannot be loaded."""
+    kind = special_kind(path)
+    if kind is not None:
+        return f"{path} is {kind}, not a model; pass the checkpoint folder holding config.json (or a .gguf file)"
+    if path.is_file():
+        return f"{path} is a file, not a checkpoint folder; pass the folder holding config.json (or a .gguf file)"
+    return f"checkpoint folder {path} does not exist; pass the folder holding config.json"
+
+
+def _regular(path: Path) -> bool:
+    """True for a regular file (or a symlink to one); a device, pipe or socket under a weight file's name is a
+    CheckpointError saying what it is."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise CheckpointError(f"{path} is {kind}, not a regular file; put the weights file there")
+    return path.is_file()
+
+
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder (one file, or the shards its index names)."""
     if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder {folder} does not exist; pass the folder holding config.json")
+        raise CheckpointError(not_a_folder(folder))
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -65,12 +102,12 @@ def weight_files(folder: Path) -> list[Path]:
         except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
             raise CheckpointError(f"{index} is not a valid safetensors index (no weight_map); re-save the checkpoint")
         shards = sorted(set(weight_map.values()))
-        missing = [name for name in shards if not (folder / name).is_file()]
+        missing = [name for name in shards if not _regular(folder / name)]
         if missing:
             raise CheckpointError(f"shard {folder / missing[0]} named by {index.name} is missing; download it again")
         return [folder / name for name in shards]
     single = folder / "model.safetensors"
-    if single.is_file():
+    if _regular(single):
         return [single]
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:

@@ -212,3 +212,47 @@ def test_a_half_precision_checkpoint_keeps_its_precision_with_the_same_results(c
     kept = load_model(mixed)
     assert kept.layers[0].attn.wqkv.weight.dtype == torch.float32
     assert torch.equal(kept.norm.weight, tensors["model.norm.weight"])
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_a_device_as_the_model_is_named_for_what_it_is(tmp_path):
+    import os
+
+    from edge import Engine
+
+    with pytest.raises(CheckpointError) as error:
+        Engine.load("/dev/zero")
+    assert_one_line(error.value, "/dev/zero is a character device, not a model", "config.json")
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(CheckpointError) as error:
+        Engine.load(tmp_path / "pipe")
+    assert_one_line(error.value, "is a named pipe, not a model")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_weights_symlinked_to_a_device_are_refused_as_not_a_regular_file(llama_dir, tmp_path):
+    folder = copy_checkpoint(llama_dir, tmp_path)
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError) as error:
+        load_model(folder)
+    assert_one_line(error.value, "model.safetensors is a symlink to /dev/zero, a character device, not a regular file")
+
+
+def test_a_bundle_whose_tokenizer_does_not_match_its_manifest_is_refused(llama_dir, tmp_path):
+    from edge.bundle import FORMAT, MANIFEST, read_bundle
+    from edge.errors import BundleError
+    from edge.tokenizer import Tokenizer
+
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(llama_dir / name, folder / name)
+    vocab = Tokenizer.from_dir(folder).fingerprint()["vocab_sha256"]
+    manifest = {"format": FORMAT, "format_version": 1, "files": {}, "tokenizer": {"sha256": vocab}}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    read_bundle(folder)  # matches
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "tokenizer": {"sha256": "0" * 64}}))
+    with pytest.raises(BundleError) as error:
+        read_bundle(folder)
+    assert_one_line(error.value, "does not match the tokenizer.sha256 of its manifest", "re-export")

@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "repeatable")
     server.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                         help="let the web page at ORIGIN (scheme://host[:port]) call the API from a browser: its "
-                             "preflights are answered and replies carry CORS headers; without --cors every request "
-                             "a browser sends from a page (it has an Origin header) is refused (403); repeatable")
+                             "preflights are answered and replies carry CORS headers; a request from any other page "
+                             "(a browser adds an Origin header) is refused (403); repeatable")
     server.add_argument("--api-key", default=None, metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' on every route but /health (default: the "
                              f"{API_KEY_VARIABLE} environment variable; neither: no key)")

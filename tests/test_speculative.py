@@ -12,6 +12,7 @@ import torch
 from conftest import build_checkpoint
 from edge import EdgeError, Engine, SamplingError, TokenizerError
 from edge.events import FINISH_MAX_TOKENS
+from edge.kv_cache import KVCache
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -140,7 +141,6 @@ def test_seeded_speculative_sampling_is_reproducible(checkpoints, name):
 def test_adaptive_drafter_remembers_the_best_choice_per_task(checkpoints, tmp_path):
     from edge.drafters import AdaptiveLayerSkipDrafter
     from edge.loading import load_model
-    from edge.kv_cache import KVCache
 
     model = load_model(checkpoints["target"])
     memory = tmp_path / "skip-memory.json"
@@ -156,6 +156,34 @@ def test_adaptive_drafter_remembers_the_best_choice_per_task(checkpoints, tmp_pa
     again.set_task("code")
     assert again.best() == names[-1]
     assert set(json.loads(memory.read_text())) >= {"code"}
+
+
+def test_adaptive_layer_skip_skips_the_layers_its_model_measures_least_influential(checkpoints):
+    from edge.drafters.skip_calibration import CALIBRATION_TEXT, layer_influence, skip_sets
+
+    engine = Engine.load(checkpoints["target"], max_context=256, drafter="adaptive")
+    model = engine.model
+    influence = layer_influence(model, engine.tokenizer.encode(CALIBRATION_TEXT))
+    assert len(influence) == model.config.num_layers and all(0.0 <= value <= 2.0 for value in influence)
+    # the measure: 1 - cos(input, output) of each layer's residual update, as a layer-by-layer pass computes it
+    ids = torch.tensor([engine.tokenizer.encode(CALIBRATION_TEXT)])
+    x = model.embed(ids).float()
+    rope, cache = model._rope(0, ids.shape[1], x.dtype), KVCache.for_model(model.config, ids.shape[1])
+    with torch.no_grad():
+        for layer, block in enumerate(model.layers):
+            out = block(x, layer, 0, cache, rope, model._mask(0, ids.shape[1]))
+            expected = 1 - torch.nn.functional.cosine_similarity(x, out, dim=-1).mean().item()
+            assert influence[layer] == pytest.approx(expected, abs=1e-4), layer
+            x = out
+    chosen = skip_sets(influence, (0.25, 0.5))
+    inner = sorted(range(1, len(influence) - 1), key=influence.__getitem__)
+    assert chosen[-1] == sorted(inner[:round(len(influence) * 0.5)])  # the least influential, ends kept
+    skip_names = {name for name in engine.drafter.candidates if name.startswith("skip:")}
+    assert skip_names == {"skip:" + ",".join(map(str, s)) for s in skip_sets(influence, (1 / 8, 1 / 4, 1 / 3))}
+    fast = ids_of(engine.generate(PROMPTS[0], max_new_tokens=24, ignore_eos=True))
+    plain = ids_of(Engine.load(checkpoints["target"], max_context=256).generate(PROMPTS[0], max_new_tokens=24,
+                                                                                ignore_eos=True))
+    assert fast == plain
 
 
 def test_bad_speculation_settings_are_clear_errors(checkpoints, tmp_path, tokenizer_dir, caplog):

@@ -9,7 +9,7 @@ verifying full pass rewrites every layer at those positions, so nothing stale is
 
 `AdaptiveLayerSkipDrafter` picks among candidate layer sets at run time from measured speed on the current context
 (tokens emitted per second of draft + verify, as SWIFT's on-the-fly search and DEL's dynamic exit do) and
-remembers the best choice per task.
+remembers the best choice per task. Its skip sets are calibrated on the model at hand (skip_calibration.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
+from edge.drafters.skip_calibration import layer_influence, skip_sets
 from edge.drafters.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError
 from edge.kv_cache import KVCache
@@ -92,6 +93,9 @@ class LayerSkipDrafter:
         return self.head.nbytes if self.head is not None else 0  # otherwise the target's weights and cache
 
 
+SKIP_FRACTIONS = (1 / 8, 1 / 4, 1 / 3)  # the calibrated skip sets' sizes, as shares of the depth
+
+
 @dataclass
 class _Record:
     """Running measure of one candidate: tokens emitted per second of (draft + verify), smoothed."""
@@ -116,8 +120,9 @@ class AdaptiveLayerSkipDrafter:
     name = "adaptive-skip"
 
     def __init__(self, model: Transformer, cache: KVCache, candidates: list[LayerSkipDrafter] | None = None, *,
-                 warmup_trials: int = 3, explore: float = 0.05, seed: int = 0, memory_path: Path | None = None) -> None:
-        self.candidates = {c.name: c for c in (candidates or default_candidates(model, cache))}
+                 calibration_ids: list[int] | None = None, warmup_trials: int = 3, explore: float = 0.05,
+                 seed: int = 0, memory_path: Path | None = None) -> None:
+        self.candidates = {c.name: c for c in (candidates or default_candidates(model, cache, calibration_ids))}
         self.warmup_trials, self.explore = warmup_trials, explore
         self.random = random.Random(seed)
         self.memory_path = memory_path
@@ -188,12 +193,17 @@ class AdaptiveLayerSkipDrafter:
             return {"default": _TaskMemory()}  # a damaged memory file only costs the warm-up
 
 
-def default_candidates(model: Transformer, cache: KVCache) -> list[LayerSkipDrafter]:
-    """Early exits at 1/4, 1/3, 1/2 and 2/3 of the depth, and skipping every other layer of the upper half."""
+def default_candidates(model: Transformer, cache: KVCache,
+                       calibration_ids: list[int] | None = None) -> list[LayerSkipDrafter]:
+    """Early exits at 1/2 and 2/3 of the depth (for models trained to exit early), and skip sets calibrated on the
+    model (edge/drafters/skip_calibration.py): its least influential 1/8, 1/4 and 1/3 of the layers, measured over
+    `calibration_ids` (without them, every other layer of the upper half, the fixed rule SWIFT started from)."""
     layers = model.config.num_layers
-    exits = sorted({max(1, min(layers - 1, round(layers * f))) for f in (0.25, 1 / 3, 0.5, 2 / 3)})
+    exits = sorted({max(1, min(layers - 1, round(layers * f))) for f in (0.5, 2 / 3)})
     candidates = [LayerSkipDrafter.early_exit(model, cache, e) for e in exits]
-    upper_half_odd = [layer for layer in range(layers // 2, layers - 1) if layer % 2 == 1]
-    if upper_half_odd:
-        candidates.append(LayerSkipDrafter.skipping(model, cache, upper_half_odd))
+    if calibration_ids:
+        sets = skip_sets(layer_influence(model, calibration_ids), SKIP_FRACTIONS)
+    else:
+        sets = [[layer for layer in range(layers // 2, layers - 1) if layer % 2 == 1]]
+    candidates += [LayerSkipDrafter.skipping(model, cache, skip) for skip in sets if skip]
     return candidates

@@ -32,6 +32,7 @@ from edge.drafters.draft_model import DraftModelDrafter
 from edge.drafters.feature import FeatureDrafter
 from edge.drafters.hybrid import HybridDrafter
 from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
+from edge.drafters.skip_calibration import CALIBRATION_TEXT
 from edge.drafters.ngram import NGramDrafter
 from edge.drafters.quantspec import BITS, QuantSpecDrafter
 from edge.drafters.trimmed_head import read_vocabulary
@@ -249,7 +250,8 @@ KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
     DrafterKind("skip", "skip:L1,L2,...", "self", argument="numbers", runs_target_layers=True,
                 build=lambda spec, target: LayerSkipDrafter.skipping(target.model, target.cache, spec.numbers())),
     DrafterKind("adaptive", "adaptive", "self", runs_target_layers=True,
-                build=lambda spec, target: AdaptiveLayerSkipDrafter(target.model, target.cache)),
+                build=lambda spec, target: AdaptiveLayerSkipDrafter(
+                    target.model, target.cache, calibration_ids=target.tokenizer.encode(CALIBRATION_TEXT))),
     DrafterKind("quantspec", "quantspec[:B]", "quantspec", argument="number", runs_target_layers=True, values=BITS,
                 build=lambda spec, target: QuantSpecDrafter(target.model, target.cache,
                                                             bits=spec.numbers()[0] if spec.argument else 4)),

@@ -30,12 +30,14 @@ import torch
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
 from edge.bundle import is_bundle, read_bundle
+from edge.calibration import CALIBRATION_TEXT
 from edge.chat_template import check_messages, read_template_file
 from edge.drafters import Drafter
 from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
 from edge.errors import (BundleError, CheckpointError, ContextLengthError, EngineBusyError, PromptError,
                          SamplingError)
 from edge.events import Event, Stats
+from edge.key_scales import outlier_key_scales
 from edge.kv_cache import common_prefix
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
 from edge.loading import check_checkpoint, load_model, not_a_folder
@@ -118,6 +120,8 @@ class Engine:
             keys, values = kv_formats(kv_cache)
             self.cache = QuantizedKVCache.for_model(config, self.max_context, key_format=keys, value_format=values,
                                                     device=self.device)
+            # outlier key channels (Qwen's) scaled down before they are quantized: measured once, here
+            self.cache.key_scales = outlier_key_scales(model, tokenizer.encode(CALIBRATION_TEXT))
         else:
             raise SamplingError("a quantized KV cache runs on the torch backend; load the checkpoint folder")
         self._history: list[int] = []  # prompt + generated tokens of the last call; the cache holds a prefix of it

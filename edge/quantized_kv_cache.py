@@ -6,6 +6,8 @@
     with cache.drafting(): ...                         # reads see the draft's view (upper 4 bits: QuantSpec)
 
 Same interface as KVCache (length, rollback, reset, nbytes, write), so the model and every strategy run unchanged.
+`cache.key_scales` (L, Hkv, Dh), powers of two from edge/key_scales.py, divide keys per channel before they are
+quantized and multiply them back as they are read: outlier key channels then do not set every channel's step.
 This is the reference path: reads dequantize the whole prefix each call. Keys may take more bits than values
 (KV-AdaQuant: keys are more sensitive).
 """
@@ -94,10 +96,34 @@ class QuantizedKVCache(KVCache):
         self.keys_store = _Store(key_format, shape, head_dim, device)
         self.values_store = _Store(value_format, shape, head_dim, device)
         self.formats = (key_format, value_format)
+        self._head_dim = head_dim
         self.max_len = max_len
         self.length = 0
         self.draft_view = False  # True while a QuantSpec draft runs: reads use the upper 4 bits only
         self._kernel_caches: dict[bool, KernelCache] = {}  # the fused step's view, for the target and the draft
+        self._key_scales: torch.Tensor | None = None  # (L, Hkv, Dh) float32 powers of two, or None
+
+    @property
+    def key_scales(self) -> torch.Tensor | None:
+        return self._key_scales
+
+    @key_scales.setter
+    def key_scales(self, scales: torch.Tensor | None) -> None:
+        """Set before anything is written (the stored keys are divided by them)."""
+        if self.length:
+            raise ValueError("key scales are set on an empty cache: the stored keys are divided by them")
+        shape = (self.keys_store.scale.shape[0], self.keys_store.scale.shape[2], self._head_dim)
+        if scales is not None and tuple(scales.shape) != shape:
+            raise ValueError(f"key scales must be (layers, kv heads, head dim) = {shape}, got {tuple(scales.shape)}")
+        self._key_scales = None if scales is None else scales.to(torch.float32, copy=True).contiguous()
+        self._kernel_caches.clear()  # the fused step's view holds the pointer
+
+    def _scaled_keys(self, layer: int, keys: torch.Tensor, inverse: bool) -> torch.Tensor:
+        """keys (B, Hkv, T, Dh) divided (or, `inverse`, multiplied) by layer `layer`'s scales."""
+        if self._key_scales is None:
+            return keys
+        scales = self._key_scales[layer].to(keys.device)[None, :, None, :]  # (1, Hkv, 1, Dh)
+        return keys * scales if inverse else keys / scales
 
     @property
     def nbytes(self) -> int:
@@ -110,9 +136,10 @@ class QuantizedKVCache(KVCache):
         end = start + keys.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; writing up to {end} does not fit")
-        self.keys_store.write(layer, start, end, keys)
+        self.keys_store.write(layer, start, end, self._scaled_keys(layer, keys.float(), inverse=False))
         self.values_store.write(layer, start, end, values)
-        return (self.keys_store.read(layer, end, self.draft_view).to(keys.dtype),  # the compute dtype (16-bit too)
+        stored = self._scaled_keys(layer, self.keys_store.read(layer, end, self.draft_view), inverse=True)
+        return (stored.to(keys.dtype),  # the compute dtype (16-bit too)
                 self.values_store.read(layer, end, self.draft_view).to(values.dtype))
 
     def keep_rows(self, start: int, rows: list[int]) -> None:
@@ -128,7 +155,8 @@ class QuantizedKVCache(KVCache):
         cached = self._kernel_caches.get(self.draft_view)
         if cached is None:
             view = HierarchicalCache(self.keys_store.kernel_planes(), self.values_store.kernel_planes(),
-                                     int(self.draft_view))
+                                     int(self.draft_view),
+                                     self._key_scales.data_ptr() if self._key_scales is not None else None)
             cached = self._kernel_caches[self.draft_view] = KernelCache(None, None, self.max_len, view)
         return cached
 
@@ -147,8 +175,12 @@ class QuantizedKVCache(KVCache):
         end = start + keys.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; writing up to {end} does not fit")
-        self.keys_store.write(layer, start, end, keys, packer=quantize_vectors)
+        self.keys_store.write(layer, start, end, self._scaled_keys(layer, keys, inverse=False),
+                              packer=quantize_vectors)
         self.values_store.write(layer, start, end, values, packer=quantize_vectors)
+        if self._key_scales is not None:  # q·k = (q * s)·(k / s): each query head takes its KV head's scales
+            scales = self._key_scales[layer].repeat_interleave(q.shape[1] // self._key_scales.shape[1], 0)  # (H, Dh)
+            q = q * scales.to(q.device)[None, :, None, :]  # (1, H, T, Dh)
         out = quantized_decode_attention(q[0].transpose(0, 1), self.keys_store.packed(layer),
                                          self.values_store.packed(layer), start, draft=self.draft_view)  # (T, H, Dh)
         return out.transpose(0, 1)[None]  # (1, H, T, Dh)

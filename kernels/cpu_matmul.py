@@ -69,9 +69,11 @@ class HierarchicalPlanes(ctypes.Structure):
 
 class HierarchicalCache(ctypes.Structure):
     """QuantSpec's hierarchical KV cache as the fused step reads and writes it (csrc/kv_hierarchical.c); `draft` reads
-    the upper planes alone. The tensors behind the pointers must outlive every call that is given it."""
+    the upper planes alone; `key_scales` divide keys per channel before they are quantized. The tensors behind the
+    pointers must outlive every call that is given it."""
 
-    _fields_ = [("keys", HierarchicalPlanes), ("values", HierarchicalPlanes), ("draft", ctypes.c_int32)]
+    _fields_ = [("keys", HierarchicalPlanes), ("values", HierarchicalPlanes), ("draft", ctypes.c_int32),
+                ("key_scales", ctypes.c_void_p)]  # (L, Hkv, Dh) float32 powers of two, or None
 
 
 class KernelCache:

@@ -159,7 +159,8 @@ def test_adaptive_drafter_remembers_the_best_choice_per_task(checkpoints, tmp_pa
 
 
 def test_adaptive_layer_skip_skips_the_layers_its_model_measures_least_influential(checkpoints):
-    from edge.drafters.skip_calibration import CALIBRATION_TEXT, layer_influence, skip_sets
+    from edge.calibration import CALIBRATION_TEXT
+    from edge.drafters.skip_calibration import layer_influence, skip_sets
 
     engine = Engine.load(checkpoints["target"], max_context=256, drafter="adaptive")
     model = engine.model

@@ -18,7 +18,6 @@ Adding a drafter is one `DrafterKind` entry in `KINDS`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,12 +26,12 @@ import torch
 
 from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.bundle import Bundle, is_bundle, read_bundle
+from edge.calibration import CALIBRATION_TEXT
 from edge.drafters.base import Drafter
 from edge.drafters.draft_model import DraftModelDrafter
 from edge.drafters.feature import FeatureDrafter
 from edge.drafters.hybrid import HybridDrafter
 from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
-from edge.drafters.skip_calibration import CALIBRATION_TEXT
 from edge.drafters.ngram import NGramDrafter
 from edge.drafters.quantspec import BITS, QuantSpecDrafter
 from edge.drafters.trimmed_head import read_vocabulary

@@ -1,6 +1,6 @@
 """Which layers a layer-skip draft of this model should skip, measured on the model itself.
 
-    influence = layer_influence(model, tokenizer)     # one value per layer: how much it turns the residual stream
+    influence = layer_influence(model, ids)           # one value per layer: how much it turns the residual stream
     skip_sets(influence, (1 / 8, 1 / 4, 1 / 3))      # the least influential layers, first and last always kept
 
 A fixed rule (skip every other layer of the upper half) suits some models and ruins others: how redundant each layer
@@ -16,15 +16,6 @@ import torch
 
 from edge.kv_cache import KVCache
 from edge.model import Transformer
-
-CALIBRATION_TEXT = (
-    "User: How do I read a CSV file in Python?\n"
-    "Assistant: Use the csv module: open the file with open('data.csv', newline='') and pass it to csv.reader, "
-    "which yields each row as a list of strings.\n"
-    "def mean(values):\n    return sum(values) / len(values)\n"
-    "The river rises in the mountains and flows east for three hundred miles before it reaches the sea. "
-    "Translate to French: The weather is nice today. Le temps est beau aujourd'hui."
-)
 
 
 def layer_influence(model: Transformer, token_ids: list[int]) -> list[float]:

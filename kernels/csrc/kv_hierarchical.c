@@ -6,6 +6,9 @@
  * Each vector (one token, one KV head) is quantized on its own and each value dequantized on its own, so a row's
  * stored codes and the attention's inputs do not depend on how many rows share a call: a verify pass stores and
  * reads exactly what decode steps do.
+ *
+ * Keys may carry per-channel scales (powers of two, edge/key_scales.py): a key is divided by them before it is
+ * quantized and multiplied back as it is read, so a few outlier channels (Qwen's) do not set every channel's step.
  */
 #include "simd.h"
 
@@ -67,13 +70,20 @@ void hierarchical_store(const HierarchicalCache *cache, int64_t layer, const flo
                         int64_t row_stride, int64_t T, int64_t start, int64_t Hkv, int64_t Dh, int64_t S_max) {
     const HierarchicalPlanes *stores[2] = {&cache->keys, &cache->values};
     const float *sources[2] = {keys, values};
+    float scaled[512];  /* kernels/fused_model.py MAX_HEAD_DIM: the fused step takes no wider head */
     for (int which = 0; which < 2; which++) {
         const HierarchicalPlanes *p = stores[which];
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < Hkv; h++) {
                 const int64_t slot = (layer * Hkv + h) * S_max + start + t;  /* (L, Hkv, S_max) */
-                store_vector(sources[which] + t * row_stride + h * Dh, Dh, p->upper + slot * (Dh / 2),
-                             p->lower + slot * (Dh / 2), p->step + slot, p->low + slot);
+                const float *x = sources[which] + t * row_stride + h * Dh;
+                if (which == 0 && cache->key_scales) {  /* exact: the scales are powers of two */
+                    const float *scales = cache->key_scales + (layer * Hkv + h) * Dh;
+                    for (int64_t d = 0; d < Dh; d++) scaled[d] = x[d] / scales[d];
+                    x = scaled;
+                }
+                store_vector(x, Dh, p->upper + slot * (Dh / 2), p->lower + slot * (Dh / 2), p->step + slot,
+                             p->low + slot);
             }
     }
 }
@@ -103,6 +113,10 @@ void hierarchical_load_share(const HierarchicalCache *cache, int64_t layer, floa
                 out[2 * d] = low + (float)((upper[d] & 0x0f) * 16 + (lower[d] & 0x0f)) * step;
                 out[2 * d + 1] = low + (float)((upper[d] >> 4) * 16 + (lower[d] >> 4)) * step;
             }
+        }
+        if (which == 0 && cache->key_scales) {
+            const float *scales = cache->key_scales + (layer * Hkv + h) * Dh;
+            for (int64_t d = 0; d < Dh; d++) out[d] *= scales[d];
         }
     }
 }

@@ -424,6 +424,7 @@ typedef struct {
 typedef struct {
     HierarchicalPlanes keys, values;
     int32_t draft;  /* read the upper planes alone (the draft's 4-bit view) */
+    const float *key_scales;  /* (L, Hkv, Dh) powers of two: keys are stored divided by them (outlier channels); or NULL */
 } HierarchicalCache;
 void hierarchical_store(const HierarchicalCache *cache, int64_t layer, const float *keys, const float *values,
                         int64_t row_stride, int64_t T, int64_t start, int64_t Hkv, int64_t Dh, int64_t S_max);

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from edge.kv_cache import KVCache
 from edge.model import Transformer
 from edge.sampling import SamplingParams, history_tensor, next_token
+
+if TYPE_CHECKING:
+    from edge.constrained import Constraint
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,14 @@ class DecodingStrategy(Protocol):
 
 
 class Autoregressive:
-    """Plain decoding: one target forward, one token per step."""
+    """Plain decoding: one target forward, one token per step; with a `constraint`, only tokens its grammar allows."""
 
     name = "autoregressive"
 
-    def __init__(self, model: Transformer, cache: KVCache, params: SamplingParams, generator: torch.Generator) -> None:
+    def __init__(self, model: Transformer, cache: KVCache, params: SamplingParams, generator: torch.Generator,
+                 constraint: "Constraint | None" = None) -> None:
         self.model, self.cache, self.params, self.generator = model, cache, params, generator
+        self.constraint = constraint
         self.device = model.device
 
     def step(self, tokens: list[int], budget: int) -> Step:
@@ -49,7 +54,11 @@ class Autoregressive:
         last = torch.tensor([tokens[-1:]], device=self.device)  # (1, 1)
         logits = self.model.forward_logits(last, len(tokens) - 1, self.cache)[0, -1]  # (V,)
         t1 = time.perf_counter()
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
         token = next_token(logits, self.params, history_tensor(tokens, self.params, self.device), self.generator)
+        if self.constraint is not None:
+            self.constraint.consume([token])
         t2 = time.perf_counter()
         return Step(tokens=[token], drafted=[False], verify_s=t1 - t0, sample_s=t2 - t1)
 

@@ -32,6 +32,7 @@ from edge.decoding import Autoregressive, DecodingStrategy, Step
 from edge.bundle import is_bundle, read_bundle
 from edge.calibration import CALIBRATION_TEXT
 from edge.chat_template import check_messages, read_template_file
+from edge.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar
 from edge.drafters import Drafter
 from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
 from edge.errors import (BundleError, CheckpointError, ContextLengthError, EngineBusyError, PromptError,
@@ -50,6 +51,7 @@ from edge.sampling import SamplingParams, history_tensor, next_token
 from edge.speculative import DraftLength, SpeculativeDecoding
 from edge.stopping import StopStrings
 from edge.tokenizer import StreamDecoder, Tokenizer
+from edge.tools import plan_tool_use
 from memory.device import return_freed_heap
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,9 @@ class GenerationOptions:
     speculate: bool = True  # use the engine's drafter, if it has one (False: plain decoding)
     task: str | None = None  # a label such as "code" or "chat": adaptive drafters remember choices per task
     should_stop: Callable[[], bool] | None = None  # checked after every step; True ends generation ("stopped")
+    # OpenAI's response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}};
+    # the output then follows it by construction (edge/constrained.py)
+    response_format: dict | None = None
 
     @classmethod
     def from_kwargs(cls, options: dict) -> "GenerationOptions":
@@ -98,6 +103,8 @@ class GenerationOptions:
         require(self.task is None or isinstance(self.task, str), f"task must be a label (text), got {self.task!r}")
         require(self.should_stop is None or callable(self.should_stop),
                 f"should_stop must be a function returning True to stop, got {self.should_stop!r}")
+        require(self.response_format is None or isinstance(self.response_format, dict),
+                'response_format must be a dict such as {"type": "json_object"}, got ' + repr(self.response_format))
         _ = self.sampling  # SamplingParams checks the sampling values
 
     @property
@@ -133,6 +140,7 @@ class Engine:
         self.bundle = None  # the edge-export bundle this engine runs, when loaded from one
         self.backend = "torch"  # or the bundle's backend: onnx, torchscript, torch-export
         self.spec: LoadSpec | None = None  # what Engine.load / from_spec loaded (None: made from a model directly)
+        self._grammar_vocabulary: GrammarVocabulary | None = None  # built on the first constrained reply
 
     @classmethod
     def load(cls, path: str | Path, *, progress: Callable[[str, float], None] | None = None, **options) -> "Engine":
@@ -286,14 +294,24 @@ class Engine:
             ids = self.tokenizer.encode(_checked_text(prompt, "the prompt"), add_special_tokens=True)
         else:
             ids = _token_ids(prompt)
-        return self._stream(ids, opts)
+        return self._stream(ids, opts, response_format_grammar(opts.response_format))
 
-    def chat(self, messages: Sequence[dict], *, template_kwargs: dict | None = None, **options) -> Iterator[Event]:
-        """Answer the last message of a conversation rendered with the checkpoint's chat template."""
+    def chat(self, messages: Sequence[dict], *, template_kwargs: dict | None = None,
+             tools: Sequence[dict] | None = None, tool_choice: str | dict | None = None, **options) -> Iterator[Event]:
+        """Answer the last message of a conversation rendered with the checkpoint's chat template.
+
+        `tools` (OpenAI's [{"type": "function", "function": {"name", "description", "parameters"}}]) go to a template
+        that renders them, else into a system message saying how to call them (edge/tools.py). With `tool_choice`
+        "required" or {"type": "function", "function": {"name": ...}} the reply is one JSON tool call by
+        construction; "auto" (the default with tools) lets the model choose; "none" asks for text. Read the calls
+        from the reply's text with `edge.tools.parse_tool_calls(text, tools)`."""
         opts = GenerationOptions.from_kwargs(options)
         check_messages(messages)
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **(template_kwargs or {}))
-        return self._stream(self._continue_history(_checked_text(text, "the chat")), opts)
+        plan = plan_tool_use(self.tokenizer, list(messages), tools, tool_choice)
+        kwargs = {**(template_kwargs or {}), **plan.template_kwargs}
+        text = self.tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True, **kwargs)
+        grammar = plan.grammar or response_format_grammar(opts.response_format)
+        return self._stream(self._continue_history(_checked_text(text, "the chat")), opts, grammar)
 
     def fit_chat(self, messages: Sequence[dict], reserve: int, *, template_kwargs: dict | None = None
                  ) -> tuple[list[dict], int]:
@@ -357,19 +375,31 @@ class Engine:
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
-    def _stream(self, prompt_ids: list[int], opts: GenerationOptions) -> Iterator[Event]:
+    def constraint(self, grammar: Grammar) -> Constraint:
+        """A fresh state of `grammar` over this model's vocabulary (the vocabulary is read once per engine)."""
+        if self._grammar_vocabulary is None:
+            self._grammar_vocabulary = GrammarVocabulary(self.tokenizer, self.model.config.vocab_size,
+                                                         self.eos_token_ids)
+        return self._grammar_vocabulary.constraint(grammar)
+
+    def _stream(self, prompt_ids: list[int], opts: GenerationOptions, grammar: Grammar | None = None
+                ) -> Iterator[Event]:
         self._check_prompt(prompt_ids)
         params = opts.sampling
         generator = params.generator(self.device)
+        if grammar is not None and opts.ignore_eos:
+            raise GrammarError("ignore_eos cannot go with a response format or a forced tool call: the grammar ends "
+                               "the reply; leave ignore_eos out")
+        constraint = self.constraint(grammar) if grammar is not None else None
         strategy: DecodingStrategy
         if self.drafter is not None and opts.speculate:
             if opts.task is not None and hasattr(self.drafter, "set_task"):
                 self.drafter.set_task(opts.task)
             length = dataclasses.replace(self.draft_length)  # each call starts from the configured length
-            strategy = SpeculativeDecoding(self.model, self.cache, params, generator, self.drafter, length)
+            strategy = SpeculativeDecoding(self.model, self.cache, params, generator, self.drafter, length, constraint)
         else:
-            strategy = Autoregressive(self.model, self.cache, params, generator)
-        return self._run(prompt_ids, opts, strategy, generator)
+            strategy = Autoregressive(self.model, self.cache, params, generator, constraint)
+        return self._run(prompt_ids, opts, strategy, generator, constraint)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -383,22 +413,22 @@ class Engine:
             raise PromptError(f"token id {bad} is outside the vocabulary (0..{vocab - 1}); encode with this model's tokenizer")
 
     def _run(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy,
-             generator: torch.Generator) -> Iterator[Event]:
+             generator: torch.Generator, constraint: Constraint | None = None) -> Iterator[Event]:
         if not self._busy.acquire(blocking=False):
             raise EngineBusyError("this engine is already generating a reply (another iterator or thread); finish "
                                   "or close that one first (iterator.close()), or load a second Engine")
         try:
-            yield from self._generate(prompt_ids, opts, strategy, generator)
+            yield from self._generate(prompt_ids, opts, strategy, generator, constraint)
         finally:
             self._busy.release()
 
     def _generate(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy,
-                  generator: torch.Generator) -> Iterator[Event]:
+                  generator: torch.Generator, constraint: Constraint | None = None) -> Iterator[Event]:
         stats = Stats(prompt_tokens=len(prompt_ids))
         tokens = list(prompt_ids)
         text_stream = StreamDecoder(self.tokenizer)
         stops = StopStrings(opts.stop)
-        step, wall_s = self._prefill(tokens, stats, opts.sampling, generator), None
+        step, wall_s = self._prefill(tokens, stats, opts.sampling, generator, constraint), None
         self._history = tokens  # from here on the cache holds a prefix of `tokens`
         budget = 1  # the prefill emits exactly one token
         while True:
@@ -453,7 +483,8 @@ class Engine:
             return ev.FINISH_STOPPED
         return None
 
-    def _prefill(self, tokens: list[int], stats: Stats, params: SamplingParams, generator: torch.Generator) -> Step:
+    def _prefill(self, tokens: list[int], stats: Stats, params: SamplingParams, generator: torch.Generator,
+                 constraint: Constraint | None = None) -> Step:
         """Roll the cache back to the longest cached prefix of `tokens`, run the rest, and choose the first token."""
         cached = self._history[: self.cache.length]  # what the previous call left in the cache
         reuse = common_prefix(cached, tokens[:-1])  # at least the last token is run
@@ -464,7 +495,11 @@ class Engine:
             hidden = self.model(torch.tensor([todo], device=self.device), reuse, self.cache)  # (1, T, D)
             logits = self.model.logits(hidden[:, -1:])[0, -1]  # (V,)
             t1 = time.perf_counter()
+            if constraint is not None:
+                logits = constraint.mask(logits)
             token = next_token(logits, params, history_tensor(tokens, params, self.device), generator)
+            if constraint is not None:
+                constraint.consume([token])
         t2 = time.perf_counter()
         stats.prefill_s, stats.reused_tokens, stats.prefill_tokens = t2 - t0, reuse, len(todo)
         return Step(tokens=[token], drafted=[False], verify_s=t1 - t0, sample_s=t2 - t1)

@@ -14,6 +14,10 @@ verify the drafter's runner-up at some positions, each a leaf beside the draft t
 cost of the extra rows is below what they are expected to add (StepCosts.tree_branches). The target's argmax is
 followed down the tree from the first row; the accepted path's keys/values are moved into place and the rest
 dropped, so the output is still the target's own greedy output.
+
+Under a grammar (structured output: edge/constrained.py) the verify pass masks each position's logits with the
+grammar's state advanced along the drafts before it, and a draft is cut at the first token the grammar forbids
+(the target's masked choice can never be it), so greedy output is plain constrained greedy output.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +36,9 @@ from edge.kv_cache import KVCache
 from edge.model import Transformer
 from edge.sampling import SamplingParams, apply_repetition_penalty, distribution
 from edge.verify import Verdict, verify_greedy, verify_stochastic
+
+if TYPE_CHECKING:
+    from edge.constrained import Constraint
 
 
 # adaptive draft length starts at 2 and then follows the measured costs (StepCosts)
@@ -234,15 +242,17 @@ class SpeculativeDecoding:
     name = "speculative"
 
     def __init__(self, model: Transformer, cache: KVCache, params: SamplingParams, generator: torch.Generator,
-                 drafter: Drafter, length: DraftLength) -> None:
+                 drafter: Drafter, length: DraftLength, constraint: "Constraint | None" = None) -> None:
         self.model, self.cache, self.params, self.generator = model, cache, params, generator
         self.drafter, self.length = drafter, length
+        self.constraint = constraint  # a grammar: the verify pass masks each position (edge/constrained.py)
         self.pausable = getattr(drafter, "pausable", True)  # see DraftLength.update
         self.device = model.device
         self.sampler = DraftSampler(params, generator, length.stop_below, model.config.vocab_size)
         verifies_trees = getattr(model, "verifies_trees", None)
+        # token trees: chosen step by step by measured costs (not under a grammar, whose masks follow one chain)
         self.sampler.runners_up = (self.sampler.plain_greedy and length.adaptive and verifies_trees is not None
-                                   and verifies_trees(cache))  # token trees: chosen step by step by measured costs
+                                   and verifies_trees(cache) and constraint is None)
         self.tree_rows = 0  # rows token trees have added to verify passes so far, and those accepted
         self.tree_accepted = 0
 
@@ -250,6 +260,9 @@ class SpeculativeDecoding:
         t0 = time.perf_counter()
         k = min(self.length.k, budget - 1)  # the step also emits the target's own token
         draft = self.drafter.propose(tokens, k, self.sampler) if k > 0 else Draft(tokens=[])
+        masks = None
+        if self.constraint is not None:  # cut at the first token the grammar forbids (sampling: keep it, rejected)
+            draft, masks = self.constraint.check_draft(draft, keep_rejected=not self.params.greedy)  # (n + 1, V)
         branches = (self.length.costs.tree_branches(draft.confidences, [p for _, p in draft.runners_up])
                     if draft.runners_up else [])
         t1 = time.perf_counter()
@@ -258,6 +271,8 @@ class SpeculativeDecoding:
             return self._tree_step(tokens, draft, branches, start, t0, t1)
         feed = torch.tensor([[tokens[-1], *draft.tokens]], device=self.device)  # (1, n + 1)
         logits = self.model.forward_logits(feed, start, self.cache)[0].float()  # (n + 1, V)
+        if masks is not None:
+            logits = logits.masked_fill(~masks.to(logits.device), float("-inf"))
         t2 = time.perf_counter()
         verdict = self._verify(tokens, draft, logits)
         self.cache.rollback(start + 1 + verdict.accepted)
@@ -266,6 +281,8 @@ class SpeculativeDecoding:
         self.length.update(verdict.accepted, len(draft.tokens), *timings, pausable=self.pausable)
         self.drafter.observe(verdict.accepted, len(draft.tokens), t3 - t0)
         emitted = verdict.tokens(draft.tokens)
+        if self.constraint is not None:
+            self.constraint.consume(emitted)
         return Step(tokens=emitted, drafted=[True] * verdict.accepted + [False], drafted_count=len(draft.tokens),
                     draft_s=t1 - t0, verify_s=t2 - t1, sample_s=t3 - t2)
 

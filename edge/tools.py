@@ -159,9 +159,8 @@ def _call_object(call: dict) -> dict:
 
 def tool_prompt(tools: Sequence[dict]) -> str:
     listed = "\n".join(json.dumps(tool["function"]) for tool in tools)
-    return ("You may call these tools (JSON schemas):\n<tools>\n" + listed + "\n</tools>\n"
-            f'To call a tool, reply with only {CALL_OPEN}{{"name": "TOOL", "arguments": {{...}}}}{CALL_CLOSE}, one '
-            "block per call; a tool's result comes back in <tool_response>. Otherwise reply in text.")
+    return (f"Tools:\n<tools>\n{listed}\n</tools>\nTo call a tool, reply with only "
+            f'{CALL_OPEN}{{"name": ..., "arguments": {{...}}}}{CALL_CLOSE}; results come in <tool_response>.')
 
 
 def _with_tool_prompt(messages: list[dict], tools: Sequence[dict]) -> list[dict]:

@@ -10,6 +10,11 @@ prompt's tokens run in a worker thread (starlette's threadpool), never on the ev
 takes the generation slot. It then queues one job (429 with Retry-After when the queue is full) and relays
 the job's events: as SSE chunks, or gathered into one body. A client that goes away cancels its job: a waiting
 job is skipped, a running one stops after its current step.
+
+Chat completions take `response_format` (a JSON object, or JSON under a schema, by grammar) and `tools` with
+`tool_choice`: a reply's tool calls come back as OpenAI's `message.tool_calls` (finish_reason "tool_calls"), in a
+stream as one `delta.tool_calls` chunk once the call is complete; text that may open a call is held back until
+it is known not to be one (edge/tools.py).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from serve.access import AccessGuard
 from serve.errors import ApiError, from_edge_error, from_validation
 from serve.generation_queue import EventChannel, Generation, GenerationQueue, Job, QueueFull
 from serve.responses import Reply, server_sent_event
+from edge.constrained import response_format_grammar
+from edge.tools import ToolCallStream, ToolPlan, plan_tool_use
 from serve.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 log = logging.getLogger(__name__)
@@ -129,20 +136,28 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
                            f"{engine.max_context:,}; shorten it, or start edge-serve with a longer context (--max-context N)", param=param,
                            code="context_length_exceeded")
 
-    def checked_chat(raw: bytes) -> tuple[ChatCompletionRequest, list[dict]]:
+    def checked_chat(raw: bytes) -> tuple[ChatCompletionRequest, list[dict], ToolPlan]:
         body = parsed(ChatCompletionRequest, json_object(raw))
         engine = loaded_engine()
         if engine.tokenizer.chat_template is None:
             raise ApiError(400, "this model has no chat template: send a plain prompt to /v1/completions, or start "
                            "edge-serve with a chat template (--chat-template FILE)", param="messages",
                            code="no_chat_template")
-        messages = body.template_messages()
-        tokenizer = engine.tokenizer
-        prompt_limits(engine, "messages", sum(len(message["content"]) for message in messages),
-                      lambda: len(tokenizer.encode(utf8(tokenizer.apply_chat_template(messages,
-                                                                                      add_generation_prompt=True),
-                                                        "the chat", "messages"), add_special_tokens=False)))
-        return body, messages
+        messages, tokenizer = body.template_messages(), engine.tokenizer
+        try:
+            response_format_grammar(body.response_format)  # a schema llguidance cannot compile is refused here
+        except EdgeError as error:
+            raise ApiError(400, str(error), param="response_format", code="invalid_response_format") from None
+        try:
+            plan = plan_tool_use(tokenizer, messages, body.tool_list(), body.tool_choice_value())
+        except EdgeError as error:
+            raise ApiError(400, str(error), param="tools") from None
+        chars = sum(len(json.dumps(message)) for message in plan.messages) + len(json.dumps(body.tool_list() or []))
+        prompt_limits(engine, "messages", chars,
+                      lambda: len(tokenizer.encode(utf8(tokenizer.apply_chat_template(
+                          plan.messages, add_generation_prompt=True, **plan.template_kwargs), "the chat", "messages"),
+                          add_special_tokens=False)))
+        return body, messages, plan
 
     def checked_completion(raw: bytes) -> CompletionRequest:
         body = parsed(CompletionRequest, json_object(raw))
@@ -156,13 +171,16 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
     async def chat_completions(request: Request) -> Response:
-        body, messages = await run_in_threadpool(checked_chat, await read_body(request, config.max_body_bytes))
+        body, messages, plan = await run_in_threadpool(checked_chat, await read_body(request, config.max_body_bytes))
         options = engine_options(body, config)
+        tools, tool_choice = body.tool_list(), body.tool_choice_value()
 
         def generation(engine: Engine, should_stop) -> Any:
-            return engine.chat(messages, **vars(dataclasses.replace(options, should_stop=should_stop)))
+            return engine.chat(messages, tools=tools, tool_choice=tool_choice,
+                               **vars(dataclasses.replace(options, should_stop=should_stop)))
 
-        return await respond(request, Reply(chat=True, model=config.model_id), generation, body, "messages")
+        reply = Reply(chat=True, model=config.model_id, tools=tuple(tools) if plan.parse else None)
+        return await respond(request, reply, generation, body, "messages")
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)])
     async def completions(request: Request) -> Response:
@@ -204,13 +222,24 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
         return JSONResponse(reply.whole("".join(text), last))
 
     async def streamed(job: Job, reply: Reply, first: Event, include_usage: bool, param: str) -> AsyncIterator[str]:
+        calls = ToolCallStream(reply.tools) if reply.tools else None  # holds back what may be a tool call
         try:
             if reply.chat:
                 yield server_sent_event(reply.chunk("", first=True))
             event = first
             while True:
-                if event.text or event.finished:
-                    yield server_sent_event(reply.chunk(event.text, event if event.finished else None))
+                text = calls.push(event.text) if calls is not None else event.text
+                if event.finished and calls is not None:
+                    rest, found = calls.finish()
+                    text += rest
+                    if found:
+                        if text:
+                            yield server_sent_event(reply.chunk(text))
+                        yield server_sent_event(reply.tool_call_chunk(found))
+                        yield server_sent_event(reply.chunk("", event, tool_calls=True))
+                        break
+                if text or event.finished:
+                    yield server_sent_event(reply.chunk(text, event if event.finished else None))
                 if event.finished:
                     break
                 item = None

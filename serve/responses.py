@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from edge import events as ev
 from edge.events import Event, Stats
+from edge.tools import ToolCall, parse_tool_calls
 
 FINISH_REASONS = {  # edge's finish reason -> OpenAI's
     ev.FINISH_EOS: "stop",
@@ -59,6 +60,7 @@ class Reply:
 
     chat: bool  # chat.completion, or text_completion
     model: str
+    tools: tuple[dict, ...] | None = None  # tools offered, whose calls are read from the reply (edge/tools.py)
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -68,18 +70,25 @@ class Reply:
 
     def whole(self, text: str, last: Event) -> dict:
         choice = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASONS[last.finish_reason]}
-        if self.chat:
+        calls = []
+        if self.tools:
+            text, calls = parse_tool_calls(text, self.tools)
+        if calls:
+            choice["finish_reason"] = "tool_calls"
+            choice["message"] = {"role": "assistant", "content": text or None,
+                                 "tool_calls": [call.openai() for call in calls]}
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": usage(last.stats), "timings": timings(last.stats)}
 
-    def chunk(self, text: str, last: Event | None = None, *, first: bool = False) -> dict:
-        """A streamed delta; `last` (the final event) adds the finish reason and the timings; the first chat chunk
-        names the role."""
-        choice = {"index": 0, "logprobs": None,
-                  "finish_reason": FINISH_REASONS[last.finish_reason] if last is not None else None}
+    def chunk(self, text: str, last: Event | None = None, *, first: bool = False, tool_calls: bool = False) -> dict:
+        """A streamed delta; `last` (the final event) adds the finish reason ("tool_calls" with `tool_calls`) and
+        the timings; the first chat chunk names the role."""
+        finish = "tool_calls" if tool_calls else FINISH_REASONS[last.finish_reason] if last is not None else None
+        choice = {"index": 0, "logprobs": None, "finish_reason": finish}
         if self.chat:
             choice["delta"] = ({"role": "assistant", "content": text} if first else
                                {"content": text} if text or last is None else {})
@@ -87,6 +96,12 @@ class Reply:
             choice["text"] = text
         body = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
         return {**body, "timings": timings(last.stats)} if last is not None else body
+
+    def tool_call_chunk(self, calls: list[ToolCall]) -> dict:
+        """The calls of a streamed reply, whole, in one delta (each with its index, as OpenAI streams them)."""
+        choice = {"index": 0, "logprobs": None, "finish_reason": None,
+                  "delta": {"tool_calls": [call.openai(index) for index, call in enumerate(calls)]}}
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
     def usage_chunk(self, last: Event) -> dict:
         """stream_options.include_usage: the chunk after the last delta, with no choices."""

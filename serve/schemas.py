@@ -3,7 +3,9 @@
 A field left out (or null) takes the server's default, which `edge-serve --temperature ...` and the other sampling
 flags set. Fields edge cannot honour (n > 1, logprobs, penalties other than the repetition penalty) are refused
 with a message rather than ignored. `top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are edge's (and
-llama-server's) extensions; the openai client sends them through `extra_body`.
+llama-server's) extensions; the openai client sends them through `extra_body`. Chat requests take
+`response_format` (json_object, json_schema) and `tools` / `tool_choice`, with tool calls and tool results in the
+messages (edge/constrained.py, edge/tools.py).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from edge.engine import GenerationOptions
 from edge.sampling import SEED_RANGE
+from edge.tools import TOOL_CHOICES
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 # text-completion fields edge-serve accepts only at their do-nothing values
@@ -103,15 +106,46 @@ class SamplingRequest(Body):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+class FunctionCall(Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallItem(Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Function(Body):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Body):
+    type: Literal["function"]
+    function: Function
+
+
 class ChatMessage(Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+    refusal: str | None = None
+    # None (or left out) only in an assistant turn that calls tools; after the fields above, which it checks
+    content: str | None = Field(None, validate_default=True)
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_content(cls, value: Any) -> str:
+    def _text_content(cls, value: Any, info: ValidationInfo) -> str | None:
         """A string, or a list of text parts ({"type": "text", "text": ...}), joined by newlines."""
+        if value is None:
+            if info.data.get("role") == "assistant" and info.data.get("tool_calls"):
+                return None
+            raise ValueError("content is required (only an assistant message with tool_calls may leave it out)")
         if isinstance(value, str):
             return value
         if isinstance(value, list) and all(isinstance(part, dict) and part.keys() == {"type", "text"}
@@ -121,17 +155,37 @@ class ChatMessage(Body):
         raise ValueError('content must be a string or a list of text parts ({"type": "text", "text": "..."}); '
                          "edge-serve takes text only")
 
-    def for_template(self) -> dict[str, str]:
-        """The message as chat templates read it ("developer" is OpenAI's newer name for "system")."""
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates read it ("developer" is OpenAI's newer name for "system"), with its tool
+        calls or the call it answers (edge/tools.py writes them for templates that do not know tools)."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                   "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            message["name"] = self.name
+        return message
+
+
+class FunctionName(Body):
+    name: str
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
     logprobs: bool | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None  # "auto", "none", "required" or a named function
+    parallel_tool_calls: bool | None = None  # accepted; a forced call is one call
+    response_format: dict[str, Any] | None = None  # text, json_object or json_schema: edge/constrained.py checks it
 
     @field_validator("logprobs")
     @classmethod
@@ -140,12 +194,40 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError("logprobs are not supported: leave it out or send false")
         return value
 
-    @field_validator("tools", "tool_choice")
+    @field_validator("tool_choice", mode="before")
     @classmethod
-    def _no_tools(cls, value: Any) -> Any:
-        if value not in (None, [], "none"):
-            raise ValueError("tool calls are not supported: leave tools and tool_choice out")
-        return value
+    def _tool_choice(cls, value: Any) -> Any:
+        if value is None or value in TOOL_CHOICES:
+            return value
+        if isinstance(value, dict):
+            try:
+                return NamedToolChoice.model_validate(value)
+            except ValidationError:
+                pass
+        raise ValueError("tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": "
+                         "{\"name\": ...}}")
+
+    @model_validator(mode="after")
+    def _choice_among_tools(self) -> "ChatCompletionRequest":
+        names = [tool.function.name for tool in self.tools or ()]
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools "
+                             f"({', '.join(names) or 'none sent'}); add it to tools or name another")
+        if self.tool_choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools: send the tools the model may call")
+        return self
+
+    def tool_list(self) -> list[dict] | None:
+        """The tools as Engine.chat takes them (OpenAI's dicts)."""
+        return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
+
+    def tool_choice_value(self) -> str | dict | None:
+        choice = self.tool_choice
+        return choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
+
+    def generation_options(self, defaults: GenerationOptions) -> GenerationOptions:
+        options = super().generation_options(defaults)
+        return dataclasses.replace(options, response_format=self.response_format)
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bench import llama_cpp, scaling, suite
+from bench import llama_cpp, llama_server, scaling, suite
 from bench.checkpoints import source_checkpoint
 from edge.cli_options import print_plan, resolve_model_path
 from edge.default_model import DEFAULT_MODEL_HELP
@@ -37,6 +38,7 @@ from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.quantized_kv_cache import KV_CACHE_CHOICES
 from edge.tokenizer import Tokenizer
 from memory.budget import BudgetError
+PEERS = ("transformers", "llama.cpp", "llama-server")
 
 DEFAULT_PROMPT = (
     "Write a short Python function that reads a text file and returns the ten most common words with their "
@@ -56,8 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "built-in drafter) and llama.cpp when llama-cpp-python is installed (pip install "
                              "'edge[peers]'; in the suite also with its prompt lookup decoding), on the checkpoint "
                              "converted to GGUF at the precision matching edge's (f32, f16, q8_0, q4_0); for a .gguf "
-                             "file (or a Hub id naming one) llama.cpp runs that very file. NAMES (comma-separated: "
-                             "transformers, llama.cpp) picks some; default: all installed")
+                             "file (or a Hub id naming one) llama.cpp runs that very file; in the suite also "
+                             "llama-server, llama.cpp's own server (--llama-server), plain, in its n-gram modes "
+                             "(ngram-simple, ngram-map-k, ngram-mod) and with each draft:FILE.gguf among --methods "
+                             "as its draft model (draft-simple). NAMES (comma-separated: transformers, llama.cpp, "
+                             "llama-server) picks some; default: all installed")
+    parser.add_argument("--llama-server", metavar="PATH",
+                        help="suite: the llama-server executable, built with cmake from llama.cpp's source "
+                             "(default: $EDGE_LLAMA_SERVER, else llama-server on PATH)")
     parser.add_argument("--llama-cpp-source", metavar="DIR",
                         help="--ar: a llama.cpp source tree whose convert_hf_to_gguf.py converts the checkpoint "
                              "(default: $EDGE_LLAMA_CPP_SOURCE, else the installed llama-cpp-python's sdist, "
@@ -247,6 +255,15 @@ def suite_peer_runs(args: argparse.Namespace, model: Path, methods: list[str]) -
             drafts = drafts or ([str(builtin_drafter_path())] if builtin_drafter_path() is not None else [])
             runs += [("hf", "adaptive"), ("hf-lookup", "adaptive")]
             runs += [(f"hf-assisted:{source_checkpoint(draft)}", "adaptive") for draft in drafts]
+        elif peer == "llama-server":
+            drafts = [Path(m.removeprefix("draft:")) for m in methods if m.startswith("draft:")]
+            gguf_drafts = [d for d in drafts if d.suffix == ".gguf"]
+            if len(gguf_drafts) < len(drafts):
+                print("edge-bench: llama-server's draft-model mode takes draft:FILE.gguf methods only; the others "
+                      "are left out of it", file=sys.stderr)
+            modes = [(llama_server.PLAIN, None), *((mode, None) for mode in llama_server.NGRAM_MODES),
+                     *((llama_server.DRAFT_MODEL, draft) for draft in gguf_drafts)]
+            runs += [(llama_server.method_name(mode, where, draft), "adaptive") for mode, draft in modes]
         else:
             runs += [(f"llama.cpp:{where}", "adaptive"), (f"llama.cpp-lookup:{where}", "adaptive")]
     return runs
@@ -257,10 +274,43 @@ def peer_runs(args: argparse.Namespace, model: Path) -> list[tuple[str, Path]]:
     .gguf file (or a Hub id naming one), llama.cpp on that very file."""
     if args.peers is None:
         return []
-    wanted = {"transformers", "llama.cpp"} if args.peers == "all" else set(args.peers.split(","))
-    unknown = wanted - {"transformers", "llama.cpp"}
+    wanted = set(PEERS) if args.peers == "all" else set(args.peers.split(","))
+    unknown = wanted - set(PEERS)
     if unknown:
-        raise EdgeError(f"--peers {args.peers}: unknown peer {sorted(unknown)[0]!r}; use transformers, llama.cpp")
+        raise EdgeError(f"--peers {args.peers}: unknown peer {sorted(unknown)[0]!r}; use {', '.join(PEERS)}")
+    server = server_peer(args, model) if "llama-server" in wanted else []
+    wanted.discard("llama-server")
+    return _library_peer_runs(args, model, wanted) + server
+
+
+def server_peer(args: argparse.Namespace, model: Path) -> list[tuple[str, Path]]:
+    """llama-server on the same GGUF file as the llama.cpp peer (the suite only: --ar leaves it out)."""
+    explicit = args.peers != "all"
+    if args.ar:
+        if explicit:
+            raise EdgeError("--peers llama-server runs in the suite (its plain, n-gram and draft-model modes); "
+                            "with --ar use --peers llama.cpp")
+        return []
+    binary = llama_server.find_binary(args.llama_server)
+    if binary is None:
+        if explicit:
+            raise EdgeError("--peers llama-server needs llama.cpp's llama-server: build it with cmake from llama.cpp's "
+                            "source (--target llama-server) and pass --llama-server PATH")
+        print("edge-bench: llama-server skipped (pass --llama-server PATH to include it)", file=sys.stderr)
+        return []
+    os.environ["EDGE_LLAMA_SERVER"] = str(binary)  # for the suite's worker process
+    index = gguf_index(model)
+    if index is not None:
+        return [("llama-server", Path(index["file"]))]
+    precision = llama_cpp.matching_precision(model, args.dtype, args.weights)
+    return [("llama-server", llama_cpp.converted(model, precision, args.llama_cpp_source,
+                                                 log=lambda line: print(line, file=sys.stderr)))]
+
+
+def _library_peer_runs(args: argparse.Namespace, model: Path, wanted: set[str]) -> list[tuple[str, Path]]:
+    """transformers on the checkpoint, llama.cpp (llama-cpp-python) on its GGUF file."""
+    if not wanted:
+        return []
     index = gguf_index(model)
     if index is not None and "transformers" in wanted:
         if args.peers != "all":

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import llama_server
 from bench.prompts import CATEGORIES
 
 SUITE_CONTEXT = 2048  # the context every edge method of the suite loads with (and --plan plans for)
@@ -83,15 +84,17 @@ def faster_baseline(first: dict, last: dict) -> dict:
 
 
 def is_peer(method: str) -> bool:
-    """transformers (hf, hf-lookup, hf-assisted:PATH) or llama.cpp (llama.cpp:GGUF, llama.cpp-lookup:GGUF), by run
-    or by table label."""
-    return method.startswith(("hf", "llama.cpp"))
+    """transformers (hf, hf-lookup, hf-assisted:PATH) or llama.cpp (llama.cpp:GGUF, llama.cpp-lookup:GGUF,
+    llama-server:MODE:GGUF[@DRAFT]), by run or by table label."""
+    return method.startswith(("hf", "llama.cpp", "llama-server"))
 
 
 def label(method: str, draft_length: str) -> str:
     """How a method appears in the tables: drafters carry their draft length; AR and the peers do not."""
     if method == "ar-end":
         return "ar (again, at the end)"
+    if method.startswith("llama-server"):
+        return llama_server.label(method)
     if method.startswith("llama.cpp"):
         kind, _, gguf = method.partition(":")
         precision = Path(gguf).name.removesuffix(".gguf").rsplit("-", 1)[-1]  # llama_cpp.converted: NAME-KEY-TYPE

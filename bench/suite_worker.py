@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Callable
 
-from bench import llama_cpp
+from bench import llama_cpp, llama_server
 from bench.checkpoints import source_checkpoint
 from bench.process import peak_rss_mib
 from bench.prompts import PROMPTS
@@ -131,7 +131,9 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
 
 
 def peer_runner(model: str, method: str, dtype: str) -> tuple[Runner, list[list[int]]]:
-    """transformers (hf...) or llama.cpp (llama.cpp...) for a peer method."""
+    """transformers (hf...), llama.cpp (llama.cpp...) or llama.cpp's server (llama-server...) for a peer method."""
+    if method.startswith("llama-server"):
+        return llama_server_runner(model, method)
     return llama_cpp_suite_runner(model, method) if method.startswith("llama.cpp") else hf_runner(model, method, dtype)
 
 
@@ -182,6 +184,20 @@ def llama_cpp_suite_runner(model: str, method: str) -> tuple[Runner, list[list[i
     llm = llama_cpp.load(gguf, context=2048, threads=torch.get_num_threads(),
                          lookup=LLAMA_CPP_LOOKUP_TOKENS if kind == "llama.cpp-lookup" else None)
     return (lambda prompt_ids, new_tokens: (llama_cpp.greedy(llm, prompt_ids, new_tokens, stop), {})), prompts
+
+
+def llama_server_runner(model: str, method: str) -> tuple[Runner, list[list[int]]]:
+    """llama.cpp's server in one mode (bench/llama_server.py), fed the same prompt ids as edge."""
+    import torch
+
+    from edge.tokenizer import Tokenizer
+
+    mode, target, draft = llama_server.parse_method(method)
+    tokenizer = Tokenizer.from_dir(source_checkpoint(model))
+    prompts = [tokenizer.encode_chat(p.messages) for p in PROMPTS]
+    server = llama_server.LlamaServer(llama_server.find_binary(), target, mode=mode, draft=draft,
+                                      threads=torch.get_num_threads(), context=SUITE_CONTEXT)
+    return server.greedy, prompts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -208,6 +208,85 @@ def test_bench_suite_runs_llama_cpp_plain_and_with_prompt_lookup(llama_dir, monk
     assert all(suite.is_peer(method) for method, _ in runs) and not suite.is_peer("hybrid:feature")
 
 
+FAKE_LLAMA_SERVER = """#!{python}
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+mode = args[args.index("--spec-type") + 1]
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.reply({{"status": "ok"}})
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        tokens = [t + 1 for t in request["prompt"][-request["n_predict"]:]]  # a stand-in continuation
+        timings = {{"predicted_n": len(tokens)}}
+        if mode != "none":
+            timings.update(draft_n=6, draft_n_accepted=4)
+        self.reply({{"tokens": tokens, "timings": timings}})
+
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_bench_suite_runs_llama_server_plain_in_its_ngram_modes_and_with_the_draft_model(llama_dir, tmp_path,
+                                                                                        monkeypatch, capsys):
+    import argparse
+    import os
+
+    from bench import cli, llama_server, suite
+
+    binary = tmp_path / "llama-server"
+    binary.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    binary.chmod(0o755)
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    monkeypatch.setattr(cli, "gguf_index", lambda model: {"file": str(target)})
+    monkeypatch.delenv("EDGE_LLAMA_SERVER", raising=False)
+    args = argparse.Namespace(peers="llama-server", ar=False, llama_server=str(binary), dtype="float32", weights=None,
+                              llama_cpp_source=None)
+    runs = cli.suite_peer_runs(args, llama_dir, ["ar", f"draft:{draft}", f"draft:{llama_dir}"])
+    assert [suite.label(method, length) for method, length in runs] == [
+        "llama.cpp server plain", "llama.cpp server ngram-simple", "llama.cpp server ngram-map-k",
+        "llama.cpp server ngram-mod", "llama.cpp server draft-simple (draft draft)"]
+    assert all(suite.is_peer(method) for method, _ in runs) and os.environ["EDGE_LLAMA_SERVER"] == str(binary)
+    assert "draft:FILE.gguf methods only" in capsys.readouterr().err  # the checkpoint draft is left out of it
+    assert llama_server.parse_method(runs[-1][0]) == ("draft-simple", target, draft)
+
+    for mode, drafted in (("none", {}), ("ngram-mod", {"drafted": 6, "accepted": 4})):
+        server = llama_server.LlamaServer(binary, target, mode=mode, threads=1)
+        try:
+            assert server.greedy([5, 6, 7], 2) == ([7, 8], drafted)
+        finally:
+            server.close()
+        assert server.process.poll() is not None
+
+    monkeypatch.setattr(llama_server.shutil, "which", lambda name: None)
+    monkeypatch.delenv("EDGE_LLAMA_SERVER")
+    missing = argparse.Namespace(**{**vars(args), "llama_server": None})
+    with pytest.raises(EdgeError, match="--llama-server PATH"):
+        cli.suite_peer_runs(missing, llama_dir, ["ar"])
+    with pytest.raises(EdgeError, match="runs in the suite"):
+        cli.peer_runs(argparse.Namespace(**{**vars(args), "ar": True}), llama_dir)
+    with pytest.raises(EdgeError, match="not an executable llama-server"):
+        llama_server.find_binary(tmp_path / "nothing")
+
+
 def test_bench_scaling_puts_suite_reports_side_by_side_by_weight_bytes(tmp_path, capsys):
     from bench import cli
 

@@ -1,5 +1,5 @@
 """Where the built-in models live inside the package: the 10M demonstration target (run when the default model is not
-installed, and the fixture of the tests and benchmarks) and its drafters."""
+installed, and the fixture of the tests and benchmarks), its drafters, and retrieval datastores."""
 
 from __future__ import annotations
 
@@ -31,3 +31,8 @@ def builtin_deep_feature_drafter_path() -> Path | None:
     model), or None."""
     folder = BUILTIN_DIR.parent / "feature-deep"
     return folder if (folder / "config.json").is_file() else None
+
+
+def shipped_datastores() -> list[Path]:
+    """The retrieval datastore folders in the package (edge/models/*-replies: python -m train.datastore)."""
+    return sorted(folder for folder in BUILTIN_DIR.parent.glob("*-replies") if (folder / "card.json").is_file())

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
+from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path, shipped_datastores
 from edge.bundle import Bundle, is_bundle, read_bundle
 from edge.calibration import CALIBRATION_TEXT
 from edge.drafters.base import Drafter
@@ -34,6 +34,7 @@ from edge.drafters.hybrid import HybridDrafter
 from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
 from edge.drafters.ngram import NGramDrafter
 from edge.drafters.quantspec import BITS, QuantSpecDrafter
+from edge.drafters.retrieval import RetrievalDrafter, read_datastore, shipped_datastore
 from edge.drafters.trimmed_head import read_vocabulary
 from edge.errors import BundleError, SamplingError
 from edge.kv_cache import KVCache
@@ -235,6 +236,14 @@ def _bundle(spec: DrafterSpec, target: DraftTarget) -> Drafter:
     return bundle_drafter(target.bundle, target.tokenizer, target.max_len, target.backend)
 
 
+def _retrieval(spec: DrafterSpec, target: DraftTarget) -> Drafter:
+    folder = Path(spec.argument) if spec.argument else shipped_datastore(target.tokenizer, shipped_datastores())
+    if folder is None:
+        raise SamplingError("no retrieval datastore ships for this model's tokenizer; write one from its replies "
+                            "(python -m train.replies, then python -m train.datastore) and pass retrieval:FOLDER")
+    return RetrievalDrafter(read_datastore(folder, target.tokenizer))
+
+
 def _early_exit(spec: DrafterSpec, target: DraftTarget) -> Drafter:
     exit_layer = spec.numbers()[0] if spec.argument else max(1, target.model.config.num_layers // 3)
     return LayerSkipDrafter.early_exit(target.model, target.cache, exit_layer)
@@ -243,6 +252,8 @@ def _early_exit(spec: DrafterSpec, target: DraftTarget) -> Drafter:
 KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
     DrafterKind("ngram", "ngram[:N]", "ngram", argument="number",
                 build=lambda spec, target: NGramDrafter(max_ngram=spec.numbers()[0] if spec.argument else 4)),
+    # REST: what the target itself wrote after the same tokens (a datastore of its replies), and prompt lookup
+    DrafterKind("retrieval", "retrieval[:FOLDER]", "ngram", argument="path", build=_retrieval),
     DrafterKind("early-exit", "early-exit[:E]", "self", argument="number", runs_target_layers=True,
                 build=_early_exit),
     # no layers listed: LayerSkipDrafter.skipping says the draft would cost as much as the target

@@ -1,0 +1,164 @@
+"""Retrieval drafting (REST): propose what most often followed the current suffix in text the target wrote itself.
+
+    store = read_datastore(folder, tokenizer)         # token ids of the target's own replies (python -m train.datastore)
+    drafter = RetrievalDrafter(store)                 # also looks up the conversation itself, as prompt lookup does
+    draft = drafter.propose(tokens, k, sampler)
+
+A small model answers in recurring phrases: its greedy replies to thousands of requests hold the continuations it
+will choose again. The store keeps those replies' token ids (uint16, a separator between replies) and a suffix
+array over its first MATCH tokens: the longest suffix of the context (MATCH down to `min_match` tokens) that occurs
+in it is found by binary search, and the draft follows the continuation most of its occurrences agree on, token by
+token, while more than half of those still in agreement share the next token. The conversation itself is searched
+as well (prompt lookup); the longer match wins. Model-free, a fraction of a millisecond a draft, so like
+n-gram lookup it never pauses. Lossless like every drafter: the target verifies each proposal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from edge.drafters.base import Draft, DraftSampler
+from edge.drafters.ngram import NGramDrafter
+from edge.errors import SamplingError
+
+MATCH = 8  # the longest suffix looked up
+SEPARATOR = np.iinfo(np.uint16).max  # between replies: never a token id (vocabularies under 65,535)
+MAX_OCCURRENCES = 64  # occurrences of a suffix whose continuations are counted
+STORE, CARD = "replies.npy", "card.json"  # a datastore folder's files (train/datastore.py writes them)
+
+
+class TokenStore:
+    def __init__(self, tokens: np.ndarray) -> None:
+        """`tokens` (N,) uint16: replies one after another, each followed by SEPARATOR."""
+        if tokens.dtype != np.uint16 or tokens.ndim != 1:
+            raise SamplingError("a retrieval datastore holds uint16 token ids in one row")
+        self.tokens = tokens
+        padded = np.concatenate([tokens, np.full(MATCH, SEPARATOR, dtype=np.uint16)]).astype(np.uint64)
+        # each position's next 8 tokens as two big-endian keys of 4: sorting by (high, low) sorts the suffixes
+        high = sum(padded[i : i + len(tokens)] << np.uint64(16 * (3 - i)) for i in range(4))  # (N,)
+        low = sum(padded[4 + i : 4 + i + len(tokens)] << np.uint64(16 * (3 - i)) for i in range(4))  # (N,)
+        self.order = np.lexsort((low, high)).astype(np.int32)  # (N,) positions, sorted by their next 8 tokens
+        self._high, self._low = high[self.order], low[self.order]  # (N,) each, sorted
+
+    @classmethod
+    def from_replies(cls, replies: list[list[int]]) -> "TokenStore":
+        parts = []
+        for reply in replies:
+            if any(not 0 <= t < SEPARATOR for t in reply):
+                raise SamplingError(f"token ids must be below {SEPARATOR} to go in a retrieval datastore")
+            parts.append(np.asarray([*reply, SEPARATOR], dtype=np.uint16))
+        return cls(np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TokenStore":
+        try:
+            tokens = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise SamplingError(f"cannot read the retrieval datastore {path}: {error}") from None
+        return cls(tokens)
+
+    def save(self, path: str | Path) -> None:
+        np.save(path, self.tokens, allow_pickle=False)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tokens.nbytes + self.order.nbytes + self._high.nbytes + self._low.nbytes
+
+    def occurrences(self, suffix: list[int]) -> np.ndarray:
+        """Positions right after each occurrence of `suffix` (1 to MATCH tokens), in suffix-array order."""
+        first, last = _key_range(self._high, suffix[:4])
+        if len(suffix) > 4:
+            start, end = _key_range(self._low[first:last], suffix[4:])
+            first, last = first + start, first + end
+        return self.order[first:last] + len(suffix)
+
+    def continuation(self, after: np.ndarray, k: int) -> list[int]:
+        """The continuation most occurrences agree on, token by token: up to k tokens, while more than half of the
+        occurrences still in agreement share the next one (a reply that ends there counts against going on)."""
+        candidates = [self.tokens[p : p + k].tolist() for p in after[:MAX_OCCURRENCES]]
+        draft: list[int] = []
+        for depth in range(k):
+            nexts = Counter(c[depth] if len(c) > depth else SEPARATOR for c in candidates)
+            token, count = nexts.most_common(1)[0]
+            if token == SEPARATOR or 2 * count <= len(candidates) and len(candidates) > 1:
+                break
+            draft.append(token)
+            candidates = [c for c in candidates if len(c) > depth and c[depth] == token]
+        return draft
+
+
+def _key_range(keys: np.ndarray, prefix: list[int]) -> tuple[int, int]:
+    """The range of sorted 4-token keys that begin with `prefix` (1 to 4 tokens)."""
+    shift = 16 * (4 - len(prefix))
+    base = 0
+    for token in prefix:
+        base = (base << 16) | token
+    lowest, highest = np.uint64(base << shift), np.uint64((base << shift) | ((1 << shift) - 1))
+    return int(np.searchsorted(keys, lowest, "left")), int(np.searchsorted(keys, highest, "right"))
+
+
+class RetrievalDrafter:
+    name = "retrieval"
+    pausable = False  # proposes only on a match, at no cost where there is none (DraftLength.update)
+
+    def __init__(self, store: TokenStore, min_match: int = 2) -> None:
+        self.store, self.min_match = store, min_match
+        self.lookup = NGramDrafter(max_ngram=MATCH, min_ngram=min_match)
+
+    def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
+        own = self.lookup.propose(tokens, k, sampler)
+        own_match = self._own_match_length(tokens) if own.tokens else 0
+        for size in range(min(MATCH, len(tokens)), max(self.min_match, own_match + 1) - 1, -1):
+            after = self.store.occurrences(tokens[-size:])
+            if len(after):
+                draft = self.store.continuation(after, k)
+                if draft:
+                    return Draft(tokens=draft)
+        return own
+
+    def _own_match_length(self, tokens: list[int]) -> int:
+        """The length of the suffix the conversation's own lookup matched (its longest indexed one)."""
+        for size in range(min(MATCH, len(tokens) - 1), self.min_match - 1, -1):
+            if tuple(tokens[-size:]) in self.lookup._index:
+                return size
+        return 0
+
+    def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
+        pass
+
+    def reset(self) -> None:
+        self.lookup.reset()
+
+    def memory_bytes(self) -> int:
+        return self.store.nbytes
+
+
+def read_datastore(folder: str | Path, tokenizer) -> TokenStore:
+    """The datastore in `folder`, checked to be written with `tokenizer`'s vocabulary (another one's ids would draft
+    nothing the target says)."""
+    folder = Path(folder)
+    try:
+        card = json.loads((folder / CARD).read_text())
+    except (OSError, ValueError) as error:
+        raise SamplingError(f"{folder} is not a retrieval datastore ({CARD}: {error}); write one with "
+                            "python -m train.datastore") from None
+    if card.get("vocab_sha256") != tokenizer.fingerprint()["vocab_sha256"]:
+        raise SamplingError(f"the retrieval datastore {folder} was written with another tokenizer than this "
+                            "model's; build one from this model's replies (python -m train.datastore)")
+    return TokenStore.load(folder / STORE)
+
+
+def shipped_datastore(tokenizer, folders: list[Path]) -> Path | None:
+    """The first of the shipped datastore folders written with `tokenizer`'s vocabulary, or None."""
+    vocab = tokenizer.fingerprint()["vocab_sha256"]
+    for folder in folders:
+        try:
+            if json.loads((folder / CARD).read_text()).get("vocab_sha256") == vocab:
+                return folder
+        except (OSError, ValueError):
+            continue
+    return None

@@ -9,6 +9,10 @@ mode, on the same GGUF files and fed the same token ids as edge.
 llama-cpp-python holds it in vendor/llama.cpp): --llama-server PATH, else $EDGE_LLAMA_SERVER, else llama-server on
 PATH. Each mode is one server process for the whole run (one slot, the suite's context), asked for greedy
 completions of token ids over HTTP with prompt caching off, so every request prefills afresh as edge's runs do.
+The n-gram modes remember what earlier requests generated (ngram-mod pools n-grams across requests), which on a
+benchmark that asks the same prompts pass after pass would draft whole replies from memory: their server is
+restarted before each request (`restart`, outside the timed call), so each reply starts as edge's do, from the
+conversation alone.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from edge.errors import EdgeError
 
 # llama-server --spec-type values: plain decoding, its n-gram drafters and its classic draft model
 PLAIN, DRAFT_MODEL = "none", "draft-simple"
-NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
+NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")  # some keep n-grams across requests: restarted for each
 START_TIMEOUT_S = 120
 
 
@@ -73,14 +77,22 @@ class LlamaServer:
     def __init__(self, binary: Path, target: Path, *, mode: str = PLAIN, draft: Path | None = None,
                  threads: int = 2, context: int = 2048) -> None:
         self.port = _free_port()
-        command = [str(binary), "-m", str(target), "-c", str(context), "-t", str(threads), "-tb", str(threads),
-                   "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--spec-type", mode]
+        self.command = [str(binary), "-m", str(target), "-c", str(context), "-t", str(threads), "-tb", str(threads),
+                        "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--spec-type", mode]
         if draft is not None:
-            command += ["-md", str(draft), "-td", str(threads), "-tbd", str(threads)]
+            self.command += ["-md", str(draft), "-td", str(threads), "-tbd", str(threads)]
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-bench-llama-server-{self.port}.log"
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
         atexit.register(self.close)
-        self._wait_until_ready(" ".join(command))
+        self._start()
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
+        self._wait_until_ready(" ".join(self.command))
+
+    def restart(self) -> None:
+        """A fresh server process: nothing remembered from earlier requests."""
+        self.close()
+        self._start()
 
     def _wait_until_ready(self, command: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -100,6 +100,7 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
             runners.append(edge_run(engine, engine.drafter, engine.draft_length))
 
     def timed(run: Runner, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict, float]:
+        prepare(run)
         t0 = time.perf_counter()
         out, stats = run(prompt_ids, new_tokens)
         return out, stats, time.perf_counter() - t0
@@ -128,6 +129,13 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
         results.append({"method": method, "draft_length": length, "prompts": rows, "peak_rss_mib": peak,
                         **weight_bytes})
     return results
+
+
+def prepare(run: Runner) -> None:
+    """A runner's untimed reset before each timed request, where it has one (llama-server's n-gram modes)."""
+    reset = getattr(run, "before_each", None)
+    if reset is not None:
+        reset()
 
 
 def peer_runner(model: str, method: str, dtype: str) -> tuple[Runner, list[list[int]]]:
@@ -197,7 +205,13 @@ def llama_server_runner(model: str, method: str) -> tuple[Runner, list[list[int]
     prompts = [tokenizer.encode_chat(p.messages) for p in PROMPTS]
     server = llama_server.LlamaServer(llama_server.find_binary(), target, mode=mode, draft=draft,
                                       threads=torch.get_num_threads(), context=SUITE_CONTEXT)
-    return server.greedy, prompts
+
+    def run(prompt_ids: list[int], new_tokens: int) -> tuple[list[int], dict]:
+        return server.greedy(prompt_ids, new_tokens)
+
+    if mode in llama_server.NGRAM_MODES:  # no n-grams remembered from earlier requests (restarted untimed)
+        run.before_each = server.restart
+    return run, prompts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     run(prompts[0], 16)  # warm-up
     results = []
     for prompt, ids in zip(PROMPTS, prompts):
+        prepare(run)
         t0 = time.perf_counter()
         out, stats = run(ids, args.max_new_tokens)
         seconds = time.perf_counter() - t0

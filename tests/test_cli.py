@@ -272,9 +272,20 @@ def test_bench_suite_runs_llama_server_plain_in_its_ngram_modes_and_with_the_dra
         server = llama_server.LlamaServer(binary, target, mode=mode, threads=1)
         try:
             assert server.greedy([5, 6, 7], 2) == ([7, 8], drafted)
+            first = server.process.pid
+            server.restart()  # the n-gram modes' untimed reset: a fresh process, nothing remembered
+            assert server.process.pid != first and server.greedy([5], 1) == ([6], drafted)
         finally:
             server.close()
         assert server.process.poll() is not None
+
+    from bench import suite_worker
+
+    for mode, resets in (("ngram-mod", True), ("none", False)):  # the n-gram modes restart, untimed, per request
+        run, prompts = suite_worker.llama_server_runner(str(llama_dir), llama_server.method_name(mode, target))
+        assert hasattr(run, "before_each") == resets and len(prompts) > 6
+        suite_worker.prepare(run)
+        assert run(prompts[0][:3], 2)[0] == [t + 1 for t in prompts[0][1:3]]
 
     monkeypatch.setattr(llama_server.shutil, "which", lambda name: None)
     monkeypatch.delenv("EDGE_LLAMA_SERVER")

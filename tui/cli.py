@@ -96,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
 def run_app(args: argparse.Namespace, spec: LoadSpec) -> int:
     """The Textual chat app; loading errors are shown in the app, bad options here as one line."""
     builtin = args.model is None and default_model.packaged_file() is None  # the built-in model: its drafters fit
-    app = EdgeChatApp(app_loader(args, spec), drafters=[choice for choice in DRAFTER_CHOICES
-                                                        if "builtin" not in choice[1] or builtin])
+
+    def offered(drafter: str) -> bool:  # the built-in drafters fit the built-in model only; no datastore ships for it
+        return builtin if "builtin" in drafter else not builtin if drafter == "retrieval" else True
+
+    app = EdgeChatApp(app_loader(args, spec), drafters=[choice for choice in DRAFTER_CHOICES if offered(choice[1])])
     app.run()
     if app.load_error:
         print(f"edge-chat: error: {app.load_error}", file=sys.stderr)

@@ -17,6 +17,7 @@ DRAFTER_CHOICES = (
     ("feature drafter (on the model's own states)", "feature"),
     ("n-gram lookup, then the built-in drafter", "hybrid:builtin"),
     ("built-in drafter model", "builtin"),
+    ("retrieval (the model's own replies) and prompt lookup", "retrieval"),
     ("n-gram prompt lookup", "ngram"),
     ("early exit (self-speculative)", "early-exit"),
     ("adaptive layer skip (self-speculative)", "adaptive"),

@@ -16,7 +16,6 @@ n-gram lookup it never pauses. Lossless like every drafter: the target verifies 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -79,15 +78,17 @@ class TokenStore:
     def continuation(self, after: np.ndarray, k: int) -> list[int]:
         """The continuation most occurrences agree on, token by token: up to k tokens, while more than half of the
         occurrences still in agreement share the next one (a reply that ends there counts against going on)."""
-        candidates = [self.tokens[p : p + k].tolist() for p in after[:MAX_OCCURRENCES]]
+        ends = np.minimum(after[:MAX_OCCURRENCES, None] + np.arange(k), len(self.tokens) - 1)  # (n, k)
+        candidates = self.tokens[ends]  # (n, k): a store's last token is always SEPARATOR
         draft: list[int] = []
         for depth in range(k):
-            nexts = Counter(c[depth] if len(c) > depth else SEPARATOR for c in candidates)
-            token, count = nexts.most_common(1)[0]
-            if token == SEPARATOR or 2 * count <= len(candidates) and len(candidates) > 1:
+            values, counts = np.unique(candidates[:, depth], return_counts=True)
+            best = int(counts.argmax())
+            token = int(values[best])
+            if token == SEPARATOR or 2 * int(counts[best]) <= len(candidates) and len(candidates) > 1:
                 break
             draft.append(token)
-            candidates = [c for c in candidates if len(c) > depth and c[depth] == token]
+            candidates = candidates[candidates[:, depth] == token]
         return draft
 
 
@@ -111,13 +112,21 @@ class RetrievalDrafter:
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
         own = self.lookup.propose(tokens, k, sampler)
-        own_match = self._own_match_length(tokens) if own.tokens else 0
-        for size in range(min(MATCH, len(tokens)), max(self.min_match, own_match + 1) - 1, -1):
+        shortest = max(self.min_match, (self._own_match_length(tokens) if own.tokens else 0) + 1)
+        longest = min(MATCH, len(tokens))
+        # the longest suffix the store holds: occurrence is monotone in length, so a binary search over lengths
+        found = None
+        while shortest <= longest:
+            size = (shortest + longest) // 2
             after = self.store.occurrences(tokens[-size:])
             if len(after):
-                draft = self.store.continuation(after, k)
-                if draft:
-                    return Draft(tokens=draft)
+                found, shortest = after, size + 1
+            else:
+                longest = size - 1
+        if found is not None:
+            draft = self.store.continuation(found, k)
+            if draft:
+                return Draft(tokens=draft)
         return own
 
     def _own_match_length(self, tokens: list[int]) -> int:

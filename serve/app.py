@@ -2,6 +2,7 @@
 
     POST /v1/chat/completions   POST /v1/completions     streaming (server-sent events) or whole
     GET  /v1/models             GET  /health             503 while the model loads
+    GET  /metrics               Prometheus' text format (serve/metrics.py); needs the API key when one is set
 
 Before any route, serve/access.py checks the Host (an allow-list), the Origin (only --cors origins) and answers
 the --cors origins' preflights. A handler checks the API key and reads the body (JSON only); parsing it, rendering the chat template and counting the
@@ -42,6 +43,7 @@ from edge.events import Event
 from serve.access import AccessGuard
 from serve.errors import ApiError, from_edge_error, from_validation
 from serve.generation_queue import EventChannel, Generation, GenerationQueue, Job, QueueFull
+from serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, RequestCounter
 from serve.responses import Reply, server_sent_event
 from edge.constrained import response_format_grammar
 from edge.tools import ToolCallStream, ToolPlan, plan_tool_use
@@ -52,7 +54,8 @@ log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25  # how often a handler waiting for a whole reply checks that its client is still there
 CHARS_PER_TOKEN = 16  # the default prompt limit in characters, per token of the context: more never fits it
 VERBS = {"messages": "are", "prompt": "is"}
-ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models and GET /health"
+ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /metrics and GET /health"
+COUNTED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health"})
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,10 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(AccessGuard, listen_host=config.listen_host, allowed_hosts=config.allowed_hosts,
-                       cors_origins=config.cors_origins)  # added last: runs first
+                       cors_origins=config.cors_origins)
+    metrics = generations.metrics
+    metrics.routes = COUNTED_ROUTES
+    app.add_middleware(RequestCounter, metrics=metrics)  # added last: runs first, so refusals are counted too
 
     def require_key(request: Request) -> None:
         if config.api_key is None:
@@ -108,6 +114,11 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
         return JSONResponse({"status": "ok", "model": config.model_id,
                              "queue": {"waiting": generations.waiting, "limit": generations.limit},
                              "replies": generations.replies()})
+
+    @app.get("/metrics", dependencies=[Depends(require_key)])
+    async def prometheus_metrics() -> Response:
+        text = metrics.render(generations.waiting, generations.limit, generations.generating, generations.replies())
+        return Response(text, media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=[Depends(require_key)])
     async def models() -> dict:
@@ -152,7 +163,8 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
             plan = plan_tool_use(tokenizer, messages, body.tool_list(), body.tool_choice_value())
         except EdgeError as error:
             raise ApiError(400, str(error), param="tools") from None
-        chars = sum(len(json.dumps(message)) for message in plan.messages) + len(json.dumps(body.tool_list() or []))
+        chars = sum(len(message["content"] or "") + len(json.dumps(message.get("tool_calls", [])))
+                    for message in messages) + len(json.dumps(body.tool_list() or []))
         prompt_limits(engine, "messages", chars,
                       lambda: len(tokenizer.encode(utf8(tokenizer.apply_chat_template(
                           plan.messages, add_generation_prompt=True, **plan.template_kwargs), "the chat", "messages"),

@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 from edge.engine import Engine
 from edge.errors import EdgeError
 from edge.events import Event
+from serve.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +82,15 @@ class GenerationQueue:
         self._thread: threading.Thread | None = None
         self._running: Job | None = None
         self.closing = threading.Event()  # set by close(): the server is stopping
+        self.metrics = ServerMetrics()  # GET /metrics: requests (counted by the app), replies' tokens (here)
 
     @property
     def waiting(self) -> int:
         return self._jobs.qsize()
+
+    @property
+    def generating(self) -> bool:
+        return self._running is not None
 
     def replies(self) -> dict[str, int]:
         """Jobs so far by how they ended: edge's finish reasons, "skipped" (the client left before it started),
@@ -155,6 +161,7 @@ class GenerationQueue:
                 job.channel.put(event)
                 if event.finished:
                     self._count(event.finish_reason)
+                    self.metrics.count_reply(event.stats)
         except EdgeError as error:  # about the request: the client gets a 400
             self._count("refused")
             job.channel.put(error)

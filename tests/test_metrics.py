@@ -1,0 +1,74 @@
+"""GET /metrics: Prometheus' text format (read back with prometheus_client's own parser), behind the API key, counting
+requests by route and status, refusals included, and the replies' tokens as the replies report them."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from edge import Engine
+from edge.builtin import builtin_model_path
+from edge.load_spec import LoadSpec
+from serve.app import ServeConfig
+from serve.background import BackgroundServer
+
+KEY = "metrics-test-key"
+
+
+@pytest.fixture(scope="module")
+def server():
+    spec = LoadSpec.from_options(builtin_model_path(), drafter="hybrid:feature")
+    with BackgroundServer(lambda: Engine.from_spec(spec), ServeConfig("edge-builtin", api_key=KEY)) as running:
+        running.generations.loaded.wait(60)
+        yield running
+
+
+def scrape(server) -> dict[tuple[str, tuple], float]:
+    response = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[sample.name, tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def test_metrics_need_the_api_key(server):
+    assert httpx.get(server.url + "/metrics").status_code == 401
+    assert httpx.get(server.url + "/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    page = {"Authorization": f"Bearer {KEY}", "Origin": "http://evil.example"}  # a web page, key or not
+    assert httpx.get(server.url + "/metrics", headers=page).status_code == 403
+    samples = scrape(server)
+    assert samples["edge_requests_total", (("route", "/metrics"), ("status", "401"))] >= 2
+    assert samples["edge_requests_total", (("route", "/metrics"), ("status", "403"))] >= 1
+
+
+def test_metrics_count_requests_tokens_and_speculation(server):
+    before = scrape(server)
+    client = OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Explain os.path.join"}],
+                                           max_tokens=40, temperature=0)
+    httpx.get(server.url + "/no/such/route", headers={"Authorization": f"Bearer {KEY}"})
+    httpx.get(server.url + "/health", headers={"Host": "evil.example"})  # refused by the Host allow-list
+    after = scrape(server)
+
+    def grew(name: str, labels: tuple = ()) -> float:
+        return after.get((name, labels), 0) - before.get((name, labels), 0)
+
+    assert grew("edge_requests_total", (("route", "/v1/chat/completions"), ("status", "200"))) == 1
+    assert grew("edge_requests_total", (("route", "other"), ("status", "404"))) == 1
+    assert grew("edge_requests_total", (("route", "/health"), ("status", "421"))) == 1
+    assert grew("edge_generated_tokens_total") == reply.usage.completion_tokens
+    assert grew("edge_prompt_tokens_total") == reply.usage.prompt_tokens
+    assert grew("edge_drafted_tokens_total") == reply.timings["draft_n"] > 0
+    assert grew("edge_accepted_tokens_total") == reply.timings["draft_n_accepted"]
+    assert grew("edge_decode_tokens_total") == reply.timings["predicted_n"]
+    assert grew("edge_replies_total", (("outcome", reply.choices[0].finish_reason == "length" and "max_tokens"
+                                        or "eos"),)) == 1
+    assert 0 < after["edge_acceptance_ratio", ()] <= 1 and after["edge_draft_length", ()] > 0
+    assert after["edge_decode_tokens_per_second", ()] > 0
+    assert after["edge_queue_waiting", ()] == 0 and after["edge_queue_limit", ()] == 16
+    assert after["edge_generating", ()] == 0
+    assert after["process_resident_memory_bytes", ()] > 10 * 2**20

@@ -8,6 +8,14 @@ each sends chat and text completions, whole and streamed, in turn, and on a 429 
 and sends again. It reports requests/s, generated tokens/s, end-to-end latency (queue wait and retries included)
 at p50/p95, time to the first streamed token, the 429s, and the server's resident memory after a warm-up and at the
 end. It fails (exit 1) when a reply is incomplete or differs from its reference, or on any error but a 429.
+
+    flock /tmp/edge-bench.lock python -m bench.serve_load --clients 8 --duration 60 --adversaries
+
+With --adversaries the clients run twice: alone (the quiet run), then beside a slow reader (streamed chats read one
+event per --slow-pause seconds) and a sender of 10 MB messages (each must be refused, 400 string_above_max_length).
+It then also reports, and fails unless: no normal client's reply was lost, every reply equals its greedy
+reference, the normal clients' p95 latency is within 2x of the quiet run's, and the server's resident memory stays
+flat (grows by at most --rss-slack MiB from the start of the quiet run to the end).
 """
 
 from __future__ import annotations
@@ -149,6 +157,75 @@ def run_clients(url: str, requests: list[Request], clients: int, duration_s: flo
     return outcomes
 
 
+def slow_reader(url: str, request: Request, deadline: float, pause_s: float) -> list[Outcome]:
+    """Streamed chats read one server-sent event per `pause_s`: a reply is complete and equal to its reference, or
+    cut off by the server's --write-timeout (a problem starting "cut off")."""
+    outcomes = []
+    with httpx.Client(base_url=url, timeout=300) as client:
+        while time.perf_counter() < deadline:
+            started, parts, finish, done = time.perf_counter(), [], None, False
+            try:
+                with client.stream("POST", CHAT, json={**request.body, "stream": True}) as response:
+                    if response.status_code == 429:
+                        response.read()
+                        time.sleep(float(response.headers.get("Retry-After", "1")))
+                        continue
+                    for line in response.iter_lines():
+                        time.sleep(pause_s)
+                        if line == "data: [DONE]":
+                            done = True
+                            break
+                        if line.startswith("data: "):
+                            chunk = json.loads(line.removeprefix("data: "))
+                            for choice in chunk.get("choices", []):
+                                parts.append(choice["delta"].get("content") or "")
+                                finish = choice["finish_reason"] or finish
+                problem = checked("".join(parts), finish, request) if done else "cut off before [DONE]"
+            except httpx.HTTPError as error:
+                problem = f"cut off: {type(error).__name__}"
+            outcomes.append(Outcome(time.perf_counter() - started, None, 0, 0, problem))
+    return outcomes
+
+
+def big_sender(url: str, deadline: float, size: int = 10 * 2**20) -> list[Outcome]:
+    """Chats whose one message is `size` characters: each must be refused at once (400 string_above_max_length)."""
+    body = {"model": "edge", "messages": [{"role": "user", "content": "word " * (size // 5)}], "max_tokens": 8}
+    outcomes = []
+    with httpx.Client(base_url=url, timeout=300) as client:
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            try:
+                response = client.post(CHAT, json=body)
+                code = response.json().get("error", {}).get("code") if response.status_code == 400 else None
+                problem = None if code == "string_above_max_length" else f"HTTP {response.status_code}, not refused"
+            except (httpx.HTTPError, ValueError) as error:
+                problem = f"{type(error).__name__}: {error}"
+            outcomes.append(Outcome(time.perf_counter() - started, None, 0, 0, problem))
+    return outcomes
+
+
+def noisy_run(url: str, requests: list[Request], args: argparse.Namespace) -> tuple[list[Outcome], dict]:
+    """The normal clients beside a slow reader and a 10 MB sender: their outcomes, and the adversaries' figures."""
+    deadline = time.perf_counter() + args.duration
+    slow, big = [], []
+    chat = next(request for request in requests if request.path == CHAT)
+    adversaries = [threading.Thread(target=lambda: slow.extend(slow_reader(url, chat, deadline, args.slow_pause))),
+                   threading.Thread(target=lambda: big.extend(big_sender(url, deadline)))]
+    for thread in adversaries:
+        thread.start()
+    outcomes = run_clients(url, requests, args.clients, args.duration)
+    for thread in adversaries:
+        thread.join()
+    cut = [outcome for outcome in slow if outcome.problem and outcome.problem.startswith("cut off")]
+    return outcomes, {
+        "slow_replies": len(slow), "slow_cut_off": len(cut),
+        "slow_wrong": sum(1 for outcome in slow if outcome.problem and outcome not in cut),
+        "big_messages": len(big), "big_not_refused": sum(1 for outcome in big if outcome.problem),
+        "big_latency_p95_s": percentile([outcome.latency_s for outcome in big], 0.95),
+        "problems": [outcome.problem for outcome in slow + big if outcome.problem and outcome not in cut],
+    }
+
+
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:  # a free port, handed to the server
         probe.bind(("127.0.0.1", 0))
@@ -215,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="edge-serve's --threads (default: 1, leaving the other cores to the clients)")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--adversaries", action="store_true",
+                        help="a quiet run, then one beside a slow reader and a 10 MB message sender (see above)")
+    parser.add_argument("--slow-pause", type=float, default=0.2,
+                        help="the slow reader's pause per server-sent event, in seconds (default: 0.2)")
+    parser.add_argument("--rss-slack", type=float, default=64.0,
+                        help="MiB the server's memory may grow across the runs and still count as flat (default: 64)")
     args = parser.parse_args(argv)
 
     print("serve_load: greedy references ...", file=sys.stderr)
@@ -229,11 +312,28 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = run_clients(url, requests, args.clients, args.duration)
         duration_s = time.perf_counter() - started
         rss_end = rss_mib(server.pid)
+        noisy = None
+        if args.adversaries:
+            print("serve_load: again, beside a slow reader and 10 MB messages ...", file=sys.stderr)
+            started = time.perf_counter()
+            noisy_outcomes, adversaries = noisy_run(url, requests, args)
+            noisy = summary(noisy_outcomes, time.perf_counter() - started, rss_end, rss_mib(server.pid), args)
     finally:
         server.terminate()
         server.wait(timeout=60)
     figures = summary(outcomes, duration_s, rss_start, rss_end, args)
     problems = [outcome.problem for outcome in warm + outcomes if outcome.problem is not None]
+    if noisy is not None:
+        problems += [outcome.problem for outcome in noisy_outcomes if outcome.problem is not None]
+        problems += adversaries.pop("problems")
+        ratio = noisy["latency_p95_s"] / figures["latency_p95_s"] if figures["latency_p95_s"] else float("inf")
+        rss_growth = noisy["rss_end_mib"] - rss_start
+        checks = {"no_reply_lost": noisy["problems"] == 0 and figures["problems"] == 0,
+                  "replies_equal_greedy": not problems, "p95_within_2x": ratio <= 2.0,
+                  "rss_flat": rss_growth <= args.rss_slack}
+        figures = {"quiet": figures, "noisy": {**noisy, **adversaries}, "p95_ratio": ratio,
+                   "rss_growth_mib": rss_growth, "checks": checks}
+        problems += [f"check failed: {name}" for name, passed in checks.items() if not passed]
     for problem in sorted(set(problems))[:10]:
         print(f"serve_load: problem: {problem}", file=sys.stderr)
     print(json.dumps(figures, indent=1))

@@ -46,6 +46,7 @@ typedef struct {  /* csrc/simd.h */
 typedef struct {
     HierarchicalPlanes keys, values;
     int32_t draft;
+    const float *key_scales;  /* NULL: no outlier channels scaled */
 } HierarchicalCache;
 void attention_share(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t, int64_t,
                      int64_t, int64_t, int64_t, float, const int64_t *, int, int);

@@ -64,6 +64,27 @@ def test_greedy_constrained_speculation_equals_constrained_plain_decoding(checkp
     assert drafted > 0  # the drafter proposed, and the grammar cut or kept its drafts
 
 
+def test_retrieval_constrained_equals_constrained_plain_decoding(checkpoints, constrained_reference,
+                                                                tmp_path):  # noqa: F811
+    """The retrieval drafter over a datastore of the constrained replies themselves: long drafts, all checked."""
+    from edge.drafters.retrieval import CARD, STORE, TokenStore
+    from edge.tokenizer import Tokenizer
+
+    store = tmp_path / "store"
+    store.mkdir()
+    TokenStore.from_replies(list(constrained_reference.values())).save(store / STORE)
+    vocab = Tokenizer.from_dir(checkpoints["target"]).fingerprint()["vocab_sha256"]
+    (store / CARD).write_text(json.dumps({"vocab_sha256": vocab}))
+    engine = Engine.load(checkpoints["target"], max_context=512, drafter=f"retrieval:{store}", draft_length=3)
+    accepted = 0
+    for prompt in PROMPTS:
+        for index, response_format in enumerate(FORMATS):
+            events = list(engine.generate(prompt, max_new_tokens=200, response_format=response_format))
+            assert ids_of(events) == constrained_reference[prompt, index], (prompt, index)
+            accepted += events[-1].stats.accepted
+    assert accepted > 0
+
+
 def test_quantspec_constrained_equals_its_plain_decoding(checkpoints):  # noqa: F811
     """QuantSpec drafts over the hierarchical cache, whose own plain decoding is the reference."""
     plain = Engine.load(checkpoints["target"], max_context=512, kv_cache="hierarchical")

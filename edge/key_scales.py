@@ -24,7 +24,7 @@ OUTLIER_RATIO = 8.0  # a rotary pair this many times its head's median magnitude
 
 def pair_magnitudes(model: Transformer, token_ids: list[int]) -> torch.Tensor:
     """(L, Hkv, Dh / 2): each rotary pair's largest magnitude over the keys the cache would hold for `token_ids`."""
-    cache = KVCache.for_model(model.config, len(token_ids), dtype=torch.float32, device=model.device, batch=2)
+    cache = KVCache.for_model(model.config, len(token_ids), dtype=model.dtype, device=model.device, batch=2)
     tokens = torch.tensor([token_ids, token_ids], device=model.device)  # (2, T): a batch of 2 runs layer by layer
     with torch.no_grad():
         model(tokens, 0, cache)

@@ -75,6 +75,10 @@ class ModelShape:
         per_layer = sum(n * k * bits // 8 + n * (k // group_size) * per_group for n, k in matrices)
         return self.num_layers * per_layer
 
+    def block_head_bytes(self) -> int:
+        """The output head in 8-bit blocks of 32 with a float16 scale each (llama.cpp's Q8_0: 34 bytes a block)."""
+        return self.vocab_size * -(-self.hidden_size // 32) * 34
+
     def layer_bytes(self, dtype: str = "float32") -> int:
         """One layer's weights in a float dtype (what offloading one layer moves off the device)."""
         return int(self.layer_parameters() * WEIGHT_BYTES[dtype])
@@ -143,12 +147,15 @@ def footprint(target: ModelShape, context: int, *, weight_dtype: str = "float32"
     `drafter` is a separate draft model (None for self-drafts and n-gram, which hold no weights or cache of their
     own); `drafter_vocab` is the size of a trimmed drafter head (VocabTrim). `offloaded_layers` of the target's
     layers live in host memory; the device holds the rest and two staging layers they stream through.
-    `quantized_self_draft` (bits) is a QuantSpec draft: the target's projections quantized, nothing else.
+    `quantized_self_draft` (bits) is a QuantSpec draft: the target's projections quantized, and at 4 bits an 8-bit
+    copy of a float head (a quantized head is shared).
     `target_weight_bytes` is the target's weights counted exactly where they are stored in a format the shape cannot
     size (a GGUF file's blocks: weight_dtype is then its name only)."""
     draft_weights = draft_kv = 0
     if quantized_self_draft:
         draft_weights = target.quantized_projection_bytes(quantized_self_draft)
+        if quantized_self_draft == 4 and weight_dtype in ("float32", "bfloat16", "float16"):
+            draft_weights += target.block_head_bytes()  # an 8-bit copy of a float head, read once a drafted token
     if drafter is not None:
         draft_weights = drafter.weight_bytes(drafter_weight_dtype or weight_dtype)
         draft_kv = drafter.kv_bytes(draft_context or context, draft_kv_dtype or kv_dtype)

@@ -163,8 +163,9 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
             plan = plan_tool_use(tokenizer, messages, body.tool_list(), body.tool_choice_value())
         except EdgeError as error:
             raise ApiError(400, str(error), param="tools") from None
-        chars = sum(len(message["content"] or "") + len(json.dumps(message.get("tool_calls", [])))
-                    for message in messages) + len(json.dumps(body.tool_list() or []))
+        chars = sum(len(message["content"] or "") + (len(json.dumps(message["tool_calls"]))
+                                                      if message.get("tool_calls") else 0)
+                    for message in messages) + (len(json.dumps(body.tool_list())) if body.tool_list() else 0)
         prompt_limits(engine, "messages", chars,
                       lambda: len(tokenizer.encode(utf8(tokenizer.apply_chat_template(
                           plan.messages, add_generation_prompt=True, **plan.template_kwargs), "the chat", "messages"),

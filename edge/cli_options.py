@@ -75,7 +75,8 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
 def default_drafter(args: argparse.Namespace) -> str | None:
     """The drafter asked for ("none": off), else for a model named on the command line or when sampling
     (temperature > 0), plain decoding; for the default model when greedy, the fastest drafter measured on it:
-    n-gram lookup on SmolLM2-135M-Instruct, and on the built-in model n-gram lookup backed by its feature drafter
+    retrieval (its own replies, and prompt lookup) on SmolLM2-135M-Instruct, and on the built-in model n-gram lookup
+    backed by its feature drafter
     (or its draft model where no feature drafter ships). Drafts are accepted less often when sampling. edge-chat
     and edge-serve share it."""
     if args.drafter is not None:
@@ -83,7 +84,7 @@ def default_drafter(args: argparse.Namespace) -> str | None:
     if args.model is not None or args.temperature > 0:
         return None
     if default_model.packaged_file() is not None:
-        return "ngram"
+        return "retrieval"
     if builtin_feature_drafter_path() is not None:
         return "hybrid:feature"
     return "hybrid:builtin" if builtin_drafter_path() is not None else None
@@ -119,8 +120,8 @@ def print_plan(spec: LoadSpec) -> None:
 def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculative decoding (lossless: the output is the target's own)")
     group.add_argument("--drafter", default=None, metavar="SPEC",
-                       help=f"draft with: {drafter_usage()}, or none; default when greedy: ngram (n-gram lookup) for "
-                            "the default model, hybrid:feature (n-gram lookup, then the built-in feature drafter) "
+                       help=f"draft with: {drafter_usage()}, or none; default when greedy: retrieval (the model's own "
+                            "replies, and n-gram lookup) for the default model, hybrid:feature (n-gram lookup, then the built-in feature drafter) "
                             "for the built-in model; plain decoding when sampling and for a model you name")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
                        help="tokens drafted per step: 'adaptive' (default: each step the length with the most "

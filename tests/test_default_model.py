@@ -70,7 +70,7 @@ def test_without_the_package_the_built_in_model_runs_and_says_how_to_install_the
 def test_the_default_drafter_follows_the_model_that_runs(monkeypatch):
     args = Namespace(drafter=None, model=None, temperature=0.0)
     monkeypatch.setattr(default_model, "packaged_file", lambda model=None: DEFAULT_MODEL)
-    assert default_drafter(args) == "ngram"
+    assert default_drafter(args) == "retrieval"
     monkeypatch.setattr(default_model, "packaged_file", lambda model=None: None)
     assert default_drafter(args) == "hybrid:feature"
     assert default_drafter(Namespace(drafter=None, model="some/folder", temperature=0.0)) is None
@@ -93,3 +93,18 @@ def test_the_installed_default_model_answers_with_the_csv_module(capsys):
     assert chat_main(["--prompt", "How do I read a CSV file in Python?", "--max-new-tokens", "64"]) == 0
     reply = capsys.readouterr().out
     assert "import csv" in reply and "csv.reader" in reply
+
+
+def test_the_default_models_retrieval_datastore_ships_and_drafts_for_it():
+    """The default drafter of the default model: the shipped datastore of its own replies, for its tokenizer."""
+    if not installed_default():
+        pytest.skip(f"the default model is not installed ({DEFAULT_MODEL.install_command})")
+    from edge import Engine
+
+    plain = Engine.load(packaged_file())
+    fast = Engine.load(packaged_file(), drafter="retrieval")
+    messages = [{"role": "user", "content": "Write a Python function that returns the squares of a list."}]
+    events = list(fast.chat(messages, max_new_tokens=64))
+    assert [t for e in events for t in e.token_ids] == [t for e in plain.chat(messages, max_new_tokens=64)
+                                                        for t in e.token_ids]
+    assert events[-1].stats.accepted > 0

@@ -2,7 +2,7 @@
 
     flock /tmp/edge-bench.lock python -m bench.serve_load --clients 8 --duration 60
 
-Starts `edge-serve` (the built-in model with its default drafter, or MODEL) in its own process, computes each
+Starts `edge-serve` (the default model with its default drafter, or MODEL) in its own process, computes each
 request's greedy reference with `Engine.chat` / `Engine.generate` (plain decoding) here, then runs the clients:
 each sends chat and text completions, whole and streamed, in turn, and on a 429 waits the Retry-After it was given
 and sends again. It reports requests/s, generated tokens/s, end-to-end latency (queue wait and retries included)
@@ -34,7 +34,7 @@ import httpx
 import psutil
 
 from bench.prompts import PROMPTS
-from edge.builtin import builtin_model_path
+from edge.default_model import default_model_path
 from edge.engine import Engine
 
 CHAT = "/v1/chat/completions"
@@ -282,7 +282,7 @@ def summary(outcomes: list[Outcome], duration_s: float, rss_start: float, rss_en
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="what edge-serve runs (default: the built-in model)")
+    parser.add_argument("model", nargs="?", help="what edge-serve runs (default: its default model)")
     parser.add_argument("--drafter", help="edge-serve's --drafter (default: its own default)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (default: 60)")
@@ -301,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     print("serve_load: greedy references ...", file=sys.stderr)
-    requests = workload(Engine.load(args.model or builtin_model_path()), args.max_tokens)
+    # edge-serve with no MODEL runs the default model (the built-in one where it is not installed): so do these
+    requests = workload(Engine.load(args.model or default_model_path()), args.max_tokens)
     server, url = start_server(args)
     try:
         with httpx.Client(base_url=url, timeout=300) as client:  # warm-up: every request once

@@ -40,22 +40,28 @@ def _model_on(kernel, folder):
     return model
 
 
-def test_the_fused_step_reads_the_cache_as_the_reference_path_does(kernel, llama_dir):
-    model = _model_on(kernel, llama_dir)
+def fused_and_reference(model, key_scales=None) -> list[tuple[torch.Tensor, ...]]:
+    """A prompt pass, a 4-row verify pass and a draft over the 4-bit view, on a hierarchical cache through the fused
+    CPU step and through the reference path (torch's attention over dequantized reads): [fused, reference]."""
     tokens = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(3))
     caches = [QuantizedKVCache.for_model(model.config, 64, key_format="hierarchical", value_format="hierarchical")
               for _ in range(2)]
-    caches[1].kernel_cache = lambda: None  # the reference: torch's attention over dequantized reads
+    caches[1].kernel_cache = lambda: None  # the reference
     results = []
     with torch.inference_mode():
         for cache in caches:
+            cache.key_scales = key_scales
             assert model._can_fuse(1, 4, torch.float32, cache) == (cache is caches[0])
             prompt = model.forward_logits(tokens[:, :20], 0, cache)[0, -1]  # (V,)
             verify = model.forward_logits(tokens[:, 20:24], 20, cache)[0]  # (4, V)
             with cache.drafting():  # the draft's 4-bit view, as a QuantSpec draft reads it
                 draft = model.logits(model(tokens[:, 20:24], 20, cache, layers=[0]))[0]  # (4, V)
             results.append((prompt, verify, draft))
-    for fused, reference in zip(*results):
+    return results
+
+
+def test_the_fused_step_reads_the_cache_as_the_reference_path_does(kernel, llama_dir):
+    for fused, reference in zip(*fused_and_reference(_model_on(kernel, llama_dir))):
         torch.testing.assert_close(fused, reference, rtol=1e-3, atol=1e-3)
 
 

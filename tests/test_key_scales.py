@@ -22,6 +22,7 @@ from edge.key_scales import outlier_key_scales, pair_magnitudes
 from edge.loading import load_model
 from edge.quantized_kv_cache import QuantizedKVCache
 from edge.tokenizer import Tokenizer
+from test_hierarchical_kv_kernel import fused_and_reference
 from kernels.kv_quant import quantize
 
 FACTOR = 32.0
@@ -149,23 +150,10 @@ def test_the_fused_step_and_the_reference_path_scale_keys_alike(kernel, outlier_
     model = load_model(outlier_target)
     model.use_rowwise_matmul(kernel)
     scales = outlier_key_scales(model, Tokenizer.from_dir(outlier_target).encode(CALIBRATION_TEXT))
-    tokens = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(3))
-    caches = [QuantizedKVCache.for_model(model.config, 64, key_format="hierarchical", value_format="hierarchical")
-              for _ in range(2)]
-    caches[1].kernel_cache = lambda: None  # the reference: torch's attention over dequantized reads
-    results = []
-    with torch.inference_mode():
-        for cache in caches:
-            cache.key_scales = scales
-            assert model._can_fuse(1, 4, torch.float32, cache) == (cache is caches[0])
-            prompt = model.forward_logits(tokens[:, :20], 0, cache)[0, -1]  # (V,)
-            verify = model.forward_logits(tokens[:, 20:24], 20, cache)[0]  # (4, V)
-            with cache.drafting():
-                draft = model.logits(model(tokens[:, 20:24], 20, cache, layers=[0]))[0]  # (4, V)
-            results.append(torch.cat([prompt[None], verify, draft]))
     # the paths compute keys in different orders, so a value on a rounding boundary may take the next code (unscaled,
     # such a flip on an outlier channel moved this model's logits by up to 0.36 on the portable path)
-    torch.testing.assert_close(results[0], results[1], rtol=1e-2, atol=1e-2)
+    for fused, reference in zip(*fused_and_reference(model, scales)):
+        torch.testing.assert_close(fused, reference, rtol=1e-2, atol=1e-2)
 
 
 def test_key_scales_are_set_on_an_empty_cache_in_their_shape():

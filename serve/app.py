@@ -37,21 +37,23 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from edge.constrained import response_format_grammar
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from edge.events import Event
+from edge.tools import ToolCallStream, ToolPlan, plan_tool_use
+from memory.device import return_freed_heap
 from serve.access import AccessGuard
 from serve.errors import ApiError, from_edge_error, from_validation
 from serve.generation_queue import EventChannel, Generation, GenerationQueue, Job, QueueFull
 from serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, RequestCounter
 from serve.responses import Reply, server_sent_event
-from edge.constrained import response_format_grammar
-from edge.tools import ToolCallStream, ToolPlan, plan_tool_use
 from serve.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25  # how often a handler waiting for a whole reply checks that its client is still there
+LARGE_BODY_BYTES = 2**20  # after a body this large, freed heap pages are handed back (memory.device)
 CHARS_PER_TOKEN = 16  # the default prompt limit in characters, per token of the context: more never fits it
 VERBS = {"messages": "are", "prompt": "is"}
 ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /metrics and GET /health"
@@ -182,9 +184,20 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
             prompt_limits(engine, "prompt", 0, lambda: len(prompt))
         return body
 
+    async def parsed_body(request: Request, check: Callable[[bytes], Any]) -> Any:
+        """The request's body read, then parsed and checked off the event loop; after a large one (a refused 10 MB
+        message) the C heap's freed pages go back to the OS, else the worker threads' heaps keep them."""
+        raw = await read_body(request, config.max_body_bytes)
+        try:
+            return await run_in_threadpool(check, raw)
+        finally:
+            if len(raw) > LARGE_BODY_BYTES:
+                del raw
+                await run_in_threadpool(return_freed_heap)
+
     @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
     async def chat_completions(request: Request) -> Response:
-        body, messages, plan = await run_in_threadpool(checked_chat, await read_body(request, config.max_body_bytes))
+        body, messages, plan = await parsed_body(request, checked_chat)
         options = engine_options(body, config)
         tools, tool_choice = body.tool_list(), body.tool_choice_value()
 
@@ -197,7 +210,7 @@ def create_app(config: ServeConfig, generations: GenerationQueue) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)])
     async def completions(request: Request) -> Response:
-        body = await run_in_threadpool(checked_completion, await read_body(request, config.max_body_bytes))
+        body = await parsed_body(request, checked_completion)
         prompt, options = body.prompt, engine_options(body, config)
 
         def generation(engine: Engine, should_stop) -> Any:

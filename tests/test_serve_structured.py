@@ -8,7 +8,6 @@ import json
 
 import jsonschema
 import pytest
-from openai import OpenAI
 from pydantic import BaseModel
 
 from edge import Engine
@@ -16,6 +15,7 @@ from edge.builtin import builtin_model_path
 from edge.load_spec import LoadSpec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
+from test_serve import client, reference  # noqa: F401 - fixtures: an openai client of this module's server, plain decoding
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -41,14 +41,6 @@ def server():
         yield running
 
 
-@pytest.fixture(scope="module")
-def client(server) -> OpenAI:
-    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def reference() -> Engine:
-    return Engine.load(builtin_model_path())
 
 
 def engine_text(events) -> str:

@@ -300,11 +300,13 @@ def server_peer(args: argparse.Namespace, model: Path) -> list[tuple[str, Path]]
         return []
     os.environ["EDGE_LLAMA_SERVER"] = str(binary)  # for the suite's worker process
     index = gguf_index(model)
-    if index is not None:
-        return [("llama-server", Path(index["file"]))]
+    return [("llama-server", Path(index["file"]) if index is not None else matching_gguf(args, model))]
+
+
+def matching_gguf(args: argparse.Namespace, model: Path) -> Path:
+    """The checkpoint converted by llama.cpp's own tools at the precision matching edge's weights (cached)."""
     precision = llama_cpp.matching_precision(model, args.dtype, args.weights)
-    return [("llama-server", llama_cpp.converted(model, precision, args.llama_cpp_source,
-                                                 log=lambda line: print(line, file=sys.stderr)))]
+    return llama_cpp.converted(model, precision, args.llama_cpp_source, log=lambda line: print(line, file=sys.stderr))
 
 
 def _library_peer_runs(args: argparse.Namespace, model: Path, wanted: set[str]) -> list[tuple[str, Path]]:
@@ -328,10 +330,7 @@ def _library_peer_runs(args: argparse.Namespace, model: Path, wanted: set[str]) 
                 raise EdgeError("--peers llama.cpp needs llama-cpp-python: pip install 'edge[peers]'")
             print("edge-bench: llama.cpp skipped (pip install 'edge[peers]' to include it)", file=sys.stderr)
         else:
-            precision = llama_cpp.matching_precision(model, args.dtype, args.weights)
-            gguf = llama_cpp.converted(model, precision, args.llama_cpp_source,
-                                       log=lambda line: print(line, file=sys.stderr))
-            runs.append(("llama.cpp", gguf))
+            runs.append(("llama.cpp", matching_gguf(args, model)))
     return runs
 
 

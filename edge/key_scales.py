@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from edge.kv_cache import KVCache
+from edge.calibration import calibration_pass
 from edge.model import Transformer
 
 OUTLIER_RATIO = 8.0  # a rotary pair this many times its head's median magnitude is scaled down
 
+
 def pair_magnitudes(model: Transformer, token_ids: list[int]) -> torch.Tensor:
     """(L, Hkv, Dh / 2): each rotary pair's largest magnitude over the keys the cache would hold for `token_ids`."""
-    cache = KVCache.for_model(model.config, len(token_ids), dtype=model.dtype, device=model.device, batch=2)
-    tokens = torch.tensor([token_ids, token_ids], device=model.device)  # (2, T): a batch of 2 runs layer by layer
-    with torch.no_grad():
-        model(tokens, 0, cache)
-    keys = cache.keys[:, 0].float()  # (L, Hkv, T, Dh), after RoPE (and a key norm, where the model has one)
+    keys = calibration_pass(model, token_ids).keys[:, 0].float()  # (L, Hkv, T, Dh), after RoPE (and a key norm, where the model has one)
     half = keys.shape[-1] // 2
     return torch.sqrt(keys[..., :half] ** 2 + keys[..., half:] ** 2).amax(dim=2)  # (L, Hkv, Dh / 2)
 

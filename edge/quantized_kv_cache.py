@@ -123,7 +123,7 @@ class QuantizedKVCache(KVCache):
         if self._key_scales is None:
             return keys
         scales = self._key_scales[layer].to(keys.device)[None, :, None, :]  # (1, Hkv, 1, Dh)
-        return keys * scales if inverse else keys / scales
+        return keys.float() * scales if inverse else keys.float() / scales  # float32: exact for powers of two
 
     @property
     def nbytes(self) -> int:
@@ -136,7 +136,7 @@ class QuantizedKVCache(KVCache):
         end = start + keys.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; writing up to {end} does not fit")
-        self.keys_store.write(layer, start, end, self._scaled_keys(layer, keys.float(), inverse=False))
+        self.keys_store.write(layer, start, end, self._scaled_keys(layer, keys, inverse=False))
         self.values_store.write(layer, start, end, values)
         stored = self._scaled_keys(layer, self.keys_store.read(layer, end, self.draft_view), inverse=True)
         return (stored.to(keys.dtype),  # the compute dtype (16-bit too)

@@ -23,12 +23,18 @@ class NGramDrafter:
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
+        size, follow = self.match(tokens)
+        return Draft(tokens=tokens[follow : follow + k] if size else [])
+
+    def match(self, tokens: list[int]) -> tuple[int, int]:
+        """The longest suffix of `tokens` (max_ngram down to min_ngram tokens) that occurred before: its length and
+        the position right after its latest occurrence; (0, 0) where none did."""
         self._update(tokens)
         for size in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             follow = self._index.get(tuple(tokens[-size:]))
             if follow is not None:
-                return Draft(tokens=tokens[follow : follow + k])
-        return Draft(tokens=[])
+                return size, follow
+        return 0, 0
 
     def _update(self, tokens: list[int]) -> None:
         """Index every n-gram that ends before the last token (the suffix itself is never its own match)."""

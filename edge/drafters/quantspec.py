@@ -101,7 +101,7 @@ class QuantSpecDrafter(LayerSkipDrafter):
         # all layers as a partial pass: it writes past the verified length and does not advance cache.length
         super().__init__(quantized_copy(target, bits, group_size), cache, list(range(target.config.num_layers)),
                          f"quantspec:{bits}")
-        self.target_head = target.packed_head
+        self.own_head = self.model.packed_head is not target.packed_head  # an 8-bit copy of a float head
         config = target.config  # one position's 8-bit keys and values: codes, a float16 step and low per vector
         self._kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * (config.head_dim + 4)
         self.upper_plane_from = int(UPPER_PLANE_SHARE * self._bytes_per_drafted_token() / self._kv_bytes_per_token)
@@ -125,6 +125,6 @@ class QuantSpecDrafter(LayerSkipDrafter):
         quantized = sum(m.quantized.nbytes for m in self.model.modules() if isinstance(m, QuantizedLinear))
         quantized += sum(m.packed.nbytes for m in self.model.modules() if isinstance(m, PackedLinear))
         quantized += sum(m.matrix.nbytes for m in self.model.layers.modules() if isinstance(m, BlockLinear))
-        if self.model.packed_head is not None and self.model.packed_head is not self.target_head:  # its own copy
+        if self.own_head:
             quantized += self.model.packed_head.nbytes
         return quantized + super().memory_bytes()

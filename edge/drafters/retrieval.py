@@ -111,8 +111,9 @@ class RetrievalDrafter:
         self.lookup = NGramDrafter(max_ngram=MATCH, min_ngram=min_match)
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
-        own = self.lookup.propose(tokens, k, sampler)
-        shortest = max(self.min_match, (self._own_match_length(tokens) if own.tokens else 0) + 1)
+        own_size, follow = self.lookup.match(tokens)  # the conversation's own longest match
+        own = Draft(tokens=tokens[follow : follow + k] if own_size else [])
+        shortest = max(self.min_match, own_size + 1)
         longest = min(MATCH, len(tokens))
         # the longest suffix the store holds: occurrence is monotone in length, so a binary search over lengths
         found = None
@@ -128,13 +129,6 @@ class RetrievalDrafter:
             if draft:
                 return Draft(tokens=draft)
         return own
-
-    def _own_match_length(self, tokens: list[int]) -> int:
-        """The length of the suffix the conversation's own lookup matched (its longest indexed one)."""
-        for size in range(min(MATCH, len(tokens) - 1), self.min_match - 1, -1):
-            if tuple(tokens[-size:]) in self.lookup._index:
-                return size
-        return 0
 
     def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
         pass

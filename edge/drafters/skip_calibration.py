@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from edge.kv_cache import KVCache
+from edge.calibration import calibration_pass
 from edge.model import Transformer
 
 
@@ -30,10 +30,7 @@ def layer_influence(model: Transformer, token_ids: list[int]) -> list[float]:
 
     handles = [block.register_forward_hook(measure(i)) for i, block in enumerate(model.layers)]
     try:
-        tokens = torch.tensor([token_ids, token_ids], device=model.device)  # (2, T): a batch of 2 runs layer by layer
-        with torch.no_grad():
-            model(tokens, 0, KVCache.for_model(model.config, len(token_ids), dtype=model.dtype, device=model.device,
-                                               batch=2))
+        calibration_pass(model, token_ids)
     finally:
         for handle in handles:
             handle.remove()

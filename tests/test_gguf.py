@@ -416,7 +416,9 @@ LLAMA_CPP_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_M", "
 @pytest.mark.parametrize("ftype", LLAMA_CPP_TYPES)
 def test_files_from_llama_cpps_own_quantizer(wide_dir, tmp_path, ftype):
     """llama.cpp's quantizer (its scale searches and its per-tensor choice of types in the _M mixtures) on an F32
-    file: the result runs in its types, close to the float model, and greedy speculation equals plain decoding."""
+    file: the result runs in its types and computes the model its bytes describe (close to the same file's values
+    dequantized: on this random model llama.cpp's 4-bit types themselves move the logits by up to 60% from the F32
+    file), and greedy speculation equals plain decoding."""
     import llama_cpp
 
     source = write_gguf(wide_dir, tmp_path / "tiny.f32.gguf", "f32")
@@ -427,11 +429,11 @@ def test_files_from_llama_cpps_own_quantizer(wide_dir, tmp_path, ftype):
     engine = Engine.load(out, max_context=128)
     assert engine.model.packed_format == "blocks"
     tokens = torch.tensor([engine.tokenizer.encode(PROMPT)])
-    float_model = load_model(wide_dir)
+    dequantized = Engine.load(out, max_context=128, weights="float16").model  # the file's values, in 16 bits
     with torch.inference_mode():
         got = engine.model.forward_logits(tokens, 0, engine.model.new_cache(64))[0]
-        want = float_model.forward_logits(tokens, 0, float_model.new_cache(64))[0]
-    assert (got - want).norm() / want.norm() < 0.15  # 4-bit weights of a random model and 8-bit activations
+        want = dequantized.forward_logits(tokens, 0, dequantized.new_cache(64))[0]
+    assert (got - want).norm() / want.norm() < 0.1  # 8-bit activations (measured 0.025-0.046)
     plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
     assert greedy(out, drafter="early-exit:1") == plain
 

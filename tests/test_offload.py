@@ -58,3 +58,10 @@ def test_the_planner_offloads_last_and_only_where_it_can(six_layers):
         make_plan(PlanRequest(target=shape, context=512, min_context=64), roomy.minimum - 1)  # a CPU: no offload
     with pytest.raises(BudgetError, match="even with every layer offloaded"):
         make_plan(request, 1000)
+
+
+def test_quantspec_quantizes_offloaded_layers_from_their_host_copies(six_layers):
+    plain = Engine.load(six_layers, max_context=128, kv_cache="hierarchical")
+    fast = Engine.load(six_layers, max_context=128, offload_layers=[3, 4, 5], drafter="quantspec", draft_length=3)
+    assert greedy(fast) == greedy(plain)
+    assert fast.model.streamer.host_bytes() > 0

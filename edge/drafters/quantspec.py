@@ -21,6 +21,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
+from torch import nn
 
 from edge.block_weights import BlockEmbedding, BlockLinear
 from edge.drafters.base import Draft, DraftSampler
@@ -56,20 +57,14 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
     draft.inv_freq = model.inv_freq
     draft.compute_dtype = model.compute_dtype  # float32 activations over 16-bit weights, as the target computes
     packed = cpu_kernel_format(model, bits, group_size)
-    for name, module in list(draft.layers.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if not isinstance(child, Linear):
-                continue
-            source = model.layers.get_submodule(f"{name}.{child_name}" if name else child_name)  # float or packed
-            if packed == "int4":
-                setattr(module, child_name, int4_linear(source, model.rowwise))
-            elif packed:
-                setattr(module, child_name, PackedLinear.from_linear(source, packed, model.rowwise))
-            elif isinstance(source, PackedLinear):  # only QuantSpec's own group size keeps a packed target's kernel
-                raise SamplingError("the quantspec drafter of an int8/int4 target runs on edge's CPU kernel, with "
-                                    "groups of 32: use --drafter quantspec or quantspec:8")
-            else:
-                setattr(module, child_name, QuantizedLinear.from_linear(source, bits, group_size))
+    streamer = getattr(model, "streamer", None)
+    for index, layer in enumerate(draft.layers):
+        source_layer = model.layers[index]
+        if streamer is not None and index in streamer.host:  # an offloaded layer: quantized from its host copy
+            layer.load_state_dict({name: tensor.to(model.device) for name, tensor in streamer.host[index].items()},
+                                  assign=True)
+            source_layer = layer
+        _quantize_projections(layer, source_layer, packed, model.rowwise, bits, group_size)
     if packed:  # the kernel's fused step and one-call drafting: float32 norms beside packed matrices, as the target's
         widen_norms(draft)
         draft.rowwise, draft.rowwise_max_rows = model.rowwise, model.rowwise_max_rows
@@ -78,6 +73,26 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
             draft.packed_head = BlockMatrix.quantized("q8_0", model.head_weight)  # (V, D) in 8-bit blocks
         # else the head stays the target's (packed_head): already quantized
     return draft.eval().requires_grad_(False)
+
+
+def _quantize_projections(layer: nn.Module, source_layer: nn.Module, packed: str | None, rowwise, bits: int,
+                          group_size: int) -> None:
+    """Replace each projection of the draft's `layer` by `source_layer`'s, quantized (packed for the CPU kernel
+    where `packed` names its format)."""
+    for name, module in list(layer.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if not isinstance(child, Linear):
+                continue
+            source = source_layer.get_submodule(f"{name}.{child_name}" if name else child_name)  # float or packed
+            if packed == "int4":
+                setattr(module, child_name, int4_linear(source, rowwise))
+            elif packed:
+                setattr(module, child_name, PackedLinear.from_linear(source, packed, rowwise))
+            elif isinstance(source, PackedLinear):  # only QuantSpec's own group size keeps a packed target's kernel
+                raise SamplingError("the quantspec drafter of an int8/int4 target runs on edge's CPU kernel, with "
+                                    "groups of 32: use --drafter quantspec or quantspec:8")
+            else:
+                setattr(module, child_name, QuantizedLinear.from_linear(source, bits, group_size))
 
 
 def _quantized_head(model: Transformer) -> bool:

@@ -31,47 +31,91 @@ def _round_half_even(v):
 
 
 @triton.jit
-def _quantized_matmul_kernel(x_ptr, codes_ptr, scales_ptr, out_ptr, N, K, GROUPS, group_size,
-                             BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One row m of x against BLOCK_N output columns: out[m, n] = sum_k x[m, k] * code[n, k] * scale[n, k // g]."""
+def _quantized_matmul_kernel(x_ptr, codes_ptr, scales_ptr, out_ptr, N, K, GROUPS, GROUPS_PER_SPLIT,
+                             BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
+    """One row m of x against BLOCK_N rows of the weight, over split s of the groups (GROUPS_PER_SPLIT of them),
+    BLOCK_G groups of GROUP inputs at a time: out[m, s, n] = sum_g scale[n, g] * sum_{k in group g} x[m, k] *
+    code[n, k]. Each group's sum is scaled once, and the codes of a tile are one contiguous run per weight row."""
     m = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+    split = tl.program_id(2)
     n_ok = n < N
+    g = tl.arange(0, BLOCK_G)  # (BG,)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    half = tl.arange(0, BLOCK_K // 2)  # pairs of k: even k uses the low nibble, odd k the high one
-    for k0 in range(0, K, BLOCK_K):
-        k_even = k0 + 2 * half  # (BLOCK_K/2,)
-        k_ok = k_even < K
-        x_even = tl.load(x_ptr + m * K + k_even, mask=k_ok, other=0.0)
-        x_odd = tl.load(x_ptr + m * K + k_even + 1, mask=k_ok, other=0.0)
-        mask = n_ok[:, None] & k_ok[None, :]
-        scale_even = tl.load(scales_ptr + n[:, None] * GROUPS + k_even[None, :] // group_size, mask=mask,
-                             other=0.0).to(tl.float32)
-        scale_odd = tl.load(scales_ptr + n[:, None] * GROUPS + (k_even[None, :] + 1) // group_size, mask=mask,
-                            other=0.0).to(tl.float32)
-        if BITS == 4:
-            packed = tl.load(codes_ptr + n[:, None] * (K // 2) + (k_even[None, :] // 2), mask=mask, other=0)
-            packed = packed.to(tl.int32)
-            low = ((packed & 15) - 8).to(tl.float32)  # (BLOCK_N, BLOCK_K/2)
-            high = ((packed >> 4) - 8).to(tl.float32)
+    first = split * GROUPS_PER_SPLIT
+    last = tl.minimum(first + GROUPS_PER_SPLIT, GROUPS)
+    for g0 in range(first, last, BLOCK_G):
+        group = g0 + g  # (BG,)
+        g_ok = group < last
+        mask = n_ok[:, None, None] & g_ok[None, :, None]
+        if BITS == 4:  # byte p holds inputs 2p (low nibble) and 2p + 1 (high nibble)
+            pair = group[:, None] * (GROUP // 2) + tl.arange(0, GROUP // 2)[None, :]  # (BG, GROUP/2)
+            x_even = tl.load(x_ptr + m * K + 2 * pair, mask=g_ok[:, None], other=0.0)  # (BG, GROUP/2)
+            x_odd = tl.load(x_ptr + m * K + 2 * pair + 1, mask=g_ok[:, None], other=0.0)
+            packed = tl.load(codes_ptr + n[:, None, None] * (K // 2) + pair[None, :, :], mask=mask,
+                             other=0).to(tl.int32)  # (BN, BG, GROUP/2)
+            even = ((packed & 15) - 8).to(tl.float32)
+            odd = ((packed >> 4) - 8).to(tl.float32)
+            partial = tl.sum(even * x_even[None, :, :] + odd * x_odd[None, :, :], axis=2)  # (BN, BG)
         else:
-            low = tl.load(codes_ptr + n[:, None] * K + k_even[None, :], mask=mask, other=0).to(tl.float32)
-            high = tl.load(codes_ptr + n[:, None] * K + k_even[None, :] + 1, mask=mask, other=0).to(tl.float32)
-        acc += tl.sum(low * scale_even * x_even[None, :] + high * scale_odd * x_odd[None, :], axis=1)
-    tl.store(out_ptr + m * N + n, acc, mask=n_ok)
+            k = group[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # (BG, GROUP)
+            xs = tl.load(x_ptr + m * K + k, mask=g_ok[:, None], other=0.0)  # (BG, GROUP)
+            codes = tl.load(codes_ptr + n[:, None, None] * K + k[None, :, :], mask=mask, other=0).to(tl.float32)
+            partial = tl.sum(codes * xs[None, :, :], axis=2)  # (BN, BG)
+        scale = tl.load(scales_ptr + n[:, None] * GROUPS + group[None, :], mask=n_ok[:, None] & g_ok[None, :],
+                        other=0.0).to(tl.float32)  # (BN, BG)
+        acc += tl.sum(partial * scale, axis=1)
+    tl.store(out_ptr + (m * tl.num_programs(2) + split) * N + n, acc, mask=n_ok)
 
 
-def quantized_matmul(x: torch.Tensor, weight: QuantizedWeight, block_n: int = 32, block_k: int = 64) -> torch.Tensor:
-    """x (M, K) float32 @ dequant(weight).T -> (M, N) float32."""
+@triton.jit
+def _sum_splits_kernel(partial_ptr, out_ptr, N, SPLITS, BLOCK: tl.constexpr):
+    """out[m, n] = the splits' partial sums added in split order."""
+    m = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = n < N
+    acc = tl.load(partial_ptr + m * SPLITS * N + n, mask=ok, other=0.0)
+    for split in range(1, SPLITS):
+        acc += tl.load(partial_ptr + (m * SPLITS + split) * N + n, mask=ok, other=0.0)
+    tl.store(out_ptr + m * N + n, acc, mask=ok)
+
+
+def quantized_matmul(x: torch.Tensor, weight: QuantizedWeight, block_n: int = 16, block_k: int = 256,
+                     num_warps: int = 4) -> torch.Tensor:
+    """x (M, K) float32 @ dequant(weight).T -> (M, N) float32. Each row is computed alone, in the same order
+    whatever M is, so a verify pass gives each row exactly what a one-row step gives it. A tile is block_n weight
+    rows by block_k inputs (rounded to whole groups); a group size that is not a power of two runs the reference."""
     rows, columns = weight.shape
     if x.shape[-1] != columns or columns % 2:
         raise ValueError(f"x has {x.shape[-1]} features; the weight takes {columns} (an even number)")
     flat = x.reshape(-1, columns).float().contiguous()  # (M, K)
+    group = weight.group_size
+    if group & (group - 1) or group < 2:
+        matrix = weight.dequantize().float().T  # (K, N); row by row, so that each row is computed alone
+        return torch.cat([row[None] @ matrix for row in flat]).reshape(*x.shape[:-1], rows)
+    groups, block_g = weight.scales.shape[1], max(1, block_k // group)
+    splits, per_split = split_groups(triton.cdiv(rows, block_n), groups, block_g, x.device)
+    partial = torch.empty((flat.shape[0], splits, rows), dtype=torch.float32, device=x.device)  # (M, S, N)
+    grid = (flat.shape[0], triton.cdiv(rows, block_n), splits)
+    _quantized_matmul_kernel[grid](flat, weight.codes, weight.scales, partial, rows, columns, groups, per_split,
+                                   BITS=weight.bits, GROUP=group, BLOCK_N=block_n, BLOCK_G=block_g,
+                                   num_warps=num_warps)
+    if splits == 1:
+        return partial.reshape(*x.shape[:-1], rows)
     out = torch.empty((flat.shape[0], rows), dtype=torch.float32, device=x.device)  # (M, N)
-    grid = (flat.shape[0], triton.cdiv(rows, block_n))
-    _quantized_matmul_kernel[grid](flat, weight.codes, weight.scales, out, rows, columns, weight.scales.shape[1],
-                                   weight.group_size, BITS=weight.bits, BLOCK_N=block_n, BLOCK_K=block_k)
+    _sum_splits_kernel[(flat.shape[0], triton.cdiv(rows, 1024))](partial, out, rows, splits, BLOCK=1024)
     return out.reshape(*x.shape[:-1], rows)
+
+
+def split_groups(tiles: int, groups: int, block_g: int, device: torch.device) -> tuple[int, int]:
+    """(splits, groups per split) of the input groups, so that a narrow weight (few output tiles, a long input:
+    a down projection into a small hidden size) still gives every multiprocessor work. Depends on the weight's shape
+    alone, never on the rows of x, so a verify pass adds each row's splits as a one-row step does."""
+    processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    wanted = triton.cdiv(2 * processors, tiles)  # about two programs per multiprocessor
+    splits = max(1, min(wanted, groups // (4 * block_g)))  # each split keeps at least four tiles of groups
+    per_split = triton.cdiv(triton.cdiv(groups, splits), block_g) * block_g
+    return triton.cdiv(groups, per_split), per_split
 
 
 @triton.jit
@@ -153,13 +197,16 @@ def _load_vectors(first_ptr, second_ptr, scale_ptr, low_ptr, base, rows, row_ok,
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, k1, k2, k_scale, k_low, v1, v2, v_scale, v_low, out_ptr, START, H, S_MAX, D,
-                             GROUP, sm_scale, KIND: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Head h, query t (at position START + t): softmax(q . K^T * sm_scale) V over cached positions [0, START + t]
-    of its KV head, with an online softmax. Every (h, t) is computed alone and in the same order, so a verify pass
-    of T queries gives each query exactly what a one-query step gives it."""
+def _decode_attention_kernel(q_ptr, k1, k2, k_scale, k_low, v1, v2, v_scale, v_low, best_ptr, total_ptr, acc_ptr,
+                             START, H, S_MAX, D, GROUP, CHUNKS, sm_scale, KIND: tl.constexpr, CHUNK: tl.constexpr,
+                             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Head h, query t (at position START + t), chunk c: the online-softmax state (running max, sum of weights,
+    weighted sum of values) of q . K^T * sm_scale over cached positions [c * CHUNK, (c + 1) * CHUNK) that the query
+    sees ([0, START + t]). Chunks are fixed stretches of positions, so a query's chunks are the same whatever other
+    queries run beside it."""
     h = tl.program_id(0)
     t = tl.program_id(1)
+    c = tl.program_id(2)
     S = START + t + 1
     kv_base = (h // GROUP) * S_MAX  # vector index of position 0 of this head's KV head
     d = tl.arange(0, BLOCK_D)
@@ -167,9 +214,10 @@ def _decode_attention_kernel(q_ptr, k1, k2, k_scale, k_low, v1, v2, v_scale, v_l
     best = tl.max(tl.full((BLOCK_S,), -float("inf"), tl.float32), 0)  # running max (a scalar tensor)
     total = tl.sum(tl.zeros((BLOCK_S,), dtype=tl.float32), 0)  # running sum of weights
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for s0 in range(0, S, BLOCK_S):
+    end = tl.minimum(S, (c + 1) * CHUNK)
+    for s0 in range(c * CHUNK, end, BLOCK_S):
         rows = s0 + tl.arange(0, BLOCK_S)
-        row_ok = rows < S
+        row_ok = rows < end
         keys = _load_vectors(k1, k2, k_scale, k_low, kv_base, rows, row_ok, D, KIND, BLOCK_D)
         scores = tl.where(row_ok, tl.sum(keys * q[None, :], axis=1) * sm_scale, -float("inf"))  # (BLOCK_S,)
         new_best = tl.maximum(best, tl.max(scores, 0))
@@ -179,14 +227,40 @@ def _decode_attention_kernel(q_ptr, k1, k2, k_scale, k_low, v1, v2, v_scale, v_l
         acc = acc * correction + tl.sum(weights[:, None] * values, axis=0)
         total = total * correction + tl.sum(weights, 0)
         best = new_best
+    slot = (t * H + h) * CHUNKS + c
+    tl.store(best_ptr + slot, best)
+    tl.store(total_ptr + slot, total)
+    tl.store(acc_ptr + slot * D + d, acc, mask=d < D)
+
+
+@triton.jit
+def _combine_chunks_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, START, H, D, CHUNKS, CHUNK: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    """Head h, query t: its chunks' softmax states merged in chunk order -> the attention output (D,)."""
+    h = tl.program_id(0)
+    t = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    base = (t * H + h) * CHUNKS
+    best = tl.load(best_ptr + base)
+    total = tl.load(total_ptr + base)
+    acc = tl.load(acc_ptr + base * D + d, mask=d < D, other=0.0)
+    for c in range(1, tl.cdiv(START + t + 1, CHUNK)):
+        chunk_best = tl.load(best_ptr + base + c)
+        new_best = tl.maximum(best, chunk_best)
+        old, new = tl.exp(best - new_best), tl.exp(chunk_best - new_best)
+        acc = acc * old + tl.load(acc_ptr + (base + c) * D + d, mask=d < D, other=0.0) * new
+        total = total * old + tl.load(total_ptr + base + c) * new
+        best = new_best
     tl.store(out_ptr + (t * H + h) * D + d, acc / total, mask=d < D)
 
 
 def quantized_decode_attention(q: torch.Tensor, keys: PackedVectors, values: PackedVectors, start: int, *,
-                               draft: bool = False, block_s: int = 32) -> torch.Tensor:
+                               draft: bool = False, block_s: int = 32, chunk: int = 256,
+                               num_warps: int = 4) -> torch.Tensor:
     """q (T, H, D): queries at positions [start, start + T), each over cached positions up to its own (causal), of
     keys/values stored (Hkv, S_max, ...) as int8 or hierarchical PackedVectors -> (T, H, D). `draft` reads a
-    hierarchical cache's upper 4 bits only."""
+    hierarchical cache's upper 4 bits only. The positions are split in chunks of `chunk` (a multiple of block_s)
+    that run side by side, then merged in order."""
     steps, heads, dims = q.shape
     kv_heads, max_len = keys.scale.shape[0], keys.scale.shape[1]
     if keys.kind != values.kind or keys.kind not in ("int8", "hierarchical"):
@@ -199,8 +273,16 @@ def quantized_decode_attention(q: torch.Tensor, keys: PackedVectors, values: Pac
         low = packed.low if packed.low is not None else packed.scale
         return first, second, packed.scale, low
 
+    chunks = triton.cdiv(start + steps, chunk)
+    best = torch.empty((steps, heads, chunks), dtype=torch.float32, device=q.device)
+    total = torch.empty_like(best)
+    acc = torch.empty((steps, heads, chunks, dims), dtype=torch.float32, device=q.device)
+    block_d = triton.next_power_of_2(dims)
+    _decode_attention_kernel[(heads, steps, chunks)](
+        q.float().contiguous(), *planes(keys), *planes(values), best, total, acc, start, heads, max_len, dims,
+        heads // kv_heads, chunks, dims ** -0.5, KIND=kind, CHUNK=chunk, BLOCK_S=block_s, BLOCK_D=block_d,
+        num_warps=num_warps)
     out = torch.empty((steps, heads, dims), dtype=torch.float32, device=q.device)
-    _decode_attention_kernel[(heads, steps)](q.float().contiguous(), *planes(keys), *planes(values), out, start,
-                                             heads, max_len, dims, heads // kv_heads, dims ** -0.5, KIND=kind,
-                                             BLOCK_S=block_s, BLOCK_D=triton.next_power_of_2(dims))
+    _combine_chunks_kernel[(heads, steps)](best, total, acc, out, start, heads, dims, chunks, CHUNK=chunk,
+                                           BLOCK_D=block_d)
     return out

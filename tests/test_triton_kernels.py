@@ -19,13 +19,22 @@ from kernels.quant import QuantizedLinear, quantize_weight  # noqa: E402
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("rows, n, k, group", [(1, 48, 64, 32), (5, 40, 96, 16), (3, 33, 128, 64)])
+@pytest.mark.parametrize("rows, n, k, group", [(1, 48, 64, 32), (5, 40, 96, 16), (3, 33, 128, 64),
+                                               (2, 24, 96, 24), (3, 8, 4096, 16)])
 def test_quantized_matmul_matches_the_reference(bits, rows, n, k, group):
     generator = torch.Generator().manual_seed(rows * n + k + bits)
     weight = quantize_weight(torch.randn(n, k, generator=generator), bits=bits, group_size=group)
     x = torch.randn(rows, k, generator=generator)
     expected = x @ weight.dequantize().T  # (rows, n)
-    assert torch.allclose(tk.quantized_matmul(x, weight), expected, atol=1e-4, rtol=1e-4)
+    got = tk.quantized_matmul(x, weight)
+    assert torch.allclose(got, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
+    for row in range(rows):  # each row alone gives exactly its row of the multi-row pass (what keeps verify exact)
+        assert torch.equal(tk.quantized_matmul(x[row:row + 1], weight)[0], got[row])
+
+
+def test_a_narrow_long_weight_is_split_along_its_inputs():
+    assert tk.split_groups(tiles=1, groups=512, block_g=2, device=torch.device("cpu"))[0] > 1
+    assert tk.split_groups(tiles=512, groups=512, block_g=2, device=torch.device("cpu")) == (1, 512)
 
 
 @pytest.mark.parametrize("kind", ["int8", "hierarchical"])
@@ -52,7 +61,7 @@ def test_decode_attention_over_a_quantized_cache(kind, draft, heads, kv_heads, s
     group = heads // kv_heads
     k = dequantize(keys, draft=draft).repeat_interleave(group, 0)  # (H, S_max, D)
     v = dequantize(values, draft=draft).repeat_interleave(group, 0)
-    got = tk.quantized_decode_attention(q, keys, values, start, draft=draft, block_s=16)  # (T, H, D)
+    got = tk.quantized_decode_attention(q, keys, values, start, draft=draft, block_s=16, chunk=32)  # (T, H, D)
     for t in range(steps):  # query t sees positions [0, start + t]
         seen = start + t + 1
         weights = torch.softmax((k[:, :seen] @ q[t][:, :, None])[..., 0] * dims ** -0.5, dim=-1)  # (H, S)
@@ -60,7 +69,8 @@ def test_decode_attention_over_a_quantized_cache(kind, draft, heads, kv_heads, s
         assert torch.allclose(got[t], expected, atol=1e-4, rtol=1e-4)
     # each query alone gives exactly its row of the multi-query pass (what makes speculation exact)
     for t in range(steps):
-        alone = tk.quantized_decode_attention(q[t:t + 1], keys, values, start + t, draft=draft, block_s=16)
+        alone = tk.quantized_decode_attention(q[t:t + 1], keys, values, start + t, draft=draft, block_s=16,
+                                              chunk=32)
         assert torch.equal(alone[0], got[t])
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from memory.budget import parse_size
+from memory.budget import BudgetError, parse_size
 
 SAFETY_MARGIN = 0.10  # keep 10% of what is free for the OS, the allocator and everything else
 
@@ -47,6 +47,8 @@ def probe(device: str = "cpu", budget: str | int | None = None, cgroup_root: Pat
 def _cuda(device: str) -> tuple[int, int]:
     import torch
 
+    if not torch.cuda.is_available():
+        raise BudgetError(f"device {device!r}: torch sees no CUDA GPU here; use --device cpu")
     free, total = torch.cuda.mem_get_info(torch.device(device))
     return total, free
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from edge import EdgeError, Engine
 from tui.cli import ConsoleChat, main as chat_main
@@ -46,6 +47,8 @@ def test_console_chat_keeps_a_multi_turn_history(llama_dir):
     [
         (["--temperature", "-2", "--prompt", "x"], "temperature"),
         (["--max-context", "1", "--prompt", "x"], "max_context"),
+        *([(["--plan", "--device", "cuda", "--memory-budget", "1GiB"], "--device cpu"),
+           (["--device", "cuda", "--prompt", "x"], "--device cpu")] if not torch.cuda.is_available() else []),
     ],
 )
 def test_chat_bad_options_are_one_line_errors(llama_dir, capsys, argv, needle):

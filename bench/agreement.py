@@ -19,7 +19,7 @@ import torch
 
 from bench.prompts import PROMPTS
 from edge.cli_options import resolve_model_path
-from edge.kv_cache import common_prefix
+from edge.model.kv_cache import common_prefix
 
 
 def continuation(engine, ids: list[int], max_new_tokens: int) -> list[int]:

@@ -9,8 +9,8 @@ gains at most (1 - a^(k+1)) / (1 - a) / c. The table gives, per row count, the m
 head, after `--context` tokens are in the cache), c, and that bound at a = 0.6, 0.8 and 0.9. `--drafter` also times
 one step of a separate draft model (as a fraction of the target's step). `--weights float32` widens a 16-bit
 checkpoint's weights to float32 copies first (what edge did before it kept 16-bit weights; the same results);
-`--weights int8` or `int4` quantizes the layers' matrices and the head (edge/packed_weights.py; a slightly different
-model).
+`--weights int8` or `int4` quantizes the layers' matrices and the head (edge/model/packed_weights.py; a slightly
+different model).
 
 Each call is timed alone (the cache is rolled back after it); medians over `--repeats` calls, interleaved by row
 count so that drift in the machine's speed hits every row count alike.
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.weights == "float32":
         model.store_weights(torch.float32)
     elif args.weights in ("int8", "int4"):
-        from edge.packed_weights import quantize_weights
+        from edge.model.packed_weights import quantize_weights
 
         quantize_weights(model, args.weights)
     seconds = time_calls(model, cache, rows, args.context, args.repeats)

@@ -32,10 +32,10 @@ from edge.default_model import DEFAULT_MODEL_HELP
 from edge.gguf_checkpoint import gguf_index
 from edge.drafters.registry import usage as drafter_usage
 from edge.errors import EdgeError
-from edge.kv_cache import common_prefix
+from edge.model.kv_cache import common_prefix
 from edge.load_spec import DRAFT_WEIGHTS, DTYPES, LoadSpec
-from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
-from edge.quantized_kv_cache import KV_CACHE_CHOICES
+from edge.model.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
+from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
 from edge.tokenizer import Tokenizer
 from memory.budget import BudgetError
 PEERS = ("transformers", "llama.cpp", "llama-server")
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--weights", default=None, choices=WEIGHT_QUANTIZATIONS,
                         help="quantize edge's target (layers and head) to int8 or int4 at load "
-                             "(edge/packed_weights.py): in the suite for every edge method, the plain-decoding "
+                             "(edge/model/packed_weights.py): in the suite for every edge method, the plain-decoding "
                              "baseline included (transformers runs the checkpoint as stored); with --ar for edge, "
                              "and llama.cpp runs q8_0 or q4_0")
     parser.add_argument("--draft-weights", default=None, choices=DRAFT_WEIGHTS,

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return _worker(args)
     from bench.prompts import PROMPTS
     from edge.cli_options import resolve_model_path
-    from edge.kv_cache import common_prefix
+    from edge.model.kv_cache import common_prefix
     from edge.tokenizer import Tokenizer
 
     print("| file | runtimes | identical replies | shared leading tokens (mean) | reply tokens (mean) |")

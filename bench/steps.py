@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="ar,ngram:2,builtin:2")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--weights", choices=["int8", "int4"], default=None,
-                        help="quantize the target at load (edge/packed_weights.py)")
+                        help="quantize the target at load (edge/model/packed_weights.py)")
     parser.add_argument("--kv-cache", choices=["float32", "int8", "int8-int4", "hierarchical"], default=None,
                         help="KV cache format for every method (hierarchical: what the quantspec drafter reads); "
                              "default: float32, hierarchical for quantspec")

@@ -181,7 +181,7 @@ def llama_cpp_suite_runner(model: str, method: str) -> tuple[Runner, list[list[i
     """llama.cpp on the GGUF file named in the method, fed the same prompt ids as edge, stopping where edge stops."""
     import torch
 
-    from edge.config import ModelConfig
+    from edge.model.config import ModelConfig
     from edge.tokenizer import Tokenizer
 
     kind, _, gguf = method.partition(":")

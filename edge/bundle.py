@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from edge.errors import BundleError
 
 FORMAT = "edge-bundle"

@@ -19,7 +19,7 @@ from edge.load_spec import (BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAF
                              LoadSpec)
 from edge.model_source import resolve_model
 from edge.planning import plan
-from edge.quantized_kv_cache import KV_CACHE_CHOICES
+from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from edge.kv_cache import KVCache
-from edge.model import Transformer
+from edge.model.kv_cache import KVCache
+from edge.model.transformer import Transformer
 from edge.sampling import SamplingParams, history_tensor, next_token
 
 if TYPE_CHECKING:

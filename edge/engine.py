@@ -30,7 +30,7 @@ import torch
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
 from edge.bundle import is_bundle, read_bundle
-from edge.calibration import CALIBRATION_TEXT
+from edge.model.calibration import CALIBRATION_TEXT
 from edge.chat_template import check_messages, read_template_file
 from edge.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar
 from edge.drafters import Drafter
@@ -38,15 +38,15 @@ from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
 from edge.errors import (BundleError, CheckpointError, ContextLengthError, EngineBusyError, PromptError,
                          SamplingError)
 from edge.events import Event, Stats
-from edge.key_scales import outlier_key_scales
-from edge.kv_cache import common_prefix
+from edge.model.key_scales import outlier_key_scales
+from edge.model.kv_cache import common_prefix
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
 from edge.loading import check_checkpoint, load_model, not_a_folder
-from edge.model import Transformer
-from edge.offload import offload_layers
-from edge.packed_weights import quantize_weights
+from edge.model.transformer import Transformer
+from edge.model.offload import offload_layers
+from edge.model.packed_weights import quantize_weights
 from edge.planning import fit_to_budget
-from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
+from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
 from edge.sampling import SamplingParams, history_tensor, next_token
 from edge.speculative import DraftLength, SpeculativeDecoding
 from edge.stopping import StopStrings
@@ -160,9 +160,9 @@ class Engine:
         in bfloat16, "int8" or "int4" quantizes them. `kv_cache` stores the KV cache quantized: "int8", "int8-int4"
         (int8 keys, int4 values) or "hierarchical" (QuantSpec's int4+int4, which drafter "quantspec" needs and
         selects by default); `draft_kv` ("int8") does the same for a separate draft model's own cache.
-        `offload_layers` keeps those layers' weights in host memory, streamed in as they run (edge/offload.py); on a
-        GPU the memory planner chooses them when the model does not fit otherwise. `weights="int8"` or `"int4"`
-        quantizes the layers' matrices and the head at load for edge's CPU kernel (edge/packed_weights.py): a
+        `offload_layers` keeps those layers' weights in host memory, streamed in as they run (edge/model/offload.py); on
+        a GPU the memory planner chooses them when the model does not fit otherwise. `weights="int8"` or `"int4"`
+        quantizes the layers' matrices and the head at load for edge's CPU kernel (edge/model/packed_weights.py): a
         faster, slightly different model, whose speculative output equals its own plain decoding.
         `chat_template` (a Jinja file) replaces the model's chat template, or gives a base model one.
         `progress(stage, fraction)`, if given, is called as each loading stage starts (for a loading screen)."""

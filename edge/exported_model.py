@@ -16,10 +16,10 @@ from typing import Iterable
 
 import torch
 
-from edge.config import ModelConfig
-from edge.drafters.trimmed_head import expand_vocabulary
+from edge.model.config import ModelConfig
+from edge.model.trimmed_head import expand_vocabulary
 from edge.errors import UnsupportedModelError
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 
 
 class ExportedModel:

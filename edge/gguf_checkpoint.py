@@ -41,10 +41,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, EdgeError, UnsupportedModelError
 from edge.gguf_tokenizer import TokenizerFiles
-from edge.rope import inverse_frequencies
+from edge.model.rope import inverse_frequencies
 from kernels.cache import cache_folder
 
 CONVERTER_VERSION = 2  # part of the cache key: a change in what a conversion writes redoes old conversions

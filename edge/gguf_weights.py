@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.block_weights import BlockEmbedding, BlockLinear
-from edge.config import ModelConfig
+from edge.model.block_weights import BlockEmbedding, BlockLinear
+from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, UnsupportedModelError
-from edge.model import Transformer
-from edge.rope import inverse_frequencies
+from edge.model.transformer import Transformer
+from edge.model.rope import inverse_frequencies
 from kernels.block_formats import FORMATS as BLOCK_FORMATS
 from kernels.block_formats import QUANTIZED
 from kernels.block_formats import BlockMatrix, PackedArena, packed_bytes

@@ -22,8 +22,8 @@ from edge.drafters.registry import DrafterSpec
 from edge.errors import BundleError, CheckpointError, PromptError, SamplingError
 from edge.loading import parse_dtype
 from edge.model_source import resolve_model
-from edge.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
-from edge.quantized_kv_cache import KV_CACHE_CHOICES
+from edge.model.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
+from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
 from edge.speculative import DraftLength
 
 DEFAULT_MAX_CONTEXT = 4096

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, SettingError
 from edge.gguf_checkpoint import gguf_index
-from edge.model import Transformer
-from edge.rope import inverse_frequencies
+from edge.model.transformer import Transformer
+from edge.model.rope import inverse_frequencies
 from kernels.cpu_matmul import RowwiseMatmul
 from kernels.cpu_paths import KernelPathError
 

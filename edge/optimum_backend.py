@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from edge.exported_model import ExportedModel
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 
 
 def graph_config(session, config_dir: Path) -> ModelConfig:

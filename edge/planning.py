@@ -12,7 +12,7 @@ import psutil
 import torch
 
 from edge.bundle import is_bundle, read_bundle
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from edge.drafters.registry import DrafterSpec
 from edge.errors import SamplingError
 from edge.gguf_checkpoint import gguf_index

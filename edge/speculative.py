@@ -32,8 +32,8 @@ import torch
 from edge.decoding import Step
 from edge.drafters.base import Draft, DraftSampler, Drafter
 from edge.errors import SamplingError
-from edge.kv_cache import KVCache
-from edge.model import Transformer
+from edge.model.kv_cache import KVCache
+from edge.model.transformer import Transformer
 from edge.sampling import SamplingParams, apply_repetition_penalty, distribution
 from edge.verify import Verdict, verify_greedy, verify_stochastic
 

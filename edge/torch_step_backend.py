@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from edge.exported_model import ExportedModel
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 
 
 class TorchStepModel(ExportedModel):

@@ -34,7 +34,7 @@ import torch
 
 from edge.bundle import MANIFEST, read_bundle
 from edge.chat_template import check_template
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from edge.drafters.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
 from edge.errors import BundleError, EdgeError, UnsupportedModelError

@@ -22,9 +22,9 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from edge.config import ModelConfig
-from edge.model import Transformer
-from edge.rope import inverse_frequencies
+from edge.model.config import ModelConfig
+from edge.model.transformer import Transformer
+from edge.model.rope import inverse_frequencies
 
 OPSET = 17
 IR_VERSION = 9  # onnxruntime reads up to 13; onnx 1.23 would write 14 by default

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.model import Transformer
-from edge.rope import inverse_frequencies
+from edge.model.transformer import Transformer
+from edge.model.rope import inverse_frequencies
 
 
 class LayerWeights(nn.Module):

@@ -179,7 +179,8 @@ class RowwiseMatmul:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x (..., K) float32, weight (N, K) float32/bfloat16/float16 contiguous, bias (N,) float32 -> (..., N) float32.
 
-        The hot path of every decode step: no checks beyond what the caller (edge.model.linear) guarantees."""
+        The hot path of every decode step: no checks beyond what the caller (edge.model.transformer.linear)
+        guarantees."""
         if x.dtype != torch.float32:
             raise TypeError(f"rowwise matmul takes float32 inputs, got {x.dtype}")
         out_features, in_features = weight.shape

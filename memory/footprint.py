@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
-# KV formats: plain dtypes, and the quantized layouts of edge/quantized_kv_cache.py (one float16 scale per
+# KV formats: plain dtypes, and the quantized layouts of edge/model/quantized_kv_cache.py (one float16 scale per
 # vector of head_dim values; hierarchical adds a float16 minimum); "int8-int4" is int8 keys with int4 values
 KV_FORMATS = ("float32", "bfloat16", "float16", "int8", "int4", "hierarchical", "int8-int4")
 
@@ -85,9 +85,9 @@ class ModelShape:
 
     def weight_bytes(self, dtype: str = "float32", group_size: int = 128) -> int:
         """Weights in `dtype`. int8 stores the projection matrices quantized with one float16 scale per group of
-        `group_size` weights, and keeps embeddings and norms in float16. int4 (edge's, edge/packed_weights.py) stores
-        them in 4-bit blocks of 32 with a float16 scale and minimum (5 bits a weight), keeps embeddings and norms in
-        float16, and adds a copy of the head in 8-bit blocks of 32 with a float16 scale (8.5 bits)."""
+        `group_size` weights, and keeps embeddings and norms in float16. int4 (edge's, edge/model/packed_weights.py)
+        stores them in 4-bit blocks of 32 with a float16 scale and minimum (5 bits a weight), keeps embeddings and norms
+        in float16, and adds a copy of the head in 8-bit blocks of 32 with a float16 scale (8.5 bits)."""
         if dtype not in WEIGHT_BYTES:
             raise ValueError(f"unknown weight dtype {dtype!r}; expected one of {', '.join(WEIGHT_BYTES)}")
         if dtype not in ("int8", "int4"):

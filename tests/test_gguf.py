@@ -21,7 +21,7 @@ from gguf import GGUFWriter
 from gguf_files import reference_folder, write_gguf
 
 from edge import CheckpointError, Engine, UnsupportedModelError, gguf_checkpoint
-from edge.block_weights import BlockEmbedding
+from edge.model.block_weights import BlockEmbedding
 from edge.loading import load_model
 from kernels import cpu_paths
 from edge.gguf_checkpoint import checkpoint_from_gguf

@@ -9,7 +9,7 @@ import torch
 
 from edge import Engine
 from edge.loading import load_model
-from edge.quantized_kv_cache import QuantizedKVCache
+from edge.model.quantized_kv_cache import QuantizedKVCache
 from kernels import cpu_paths
 from kernels.kv_quant import quantize
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 from edge.loading import load_model
 from kernels import cpu_paths
 from kernels.cpu_matmul import RowwiseMatmul

@@ -1,4 +1,4 @@
-"""Outlier key channels (Qwen-style) in a quantized KV cache: edge/key_scales.py finds them and the cache divides
+"""Outlier key channels (Qwen-style) in a quantized KV cache: edge/model/key_scales.py finds them and the cache divides
 them down before quantizing, so QuantSpec's 4-bit draft view keeps agreeing with the target.
 
 The outlier target is the built-in model with two low-frequency rotary pairs of every key head multiplied by 32 and
@@ -17,10 +17,10 @@ from safetensors.torch import load_file, save_file
 
 from edge import Engine
 from edge.builtin import builtin_model_path
-from edge.calibration import CALIBRATION_TEXT
-from edge.key_scales import outlier_key_scales, pair_magnitudes
+from edge.model.calibration import CALIBRATION_TEXT
+from edge.model.key_scales import outlier_key_scales, pair_magnitudes
 from edge.loading import load_model
-from edge.quantized_kv_cache import QuantizedKVCache
+from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.tokenizer import Tokenizer
 from test_hierarchical_kv_kernel import fused_and_reference
 from kernels.kv_quant import quantize

@@ -10,9 +10,9 @@ import torch
 import transformers
 
 from conftest import build_checkpoint
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, UnsupportedModelError
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 from edge.loading import load_model
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from edge import Engine
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from memory.budget import BudgetError
 from memory.plan import PlanRequest, make_plan
 

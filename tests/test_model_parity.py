@@ -8,7 +8,7 @@ import transformers
 
 from conftest import FAMILIES
 from edge.engine import Engine
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 from edge.loading import load_model
 from edge.tokenizer import Tokenizer
 

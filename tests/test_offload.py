@@ -43,7 +43,7 @@ def test_bad_offload_requests_are_refused(six_layers):
 
 
 def test_the_planner_offloads_last_and_only_where_it_can(six_layers):
-    from edge.config import ModelConfig
+    from edge.model.config import ModelConfig
 
     shape = ModelConfig.from_dir(six_layers).shape()
     request = PlanRequest(target=shape, context=512, drafter="ngram", draft_length=4, min_context=64,

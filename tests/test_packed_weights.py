@@ -1,8 +1,8 @@
-"""int8 and int4 weights on the CPU (edge/packed_weights.py): on every kernel path the int8 kernel computes exactly
-the integer arithmetic it promises (the same bits on every path), each row alone (so speculation on a quantized model
-is exactly its own plain decoding), any matrix shape packs; edge's int4 quantizer (4-bit blocks of 32 with a searched
-scale and minimum, run by the block kernel: test_block_formats.py) beats plain min/max blocks; a quantized model
-stays close to the float one."""
+"""int8 and int4 weights on the CPU (edge/model/packed_weights.py): on every kernel path the int8 kernel computes
+exactly the integer arithmetic it promises (the same bits on every path), each row alone (so speculation on a quantized
+model is exactly its own plain decoding), any matrix shape packs; edge's int4 quantizer (4-bit blocks of 32 with a
+searched scale and minimum, run by the block kernel: test_block_formats.py) beats plain min/max blocks; a quantized
+model stays close to the float one."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 from conftest import kernel_for, kernel_path_names
 from edge import EdgeError, Engine
 from edge.errors import UnsupportedModelError
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 from edge.loading import load_model
-from edge.block_weights import BlockLinear
-from edge.packed_weights import PackedLinear, quantize_weights
+from edge.model.block_weights import BlockLinear
+from edge.model.packed_weights import PackedLinear, quantize_weights
 from kernels.block_formats import BlockMatrix
 from kernels.cpu_matmul import RowwiseMatmul
 from kernels.cpu_packing import int8_packed_size, pack_int8, unpack_int8

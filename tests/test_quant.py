@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edge import EdgeError, Engine
-from edge.quantized_kv_cache import QuantizedKVCache
+from edge.model.quantized_kv_cache import QuantizedKVCache
 from kernels.kv_quant import dequantize, quantize
 from kernels.quant import QuantizedLinear, load_quantized, quantize_weight, save_quantized
 
@@ -148,7 +148,7 @@ def odd_mlp_target(tmp_path_factory, tokenizer_dir) -> Path:
 
 @pytest.mark.parametrize("case", ["float16 weights", "int8 target", "int4 target", "172-wide MLP"])
 def test_quantspec_runs_on_the_cpu_kernel_for_any_target(case, target, half_llama_dir, odd_mlp_target):
-    from edge.block_weights import BlockLinear
+    from edge.model.block_weights import BlockLinear
 
     path = {"float16 weights": half_llama_dir, "172-wide MLP": odd_mlp_target}.get(case, target)
     weights = {"int8 target": "int8", "int4 target": "int4"}.get(case)

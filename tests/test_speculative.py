@@ -12,7 +12,7 @@ import torch
 from conftest import build_checkpoint
 from edge import EdgeError, Engine, SamplingError, TokenizerError
 from edge.events import FINISH_MAX_TOKENS
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -159,7 +159,7 @@ def test_adaptive_drafter_remembers_the_best_choice_per_task(checkpoints, tmp_pa
 
 
 def test_adaptive_layer_skip_skips_the_layers_its_model_measures_least_influential(checkpoints):
-    from edge.calibration import CALIBRATION_TEXT
+    from edge.model.calibration import CALIBRATION_TEXT
     from edge.drafters.skip_calibration import layer_influence, skip_sets
 
     engine = Engine.load(checkpoints["target"], max_context=256, drafter="adaptive")
@@ -375,7 +375,7 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
     """Also with a trimmed head (NAME@): the one C call maps the kept rows back to token ids as the Python path does;
     and with a confidence stop, both stop before the same token."""
     from edge.drafters.base import DraftSampler
-    from edge.model import Transformer
+    from edge.model.transformer import Transformer
     from edge.sampling import SamplingParams
 
     spec = drafter_spec(name.removesuffix("@"), checkpoints)
@@ -425,7 +425,7 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 @pytest.mark.parametrize("name", ["small", "feature", "hybrid:feature"])
 def test_model_drafters_on_a_quantized_target_stay_lossless(checkpoints, name, weights):
-    """The target's layers in int8 or int4 (edge/packed_weights.py): a draft model and a feature drafter (which
+    """The target's layers in int8 or int4 (edge/model/packed_weights.py): a draft model and a feature drafter (which
     reads the target's features and head) still reproduce the quantized target's own plain decoding."""
     plain = Engine.load(checkpoints["target"], max_context=512, weights=weights)
     fast = Engine.load(checkpoints["target"], max_context=512, weights=weights,

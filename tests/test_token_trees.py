@@ -10,9 +10,9 @@ import torch
 import edge.engine
 from edge import Engine
 from edge.builtin import builtin_model_path
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 from edge.loading import load_model
-from edge.quantized_kv_cache import QuantizedKVCache
+from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.speculative import SpeculativeDecoding, StepCosts
 from kernels import cpu_paths
 
@@ -28,7 +28,7 @@ def new_cache(model, kind: str):
 @pytest.mark.parametrize("path", cpu_paths.runnable_paths())
 @pytest.mark.parametrize("weights, kv_cache", [("float32", "float32"), ("int8", "float32"), ("int4", "hierarchical")])
 def test_each_path_of_a_tree_computes_what_decode_steps_compute(llama_dir, monkeypatch, path, weights, kv_cache):
-    from edge.packed_weights import quantize_weights
+    from edge.model.packed_weights import quantize_weights
 
     monkeypatch.setenv("EDGE_CPU_KERNEL", path)
     model = load_model(llama_dir)

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kept = None
     if args.vocab is not None:
-        from edge.drafters.trimmed_head import read_vocabulary
+        from edge.model.trimmed_head import read_vocabulary
 
         kept = read_vocabulary(args.vocab)  # (V',) sorted ids
     drafter = FeatureDrafter(target.config, args.layers)

@@ -7,11 +7,11 @@ import logging
 import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
-from edge.drafters.trimmed_head import TrimmedHead, draft_head
+from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError, TokenizerError
-from edge.kv_cache import common_prefix
-from edge.model import Transformer
-from edge.quantized_kv_cache import QuantizedKVCache, kv_formats
+from edge.model.kv_cache import common_prefix
+from edge.model.transformer import Transformer
+from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
 from edge.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ import torch
 
 from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
 from edge.drafters.skip_calibration import layer_influence, skip_sets
-from edge.drafters.trimmed_head import TrimmedHead, draft_head
+from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError
-from edge.kv_cache import KVCache
-from edge.model import Transformer
+from edge.model.kv_cache import KVCache
+from edge.model.transformer import Transformer
 
 
 def early_exit_layers(num_layers: int, exit_layer: int) -> list[int]:

@@ -23,12 +23,12 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from edge.block_weights import BlockEmbedding, BlockLinear
+from edge.model.block_weights import BlockEmbedding, BlockLinear
 from edge.drafters.base import Draft, DraftSampler
 from edge.drafters.layer_skip import LayerSkipDrafter
 from edge.errors import SamplingError
-from edge.model import Linear, Transformer
-from edge.packed_weights import PackedLinear, int4_linear, widen_norms
+from edge.model.transformer import Linear, Transformer
+from edge.model.packed_weights import PackedLinear, int4_linear, widen_norms
 from kernels.block_formats import QUANTIZED, BlockMatrix
 from kernels.quant import QuantizedLinear
 
@@ -47,7 +47,7 @@ def cpu_kernel_format(model: Transformer, bits: int, group_size: int) -> str | N
 def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> Transformer:
     """The model with every projection of its layers quantized to `bits`; the embedding, norms and head are shared
     with `model` (the head is read once per step, the layers' projections are most of the bytes). On the CPU the
-    projections are packed for edge's kernel (edge/packed_weights.py), elsewhere they are QuantizedLinear (Triton
+    projections are packed for edge's kernel (edge/model/packed_weights.py), elsewhere they are QuantizedLinear (Triton
     on a GPU, the torch reference otherwise); either takes any layer width (padded inside)."""
     draft = Transformer(model.config, device="meta")
     shared = {name: tensor for name, tensor in model.state_dict().items() if not name.endswith(".packed")}

@@ -26,7 +26,7 @@ import torch
 
 from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path, shipped_datastores
 from edge.bundle import Bundle, is_bundle, read_bundle
-from edge.calibration import CALIBRATION_TEXT
+from edge.model.calibration import CALIBRATION_TEXT
 from edge.drafters.base import Drafter
 from edge.drafters.draft_model import DraftModelDrafter
 from edge.drafters.feature import FeatureDrafter
@@ -35,13 +35,13 @@ from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
 from edge.drafters.ngram import NGramDrafter
 from edge.drafters.quantspec import BITS, QuantSpecDrafter
 from edge.drafters.retrieval import RetrievalDrafter, read_datastore, shipped_datastore
-from edge.drafters.trimmed_head import read_vocabulary
+from edge.model.trimmed_head import read_vocabulary
 from edge.errors import BundleError, SamplingError
-from edge.kv_cache import KVCache
+from edge.model.kv_cache import KVCache
 from edge.loading import load_model, parse_dtype
-from edge.model import Transformer
+from edge.model.transformer import Transformer
 from edge.model_source import resolve_model
-from edge.packed_weights import quantize_weights
+from edge.model.packed_weights import quantize_weights
 from edge.tokenizer import Tokenizer
 
 # what the memory planner counts (memory.plan.DRAFTERS): a drafter without weights, one sharing the target's weights
@@ -187,8 +187,8 @@ def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, m
                      dtype: str = "float32", weights: str | None = None,
                      kv_cache: str | None = None) -> DraftModelDrafter:
     """A draft checkpoint computing in `dtype`; `weights="bfloat16"` stores its matrices in bfloat16 (half the
-    memory) and `weights="int8"` / `"int4"` quantizes its layers (edge/packed_weights.py: a quarter or an eighth of
-    float32, and faster drafting); the target still verifies in its own precision, so output is unchanged."""
+    memory) and `weights="int8"` / `"int4"` quantizes its layers (edge/model/packed_weights.py: a quarter or an eighth
+    of float32, and faster drafting); the target still verifies in its own precision, so output is unchanged."""
     draft_tokenizer = Tokenizer.from_dir(path)
     draft = load_model(path, dtype=dtype, device=target.device)
     DraftModelDrafter.check_compatible(target, tokenizer, draft, draft_tokenizer)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from edge.calibration import calibration_pass
-from edge.model import Transformer
+from edge.model.calibration import calibration_pass
+from edge.model.transformer import Transformer
 
 
 def layer_influence(model: Transformer, token_ids: list[int]) -> list[float]:

@@ -7,7 +7,7 @@
  * stored codes and the attention's inputs do not depend on how many rows share a call: a verify pass stores and
  * reads exactly what decode steps do.
  *
- * Keys may carry per-channel scales (powers of two, edge/key_scales.py): a key is divided by them before it is
+ * Keys may carry per-channel scales (powers of two, edge/model/key_scales.py): a key is divided by them before it is
  * quantized and multiplied back as it is read, so a few outlier channels (Qwen's) do not set every channel's step.
  */
 #include "simd.h"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from kernels.cpu_matmul import KernelCache
 
 

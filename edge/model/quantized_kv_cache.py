@@ -6,7 +6,7 @@
     with cache.drafting(): ...                         # reads see the draft's view (upper 4 bits: QuantSpec)
 
 Same interface as KVCache (length, rollback, reset, nbytes, write), so the model and every strategy run unchanged.
-`cache.key_scales` (L, Hkv, Dh), powers of two from edge/key_scales.py, divide keys per channel before they are
+`cache.key_scales` (L, Hkv, Dh), powers of two from edge/model/key_scales.py, divide keys per channel before they are
 quantized and multiply them back as they are read: outlier key channels then do not set every channel's step.
 This is the reference path: reads dequantize the whole prefix each call. Keys may take more bits than values
 (KV-AdaQuant: keys are more sensitive).
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
-from edge.kv_cache import KVCache, keep_slots
+from edge.model.kv_cache import KVCache, keep_slots
 from kernels.cpu_matmul import HierarchicalCache, HierarchicalPlanes, KernelCache
 from kernels.dispatch import use_triton
 from kernels.kv_quant import KV_FORMATS, PackedVectors, dequantize, quantize

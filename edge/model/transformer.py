@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 from edge.errors import UnsupportedModelError
-from edge.block_weights import BlockEmbedding, BlockLinear
-from edge.kv_cache import KVCache, keep_slots
-from edge.packed_weights import PackedLinear
-from edge.rope import apply_rope, inverse_frequencies
+from edge.model.block_weights import BlockEmbedding, BlockLinear
+from edge.model.kv_cache import KVCache, keep_slots
+from edge.model.packed_weights import PackedLinear
+from edge.model.rope import apply_rope, inverse_frequencies
 from kernels.block_formats import BlockMatrix
 from kernels.cpu_matmul import ROWWISE_MAX_ROWS, KernelDraft
 from kernels.fused_model import FeatureRows, FusedWeights, KernelHead, ModelEnds, ModelShape
@@ -221,8 +221,8 @@ class Transformer(nn.Module):
         self.rowwise_max_rows = ROWWISE_MAX_ROWS
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         self._fused_weights: FusedWeights | bool | None = None  # made at first use; False: not fusable
-        # "int8": set by edge.packed_weights.quantize_weights; "blocks": a GGUF file's own formats
-        # (edge/gguf_weights.py), or --weights int4 (edge.packed_weights)
+        # "int8": set by edge.model.packed_weights.quantize_weights; "blocks": a GGUF file's own formats
+        # (edge/gguf_weights.py), or --weights int4 (edge.model.packed_weights)
         self.packed_format: str | None = None
         self.packed_head = None  # the head in a packed format: int8 bytes, or a BlockMatrix
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()

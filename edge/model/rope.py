@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from edge.config import ModelConfig
+from edge.model.config import ModelConfig
 
 
 def inverse_frequencies(config: ModelConfig) -> torch.Tensor:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from edge.errors import SamplingError
-from edge.model import Transformer, linear
+from edge.model.transformer import Transformer, linear
 from kernels.fused_model import KernelHead
 
 

@@ -8,7 +8,7 @@ on every row count, prompts included.
     int8  per output channel, activations quantized per row (w8a8; kernels/csrc/matmul_int8.c): a quarter of
           float32's bytes. The head gets a packed copy; the embedding stays as loaded.
     int4  4-bit codes with a searched scale and minimum per 32 inputs (5 bits a weight: llama.cpp's Q4_1 layout,
-          kernels/csrc/blocks_quantize.c), run by the block kernel (edge/block_weights.py) with activations per
+          kernels/csrc/blocks_quantize.c), run by the block kernel (edge/model/block_weights.py) with activations per
           block of 32 (w4a8). The head in 8-bit blocks (Q8_0): a 4-bit head costs a small model most of int4's
           loss. The embedding stays as loaded (its rows are looked up; a feature drafter reads the same rows).
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.block_weights import BlockLinear
+from edge.model.block_weights import BlockLinear
 from edge.errors import UnsupportedModelError
 from kernels.block_formats import BlockMatrix, PackedArena, packed_bytes
 from kernels.cpu_matmul import ROWWISE_MAX_ROWS
@@ -100,7 +100,7 @@ def int4_linear(linear: nn.Module, rowwise, arena: PackedArena | None = None) ->
 def quantize_weights(model, fmt: str) -> None:
     """Quantize each layer's four matrices to `fmt` and widen its norms to float32, in place, with a quantized copy of
     the head (`model.packed_head`, which logits() and one-call drafting then use). int8: PackedLinear and an int8 head.
-    int4: BlockLinear (edge/block_weights.py) and an 8-bit block head; the model's format is then "blocks"."""
+    int4: BlockLinear (edge/model/block_weights.py) and an 8-bit block head; the model's format is then "blocks"."""
     problem = quantization_problem(model, fmt)
     if problem is not None:
         raise UnsupportedModelError(problem)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from edge.calibration import calibration_pass
-from edge.model import Transformer
+from edge.model.calibration import calibration_pass
+from edge.model.transformer import Transformer
 
 OUTLIER_RATIO = 8.0  # a rotary pair this many times its head's median magnitude is scaled down
 

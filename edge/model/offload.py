@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.model import Block, Linear, Transformer
+from edge.model.transformer import Block, Linear, Transformer
 
 
 class LayerStreamer(nn.Module):

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         limits = " | ".join(f"{expected_tokens(a, n - 1) / cost:.2f}x" for a in ACCEPTANCE)
         print(f"| {n} | {seconds[n] * 1e3:.3f} | {cost:.2f} | {limits} |")
     if args.drafter:
-        from edge.builtin import builtin_drafter_path
+        from edge.sources.builtin import builtin_drafter_path
 
         path = str(builtin_drafter_path()) if args.drafter == "builtin" else args.drafter
         draft_model, draft_cache = load(path, args.context + 2)

@@ -28,8 +28,8 @@ import torch
 from bench import llama_cpp, llama_server, scaling, suite
 from bench.checkpoints import source_checkpoint
 from edge.cli_options import print_plan, resolve_model_path
-from edge.default_model import DEFAULT_MODEL_HELP
-from edge.gguf_checkpoint import gguf_index
+from edge.sources.default_model import DEFAULT_MODEL_HELP
+from edge.sources.gguf_checkpoint import gguf_index
 from edge.drafters.registry import usage as drafter_usage
 from edge.errors import EdgeError
 from edge.model.kv_cache import common_prefix
@@ -246,7 +246,7 @@ def suite_peer_runs(args: argparse.Namespace, model: Path, methods: list[str]) -
     """The suite's peers: transformers' generate(), prompt lookup and assisted generation with each draft model among
     the methods (the built-in drafter when none is), and llama.cpp plain and with prompt lookup on the GGUF file at the
     precision matching edge's weights."""
-    from edge.builtin import builtin_drafter_path
+    from edge.sources.builtin import builtin_drafter_path
 
     runs = []
     for peer, where in peer_runs(args, Path(source_checkpoint(str(model)))):

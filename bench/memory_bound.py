@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the draft model's (default: a tenth of --params)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the extra channels' small random weights")
     args = parser.parse_args(argv)
-    from edge.builtin import builtin_drafter_path, builtin_model_path
+    from edge.sources.builtin import builtin_drafter_path, builtin_model_path
 
     target_source, draft_source = builtin_model_path(), builtin_drafter_path()
     if target_source is None or draft_source is None:

@@ -34,7 +34,7 @@ import httpx
 import psutil
 
 from bench.prompts import PROMPTS
-from edge.default_model import default_model_path
+from edge.sources.default_model import default_model_path
 from edge.engine import Engine
 
 CHAT = "/v1/chat/completions"

@@ -77,7 +77,7 @@ def llama_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: 
 
 
 def backend_label(backend: str, model: str, dtype: str, weights: str | None) -> str:
-    from edge.gguf_checkpoint import checkpoint_from_gguf, gguf_index
+    from edge.sources.gguf_checkpoint import checkpoint_from_gguf, gguf_index
 
     if backend == "llama.cpp":
         index = gguf_index(checkpoint_from_gguf(model))  # the file's own type (q4_k_m, ...), from its header

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import torch
 
-from edge import default_model
-from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path
-from edge.default_model import DEFAULT_MODEL_HELP
+from edge.sources import default_model
+from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path
+from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.drafters.registry import usage as drafter_usage
 from edge.engine import GenerationOptions
 from edge.errors import SettingError
 from edge.load_spec import (BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LOAD_WEIGHTS,
                              LoadSpec)
-from edge.model_source import resolve_model
+from edge.sources.model_source import resolve_model
 from edge.planning import plan
 from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
 
@@ -168,5 +168,5 @@ def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptio
 
 def resolve_model_path(model: str | None) -> Path:
     """The checkpoint folder to load: the one given (a .gguf file or a Hub id resolved to its folder), or the default
-    model (edge/default_model.py: SmolLM2-135M-Instruct where installed, else the built-in model, said once)."""
+    model (edge/sources/default_model.py: SmolLM2-135M-Instruct where installed, else the built-in model, said once)."""
     return resolve_model(model or default_model.default_model_path())

@@ -41,7 +41,7 @@ from edge.events import Event, Stats
 from edge.model.key_scales import outlier_key_scales
 from edge.model.kv_cache import common_prefix
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
-from edge.loading import check_checkpoint, load_model, not_a_folder
+from edge.sources.loading import check_checkpoint, load_model, not_a_folder
 from edge.model.transformer import Transformer
 from edge.model.offload import offload_layers
 from edge.model.packed_weights import quantize_weights
@@ -145,8 +145,9 @@ class Engine:
     @classmethod
     def load(cls, path: str | Path, *, progress: Callable[[str, float], None] | None = None, **options) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json), an edge-export
-        bundle, a .gguf file or a Hub id ("org/name", from the Hugging Face cache or downloaded; edge/model_source.py):
-        `Engine.from_spec(LoadSpec.from_options(path, **options))`. The options (edge/load_spec.py):
+        bundle, a .gguf file or a Hub id ("org/name", from the Hugging Face cache or downloaded;
+        edge/sources/model_source.py): `Engine.from_spec(LoadSpec.from_options(path, **options))`. The options
+        (edge/load_spec.py):
 
         `dtype`, `device`, `max_context`; `drafter` turns on speculative decoding (a spec, edge/drafters/registry.py)
         and `draft_length` is "adaptive", "adaptive:P" or a fixed number of drafted tokens per step. With

@@ -20,8 +20,8 @@ import torch
 
 from edge.drafters.registry import DrafterSpec
 from edge.errors import BundleError, CheckpointError, PromptError, SamplingError
-from edge.loading import parse_dtype
-from edge.model_source import resolve_model
+from edge.sources.loading import parse_dtype
+from edge.sources.model_source import resolve_model
 from edge.model.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
 from edge.speculative import DraftLength
@@ -107,7 +107,7 @@ class LoadSpec:
                      drafter: "str | DrafterSpec | None" = None, **options) -> "LoadSpec":
         """A spec from Engine.load's keywords: the draft model's options flat (draft_context, draft_weights,
         draft_kv), and draft_vocab as the drafter's VocabTrim file. `path` may also be a .gguf file or a Hub id
-        (org/name), resolved to a checkpoint folder here (edge/model_source.py)."""
+        (org/name), resolved to a checkpoint folder here (edge/sources/model_source.py)."""
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)} - {"draft"})
         if unknown:
             raise TypeError(f"unknown load option {unknown[0]!r}")

@@ -15,10 +15,10 @@ from edge.bundle import is_bundle, read_bundle
 from edge.model.config import ModelConfig
 from edge.drafters.registry import DrafterSpec
 from edge.errors import SamplingError
-from edge.gguf_checkpoint import gguf_index
-from edge.gguf_weights import runs_as_blocks, stored_bytes
+from edge.sources.gguf_checkpoint import gguf_index
+from edge.sources.gguf_weights import runs_as_blocks, stored_bytes
 from edge.load_spec import DraftModelOptions, LoadSpec
-from edge.loading import checkpoint_dtype, parse_dtype, storage_dtype
+from edge.sources.loading import checkpoint_dtype, parse_dtype, storage_dtype
 from edge.speculative import DraftLength
 from memory.device import probe
 from memory.plan import Plan, PlanRequest, make_plan
@@ -91,8 +91,8 @@ def target_weights(spec: LoadSpec) -> tuple[str, int | None]:
 
 
 def kept_weight_dtype(folder: str | Path, dtype: str, device: str) -> str:
-    """The dtype load_model keeps a checkpoint's weights in when computing in `dtype` (edge.loading.storage_dtype:
-    a 16-bit checkpoint computed in float32 on the CPU stays 16-bit)."""
+    """The dtype load_model keeps a checkpoint's weights in when computing in `dtype`
+    (edge.sources.loading.storage_dtype: a 16-bit checkpoint computed in float32 on the CPU stays 16-bit)."""
     kept = storage_dtype(checkpoint_dtype(folder), parse_dtype(dtype), torch.device(device))
     return str(kept).removeprefix("torch.")
 

@@ -38,7 +38,7 @@ from edge.model.config import ModelConfig
 from edge.drafters.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
 from edge.errors import BundleError, EdgeError, UnsupportedModelError
-from edge.gguf_checkpoint import gguf_index
+from edge.sources.gguf_checkpoint import gguf_index
 from edge.tokenizer import Tokenizer
 from export.bundle_files import (
     CONFIG_FILES,

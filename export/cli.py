@@ -152,8 +152,8 @@ def _options(args, ExportOptions, QuantSettings, read_template_file):
 
 def _checkpoint(name: str | None) -> Path:
     """The checkpoint folder named (a .gguf file or a Hub id resolved to its folder), or the default model's."""
-    from edge.default_model import default_model_path
-    from edge.model_source import resolve_model
+    from edge.sources.default_model import default_model_path
+    from edge.sources.model_source import resolve_model
 
     return resolve_model(name or default_model_path())
 

@@ -26,7 +26,7 @@ from edge.cli_options import (
     command_spec,
     generation_options,
 )
-from edge import default_model
+from edge.sources import default_model
 from edge.engine import Engine
 from edge.errors import EdgeError
 from memory.budget import BudgetError

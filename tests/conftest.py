@@ -68,7 +68,7 @@ def build_tokenizer(folder: Path) -> int:
 @pytest.fixture
 def builtin_default(monkeypatch):
     """Commands given no model run the built-in model, as where the default model is not installed."""
-    from edge import default_model
+    from edge.sources import default_model
 
     monkeypatch.setattr(default_model, "packaged_file", lambda model=None: None)
 

@@ -10,7 +10,7 @@ import transformers
 from conftest import transformers_greedy
 
 from edge import Engine
-from edge.builtin import (builtin_deep_feature_drafter_path, builtin_drafter_path, builtin_feature_drafter_path,
+from edge.sources.builtin import (builtin_deep_feature_drafter_path, builtin_drafter_path, builtin_feature_drafter_path,
                           builtin_model_path)
 
 GOLDEN = Path(__file__).parent / "golden" / "builtin_greedy.json"

@@ -12,7 +12,7 @@ import pytest
 
 from edge import Engine
 from edge import chat_template
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.chat_template import ChatTemplate, TemplateLimitError
 from serve.app import ServeConfig
 from serve.background import BackgroundServer

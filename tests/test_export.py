@@ -113,7 +113,7 @@ def test_trimmed_drafter_never_drafts_a_dropped_token(llama_dir, drafter_dir, tm
 
 
 def test_auto_trims_only_a_head_that_outweighs_the_drafter_layers(llama_dir, drafter_dir, tmp_path):
-    from edge.loading import load_model
+    from edge.sources.loading import load_model
     from export.bundle import _should_trim
 
     drafter = load_model(drafter_dir)  # 1 layer of width 64 (~41k weights) against a 320 x 64 head (~20k)

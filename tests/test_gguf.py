@@ -20,12 +20,13 @@ import torch.nn.functional as F
 from gguf import GGUFWriter
 from gguf_files import reference_folder, write_gguf
 
-from edge import CheckpointError, Engine, UnsupportedModelError, gguf_checkpoint
+from edge import CheckpointError, Engine, UnsupportedModelError
+from edge.sources import gguf_checkpoint
 from edge.model.block_weights import BlockEmbedding
-from edge.loading import load_model
+from edge.sources.loading import load_model
 from kernels import cpu_paths
-from edge.gguf_checkpoint import checkpoint_from_gguf
-from edge.gguf_tokenizer import (
+from edge.sources.gguf_checkpoint import checkpoint_from_gguf
+from edge.sources.gguf_tokenizer import (
     PRE_TOKENIZERS,
     TOKEN_BYTE,
     TOKEN_CONTROL,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from edge import Engine
-from edge.loading import load_model
+from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
 from kernels import cpu_paths
 from kernels.kv_quant import quantize

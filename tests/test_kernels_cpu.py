@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from edge.model.kv_cache import KVCache
-from edge.loading import load_model
+from edge.sources.loading import load_model
 from kernels import cpu_paths
 from kernels.cpu_matmul import RowwiseMatmul
 

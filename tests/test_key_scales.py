@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.model.calibration import CALIBRATION_TEXT
 from edge.model.key_scales import outlier_key_scales, pair_magnitudes
-from edge.loading import load_model
+from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.tokenizer import Tokenizer
 from test_hierarchical_kv_kernel import fused_and_reference

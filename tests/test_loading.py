@@ -13,7 +13,7 @@ from conftest import build_checkpoint
 from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, UnsupportedModelError
 from edge.model.kv_cache import KVCache
-from edge.loading import load_model
+from edge.sources.loading import load_model
 
 
 def copy_checkpoint(source, tmp_path):

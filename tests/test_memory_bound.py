@@ -9,7 +9,7 @@ from conftest import transformers_greedy
 
 from edge import Engine
 from bench import memory_bound
-from edge.builtin import builtin_drafter_path, builtin_model_path
+from edge.sources.builtin import builtin_drafter_path, builtin_model_path
 
 pytestmark = pytest.mark.skipif(builtin_model_path() is None, reason="this checkout ships no built-in model")
 PROMPT = [{"role": "user", "content": "Write a Python function that reverses a list."}]

@@ -173,7 +173,7 @@ def test_a_quantspec_plan_counts_its_quantized_projections_and_the_hierarchical_
 
 
 def test_the_builtin_feature_drafter_is_planned_like_a_small_draft_model():
-    from edge.builtin import builtin_feature_drafter_path, builtin_model_path
+    from edge.sources.builtin import builtin_feature_drafter_path, builtin_model_path
 
     if builtin_feature_drafter_path() is None:
         pytest.skip("this checkout ships no built-in feature drafter")

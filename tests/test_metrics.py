@@ -9,7 +9,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.load_spec import LoadSpec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer

@@ -9,7 +9,7 @@ import transformers
 from conftest import FAMILIES
 from edge.engine import Engine
 from edge.model.kv_cache import KVCache
-from edge.loading import load_model
+from edge.sources.loading import load_model
 from edge.tokenizer import Tokenizer
 
 TOLERANCE = 1e-4

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from gguf_files import write_gguf
 
-from edge import CheckpointError, Engine, LoadSpec, gguf_checkpoint
-from edge.model_source import HubName, display_name, resolve_model
+from edge import CheckpointError, Engine, LoadSpec
+from edge.sources import gguf_checkpoint
+from edge.sources.model_source import HubName, display_name, resolve_model
 from edge.planning import plan_for
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -13,7 +13,7 @@ from conftest import kernel_for, kernel_path_names
 from edge import EdgeError, Engine
 from edge.errors import UnsupportedModelError
 from edge.model.kv_cache import KVCache
-from edge.loading import load_model
+from edge.sources.loading import load_model
 from edge.model.block_weights import BlockLinear
 from edge.model.packed_weights import PackedLinear, quantize_weights
 from kernels.block_formats import BlockMatrix

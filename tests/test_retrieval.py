@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edge import Engine, SamplingError
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.drafters.retrieval import SEPARATOR, RetrievalDrafter, TokenStore, read_datastore, shipped_datastore
 from edge.tokenizer import Tokenizer
 

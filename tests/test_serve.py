@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.errors import CheckpointError
 from edge.load_spec import LoadSpec
 from serve.app import ServeConfig
@@ -259,7 +259,7 @@ def test_the_command_line_builds_edge_chats_load_spec_and_request_defaults(monke
 
 
 def test_model_ids_name_what_was_loaded(tmp_path, monkeypatch):
-    from edge import default_model
+    from edge.sources import default_model
 
     monkeypatch.setattr(default_model, "packaged_file", lambda model=None: tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf")
     assert model_id(None) == "SmolLM2-135M-Instruct.Q4_1"  # the default model

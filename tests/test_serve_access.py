@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from serve.access import AccessGuard, split_host
 from serve.app import ServeConfig
 from serve.background import BackgroundServer

@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.cli_options import load_spec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from edge import Engine, GenerationOptions
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
 

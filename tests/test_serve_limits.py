@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
 from serve.cli import build_parser, main, serve_config

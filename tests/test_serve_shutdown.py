@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 
 
 @pytest.mark.parametrize("sig, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.load_spec import LoadSpec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer

@@ -140,7 +140,7 @@ def test_seeded_speculative_sampling_is_reproducible(checkpoints, name):
 
 def test_adaptive_drafter_remembers_the_best_choice_per_task(checkpoints, tmp_path):
     from edge.drafters import AdaptiveLayerSkipDrafter
-    from edge.loading import load_model
+    from edge.sources.loading import load_model
 
     model = load_model(checkpoints["target"])
     memory = tmp_path / "skip-memory.json"

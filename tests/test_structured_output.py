@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.constrained import GrammarError, json_schema_grammar
 from edge.events import FINISH_EOS
 from test_speculative import DRAFTERS, checkpoints, drafter_spec, ids_of  # noqa: F401 - checkpoints: a fixture

@@ -9,9 +9,9 @@ import torch
 
 import edge.engine
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.model.kv_cache import KVCache
-from edge.loading import load_model
+from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.speculative import SpeculativeDecoding, StepCosts
 from kernels import cpu_paths

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from edge.drafters.retrieval import CARD, STORE, TokenStore
-from edge.model_source import resolve_model
+from edge.sources.model_source import resolve_model
 from edge.tokenizer import Tokenizer
 from train.corpus import read_jsonl
 

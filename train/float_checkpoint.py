@@ -22,9 +22,9 @@ def write_float_checkpoint(model: str | Path, out: Path) -> Path:
     """`model` (a .gguf file, Hub id or folder) as float32 safetensors in `out`; returns `out`."""
     from safetensors.torch import save_file
 
-    from edge.gguf_checkpoint import gguf_index
-    from edge.gguf_weights import float_tensors
-    from edge.model_source import resolve_model
+    from edge.sources.gguf_checkpoint import gguf_index
+    from edge.sources.gguf_weights import float_tensors
+    from edge.sources.model_source import resolve_model
 
     folder = resolve_model(model)
     index = gguf_index(folder)

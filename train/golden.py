@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from edge import Engine
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 
 CASES = [
     ([{"role": "user", "content": "What does the `os` module do?"}], 40),

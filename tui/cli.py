@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Iterable, Iterator, TextIO
 
-from edge import default_model
+from edge.sources import default_model
 from edge.cli_options import (
     add_model_arguments,
     add_sampling_arguments,

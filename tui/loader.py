@@ -10,7 +10,7 @@ from textual.highlight import highlight
 
 from edge.engine import Engine
 from edge.load_spec import LoadSpec
-from edge.model_source import display_name
+from edge.sources.model_source import display_name
 from tui.history import ConversationStore
 from tui.session import ChatSession
 from tui.settings import ChatSettings

@@ -23,7 +23,7 @@ from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
 from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import CheckpointError, SamplingError
 from edge.model.kv_cache import common_prefix
-from edge.loading import load_hf_tensors, load_model
+from edge.sources.loading import load_hf_tensors, load_model
 from edge.model.transformer import Linear, Transformer
 from kernels.fused_model import FeatureRows
 

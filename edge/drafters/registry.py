@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from edge.builtin import builtin_drafter_path, builtin_feature_drafter_path, shipped_datastores
+from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path, shipped_datastores
 from edge.bundle import Bundle, is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
 from edge.drafters.base import Drafter
@@ -38,9 +38,9 @@ from edge.drafters.retrieval import RetrievalDrafter, read_datastore, shipped_da
 from edge.model.trimmed_head import read_vocabulary
 from edge.errors import BundleError, SamplingError
 from edge.model.kv_cache import KVCache
-from edge.loading import load_model, parse_dtype
+from edge.sources.loading import load_model, parse_dtype
 from edge.model.transformer import Transformer
-from edge.model_source import resolve_model
+from edge.sources.model_source import resolve_model
 from edge.model.packed_weights import quantize_weights
 from edge.tokenizer import Tokenizer
 

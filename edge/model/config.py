@@ -2,7 +2,7 @@
 
 Each supported architecture has one small entry in `ARCHITECTURES` that reads its own keys (qkv bias, q/k norm,
 sliding window...) on top of the fields every family shares. Adding a family means adding one function here and,
-if its weights are named differently, one line in `edge/loading.py`.
+if its weights are named differently, one line in `edge/sources/loading.py`.
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ class Transformer(nn.Module):
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         self._fused_weights: FusedWeights | bool | None = None  # made at first use; False: not fusable
         # "int8": set by edge.model.packed_weights.quantize_weights; "blocks": a GGUF file's own formats
-        # (edge/gguf_weights.py), or --weights int4 (edge.model.packed_weights)
+        # (edge/sources/gguf_weights.py), or --weights int4 (edge.model.packed_weights)
         self.packed_format: str | None = None
         self.packed_head = None  # the head in a packed format: int8 bytes, or a BlockMatrix
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()

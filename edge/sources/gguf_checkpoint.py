@@ -5,9 +5,9 @@
 
 The file's header is read once with the `gguf` package and written as a small folder: config.json from the
 `{arch}.*` metadata, tokenizer.json and tokenizer_config.json from the `tokenizer.ggml.*` keys
-(edge/gguf_tokenizer.py), and gguf.json, the file's path and its tensors' names, types, shapes and byte offsets. The
-weights stay in the file: edge/gguf_weights.py maps them from there at each load, in their own quantization. Families:
-llama (Llama 2/3.x, TinyLlama, SmolLM, Mistral), qwen2 and qwen3 (dense models).
+(edge/sources/gguf_tokenizer.py), and gguf.json, the file's path and its tensors' names, types, shapes and byte offsets.
+The weights stay in the file: edge/sources/gguf_weights.py maps them from there at each load, in their own quantization.
+Families: llama (Llama 2/3.x, TinyLlama, SmolLM, Mistral), qwen2 and qwen3 (dense models).
 
 Before anything is written the file is checked whole: every metadata value a model needs, every tensor of every
 layer with the shape the metadata implies, every byte range inside the file. A file that fails is never cached, and
@@ -43,7 +43,7 @@ import numpy as np
 
 from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, EdgeError, UnsupportedModelError
-from edge.gguf_tokenizer import TokenizerFiles
+from edge.sources.gguf_tokenizer import TokenizerFiles
 from edge.model.rope import inverse_frequencies
 from kernels.cache import cache_folder
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from edge.errors import CheckpointError
-from edge.gguf_checkpoint import checkpoint_from_gguf
+from edge.sources.gguf_checkpoint import checkpoint_from_gguf
 
 DOWNLOAD_PATTERNS = ["model*.safetensors", "*.json", "*.jinja"]
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"

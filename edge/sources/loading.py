@@ -19,7 +19,7 @@ import torch
 
 from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, SettingError
-from edge.gguf_checkpoint import gguf_index
+from edge.sources.gguf_checkpoint import gguf_index
 from edge.model.transformer import Transformer
 from edge.model.rope import inverse_frequencies
 from kernels.cpu_matmul import RowwiseMatmul
@@ -305,7 +305,7 @@ def build_state(
     bias_dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """The model's state dict from mapped checkpoint tensors (MappedTensors, or a GGUF file's tensors:
-    edge.gguf_weights.FloatTensors), one tensor at a time, in `dtype` (biases in
+    edge.sources.gguf_weights.FloatTensors), one tensor at a time, in `dtype` (biases in
     `bias_dtype` when given: the compute dtype, when the weights are stored narrower).
 
     A tensor that is already in the right dtype and device stays a view of the map. One that is fused or converted
@@ -351,8 +351,8 @@ def load_model(
 ) -> Transformer:
     """Build the model for `folder` and fill it with its weights, computing in `dtype` on `device`. A float16 or
     bfloat16 checkpoint computed in float32 on the CPU keeps its weights in their own precision (storage_dtype). A
-    folder read from a quantized GGUF file keeps the file's quantization on the CPU (edge/gguf_weights.py), unless
-    `dequantize` asks for 16-bit weights."""
+    folder read from a quantized GGUF file keeps the file's quantization on the CPU (edge/sources/gguf_weights.py),
+    unless `dequantize` asks for 16-bit weights."""
     folder = Path(folder)
     config = ModelConfig.from_dir(folder)
     dtype, device = parse_dtype(dtype), torch.device(device)
@@ -360,7 +360,7 @@ def load_model(
         raise CheckpointError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
     index = gguf_index(folder)
     if index is not None:
-        from edge import gguf_weights
+        from edge.sources import gguf_weights
 
         kernel = cpu_kernel() if device.type == "cpu" and dtype == torch.float32 else None
         if gguf_weights.runs_as_blocks(index) and not dequantize and kernel is not None:

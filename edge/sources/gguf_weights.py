@@ -1,7 +1,8 @@
-"""A GGUF file's weights loaded into `Transformer`, in the file's own quantization: the folder edge/gguf_checkpoint.py
-wrote says where each tensor is, and the file is memory-mapped and read one tensor at a time.
+"""A GGUF file's weights loaded into `Transformer`, in the file's own quantization: the folder
+edge/sources/gguf_checkpoint.py wrote says where each tensor is, and the file is memory-mapped and read one tensor at a
+time.
 
-    model = block_model(folder, index, kernel)    # edge.loading.load_model calls these for such folders
+    model = block_model(folder, index, kernel)    # edge.sources.loading.load_model calls these for such folders
     tensors = float_tensors(folder, index)        # ... or builds a float model from these
 
 - Quantized files on the CPU (float32 compute, edge's kernel available): each matrix keeps its GGUF type (Q4_K, Q6_K,
@@ -133,8 +134,8 @@ def block_model(folder: Path, index: dict, rowwise) -> Transformer:
 
 
 def float_tensors(folder: Path, index: dict) -> "FloatTensors":
-    """The file's tensors as float tensors by Hugging Face name (edge.loading builds the float model from them); a
-    quantized file says once, on stderr, what dequantizing it costs."""
+    """The file's tensors as float tensors by Hugging Face name (edge.sources.loading builds the float model from them);
+    a quantized file says once, on stderr, what dequantizing it costs."""
     file = GGUFFile(Path(index["file"]))
     if runs_as_blocks(index):
         config = ModelConfig.from_dir(folder)
@@ -154,7 +155,7 @@ def _float16_bytes(config: ModelConfig) -> int:
 
 class FloatTensors(Mapping):
     """The file's tensors by Hugging Face name as float tensors, made when read (one at a time): what
-    edge.loading.build_state takes in place of a safetensors file's (`tensors`, `release`)."""
+    edge.sources.loading.build_state takes in place of a safetensors file's (`tensors`, `release`)."""
 
     def __init__(self, file: GGUFFile, entries: dict) -> None:
         self.file, self.entries = file, entries

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-BUILTIN_DIR = Path(__file__).parent / "models" / "default"
+BUILTIN_DIR = Path(__file__).parent.parent / "models" / "default"  # edge/models/, beside the subpackages
 
 
 def builtin_model_path() -> Path | None:

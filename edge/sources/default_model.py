@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge.builtin import builtin_model_path
+from edge.sources.builtin import builtin_model_path
 from edge.errors import CheckpointError
 from kernels.cache import cache_folder
 

@@ -36,7 +36,7 @@ from edge.model.kv_cache import common_prefix
 from edge.load_spec import DRAFT_WEIGHTS, DTYPES, LoadSpec
 from edge.model.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 from memory.budget import BudgetError
 PEERS = ("transformers", "llama.cpp", "llama-server")
 

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.prompts import PROMPTS
     from edge.cli_options import resolve_model_path
     from edge.model.kv_cache import common_prefix
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
 
     print("| file | runtimes | identical replies | shared leading tokens (mean) | reply tokens (mean) |")
     print("|---|---|---:|---:|---:|")

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=512, help="tokens per window (default: 512)")
     args = parser.parse_args(argv)
     from edge.cli_options import resolve_model_path
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(resolve_model_path(args.models[0].partition("@")[0]))
     ids = tokenizer.encode(evaluation_text())[:args.tokens]

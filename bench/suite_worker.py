@@ -149,7 +149,7 @@ def hf_runner(model: str, method: str, dtype: str) -> tuple[Runner, list[list[in
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
 
     model = source_checkpoint(model)
     target = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
@@ -182,7 +182,7 @@ def llama_cpp_suite_runner(model: str, method: str) -> tuple[Runner, list[list[i
     import torch
 
     from edge.model.config import ModelConfig
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
 
     kind, _, gguf = method.partition(":")
     model = source_checkpoint(model)
@@ -198,7 +198,7 @@ def llama_server_runner(model: str, method: str) -> tuple[Runner, list[list[int]
     """llama.cpp's server in one mode (bench/llama_server.py), fed the same prompt ids as edge."""
     import torch
 
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
 
     mode, target, draft = llama_server.parse_method(method)
     tokenizer = Tokenizer.from_dir(source_checkpoint(model))

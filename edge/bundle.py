@@ -125,7 +125,7 @@ def read_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
 def verify_tokenizer(bundle: Bundle) -> None:
     """The tokenizer files read back to the vocabulary the manifest's `tokenizer.sha256` names (the vocabulary's
     fingerprint: what the model's ids mean)."""
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
 
     expected = (bundle.manifest.get("tokenizer") or {}).get("sha256")
     if not isinstance(expected, str):

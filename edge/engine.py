@@ -31,7 +31,7 @@ from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
 from edge.bundle import is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
-from edge.chat_template import check_messages, read_template_file
+from edge.text.chat_template import check_messages, read_template_file
 from edge.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar
 from edge.drafters import Drafter
 from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
@@ -49,8 +49,8 @@ from edge.planning import fit_to_budget
 from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
 from edge.sampling import SamplingParams, history_tensor, next_token
 from edge.speculative import DraftLength, SpeculativeDecoding
-from edge.stopping import StopStrings
-from edge.tokenizer import StreamDecoder, Tokenizer
+from edge.text.stopping import StopStrings
+from edge.text.tokenizer import StreamDecoder, Tokenizer
 from edge.tools import plan_tool_use
 from memory.device import return_freed_heap
 

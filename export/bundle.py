@@ -33,13 +33,13 @@ import onnx
 import torch
 
 from edge.bundle import MANIFEST, read_bundle
-from edge.chat_template import check_template
+from edge.text.chat_template import check_template
 from edge.model.config import ModelConfig
 from edge.drafters.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
 from edge.errors import BundleError, EdgeError, UnsupportedModelError
 from edge.sources.gguf_checkpoint import gguf_index
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 from export.bundle_files import (
     CONFIG_FILES,
     TOKENIZER_FILES,

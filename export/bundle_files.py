@@ -12,7 +12,7 @@ from pathlib import Path
 
 import edge
 from edge.bundle import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 6e-2, "int4": 0.3}  # max relative logits error per format
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         previous = _exit_on_interrupt(nothing_written)
         try:
             from edge.errors import EdgeError
-            from edge.chat_template import read_template_file
+            from edge.text.chat_template import read_template_file
             from export.bundle import ExportOptions, export_bundle
             from export.quantize import QuantSettings
         except ImportError as error:

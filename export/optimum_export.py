@@ -21,7 +21,7 @@ import torch
 
 from edge.engine import Engine
 from edge.errors import BundleError, UnsupportedModelError
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 from export.bundle_files import (CONFIG_FILES, TOKENIZER_FILES, TOLERANCE, copy_files, file_table, kv_per_token,
                                  manifest_head, write_chat_template)
 from export.progress import StageProgress

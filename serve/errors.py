@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from edge.chat_template import TemplateLimitError
+from edge.text.chat_template import TemplateLimitError
 from edge.errors import ContextLengthError, EdgeError, EngineBusyError, PromptError
 
 

@@ -14,9 +14,9 @@ import pytest
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from edge.chat_template import ChatTemplate, _compile
+from edge.text.chat_template import ChatTemplate, _compile
 from edge.errors import PromptError, TokenizerError
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 

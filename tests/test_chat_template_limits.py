@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from edge import Engine
-from edge import chat_template
+from edge.text import chat_template
 from edge.sources.builtin import builtin_model_path
-from edge.chat_template import ChatTemplate, TemplateLimitError
+from edge.text.chat_template import ChatTemplate, TemplateLimitError
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
 from tui.cli import main as chat_main

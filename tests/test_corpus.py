@@ -192,7 +192,7 @@ def test_default_system_message():
 
 
 def test_edge_renders_the_same_template(tokenizer_dir):
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
 
     edge_tokenizer = Tokenizer.from_dir(tokenizer_dir)
     for messages in CONVERSATIONS:

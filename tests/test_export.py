@@ -198,7 +198,7 @@ def gpt2_dir(tmp_path_factory, tokenizer_dir) -> Path:
 
     import transformers
 
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
 
     folder = tmp_path_factory.mktemp("gpt2")
     vocab = Tokenizer.from_dir(tokenizer_dir).vocab_size
@@ -383,7 +383,7 @@ def test_the_vocabulary_file_can_come_from_the_targets_own_replies(llama_dir, tm
     """python -m export.vocab_trim --replies FILE --calibration-tokens 0: the tokens of the assistant messages alone."""
     import json
 
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
     from export.vocab_trim import main as vocab_main
 
     replies = tmp_path / "replies.jsonl"

@@ -34,7 +34,7 @@ from edge.sources.gguf_tokenizer import (
     TOKEN_UNKNOWN,
     TokenizerFiles,
 )
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 from kernels.cache import cache_folder
 
 PROMPT = "Speculative decoding drafts several tokens"

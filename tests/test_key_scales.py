@@ -21,7 +21,7 @@ from edge.model.calibration import CALIBRATION_TEXT
 from edge.model.key_scales import outlier_key_scales, pair_magnitudes
 from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 from test_hierarchical_kv_kernel import fused_and_reference
 from kernels.kv_quant import quantize
 

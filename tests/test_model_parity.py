@@ -10,7 +10,7 @@ from conftest import FAMILIES
 from edge.engine import Engine
 from edge.model.kv_cache import KVCache
 from edge.sources.loading import load_model
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 
 TOLERANCE = 1e-4
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from conftest import build_checkpoint
 from edge import Engine
 from edge.errors import CheckpointError, EdgeError, TokenizerError
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 from kernels.quant import quantize_weight
 from tui.cli import main as chat_main
 

@@ -13,7 +13,7 @@ import pytest
 from edge import Engine, SamplingError
 from edge.sources.builtin import builtin_model_path
 from edge.drafters.retrieval import SEPARATOR, RetrievalDrafter, TokenStore, read_datastore, shipped_datastore
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 
 PROMPTS = ["How do I read a CSV file in Python?", "What does the json module do?", "How do I copy a file?"]
 

@@ -68,7 +68,7 @@ def test_retrieval_constrained_equals_constrained_plain_decoding(checkpoints, co
                                                                 tmp_path):  # noqa: F811
     """The retrieval drafter over a datastore of the constrained replies themselves: long drafts, all checked."""
     from edge.drafters.retrieval import CARD, STORE, TokenStore
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
 
     store = tmp_path / "store"
     store.mkdir()

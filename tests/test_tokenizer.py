@@ -4,7 +4,7 @@ Two tokenizer families are trained on a small multilingual corpus:
   * byte-level BPE (GPT-2 / Llama 3 style: ByteLevel pre-tokenizer and decoder, bos added by the post-processor);
   * SentencePiece-style BPE (Llama 2 / TinyLlama style: Metaspace pre-tokenizer, byte_fallback `<0xE2>` tokens,
     Replace/ByteFallback/Fuse/Strip decoder, `<s>` added by a TemplateProcessing post-processor).
-Each is saved with transformers' `save_pretrained` and reloaded by both `AutoTokenizer` and `edge.tokenizer`.
+Each is saved with transformers' `save_pretrained` and reloaded by both `AutoTokenizer` and `edge.text.tokenizer`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as RawTokenizer
 
 from edge.errors import PromptError, TokenizerError
-from edge.tokenizer import StreamDecoder, Tokenizer, clean_up_tokenization
+from edge.text.tokenizer import StreamDecoder, Tokenizer, clean_up_tokenization
 
 transformers = pytest.importorskip("transformers")
 

@@ -163,7 +163,7 @@ def test_a_gguf_target_becomes_a_float_checkpoint_with_its_own_tokenizer_for_tra
     from transformers import AutoModelForCausalLM
 
     from edge import Engine
-    from edge.tokenizer import Tokenizer
+    from edge.text.tokenizer import Tokenizer
     from train.float_checkpoint import write_float_checkpoint
     from train.tokenizer import TargetTokenizer, encode_example
 

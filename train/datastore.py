@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edge.drafters.retrieval import CARD, STORE, TokenStore
 from edge.sources.model_source import resolve_model
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 from train.corpus import read_jsonl
 
 

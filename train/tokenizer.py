@@ -85,7 +85,7 @@ class TargetTokenizer:
     that model (train.feature_drafter --target-tokenizer) is encoded as the model sees it at run time."""
 
     def __init__(self, folder: str | os.PathLike) -> None:
-        from edge.tokenizer import Tokenizer as ModelTokenizer
+        from edge.text.tokenizer import Tokenizer as ModelTokenizer
 
         self.model_tokenizer = ModelTokenizer.from_dir(folder)
         self.backend = self.model_tokenizer.backend

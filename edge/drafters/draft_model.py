@@ -12,7 +12,7 @@ from edge.errors import SamplingError, TokenizerError
 from edge.model.kv_cache import common_prefix
 from edge.model.transformer import Transformer
 from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

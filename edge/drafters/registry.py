@@ -42,7 +42,7 @@ from edge.sources.loading import load_model, parse_dtype
 from edge.model.transformer import Transformer
 from edge.sources.model_source import resolve_model
 from edge.model.packed_weights import quantize_weights
-from edge.tokenizer import Tokenizer
+from edge.text.tokenizer import Tokenizer
 
 # what the memory planner counts (memory.plan.DRAFTERS): a drafter without weights, one sharing the target's weights
 # and cache (self), the target's quantized copy reading its hierarchical cache (quantspec), or a separate model

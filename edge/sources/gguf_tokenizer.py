@@ -1,7 +1,7 @@
 """A GGUF file's tokenizer (llama.cpp's `tokenizer.ggml.*` keys) as Hugging Face tokenizer files.
 
     files = TokenizerFiles.from_metadata(metadata)      # metadata: the file's key -> value mapping
-    files.tokenizer_json, files.tokenizer_config         # what edge.tokenizer.Tokenizer.from_dir reads
+    files.tokenizer_json, files.tokenizer_config         # what edge.text.tokenizer.Tokenizer.from_dir reads
 
 llama.cpp stores a tokenizer as its vocabulary, the token types, and either BPE merges ("gpt2": byte-level BPE, as
 Llama 3, Qwen2 and SmolLM use) or SentencePiece scores ("llama": Llama 2, TinyLlama, Mistral). Both are rebuilt

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import tokenizers
 from tokenizers import AddedToken, processors
 
-from edge.chat_template import ChatTemplate
+from edge.text.chat_template import ChatTemplate
 from edge.errors import TokenizerError
 
 # The special-token names transformers knows, in its order; all but the last hold one token string.

@@ -84,7 +84,7 @@ def backend_label(backend: str, model: str, dtype: str, weights: str | None) -> 
         return f"llama.cpp {index['file_type']}"
     if backend != "edge":
         return backend
-    from edge.bundle import is_bundle, read_bundle
+    from edge.backends.bundle import is_bundle, read_bundle
 
     if is_bundle(model):
         return f"edge onnx {read_bundle(model, verify=False).manifest['quantization']['weights']}"

@@ -29,7 +29,7 @@ import torch
 
 from edge import events as ev
 from edge.decoding import Autoregressive, DecodingStrategy, Step
-from edge.bundle import is_bundle, read_bundle
+from edge.backends.bundle import is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
 from edge.text.chat_template import check_messages, read_template_file
 from edge.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar

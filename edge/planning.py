@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from edge.bundle import is_bundle, read_bundle
+from edge.backends.bundle import is_bundle, read_bundle
 from edge.model.config import ModelConfig
 from edge.drafters.registry import DrafterSpec
 from edge.errors import SamplingError

@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 import edge
-from edge.bundle import is_bundle, sha256_file
+from edge.backends.bundle import is_bundle, sha256_file
 from export import bundle as exporter
 from export.quantize import QuantSettings
 from kernels.cache import cache_folder

@@ -3,8 +3,8 @@
     manifest = export_bundle("ckpt/", "ckpt.bundle", ExportOptions(quant=QuantSettings("int4"), drafter="builtin"))
 
 Everything is written into a temporary folder beside the output and moved into place (one rename) only after the
-graphs pass validation, so an interrupted or failed export leaves nothing half-written behind. See edge/bundle.py
-for the layout and for how the runtime checks it.
+graphs pass validation, so an interrupted or failed export leaves nothing half-written behind. See
+edge/backends/bundle.py for the layout and for how the runtime checks it.
 
 Validation runs every exported backend through the runtime (`Engine.load(bundle, backend=...)`) and compares with
 eager edge:
@@ -32,7 +32,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from edge.bundle import MANIFEST, read_bundle
+from edge.backends.bundle import MANIFEST, read_bundle
 from edge.text.chat_template import check_template
 from edge.model.config import ModelConfig
 from edge.drafters.registry import DrafterSpec, load_draft_model

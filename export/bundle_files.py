@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import edge
-from edge.bundle import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
+from edge.backends.bundle import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
 from edge.text.tokenizer import Tokenizer
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 6e-2, "int4": 0.3}  # max relative logits error per format

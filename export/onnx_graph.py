@@ -6,7 +6,7 @@
     outputs  logits (T, V')                 V' = V, or the kept rows of a trimmed (VocabTrim) head
              key.i, value.i                 (T, Hkv, Dh) float32: what the runtime writes at [start, start + T)
 
-The runtime owns the cache (`edge.onnx_backend`): it passes the valid prefix and stores the new rows itself, so
+The runtime owns the cache (`edge.backends.onnx_backend`): it passes the valid prefix and stores the new rows itself, so
 rolling back rejected drafts is moving a length, and a verify pass over k + 1 tokens is one run like any other.
 Every projection is a MatMul against a (K, N) initializer, the shape onnxruntime's weight quantizers expect.
 

@@ -1,5 +1,5 @@
 """The target of an architecture edge's model file does not cover, exported by optimum (`text-generation-with-past`)
-and run by edge/optimum_backend.py through the same engine, cache and drafters (n-gram; a draft model needs a
+and run by edge/backends/optimum_backend.py through the same engine, cache and drafters (n-gram; a draft model needs a
 graph edge builds).
 
 Validation compares with transformers' eager model, the only reference for these architectures: logits over a

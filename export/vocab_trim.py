@@ -6,8 +6,8 @@
     python -m export.vocab_trim CHECKPOINT -o vocab.json     # the same, for torch drafters: --drafter SPEC@vocab.json
 
 The drafter's head is rebuilt with those rows only (export/onnx_graph.py `head_rows`) and the kept ids are stored
-with it; the runtime maps each drafted position back to the full vocabulary (edge.onnx_backend: `vocab_map`), with
-the dropped tokens impossible for the drafter. The target still verifies over the full vocabulary, so output is
+with it; the runtime maps each drafted position back to the full vocabulary (edge.backends.onnx_backend: `vocab_map`),
+with the dropped tokens impossible for the drafter. The target still verifies over the full vocabulary, so output is
 unchanged: a token outside the kept set is simply never drafted, and the target produces it itself.
 
 The calibration prompts below are general requests of the kind a chat model answers; they are deliberately not the

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("onnx")
 
-from edge.bundle import read_bundle  # noqa: E402
+from edge.backends.bundle import read_bundle  # noqa: E402
 from edge.drafters import DraftSampler  # noqa: E402
 from edge.engine import Engine  # noqa: E402
 from edge.errors import BundleError, EdgeError  # noqa: E402

@@ -240,7 +240,7 @@ def test_weights_symlinked_to_a_device_are_refused_as_not_a_regular_file(llama_d
 
 
 def test_a_bundle_whose_tokenizer_does_not_match_its_manifest_is_refused(llama_dir, tmp_path):
-    from edge.bundle import FORMAT, MANIFEST, read_bundle
+    from edge.backends.bundle import FORMAT, MANIFEST, read_bundle
     from edge.errors import BundleError
     from edge.text.tokenizer import Tokenizer
 

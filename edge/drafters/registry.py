@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path, shipped_datastores
-from edge.bundle import Bundle, is_bundle, read_bundle
+from edge.backends.bundle import Bundle, is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
 from edge.drafters.base import Drafter
 from edge.drafters.draft_model import DraftModelDrafter

@@ -1,5 +1,5 @@
 """Graphs written by optimum's ONNX exporter (`text-generation-with-past`), for architectures edge's model file does
-not cover (GPT-2, Phi, ...), behind the same calls as every exported backend (edge/exported_model.py).
+not cover (GPT-2, Phi, ...), behind the same calls as every exported backend (edge/backends/exported_model.py).
 
 optimum's convention differs from edge's graph: the cache goes in as `past_key_values.i.key/value` (1, Hkv, S, Dh)
 with an attention mask and position ids, and comes back whole as `present.i.key/value` (1, Hkv, S + T, Dh). The
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from edge.model.config import ModelConfig
-from edge.exported_model import ExportedModel
+from edge.backends.exported_model import ExportedModel
 from edge.model.kv_cache import KVCache
 
 

@@ -83,15 +83,15 @@ class Bundle:
         path = self.root / entry[BACKENDS[backend]]
         # each backend's runtime (onnxruntime, torch.jit) is imported only when a bundle opens on it
         if entry.get("graph") == "optimum":  # an architecture edge's model file does not cover
-            from edge.optimum_backend import OptimumOnnxModel
+            from edge.backends.optimum_backend import OptimumOnnxModel
 
             return OptimumOnnxModel(path, self.root / entry["config_dir"], threads=threads)
         vocab_map = self.drafter_vocab_map() if part == "drafter" else None
         if backend == "onnx":
-            from edge.onnx_backend import OnnxModel
+            from edge.backends.onnx_backend import OnnxModel
 
             return OnnxModel(path, self.config(part), vocab_map=vocab_map, threads=threads)
-        from edge.torch_step_backend import TorchStepModel
+        from edge.backends.torch_step_backend import TorchStepModel
 
         return TorchStepModel(path, self.config(part), vocab_map=vocab_map)
 

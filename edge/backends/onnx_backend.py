@@ -5,7 +5,7 @@
     out = model(tokens, start, cache)             # tokens (1, T) at [start, start + T) -> handle (1, T, V')
     logits = model.logits(out)                    # (1, T, V): a trimmed head's logits put back in the full vocabulary
 
-(the calls every exported backend shares: edge/exported_model.py). The graph takes the cache's valid prefix as
+(the calls every exported backend shares: edge/backends/exported_model.py). The graph takes the cache's valid prefix as
 inputs and returns the new keys/values, which are written into the cache here; so rollback is moving a length,
 exactly as for the torch model, and the decoding strategies and drafters run unchanged.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from edge.model.config import ModelConfig
-from edge.exported_model import ExportedModel
+from edge.backends.exported_model import ExportedModel
 from edge.model.kv_cache import KVCache
 
 

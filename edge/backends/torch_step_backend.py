@@ -1,7 +1,7 @@
 """The TorchScript / torch.export backend: a saved `KVStep` (export/torch_targets.py) behind the Transformer calls.
 
     model = TorchStepModel(path, config)          # target/model.ts (TorchScript) or target/model.pt2 (torch.export)
-    out = model(tokens, start, cache)             # the calls of edge/exported_model.py
+    out = model(tokens, start, cache)             # the calls of edge/backends/exported_model.py
 
 The step takes the cache's valid prefix (L, Hkv, start, Dh) as a view of edge's KVCache and returns the new rows,
 which are written here. Loading a TorchScript or .pt2 file runs code from it: load only bundles you made.
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from edge.model.config import ModelConfig
-from edge.exported_model import ExportedModel
+from edge.backends.exported_model import ExportedModel
 from edge.model.kv_cache import KVCache
 
 

@@ -5,8 +5,8 @@ that takes the cache's valid prefix and returns the logits and the new keys/valu
     model.logits(handle)          (1, T, V): a trimmed head's logits put back in the full vocabulary
     model.new_cache(max_len)      the cache this backend reads
 
-Backends: edge.onnx_backend.OnnxModel (ONNX Runtime), edge.torch_step_backend.TorchStepModel (TorchScript and
-torch.export programs). There are no hidden states on these backends: a forward returns the logits.
+Backends: edge.backends.onnx_backend.OnnxModel (ONNX Runtime), edge.backends.torch_step_backend.TorchStepModel
+(TorchScript and torch.export programs). There are no hidden states on these backends: a forward returns the logits.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from bench.checkpoints import source_checkpoint
 from edge.cli_options import print_plan, resolve_model_path
 from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.sources.gguf_checkpoint import gguf_index
-from edge.drafters.registry import usage as drafter_usage
+from edge.decoding.registry import usage as drafter_usage
 from edge.errors import EdgeError
 from edge.model.kv_cache import common_prefix
 from edge.load_spec import DRAFT_WEIGHTS, DTYPES, LoadSpec

@@ -12,7 +12,7 @@ import torch
 from edge.sources import default_model
 from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.sources.default_model import DEFAULT_MODEL_HELP
-from edge.drafters.registry import usage as drafter_usage
+from edge.decoding.registry import usage as drafter_usage
 from edge.engine import GenerationOptions
 from edge.errors import SettingError
 from edge.load_spec import (BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LOAD_WEIGHTS,

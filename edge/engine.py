@@ -28,13 +28,13 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from edge import events as ev
-from edge.decoding import Autoregressive, DecodingStrategy, Step
+from edge.decoding.loop import Autoregressive, DecodingStrategy, Step
 from edge.backends.bundle import is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
 from edge.text.chat_template import check_messages, read_template_file
-from edge.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar
-from edge.drafters import Drafter
-from edge.drafters.registry import DrafterSpec, DraftTarget, trim_vocabulary
+from edge.decoding.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar
+from edge.decoding.drafters import Drafter
+from edge.decoding.registry import DrafterSpec, DraftTarget, trim_vocabulary
 from edge.errors import (BundleError, CheckpointError, ContextLengthError, EngineBusyError, PromptError,
                          SamplingError)
 from edge.events import Event, Stats
@@ -47,11 +47,11 @@ from edge.model.offload import offload_layers
 from edge.model.packed_weights import quantize_weights
 from edge.planning import fit_to_budget
 from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
-from edge.sampling import SamplingParams, history_tensor, next_token
-from edge.speculative import DraftLength, SpeculativeDecoding
+from edge.decoding.sampling import SamplingParams, history_tensor, next_token
+from edge.decoding.speculative import DraftLength, SpeculativeDecoding
 from edge.text.stopping import StopStrings
 from edge.text.tokenizer import StreamDecoder, Tokenizer
-from edge.tools import plan_tool_use
+from edge.decoding.tools import plan_tool_use
 from memory.device import return_freed_heap
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class GenerationOptions:
     task: str | None = None  # a label such as "code" or "chat": adaptive drafters remember choices per task
     should_stop: Callable[[], bool] | None = None  # checked after every step; True ends generation ("stopped")
     # OpenAI's response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}};
-    # the output then follows it by construction (edge/constrained.py)
+    # the output then follows it by construction (edge/decoding/constrained.py)
     response_format: dict | None = None
 
     @classmethod
@@ -149,7 +149,7 @@ class Engine:
         edge/sources/model_source.py): `Engine.from_spec(LoadSpec.from_options(path, **options))`. The options
         (edge/load_spec.py):
 
-        `dtype`, `device`, `max_context`; `drafter` turns on speculative decoding (a spec, edge/drafters/registry.py)
+        `dtype`, `device`, `max_context`; `drafter` turns on speculative decoding (a spec, edge/decoding/registry.py)
         and `draft_length` is "adaptive", "adaptive:P" or a fixed number of drafted tokens per step. With
         `memory_budget` ("6GiB" or bytes) the memory planner sizes the context and may step the drafter down to fit;
         `engine.plan` says what it chose and why. Without one, what is requested is allocated as asked. A bundle runs
@@ -302,10 +302,10 @@ class Engine:
         """Answer the last message of a conversation rendered with the checkpoint's chat template.
 
         `tools` (OpenAI's [{"type": "function", "function": {"name", "description", "parameters"}}]) go to a template
-        that renders them, else into a system message saying how to call them (edge/tools.py). With `tool_choice`
-        "required" or {"type": "function", "function": {"name": ...}} the reply is one JSON tool call by
+        that renders them, else into a system message saying how to call them (edge/decoding/tools.py). With
+        `tool_choice` "required" or {"type": "function", "function": {"name": ...}} the reply is one JSON tool call by
         construction; "auto" (the default with tools) lets the model choose; "none" asks for text. Read the calls
-        from the reply's text with `edge.tools.parse_tool_calls(text, tools)`."""
+        from the reply's text with `edge.decoding.tools.parse_tool_calls(text, tools)`."""
         opts = GenerationOptions.from_kwargs(options)
         check_messages(messages)
         plan = plan_tool_use(self.tokenizer, list(messages), tools, tool_choice)

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from edge.drafters.registry import DrafterSpec
+from edge.decoding.registry import DrafterSpec
 from edge.errors import BundleError, CheckpointError, PromptError, SamplingError
 from edge.sources.loading import parse_dtype
 from edge.sources.model_source import resolve_model
 from edge.model.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
-from edge.speculative import DraftLength
+from edge.decoding.speculative import DraftLength
 
 DEFAULT_MAX_CONTEXT = 4096
 DTYPES = ("float32", "bfloat16", "float16")

@@ -13,13 +13,13 @@ import torch
 
 from edge.backends.bundle import is_bundle, read_bundle
 from edge.model.config import ModelConfig
-from edge.drafters.registry import DrafterSpec
+from edge.decoding.registry import DrafterSpec
 from edge.errors import SamplingError
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.sources.gguf_weights import runs_as_blocks, stored_bytes
 from edge.load_spec import DraftModelOptions, LoadSpec
 from edge.sources.loading import checkpoint_dtype, parse_dtype, storage_dtype
-from edge.speculative import DraftLength
+from edge.decoding.speculative import DraftLength
 from memory.device import probe
 from memory.plan import Plan, PlanRequest, make_plan
 

@@ -35,7 +35,7 @@ import torch
 from edge.backends.bundle import MANIFEST, read_bundle
 from edge.text.chat_template import check_template
 from edge.model.config import ModelConfig
-from edge.drafters.registry import DrafterSpec, load_draft_model
+from edge.decoding.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
 from edge.errors import BundleError, EdgeError, UnsupportedModelError
 from edge.sources.gguf_checkpoint import gguf_index

@@ -15,7 +15,7 @@ job is skipped, a running one stops after its current step.
 Chat completions take `response_format` (a JSON object, or JSON under a schema, by grammar) and `tools` with
 `tool_choice`: a reply's tool calls come back as OpenAI's `message.tool_calls` (finish_reason "tool_calls"), in a
 stream as one `delta.tool_calls` chunk once the call is complete; text that may open a call is held back until
-it is known not to be one (edge/tools.py).
+it is known not to be one (edge/decoding/tools.py).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from edge.constrained import response_format_grammar
+from edge.decoding.constrained import response_format_grammar
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from edge.events import Event
-from edge.tools import ToolCallStream, ToolPlan, plan_tool_use
+from edge.decoding.tools import ToolCallStream, ToolPlan, plan_tool_use
 from memory.device import return_freed_heap
 from serve.access import AccessGuard
 from serve.errors import ApiError, from_edge_error, from_validation

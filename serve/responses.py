@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from edge import events as ev
 from edge.events import Event, Stats
-from edge.tools import ToolCall, parse_tool_calls
+from edge.decoding.tools import ToolCall, parse_tool_calls
 
 FINISH_REASONS = {  # edge's finish reason -> OpenAI's
     ev.FINISH_EOS: "stop",
@@ -60,7 +60,7 @@ class Reply:
 
     chat: bool  # chat.completion, or text_completion
     model: str
-    tools: tuple[dict, ...] | None = None  # tools offered, whose calls are read from the reply (edge/tools.py)
+    tools: tuple[dict, ...] | None = None  # tools offered, whose calls are read from the reply (edge/decoding/tools.py)
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -5,7 +5,7 @@ flags set. Fields edge cannot honour (n > 1, logprobs, penalties other than the 
 with a message rather than ignored. `top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are edge's (and
 llama-server's) extensions; the openai client sends them through `extra_body`. Chat requests take
 `response_format` (json_object, json_schema) and `tools` / `tool_choice`, with tool calls and tool results in the
-messages (edge/constrained.py, edge/tools.py).
+messages (edge/decoding/constrained.py, edge/decoding/tools.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from edge.engine import GenerationOptions
-from edge.sampling import SEED_RANGE
-from edge.tools import TOOL_CHOICES
+from edge.decoding.sampling import SEED_RANGE
+from edge.decoding.tools import TOOL_CHOICES
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 # text-completion fields edge-serve accepts only at their do-nothing values
@@ -157,7 +157,7 @@ class ChatMessage(Body):
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates read it ("developer" is OpenAI's newer name for "system"), with its tool
-        calls or the call it answers (edge/tools.py writes them for templates that do not know tools)."""
+        calls or the call it answers (edge/decoding/tools.py writes them for templates that do not know tools)."""
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
                                    "content": self.content}
         if self.tool_calls:
@@ -185,7 +185,8 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None  # "auto", "none", "required" or a named function
     parallel_tool_calls: bool | None = None  # accepted; a forced call is one call
-    response_format: dict[str, Any] | None = None  # text, json_object or json_schema: edge/constrained.py checks it
+    # text, json_object or json_schema: edge/decoding/constrained.py checks it
+    response_format: dict[str, Any] | None = None
 
     @field_validator("logprobs")
     @classmethod

@@ -15,10 +15,10 @@ import torch
 pytest.importorskip("onnx")
 
 from edge.backends.bundle import read_bundle  # noqa: E402
-from edge.drafters import DraftSampler  # noqa: E402
+from edge.decoding.drafters import DraftSampler  # noqa: E402
 from edge.engine import Engine  # noqa: E402
 from edge.errors import BundleError, EdgeError  # noqa: E402
-from edge.sampling import SamplingParams  # noqa: E402
+from edge.decoding.sampling import SamplingParams  # noqa: E402
 from export.bundle import ExportOptions, export_bundle  # noqa: E402
 from export.cli import main as export_main  # noqa: E402
 from export.quantize import QuantSettings  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import build_checkpoint
 from edge import Engine
-from edge.drafters.registry import KINDS, DrafterSpec
+from edge.decoding.registry import KINDS, DrafterSpec
 from edge.errors import CheckpointError, EdgeError, SamplingError
 from edge.load_spec import DraftModelOptions, LoadSpec
 from tui import cli

@@ -206,7 +206,7 @@ def test_speculative_sampling_on_quantized_weights_keeps_their_distribution(chec
     """Sampled speculation with an int8/int4 target and an int8/int4 draft model: the first three tokens' joint
     distribution is the target's own (top-2 at temperature 1: 8 outcomes), by a chi-square test over 3000 replies."""
     from conftest import build_checkpoint
-    from edge.sampling import SamplingParams, distribution
+    from edge.decoding.sampling import SamplingParams, distribution
 
     target = checkpoint_factory("llama3")
     small = build_checkpoint(tmp_path_factory.mktemp(f"{fmt}-sampling-drafter"), "llama3", tokenizer_dir, seed=7,

@@ -117,7 +117,7 @@ def test_quantspec_is_lossless(bits, length, view, target):
 
 
 def test_quantspec_reads_the_upper_plane_once_the_cache_outweighs_a_quarter_of_its_weights(target):
-    from edge.drafters.quantspec import UPPER_PLANE_SHARE
+    from edge.decoding.drafters.quantspec import UPPER_PLANE_SHARE
 
     engine = Engine.load(target, max_context=256, drafter="quantspec")
     drafter, config = engine.drafter, engine.model.config

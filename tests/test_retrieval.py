@@ -1,6 +1,6 @@
-"""Retrieval drafting (edge/drafters/retrieval.py): the datastore finds every occurrence of a suffix, drafts what most
-occurrences continue with, is written from the target's replies as its template frames them, only drafts for the
-tokenizer it was written with, and is lossless."""
+"""Retrieval drafting (edge/decoding/drafters/retrieval.py): the datastore finds every occurrence of a suffix, drafts
+what most occurrences continue with, is written from the target's replies as its template frames them, only drafts for
+the tokenizer it was written with, and is lossless."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from edge import Engine, SamplingError
 from edge.sources.builtin import builtin_model_path
-from edge.drafters.retrieval import SEPARATOR, RetrievalDrafter, TokenStore, read_datastore, shipped_datastore
+from edge.decoding.drafters.retrieval import SEPARATOR, RetrievalDrafter, TokenStore, read_datastore, shipped_datastore
 from edge.text.tokenizer import Tokenizer
 
 PROMPTS = ["How do I read a CSV file in Python?", "What does the json module do?", "How do I copy a file?"]

@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (
 )
 
 from edge.errors import SamplingError
-from edge.sampling import SamplingParams, apply_repetition_penalty, distribution, next_token, warp
+from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, distribution, next_token, warp
 
 
 def random_logits(seed: int, vocab: int = 200) -> torch.Tensor:

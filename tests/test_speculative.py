@@ -117,8 +117,8 @@ def test_plain_decoding_reports_one_token_per_step(checkpoints):
 
 
 def test_ngram_drafter_copies_repeated_text(checkpoints):
-    from edge.drafters import DraftSampler, NGramDrafter
-    from edge.sampling import SamplingParams
+    from edge.decoding.drafters import DraftSampler, NGramDrafter
+    from edge.decoding.sampling import SamplingParams
 
     drafter = NGramDrafter(max_ngram=3)
     sampler = DraftSampler(SamplingParams(), torch.Generator())
@@ -139,7 +139,7 @@ def test_seeded_speculative_sampling_is_reproducible(checkpoints, name):
 
 
 def test_adaptive_drafter_remembers_the_best_choice_per_task(checkpoints, tmp_path):
-    from edge.drafters import AdaptiveLayerSkipDrafter
+    from edge.decoding.drafters import AdaptiveLayerSkipDrafter
     from edge.sources.loading import load_model
 
     model = load_model(checkpoints["target"])
@@ -160,7 +160,7 @@ def test_adaptive_drafter_remembers_the_best_choice_per_task(checkpoints, tmp_pa
 
 def test_adaptive_layer_skip_skips_the_layers_its_model_measures_least_influential(checkpoints):
     from edge.model.calibration import CALIBRATION_TEXT
-    from edge.drafters.skip_calibration import layer_influence, skip_sets
+    from edge.decoding.drafters.skip_calibration import layer_influence, skip_sets
 
     engine = Engine.load(checkpoints["target"], max_context=256, drafter="adaptive")
     model = engine.model
@@ -248,7 +248,7 @@ def test_half_precision_speculation_warns_that_it_may_not_be_exact(checkpoints, 
 
 def test_draft_length_parses_adaptive_fixed_and_a_confidence_stop():
     from edge.engine import _draft_length
-    from edge.speculative import DraftLength
+    from edge.decoding.speculative import DraftLength
 
     fixed = DraftLength.fixed(5)
     fixed.update(0, 5, draft_s=0.001, verify_s=0.01)
@@ -267,7 +267,7 @@ def test_draft_length_parses_adaptive_fixed_and_a_confidence_stop():
 def test_adaptive_draft_length_follows_measured_verify_costs_and_explores_one_row_at_a_time():
     import dataclasses
 
-    from edge.speculative import DraftLength
+    from edge.decoding.speculative import DraftLength
 
     length = DraftLength.parse("adaptive")
     assert length.adaptive and length.k == 2
@@ -300,7 +300,7 @@ def test_an_adaptive_length_pauses_where_drafting_does_not_pay_and_probes_again(
     """Where a plain step (measured when the drafter had nothing to propose) makes tokens faster than any draft is
     expected to, the length pauses at 0 (plain decoding), then drafts again after PROBE_EVERY plain steps; a drafter
     that pays again resumes."""
-    from edge.speculative import PLAIN_PROBE_AFTER, PROBE_EVERY, DraftLength
+    from edge.decoding.speculative import PLAIN_PROBE_AFTER, PROBE_EVERY, DraftLength
 
     length = DraftLength.parse("adaptive")
     length.update(0, 0, draft_s=0.0, verify_s=0.010)  # nothing proposed: a plain step, 10 ms
@@ -374,9 +374,9 @@ def test_a_trimmed_feature_drafter_stays_lossless(checkpoints, reference, name, 
 def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpoints, name, tmp_path, monkeypatch):
     """Also with a trimmed head (NAME@): the one C call maps the kept rows back to token ids as the Python path does;
     and with a confidence stop, both stop before the same token."""
-    from edge.drafters.base import DraftSampler
+    from edge.decoding.drafters.base import DraftSampler
     from edge.model.transformer import Transformer
-    from edge.sampling import SamplingParams
+    from edge.decoding.sampling import SamplingParams
 
     spec = drafter_spec(name.removesuffix("@"), checkpoints)
     kept = None

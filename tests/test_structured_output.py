@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
-from edge.constrained import GrammarError, json_schema_grammar
+from edge.decoding.constrained import GrammarError, json_schema_grammar
 from edge.events import FINISH_EOS
 from test_speculative import DRAFTERS, checkpoints, drafter_spec, ids_of  # noqa: F401 - checkpoints: a fixture
 
@@ -67,7 +67,7 @@ def test_greedy_constrained_speculation_equals_constrained_plain_decoding(checkp
 def test_retrieval_constrained_equals_constrained_plain_decoding(checkpoints, constrained_reference,
                                                                 tmp_path):  # noqa: F811
     """The retrieval drafter over a datastore of the constrained replies themselves: long drafts, all checked."""
-    from edge.drafters.retrieval import CARD, STORE, TokenStore
+    from edge.decoding.drafters.retrieval import CARD, STORE, TokenStore
     from edge.text.tokenizer import Tokenizer
 
     store = tmp_path / "store"

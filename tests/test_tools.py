@@ -9,9 +9,9 @@ import jsonschema
 import pytest
 
 from edge import Engine
-from edge.constrained import GrammarError
+from edge.decoding.constrained import GrammarError
 from edge.events import FINISH_EOS
-from edge.tools import ToolCallStream, parse_tool_calls, plan_tool_use
+from edge.decoding.tools import ToolCallStream, parse_tool_calls, plan_tool_use
 from test_speculative import checkpoints, drafter_spec, ids_of  # noqa: F401 - checkpoints: a fixture
 
 WEATHER = {"type": "function", "function": {

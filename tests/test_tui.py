@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.drafters import NGramDrafter
-from edge.drafters.draft_model import DraftModelDrafter
+from edge.decoding.drafters import NGramDrafter
+from edge.decoding.drafters.draft_model import DraftModelDrafter
 from edge.engine import Engine
 from tui.app import EdgeChatApp
 from tui.history import Conversation, ConversationStore

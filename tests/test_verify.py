@@ -8,8 +8,8 @@ import itertools
 import pytest
 import torch
 
-from edge import verify as verify_module
-from edge.verify import Verdict, verify_greedy, verify_stochastic
+from edge.decoding import verify as verify_module
+from edge.decoding.verify import Verdict, verify_greedy, verify_stochastic
 
 VOCAB, LENGTH, SAMPLES = 4, 3, 12_000
 

@@ -1,4 +1,4 @@
-"""A retrieval drafter's datastore from the target's own replies (edge/drafters/retrieval.py).
+"""A retrieval drafter's datastore from the target's own replies (edge/decoding/drafters/retrieval.py).
 
     python -m train.replies --target MODEL --requests both --count 3000 --out REPLIES.jsonl
     python -m train.datastore --target MODEL --replies REPLIES.jsonl --out edge/models/NAME-replies
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from edge.drafters.retrieval import CARD, STORE, TokenStore
+from edge.decoding.drafters.retrieval import CARD, STORE, TokenStore
 from edge.sources.model_source import resolve_model
 from edge.text.tokenizer import Tokenizer
 from train.corpus import read_jsonl

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from edge.drafters.registry import DrafterSpec
+from edge.decoding.registry import DrafterSpec
 from edge.engine import GenerationOptions
 from edge.errors import SamplingError
 from edge.load_spec import LoadSpec
-from edge.speculative import DraftLength
+from edge.decoding.speculative import DraftLength
 from memory.budget import BudgetError, parse_size
 
 DRAFTER_CHOICES = (
@@ -27,7 +27,7 @@ DRAFTER_CHOICES = (
 
 @dataclass(frozen=True)
 class ChatSettings:
-    drafter: str = "none"  # a drafter spec (edge/drafters/registry.py) or "none"
+    drafter: str = "none"  # a drafter spec (edge/decoding/registry.py) or "none"
     draft_length: str = "adaptive"  # "adaptive", "adaptive:P" or a whole number
     temperature: float = 0.0
     top_p: float = 1.0

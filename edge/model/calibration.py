@@ -1,5 +1,5 @@
 """A short text that calibrations run the model over once: chat, code, prose and a translation, as edge's prompts mix
-them (layer-skip sets: edge/drafters/skip_calibration.py; key scales: edge/model/key_scales.py), and that pass.
+them (layer-skip sets: edge/decoding/drafters/skip_calibration.py; key scales: edge/model/key_scales.py), and that pass.
 
     cache = calibration_pass(model, tokenizer.encode(CALIBRATION_TEXT))   # the keys/values it wrote; hooks see layers
 """

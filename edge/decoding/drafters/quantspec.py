@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from edge.model.block_weights import BlockEmbedding, BlockLinear
-from edge.drafters.base import Draft, DraftSampler
-from edge.drafters.layer_skip import LayerSkipDrafter
+from edge.decoding.drafters.base import Draft, DraftSampler
+from edge.decoding.drafters.layer_skip import LayerSkipDrafter
 from edge.errors import SamplingError
 from edge.model.transformer import Linear, Transformer
 from edge.model.packed_weights import PackedLinear, int4_linear, widen_norms

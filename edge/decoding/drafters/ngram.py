@@ -7,7 +7,7 @@ Useful where the output repeats the input: retrieval-augmented answers, summarie
 
 from __future__ import annotations
 
-from edge.drafters.base import Draft, DraftSampler
+from edge.decoding.drafters.base import Draft, DraftSampler
 from edge.errors import SamplingError
 
 

@@ -7,8 +7,8 @@ A chat template that renders `tools` (transformers' convention: Qwen, Hermes, Sm
 them as they are, and the conversation's earlier calls and results as its messages; a template that does not gets a
 system message listing the tools and asking for Hermes' `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
 and the earlier calls and results written in that format. `tool_choice` "required" or a named function constrains
-the reply to one JSON object {"name": ..., "arguments": {...}} by grammar (edge/constrained.py); "auto" lets the
-model choose, and the parser reads the formats models write: `<tool_call>` blocks, a bare JSON call or a list of
+the reply to one JSON object {"name": ..., "arguments": {...}} by grammar (edge/decoding/constrained.py); "auto" lets
+the model choose, and the parser reads the formats models write: `<tool_call>` blocks, a bare JSON call or a list of
 them (Llama 3.1's "parameters" too), Mistral's `[TOOL_CALLS]`.
 """
 
@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from edge.constrained import Grammar, GrammarError, json_schema_grammar
+from edge.decoding.constrained import Grammar, GrammarError, json_schema_grammar
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_CALLS = "[TOOL_CALLS]"

@@ -14,6 +14,12 @@ The text forms (as the command line takes them):
                          with `python -m export.vocab_trim`)
 
 Adding a drafter is one `DrafterKind` entry in `KINDS`.
+
+Where it sits: above the drafters it names (edge/decoding/drafters/, which never import it) and above what it builds
+them from: checkpoints and the built-in drafters (edge/sources), bundles (edge/backends), the model (edge/model) and
+the tokenizer (edge/text). None of those packages imports anything from edge/decoding, so the registry here, beside
+the loop that runs its drafters, adds only one-way edges: decoding -> sources, backends, model, text. The drafters'
+package does not re-export it, so importing a drafter loads neither the registry nor the backends.
 """
 
 from __future__ import annotations
@@ -27,14 +33,14 @@ import torch
 from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path, shipped_datastores
 from edge.backends.bundle import Bundle, is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
-from edge.drafters.base import Drafter
-from edge.drafters.draft_model import DraftModelDrafter
-from edge.drafters.feature import FeatureDrafter
-from edge.drafters.hybrid import HybridDrafter
-from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
-from edge.drafters.ngram import NGramDrafter
-from edge.drafters.quantspec import BITS, QuantSpecDrafter
-from edge.drafters.retrieval import RetrievalDrafter, read_datastore, shipped_datastore
+from edge.decoding.drafters.base import Drafter
+from edge.decoding.drafters.draft_model import DraftModelDrafter
+from edge.decoding.drafters.feature import FeatureDrafter
+from edge.decoding.drafters.hybrid import HybridDrafter
+from edge.decoding.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
+from edge.decoding.drafters.ngram import NGramDrafter
+from edge.decoding.drafters.quantspec import BITS, QuantSpecDrafter
+from edge.decoding.drafters.retrieval import RetrievalDrafter, read_datastore, shipped_datastore
 from edge.model.trimmed_head import read_vocabulary
 from edge.errors import BundleError, SamplingError
 from edge.model.kv_cache import KVCache

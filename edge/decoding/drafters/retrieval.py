@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.drafters.base import Draft, DraftSampler
-from edge.drafters.ngram import NGramDrafter
+from edge.decoding.drafters.base import Draft, DraftSampler
+from edge.decoding.drafters.ngram import NGramDrafter
 from edge.errors import SamplingError
 
 MATCH = 8  # the longest suffix looked up

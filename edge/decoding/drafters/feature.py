@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
+from edge.decoding.drafters.base import Draft, DraftSampler, draft_autoregressively
 from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import CheckpointError, SamplingError
 from edge.model.kv_cache import common_prefix

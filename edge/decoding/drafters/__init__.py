@@ -1,8 +1,8 @@
 """Drafters: token-guess sources for speculative decoding, all behind the `Drafter` interface (base.py).
 
 A drafter is named by a spec ("ngram:3", "early-exit", "hybrid:feature", "draft:PATH@vocab.json"), parsed in one
-place, `DrafterSpec.parse`, and built from the registry of drafter kinds (registry.py: every kind, its text form,
-its builder and what the memory planner counts for it):
+place, `DrafterSpec.parse`, and built from the registry of drafter kinds (edge/decoding/registry.py, above this
+package: every kind, its text form, its builder and what the memory planner counts for it):
 
     ngram[:N]            prompt lookup with n-grams of up to N tokens (default 4); no weights
     early-exit[:E]       the target's first E layers and its head (default: a third of the layers)
@@ -22,11 +22,10 @@ its builder and what the memory planner counts for it):
 
 from __future__ import annotations
 
-from edge.drafters.base import Draft, Drafter, DraftSampler
-from edge.drafters.draft_model import DraftModelDrafter
-from edge.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
-from edge.drafters.ngram import NGramDrafter
-from edge.drafters.registry import KINDS, DrafterKind, DrafterSpec, DraftTarget, load_draft_model, usage
+from edge.decoding.drafters.base import Draft, Drafter, DraftSampler
+from edge.decoding.drafters.draft_model import DraftModelDrafter
+from edge.decoding.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
+from edge.decoding.drafters.ngram import NGramDrafter
 
 __all__ = ["Draft", "Drafter", "DraftSampler", "DraftModelDrafter", "LayerSkipDrafter", "AdaptiveLayerSkipDrafter",
-           "NGramDrafter", "DrafterSpec", "DrafterKind", "DraftTarget", "KINDS", "load_draft_model", "usage"]
+           "NGramDrafter"]

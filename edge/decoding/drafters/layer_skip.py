@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
-from edge.drafters.skip_calibration import layer_influence, skip_sets
+from edge.decoding.drafters.base import Draft, DraftSampler, draft_autoregressively
+from edge.decoding.drafters.skip_calibration import layer_influence, skip_sets
 from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError
 from edge.model.kv_cache import KVCache
@@ -196,8 +196,8 @@ class AdaptiveLayerSkipDrafter:
 def default_candidates(model: Transformer, cache: KVCache,
                        calibration_ids: list[int] | None = None) -> list[LayerSkipDrafter]:
     """Early exits at 1/2 and 2/3 of the depth (for models trained to exit early), and skip sets calibrated on the
-    model (edge/drafters/skip_calibration.py): its least influential 1/8, 1/4 and 1/3 of the layers, measured over
-    `calibration_ids` (without them, every other layer of the upper half, the fixed rule SWIFT started from)."""
+    model (edge/decoding/drafters/skip_calibration.py): its least influential 1/8, 1/4 and 1/3 of the layers, measured
+    over `calibration_ids` (without them, every other layer of the upper half, the fixed rule SWIFT started from)."""
     layers = model.config.num_layers
     exits = sorted({max(1, min(layers - 1, round(layers * f))) for f in (0.5, 2 / 3)})
     candidates = [LayerSkipDrafter.early_exit(model, cache, e) for e in exits]

@@ -15,10 +15,10 @@ import torch
 
 from edge.model.kv_cache import KVCache
 from edge.model.transformer import Transformer
-from edge.sampling import SamplingParams, history_tensor, next_token
+from edge.decoding.sampling import SamplingParams, history_tensor, next_token
 
 if TYPE_CHECKING:
-    from edge.constrained import Constraint
+    from edge.decoding.constrained import Constraint
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ cost of the extra rows is below what they are expected to add (StepCosts.tree_br
 followed down the tree from the first row; the accepted path's keys/values are moved into place and the rest
 dropped, so the output is still the target's own greedy output.
 
-Under a grammar (structured output: edge/constrained.py) the verify pass masks each position's logits with the
+Under a grammar (structured output: edge/decoding/constrained.py) the verify pass masks each position's logits with the
 grammar's state advanced along the drafts before it, and a draft is cut at the first token the grammar forbids
 (the target's masked choice can never be it), so greedy output is plain constrained greedy output.
 """
@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from edge.decoding import Step
-from edge.drafters.base import Draft, DraftSampler, Drafter
+from edge.decoding.loop import Step
+from edge.decoding.drafters.base import Draft, DraftSampler, Drafter
 from edge.errors import SamplingError
 from edge.model.kv_cache import KVCache
 from edge.model.transformer import Transformer
-from edge.sampling import SamplingParams, apply_repetition_penalty, distribution
-from edge.verify import Verdict, verify_greedy, verify_stochastic
+from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, distribution
+from edge.decoding.verify import Verdict, verify_greedy, verify_stochastic
 
 if TYPE_CHECKING:
-    from edge.constrained import Constraint
+    from edge.decoding.constrained import Constraint
 
 
 # adaptive draft length starts at 2 and then follows the measured costs (StepCosts)
@@ -245,7 +245,7 @@ class SpeculativeDecoding:
                  drafter: Drafter, length: DraftLength, constraint: "Constraint | None" = None) -> None:
         self.model, self.cache, self.params, self.generator = model, cache, params, generator
         self.drafter, self.length = drafter, length
-        self.constraint = constraint  # a grammar: the verify pass masks each position (edge/constrained.py)
+        self.constraint = constraint  # a grammar: the verify pass masks each position (edge/decoding/constrained.py)
         self.pausable = getattr(drafter, "pausable", True)  # see DraftLength.update
         self.device = model.device
         self.sampler = DraftSampler(params, generator, length.stop_below, model.config.vocab_size)

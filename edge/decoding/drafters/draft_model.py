@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from edge.drafters.base import Draft, DraftSampler, draft_autoregressively
+from edge.decoding.drafters.base import Draft, DraftSampler, draft_autoregressively
 from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError, TokenizerError
 from edge.model.kv_cache import common_prefix

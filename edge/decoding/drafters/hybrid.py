@@ -11,8 +11,8 @@ verifies each proposal.
 
 from __future__ import annotations
 
-from edge.drafters.base import Draft, Drafter, DraftSampler
-from edge.drafters.ngram import NGramDrafter
+from edge.decoding.drafters.base import Draft, Drafter, DraftSampler
+from edge.decoding.drafters.ngram import NGramDrafter
 from edge.errors import SamplingError
 
 

@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from edge.sampling import SamplingParams, apply_repetition_penalty, warp
+from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, warp
 from kernels.cpu_matmul import KernelDraft
 
 

@@ -18,7 +18,7 @@ import argparse
 import json
 
 from bench.suite import run_child
-from edge.cli_options import resolve_model_path
+from frontend.options import resolve_model_path
 
 MiB = 2**20
 

@@ -4,7 +4,7 @@
     edge-serve MODEL --port 8080 --api-key KEY       clients send "Authorization: Bearer KEY"
     edge-serve --cors http://localhost:5173          a web page at that origin may call the API
 
-The model, drafter, weights and memory options are edge-chat's (edge/cli_options.py, one load spec); the sampling
+The model, drafter, weights and memory options are edge-chat's (frontend/options.py, one load spec); the sampling
 flags set the defaults of requests that leave a field out. The server listens at once and loads in the background
 (GET /health answers 503 until the model is ready).
 """
@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from edge.cli_options import (
+from frontend.options import (
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,

@@ -393,7 +393,7 @@ def test_step_time_bench_reports_each_method(llama_dir, capsys):
 
 def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(llama_dir, builtin_default):
     from edge.sources.builtin import builtin_feature_drafter_path
-    from edge.cli_options import default_drafter
+    from frontend.options import default_drafter
     from tui.cli import build_parser
 
     if builtin_feature_drafter_path() is None:

@@ -10,7 +10,7 @@ import pytest
 
 from edge.sources import default_model
 from edge.sources.builtin import builtin_model_path
-from edge.cli_options import default_drafter
+from frontend.options import default_drafter
 from edge.sources.default_model import DEFAULT_MODEL, PackagedModel, default_model_path, packaged_file
 from edge.errors import CheckpointError
 from tui.cli import main as chat_main

@@ -12,11 +12,12 @@ ALLOWED = {  # package -> the project packages it may import
     "kernels": set(),
     "memory": set(),
     "edge": {"memory", "kernels"},
+    "frontend": {"edge", "memory", "kernels"},
     "export": {"edge", "memory", "kernels"},
-    "tui": {"edge", "memory", "kernels"},
-    "bench": {"edge", "export", "memory", "kernels"},
+    "tui": {"edge", "frontend", "memory", "kernels"},
+    "bench": {"edge", "frontend", "export", "memory", "kernels"},
     "train": {"edge", "memory", "kernels"},
-    "serve": {"edge", "memory", "kernels"},
+    "serve": {"edge", "frontend", "memory", "kernels"},
 }
 
 

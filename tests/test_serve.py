@@ -17,7 +17,7 @@ from edge.errors import CheckpointError
 from edge.load_spec import LoadSpec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
-from edge.cli_options import default_drafter
+from frontend.options import default_drafter
 from serve.cli import build_parser, is_loopback, main, model_id, serve_config
 
 QUESTIONS = ["What does the json module do?", "Explain os.path.join", "How do I sort a list?"]

@@ -12,10 +12,10 @@ from openai import OpenAI
 
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
-from edge.cli_options import load_spec
+from frontend.options import load_spec
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
-from edge.cli_options import default_drafter
+from frontend.options import default_drafter
 from serve.cli import build_parser, serve_config
 
 CONTEXT = 128  # tokens: a prompt longer than this is refused

@@ -14,7 +14,7 @@ import sys
 from typing import Iterable, Iterator, TextIO
 
 from edge.sources import default_model
-from edge.cli_options import (
+from frontend.options import (
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,

@@ -1,4 +1,4 @@
-"""Command-line options shared by edge-chat and edge-bench: which model, how to load it, how to sample."""
+"""Command-line options shared by edge-chat, edge-serve and edge-bench: which model, how to load it, how to sample."""
 
 from __future__ import annotations
 

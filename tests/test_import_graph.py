@@ -1,6 +1,7 @@
 """The project's import graph: no cycle among its modules (function-local imports counted, so none can hide one),
-packages depend one way (tui, serve -> edge -> memory/kernels; export -> edge; bench -> edge), and no module imports
-another's private names."""
+packages depend one way (tui, serve, bench -> frontend -> edge -> memory/kernels; export -> edge; bench -> export),
+edge's subpackages depend one way too (decoding -> sources, backends -> model, text), and no module imports another's
+private names."""
 
 from __future__ import annotations
 
@@ -19,6 +20,18 @@ ALLOWED = {  # package -> the project packages it may import
     "train": {"edge", "memory", "kernels"},
     "serve": {"edge", "frontend", "memory", "kernels"},
 }
+# Inside edge: subpackages in layers, each importing only the subpackages named here. The leaves (errors, events)
+# import nothing of the project and every part of edge may import them; the top-level modules (engine, load_spec,
+# planning, and the package's own face, edge/__init__.py) sit above every subpackage and may import any of them.
+EDGE_LAYERS = {  # subpackage of edge -> the subpackages it may import
+    "model": set(),  # the transformer, its config, KV caches, weight formats, offload, calibration, trimmed head
+    "text": set(),  # tokenizer, chat templates, stop strings
+    "sources": {"model"},  # checkpoint folders, GGUF files, Hub ids, the default and built-in models
+    "backends": {"model", "text"},  # exported bundles run behind the Transformer calls
+    "decoding": {"model", "text", "sources", "backends"},  # loop, speculation, sampling, grammars, drafters, registry
+}
+EDGE_LEAVES = {"errors", "events"}
+EDGE_TOP = {"engine", "load_spec", "planning"}
 
 
 def project_modules() -> dict[str, Path]:
@@ -107,6 +120,41 @@ def test_packages_depend_one_way():
                    if target.split(".")[0] != name.split(".")[0]
                    and target.split(".")[0] not in ALLOWED[name.split(".")[0]])
     assert wrong == []
+
+
+def edge_part(module: str) -> str:
+    """The part of edge a module belongs to: "edge.model.config" -> "model", "edge.engine" -> "engine", "edge" -> ""."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_edge_holds_the_parts_its_layers_name():
+    parts = {edge_part(name) for name in MODULES if name.split(".")[0] == "edge"}
+    assert parts == set(EDGE_LAYERS) | EDGE_LEAVES | EDGE_TOP | {""}
+    assert all((ROOT / "edge" / part / "__init__.py").is_file() for part in EDGE_LAYERS)
+
+
+def test_edges_layers_are_one_way():
+    assert cycles({part: set(below) for part, below in EDGE_LAYERS.items()}) == []
+    assert all(below <= set(EDGE_LAYERS) - {part} for part, below in EDGE_LAYERS.items())
+
+
+def test_edges_subpackages_import_only_the_layers_below_them():
+    edges = graph()
+    wrong = sorted(f"{name} imports {target}" for name, targets in edges.items() if name.split(".")[0] == "edge"
+                   and edge_part(name) in set(EDGE_LAYERS) | EDGE_LEAVES
+                   for target in targets if target.split(".")[0] == "edge" and edge_part(target) != edge_part(name)
+                   and edge_part(target) not in EDGE_LAYERS.get(edge_part(name), set()) | EDGE_LEAVES)
+    assert wrong == []
+    leaves = sorted(f"{name} imports {target}" for name, targets in edges.items()
+                    if name.split(".")[0] == "edge" and edge_part(name) in EDGE_LEAVES for target in targets)
+    assert leaves == []
+    parts = {}  # the subpackages' own graph, as the code has it
+    for name, targets in edges.items():
+        if name.split(".")[0] == "edge" and edge_part(name) in EDGE_LAYERS:
+            parts.setdefault(edge_part(name), set()).update(
+                edge_part(target) for target in targets
+                if target.split(".")[0] == "edge" and edge_part(target) in EDGE_LAYERS)
+    assert cycles({part: below - {part} for part, below in parts.items()}) == []
 
 
 def test_no_module_imports_another_modules_private_names():

@@ -1,6 +1,6 @@
 """Triton kernels for the quantized paths; each computes exactly what its reference in kernels/quant.py or
-kernels/kv_quant.py specifies (tests/test_triton_kernels.py checks them on fresh random inputs, on the CPU through
-TRITON_INTERPRET=1 at small shapes).
+kernels/kv_quant.py specifies (tests/kernels/test_triton_kernels.py checks them on fresh random inputs, on the CPU
+through TRITON_INTERPRET=1 at small shapes).
 
     quantized_matmul(x, qweight)                     x (M, K) @ dequant(qweight).T -> (M, N); int4 or int8 codes
     quantize_vectors(x, kind)                        quantize-on-append: (R, D) -> PackedVectors (int8/hierarchical)

@@ -1,4 +1,4 @@
-"""Write tests/golden/builtin_greedy.json: greedy replies of the built-in model, the regression CI checks.
+"""Write tests/sources/golden/builtin_greedy.json: greedy replies of the built-in model, the regression CI checks.
 
     python -m train.golden
 """
@@ -26,7 +26,7 @@ def main() -> int:
         events = list(engine.chat(messages, max_new_tokens=max_new_tokens))
         golden.append({"messages": messages, "max_new_tokens": max_new_tokens,
                        "token_ids": [t for e in events for t in e.token_ids], "text": "".join(e.text for e in events)})
-    path = Path(__file__).resolve().parent.parent / "tests" / "golden" / "builtin_greedy.json"
+    path = Path(__file__).resolve().parent.parent / "tests" / "sources" / "golden" / "builtin_greedy.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {path}", file=sys.stderr)

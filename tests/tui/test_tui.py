@@ -1,0 +1,447 @@
+"""Pilot tests of edge-chat: they drive the app with keys and assert on its state after the workers finish."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from edge.decoding.drafters import NGramDrafter
+from edge.decoding.drafters.draft_model import DraftModelDrafter
+from edge.engine import Engine
+from tui.app import EdgeChatApp
+from tui.history import Conversation, ConversationStore
+from tui.loader import SessionLoader
+from tui.screens.chat import ChatScreen
+from tui.screens.history import HistoryScreen
+from tui.screens.loading import LoadingScreen
+from tui.screens.settings import SettingsScreen
+from tui.settings import ChatSettings
+from tui.widgets.message import MessageView
+from tui.widgets.prompt import PromptInput
+from tui.widgets.stats import StatsPanel
+
+RSS = 300 * 2**20  # a fixed "resident memory" so screens do not depend on the test process
+
+
+@pytest.fixture(scope="session")
+def tiny_model(llama_dir, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("models") / "tiny-model"  # a stable name: it appears on screen
+    shutil.copytree(llama_dir, folder)
+    return folder
+
+
+@pytest.fixture
+def make_app(tiny_model, tmp_path):
+    def make(model: Path | None = None, **settings) -> EdgeChatApp:
+        options = {"max_tokens": 24, **settings}
+        loader = SessionLoader(model or tiny_model, ChatSettings(**options), ConversationStore(tmp_path),
+                               measure_baseline=False)
+        return EdgeChatApp(loader, memory_probe=lambda: RSS)
+    return make
+
+
+async def ready(app: EdgeChatApp, pilot) -> ChatScreen:
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    assert isinstance(app.screen, ChatScreen), app.load_error
+    return app.screen
+
+
+async def send(app: EdgeChatApp, pilot, text: str) -> None:
+    prompt = app.screen.query_one(PromptInput)
+    prompt.load_text(text)
+    prompt.focus()
+    await pilot.press("enter")
+    await settle(app, pilot)
+
+
+async def settle(app: EdgeChatApp, pilot) -> None:
+    await pilot.pause()
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    await pilot.pause()
+
+
+def slow_down(screen: ChatScreen, after: int = 2) -> threading.Event:
+    """Make the model pause after a few steps until the returned event is set: a reply that is surely mid-way."""
+    gate, original = threading.Event(), screen.session.stream
+
+    def stream(stop):
+        for index, event in enumerate(original(stop)):
+            yield event
+            if index == after:
+                gate.wait(10)
+    screen.session.stream = stream
+    return gate
+
+
+async def start_slow_reply(screen: ChatScreen, pilot, text: str) -> threading.Event:
+    """Send `text` with the model paused a few steps in; the reply streams on once the returned event is set."""
+    gate = slow_down(screen)
+    screen.query_one(PromptInput).load_text(text)
+    await pilot.press("enter")
+    return gate
+
+
+def reference_reply(model: Path, messages: list[dict], max_tokens: int) -> str:
+    """What a fresh engine answers to the same conversation, greedy: the app must show exactly this."""
+    return "".join(event.text for event in Engine.load(model).chat(messages, max_new_tokens=max_tokens))
+
+
+def test_send_streams_a_reply_renders_it_and_saves_the_chat(make_app, tiny_model, tmp_path):
+    async def scenario():
+        app = make_app()
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await ready(app, pilot)
+            await send(app, pilot, "hello there")
+            views = list(screen.query(MessageView))
+            assert [v.role for v in views] == ["user", "assistant"]
+            expected = reference_reply(tiny_model, [{"role": "user", "content": "hello there"}], 24)
+            assert views[1].text == expected and expected
+            assert screen.query_one(PromptInput).text == ""
+            assert screen.query_one(StatsPanel).figures.stats.generated_tokens == 24
+            saved = list((tmp_path / "chats").glob("*.json"))
+            assert len(saved) == 1
+            data = json.loads(saved[0].read_text())
+            assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
+            assert data["messages"][1]["content"] == expected and data["title"] == "hello there"
+    asyncio.run(scenario())
+
+
+def test_stop_mid_reply_keeps_a_consistent_chat(make_app, tiny_model):
+    async def scenario():
+        app = make_app(max_tokens=400)
+        async with app.run_test() as pilot:
+            screen = await ready(app, pilot)
+            gate = await start_slow_reply(screen, pilot, "tell me everything")
+            await pilot.pause()
+            await pilot.press("escape")
+            gate.set()
+            await settle(app, pilot)
+            messages = screen.session.conversation.messages
+            assert messages[-1]["finish_reason"] == "stopped"
+            assert 0 < messages[-1]["stats"]["tokens"] < 400
+            assert not screen.streaming and "stopped" in list(screen.query(MessageView))[-1].note
+            # the next turn continues from the stopped reply exactly as a fresh engine that was not stopped
+            screen.session.settings = screen.session.settings.replace(max_tokens=16)
+            await send(app, pilot, "and then?")
+            assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+            fresh = Engine.load(tiny_model)
+            first = "".join(e.text for e in fresh.chat(messages[:1], max_new_tokens=messages[1]["stats"]["tokens"]))
+            assert first == messages[1]["content"]
+            second = "".join(e.text for e in fresh.chat(screen.session.conversation.chat_messages()[:-1],
+                                                          max_new_tokens=16))
+            assert second == messages[3]["content"]
+    asyncio.run(scenario())
+
+
+def test_a_message_sent_while_a_reply_streams_is_queued_visibly_then_sent(make_app, tiny_model):
+    async def scenario():
+        app = make_app(max_tokens=400)
+        async with app.run_test() as pilot:
+            screen = await ready(app, pilot)
+            gate = await start_slow_reply(screen, pilot, "first")
+            prompt = screen.query_one(PromptInput)
+            prompt.load_text("second")
+            await pilot.press("enter")  # queued: shown at once, the input is free again
+            await pilot.pause()
+            queued = list(screen.query(MessageView))[-1]
+            assert prompt.text == "" and screen.streaming
+            assert queued.role == "user" and queued.text == "second" and queued.has_class("queued")
+            assert "queued" in queued.note and "1 queued" in str(screen.query_one("#status").render())
+            screen.session.settings = screen.session.settings.replace(max_tokens=12)
+            await pilot.press("ctrl+c")  # Ctrl+C stops the reply, not the app; the queued message goes next
+            gate.set()
+            await settle(app, pilot)
+            assert app.is_running
+            messages = screen.session.conversation.messages
+            assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+            assert messages[0]["content"] == "first" and messages[2]["content"] == "second"
+            assert not queued.has_class("queued") and queued.note == ""
+            assert [v.role for v in screen.query(MessageView)] == ["user", "assistant", "user", "assistant"]
+            fresh = Engine.load(tiny_model)  # the first reply as far as it got, then the queued message's
+            first = "".join(e.text for e in fresh.chat(messages[:1], max_new_tokens=messages[1]["stats"]["tokens"]))
+            second = "".join(e.text for e in fresh.chat(screen.session.conversation.chat_messages()[:-1],
+                                                          max_new_tokens=12))
+            assert (first, second) == (messages[1]["content"], messages[3]["content"])
+    asyncio.run(scenario())
+
+
+def test_resizing_while_a_reply_streams_keeps_it_whole(make_app, tiny_model):
+    async def scenario():
+        app = make_app(max_tokens=40)
+        async with app.run_test(size=(200, 50)) as pilot:
+            screen = await ready(app, pilot)
+            gate = await start_slow_reply(screen, pilot, "hello there")
+            await pilot.pause()
+            await pilot.resize_terminal(80, 24)
+            await pilot.pause()
+            gate.set()
+            await settle(app, pilot)
+            await pilot.resize_terminal(120, 40)
+            await pilot.pause()
+            reply = list(screen.query(MessageView))[-1]
+            expected = reference_reply(tiny_model, [{"role": "user", "content": "hello there"}], 40)
+            assert reply.text == expected == screen.session.last_reply()
+            assert screen.query_one(PromptInput).region.bottom <= 40 - 1  # the input stays above the footer
+    asyncio.run(scenario())
+
+
+def test_provenance_colours_toggle_and_cover_the_reply(make_app):
+    async def scenario():
+        app = make_app(drafter="ngram", max_tokens=48)
+        async with app.run_test() as pilot:
+            screen = await ready(app, pilot)
+            await send(app, pilot, "the cat the cat the cat the cat")
+            reply = list(screen.query(MessageView))[-1]
+            stats = screen.session.conversation.messages[-1]["stats"]
+            assert stats["acceptance_rate"] > 0  # n-gram drafts were accepted on this repetitive prompt
+            assert sum(size for size, _ in reply.runs) == len(reply.text)
+            assert any(drafted for _, drafted in reply.runs) and any(not drafted for _, drafted in reply.runs)
+            assert reply.query_one("Markdown").display and not reply.query_one(".provenance").display
+            await pilot.press("f2")
+            assert all(view.provenance for view in screen.query(MessageView))
+            assert reply.query_one(".provenance").display and not reply.query_one("Markdown").display
+            await pilot.press("f2")
+            assert not reply.provenance
+    asyncio.run(scenario())
+
+
+def test_settings_change_the_drafter_in_place_and_reject_bad_values(make_app):
+    async def scenario():
+        app = make_app()
+        async with app.run_test(size=(100, 40)) as pilot:
+            screen = await ready(app, pilot)
+            engine = screen.session.engine
+            await pilot.press("f3")
+            assert isinstance(app.screen, SettingsScreen)
+            app.screen.query_one("#temperature").value = "hot"
+            await pilot.click("#apply")
+            assert isinstance(app.screen, SettingsScreen)  # not applied
+            assert "temperature must be a number" in str(app.screen.query_one("#settings-error").render())
+            app.screen.query_one("#temperature").value = "0"
+            app.screen.query_one("#drafter").value = "ngram"
+            app.screen.query_one("#max_tokens").value = "12"
+            await pilot.press("ctrl+s")  # the key applies too
+            await pilot.pause()
+            assert app.screen is screen, app.screen.query_one("#settings-error").render()
+            assert screen.session.engine is engine  # applied without reloading the model
+            assert isinstance(engine.drafter, NGramDrafter)
+            assert screen.session.settings.max_tokens == 12
+            assert screen.query_one(StatsPanel).figures.drafter == "ngram"
+            await send(app, pilot, "hello")
+            assert screen.session.conversation.messages[-1]["stats"]["tokens"] == 12
+    asyncio.run(scenario())
+
+
+def test_a_draft_model_named_in_the_settings_drafts_for_the_chat(make_app, tiny_model, tmp_path):
+    """A draft model as the command line names one: here a .gguf file of the same model family."""
+    from tests.gguf_files import write_gguf
+
+    draft = write_gguf(tiny_model, tmp_path / "draft.Q8_0.gguf", {"default": "q8_0"})
+
+    async def scenario():
+        app = make_app()
+        async with app.run_test(size=(100, 40)) as pilot:
+            screen = await ready(app, pilot)
+            await pilot.press("f3")
+            app.screen.query_one("#draft_model").value = str(draft)
+            await pilot.press("ctrl+s")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            assert app.screen is screen, app.screen.query_one("#settings-error").render()
+            assert isinstance(screen.session.engine.drafter, DraftModelDrafter)
+            assert screen.session.drafter_spec == f"draft:{draft}"
+            await send(app, pilot, "hello")
+            assert screen.session.conversation.messages[-1]["stats"]["tokens"] > 0
+    asyncio.run(scenario())
+
+
+def test_a_budget_too_small_is_reported_and_not_applied(make_app):
+    async def scenario():
+        app = make_app()
+        async with app.run_test(size=(100, 40)) as pilot:
+            screen = await ready(app, pilot)
+            await pilot.press("f3")
+            app.screen.query_one("#memory_budget").value = "lots"
+            await pilot.click("#apply")
+            assert "cannot read the memory size 'lots'" in str(app.screen.query_one("#settings-error").render())
+            app.screen.query_one("#memory_budget").value = "1KiB"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert app.screen is screen and screen.session.settings.memory_budget == ""
+    asyncio.run(scenario())
+
+
+def test_reopen_a_saved_chat_and_skip_a_damaged_file(make_app, tmp_path):
+    async def scenario():
+        app = make_app()
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await ready(app, pilot)
+            await send(app, pilot, "remember me")
+            reply = screen.session.last_reply()
+            (tmp_path / "chats" / "broken.json").write_text("{ not json")
+            saved = json.loads(next((tmp_path / "chats").glob("2*.json")).read_text())
+            damaged = {"updated-as-text": {**saved, "id": "a", "updated": "yesterday"},
+                       "message-as-text": {**saved, "id": "b", "messages": ["hello"]},
+                       "title-as-number": {**saved, "id": "c", "title": 7}}
+            for name, data in damaged.items():
+                (tmp_path / "chats" / f"{name}.json").write_text(json.dumps(data))
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            assert not list(screen.query(MessageView))
+            await pilot.press("ctrl+o")
+            assert isinstance(app.screen, HistoryScreen)
+            assert [chat.error is None for chat in app.screen.chats].count(True) == 1
+            errors = {chat.path.stem: chat.error for chat in app.screen.chats if chat.error}
+            assert set(errors) == {"broken", *damaged}
+            assert "'updated' is str" in errors["updated-as-text"] and "message 0" in errors["message-as-text"]
+            readable = next(i for i, chat in enumerate(app.screen.chats) if chat.error is None)
+            app.screen.query_one("#history-list").highlighted = readable
+            await pilot.press("enter")
+            await pilot.pause()
+            await pilot.pause()
+            assert app.screen is screen
+            views = list(screen.query(MessageView))
+            assert [v.text for v in views] == ["remember me", reply]
+            assert (tmp_path / "chats" / "broken.json").read_text() == "{ not json"  # left untouched
+    asyncio.run(scenario())
+
+
+def test_regenerate_copy_and_input_history(make_app):
+    async def scenario():
+        app = make_app()
+        async with app.run_test() as pilot:
+            screen = await ready(app, pilot)
+            await send(app, pilot, "one")
+            first = screen.session.last_reply()
+            await pilot.press("ctrl+r")
+            await settle(app, pilot)
+            assert [m["role"] for m in screen.session.conversation.messages] == ["user", "assistant"]
+            assert screen.session.last_reply() == first  # greedy: the same answer again
+            assert len(list(screen.query(MessageView))) == 2
+            await pilot.press("ctrl+y")
+            assert app.clipboard == first
+            prompt = screen.query_one(PromptInput)
+            await pilot.press("up")
+            assert prompt.text == "one"
+            await pilot.press("down")
+            assert prompt.text == ""
+            await pilot.press("a", "shift+enter", "b")
+            assert prompt.text == "a\nb"  # multi-line input
+    asyncio.run(scenario())
+
+
+def test_a_missing_model_is_a_readable_message_not_a_traceback(make_app, tmp_path):
+    async def scenario():
+        app = make_app(model=tmp_path / "no-such-model")
+        async with app.run_test() as pilot:
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            assert isinstance(app.screen, LoadingScreen) and app.screen.failed
+            assert "does not exist" in app.load_error
+            await pilot.press("q")
+        assert app.return_code == 2
+    asyncio.run(scenario())
+
+
+def test_the_speedup_is_shown_against_a_measured_baseline(tiny_model, tmp_path):
+    async def scenario():
+        loader = SessionLoader(tiny_model, ChatSettings(drafter="ngram", max_tokens=16), ConversationStore(tmp_path))
+        app = EdgeChatApp(loader, memory_probe=lambda: RSS)
+        async with app.run_test() as pilot:
+            screen = await ready(app, pilot)
+            assert screen.session.baseline_tokens_per_s > 0
+            assert screen.session.engine.history == []  # the measurement leaves no trace in the chat's cache
+            await send(app, pilot, "hi")
+            panel = screen.query_one(StatsPanel)
+            stats = screen.session.outcome.event.stats
+            assert panel.speedup == pytest.approx(stats.tokens_per_s / screen.session.baseline_tokens_per_s)
+    asyncio.run(scenario())
+
+
+def test_conversation_store_writes_atomically(tmp_path, monkeypatch):
+    store = ConversationStore(tmp_path)
+    chat = Conversation(messages=[{"role": "user", "content": "keep me"}])
+    path = store.save(chat)
+    chat.messages.append({"role": "assistant", "content": "new"})
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(json, "dump", crash)
+    with pytest.raises(OSError):
+        store.save(chat)
+    assert json.loads(path.read_text())["messages"] == [{"role": "user", "content": "keep me"}]
+    assert sorted(p.name for p in (tmp_path / "chats").iterdir()) == [path.name]  # no temporary file left
+
+
+def test_command_line_options_reach_the_app_settings():
+    from tui.cli import app_settings, build_parser
+
+    args = build_parser().parse_args(["--temperature", "0.7", "--top-k", "20", "--min-p", "0.05", "--seed", "3",
+                                      "--stop", "END", "--max-new-tokens", "99", "--drafter", "ngram",
+                                      "--system", "Be brief."])
+    settings = app_settings(args)
+    options = settings.generation_options()
+    assert (options.temperature, options.top_k, options.min_p, options.seed, options.stop) == (0.7, 20, 0.05, 3,
+                                                                                             ("END",))
+    assert (settings.max_tokens, settings.drafter, settings.system_prompt) == (99, "ngram", "Be brief.")
+
+
+def test_a_tight_memory_budget_is_planned_and_the_step_downs_are_shown(tiny_model, tmp_path):
+    plan = Engine.load(tiny_model, max_context=512, drafter="ngram", memory_budget=1 << 30).plan
+
+    async def scenario():
+        loader = SessionLoader(tiny_model, ChatSettings(drafter="ngram", max_tokens=8), ConversationStore(tmp_path),
+                               max_context=512, measure_baseline=False, memory_budget=str(plan.lower_bound + 1024))
+        app = EdgeChatApp(loader, memory_probe=lambda: RSS)
+        async with app.run_test(size=(120, 30)) as pilot:
+            screen = await ready(app, pilot)
+            assert screen.session.plan_steps and screen.session.engine.cache.max_len < 512
+            assert "memory plan: context 512" in str(screen.query_one("#status").render())
+            await send(app, pilot, "hello")
+            assert screen.session.last_reply() is not None
+    asyncio.run(scenario())
+
+
+def test_a_chat_that_fills_the_context_keeps_going_without_its_oldest_turns(tiny_model, tmp_path):
+    async def scenario():
+        loader = SessionLoader(tiny_model, ChatSettings(max_tokens=8, system_prompt="Be brief."),
+                               ConversationStore(tmp_path), max_context=160, measure_baseline=False)
+        app = EdgeChatApp(loader, memory_probe=lambda: RSS)
+        async with app.run_test(size=(120, 30)) as pilot:
+            screen = await ready(app, pilot)
+            for index in range(6):
+                await send(app, pilot, f"question {index} about the quick brown fox and the lazy dog")
+            assert screen.session.dropped_turns > 0
+            assert "context full" in str(screen.query_one("#status").render())
+            assert len(screen.session.conversation.messages) == 12  # the saved chat keeps every turn
+    asyncio.run(scenario())
+
+
+def test_the_app_chats_on_an_exported_bundle_with_its_drafter(make_app, tiny_model, tmp_path):
+    pytest.importorskip("onnx")
+    from export.bundle import ExportOptions, export_bundle
+    from export.quantize import QuantSettings
+
+    bundle = tmp_path / "tiny.bundle"
+    export_bundle(tiny_model, bundle, ExportOptions(quant=QuantSettings("int8"), drafter=str(tiny_model)),
+                  show_progress=False)
+
+    async def scenario():
+        app = make_app(bundle, drafter="bundle")
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await ready(app, pilot)
+            await send(app, pilot, "hello there")
+            views = list(screen.query(MessageView))
+            expected = reference_reply(bundle, [{"role": "user", "content": "hello there"}], 24)
+            assert views[1].text == expected and expected
+            stats = screen.query_one(StatsPanel).figures.stats
+            assert stats.generated_tokens == 24 and stats.drafted > 0
+    asyncio.run(scenario())

@@ -1,9 +1,11 @@
 """Kernels with plain-torch references and a dispatcher.
 
-Built so far: `cpu_matmul.RowwiseMatmul`, a batch-invariant matmul and attention for CPU decoding (C, compiled on
-first use): a row's result does not depend on how many rows share the call, so a (k + 1)-token verify pass equals
-k + 1 decode steps bit for bit and greedy speculative decoding is exactly plain decoding; `fused_model.FusedWeights`
-holds a model's layers as its fused C calls read them (pointer table, layer orders, ModelViews). GPU kernels
-(Triton/CUDA) for int4 weights and quantized KV come with the issue "Step 7 of 7". This package imports nothing from
-edge.
+The CPU kernel (csrc/, C compiled on first use, one library per CPU path: cpu_paths) is batch-invariant: a row's
+result does not depend on how many rows share the call, so a (k + 1)-token verify pass equals k + 1 decode steps bit
+for bit and greedy speculative decoding is exactly plain decoding. `cpu_matmul.RowwiseMatmul` calls its matmuls and
+attention, `fused_model.FusedWeights` holds a model's layers as its fused calls read them, `cpu_packing` packs int8
+weights and `block_formats` llama.cpp's block types (and edge's int4). For GPUs, `triton_kernels` run int4/int8
+weights and the quantized KV caches, each matching its plain-torch reference (`quant`, `quant_weight`, `kv_quant`),
+and `dispatch` picks the kernel or the reference. `cpu_bench` and `bench` measure them; `cache` is edge's cache
+folder. This package imports nothing from edge.
 """

@@ -69,12 +69,3 @@ def dequantize(packed: PackedVectors, *, draft: bool = False) -> torch.Tensor:
     upper = unpack_nibbles(packed.planes[0]).float()
     codes = upper * 16 + 7.5 if draft else upper * 16 + unpack_nibbles(packed.planes[1]).float()
     return packed.low.float() + codes * packed.scale.float()
-
-
-def bytes_per_vector(kind: str, head_dim: int) -> int:
-    """Stored bytes of one quantized vector of `head_dim` values (codes plus float16 scale, and low)."""
-    if kind == "int8":
-        return head_dim + 2
-    if kind == "int4":
-        return head_dim // 2 + 2
-    return head_dim + 4  # two nibble planes, step and low

@@ -1,7 +1,7 @@
 """Sampling: validated parameters and the logits transforms shared by plain and speculative decoding.
 
 Order (the same as transformers): repetition penalty on the raw logits, then temperature, top-k, top-p, min-p.
-`distribution()` gives the final probabilities; speculative verification (issue 4) applies the same function to
+`distribution()` gives the final probabilities; speculative verification (verify.py) applies the same function to
 both the draft and the target logits so that rejection sampling keeps the target distribution exactly.
 """
 

@@ -186,7 +186,8 @@ def kernel_for(name: str):
     return kernel
 
 
-@pytest.fixture(scope="session", params=kernel_path_names())
+@pytest.fixture(scope="session", params=[pytest.param(name, marks=pytest.mark.slow) for name in kernel_path_names()])
 def kernel(request):
-    """Each CPU path's kernel in turn (every path this CPU runs, and the avx512 code under emulation)."""
+    """Each CPU path's kernel in turn (every path this CPU runs, and the avx512 code under emulation). The path
+    matrix builds a library per path: every test that takes this fixture is marked slow."""
     return kernel_for(request.param)

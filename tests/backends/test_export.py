@@ -25,6 +25,8 @@ from export.quantize import QuantSettings  # noqa: E402
 from export.vocab_trim import choose_vocabulary, covered_share  # noqa: E402
 from tests.conftest import build_checkpoint  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = ["The quick brown fox", "import os\nfor name in", "Speculative decoding drafts"]
 
 

@@ -102,6 +102,7 @@ def test_the_scales_find_the_outlier_pairs_and_nothing_in_an_ordinary_model(buil
         assert (scaled <= largest_ordinary).all() and (scaled * 2 > largest_ordinary).all()
 
 
+@pytest.mark.slow
 def test_quantspec_keeps_its_acceptance_on_outlier_keys(builtin, outlier_target):
     original = Engine.load(builtin, max_context=256, drafter="quantspec", draft_length=3)
     original.drafter.upper_plane_from = 0
@@ -116,6 +117,7 @@ def test_quantspec_keeps_its_acceptance_on_outlier_keys(builtin, outlier_target)
     assert with_scales >= reference - 0.05 and without < reference - 0.2, (reference, with_scales, without)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["quantspec", "ngram"])
 def test_speculation_over_scaled_keys_equals_plain_decoding_over_them(outlier_target, drafter):
     plain = Engine.load(outlier_target, max_context=256, kv_cache="hierarchical")

@@ -65,6 +65,7 @@ def builtin_store(tmp_path_factory):
     return path, folder / "store"
 
 
+@pytest.mark.slow
 def test_retrieval_drafting_is_lossless_and_drafts_the_targets_own_replies(builtin_store):
     path, store = builtin_store
     plain = Engine.load(path, max_context=256)

@@ -72,6 +72,7 @@ def reference(checkpoints):
     return {prompt: ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True)) for prompt in PROMPTS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DRAFTERS)
 @pytest.mark.parametrize("length", ["adaptive", "adaptive:0.05", 1, 3, 6])
 def test_greedy_speculative_equals_autoregressive(checkpoints, reference, name, length):
@@ -369,6 +370,7 @@ def test_a_trimmed_feature_drafter_stays_lossless(checkpoints, reference, name, 
     assert engine.memory_footprint()["drafter"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["small", "feature", "early-exit:2", "skip:1", "small@", "feature@",
                                   "early-exit:2@"])
 def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpoints, name, tmp_path, monkeypatch):
@@ -422,6 +424,7 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
     assert min(stopped) < 5 and max(stopped) > 1, stopped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 @pytest.mark.parametrize("name", ["small", "feature", "hybrid:feature"])
 def test_model_drafters_on_a_quantized_target_stay_lossless(checkpoints, name, weights):

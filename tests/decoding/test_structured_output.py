@@ -49,6 +49,7 @@ def constrained_reference(checkpoints):  # noqa: F811 - the imported fixture
             for prompt in PROMPTS for index, response_format in enumerate(FORMATS)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DRAFTERS)
 @pytest.mark.parametrize("length", ["adaptive", 3])
 def test_greedy_constrained_speculation_equals_constrained_plain_decoding(checkpoints, constrained_reference, name,
@@ -111,6 +112,7 @@ def test_a_drafter_that_ignores_the_grammar_is_cut_where_the_grammar_forbids(che
     assert ids_of(events) == ids_of(plain.generate(PROMPTS[0], max_new_tokens=200, response_format=response_format))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["small", "early-exit:2", "ngram"])
 def test_sampled_constrained_speculation_follows_the_schema(checkpoints, name):  # noqa: F811
     engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec(name, checkpoints))
@@ -173,6 +175,7 @@ def builtin_engines():
     return Engine.load(builtin_model_path()), Engine.load(builtin_model_path(), drafter="hybrid:feature")
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=SCHEMAS)
 def test_json_schema_replies_validate_on_fuzzed_schemas(builtin_engines, schema):

@@ -87,6 +87,7 @@ def test_greedy_speculation_with_token_trees_equals_plain_decoding(llama_dir, mo
     assert made[-1].sampler.runners_up and sum(s.tree_rows for s in made) > 0
 
 
+@pytest.mark.slow
 def test_trees_on_the_builtin_model_keep_the_output_and_accept_runners_up(monkeypatch):
     plain = Engine.load(builtin_model_path())
     prompts = ["def fibonacci(n):", "Once upon a time there was", "The capital of"]

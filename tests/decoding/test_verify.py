@@ -72,6 +72,7 @@ def chi_square_p_value(verifier, k: int, deterministic: bool = False, seed: int 
     return float(torch.special.gammaincc(degrees, torch.tensor(statistic / 2, dtype=torch.float64)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k, deterministic", [(1, False), (3, False), (2, True)])
 def test_stochastic_verification_keeps_the_target_distribution(k, deterministic):
     assert chi_square_p_value(verify_stochastic, k, deterministic) > 1e-3
@@ -90,6 +91,7 @@ def resample_from_target(draft, draft_probs, target_probs, generator):
     return original
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", [accept_everything, resample_from_target])
 def test_the_statistical_test_catches_a_broken_verifier(broken):
     assert chi_square_p_value(broken, k=2) < 1e-6

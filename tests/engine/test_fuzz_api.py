@@ -60,6 +60,7 @@ def one_line_project_error(call) -> None:
         assert str(error) and "\n" not in str(error), repr(error)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(prompt=PROMPTS, options=st.dictionaries(st.sampled_from(OPTION_NAMES), ANY_VALUE, max_size=4))
 def test_generate_takes_any_prompt_and_options(engine, prompt, options):

@@ -24,6 +24,7 @@ def test_chat_prompt_prints_the_reply(llama_dir, capsys):
     assert "tokens/s" in out
 
 
+@pytest.mark.slow
 def test_chat_reads_the_prompt_from_a_pipe(llama_dir):
     done = subprocess.run([sys.executable, "-m", "tui.cli", str(llama_dir), "--max-new-tokens", "4", "--raw"],
                           input="The quick brown fox", capture_output=True, text=True, timeout=120)
@@ -86,6 +87,7 @@ def test_export_missing_checkpoint_is_one_line(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
     from export.cli import main as export_main
 
@@ -105,6 +107,7 @@ def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
     assert "| edge torch float32 |" in done.stdout and "| edge onnx fp32 |" in done.stdout
 
 
+@pytest.mark.slow
 def test_bench_ar_interleaves_backends_in_one_process(llama_dir, tmp_path):
     report_path = tmp_path / "bench.json"
     done = subprocess.run(
@@ -138,6 +141,7 @@ def test_bench_llama_cpp_peer_matches_edge_precision_and_says_what_is_missing(ll
         llama_cpp.converter_source(tmp_path)
 
 
+@pytest.mark.slow
 def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bench.cli", str(llama_dir), "--methods", "ar,ngram,early-exit:1",
@@ -158,6 +162,7 @@ def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_
     assert (tmp_path / "suite.md").read_text().startswith("| method |")
 
 
+@pytest.mark.slow
 def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bench.cli", str(llama_dir), "--methods", "ar,ngram,early-exit:1",
@@ -180,6 +185,7 @@ def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
     assert "decode steps only" in (tmp_path / "suite.md").read_text()
 
 
+@pytest.mark.slow
 def test_bench_suite_interleaves_the_peers_with_the_same_draft_model(llama_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bench.cli", str(llama_dir), "--methods", f"ar,draft:{llama_dir}",
@@ -248,6 +254,7 @@ HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
+@pytest.mark.slow
 def test_bench_suite_runs_llama_server_plain_in_its_ngram_modes_and_with_the_draft_model(llama_dir, tmp_path,
                                                                                         monkeypatch, capsys):
     import argparse
@@ -301,6 +308,7 @@ def test_bench_suite_runs_llama_server_plain_in_its_ngram_modes_and_with_the_dra
         llama_server.find_binary(tmp_path / "nothing")
 
 
+@pytest.mark.slow
 def test_bench_scaling_puts_suite_reports_side_by_side_by_weight_bytes(tmp_path, capsys):
     from bench import cli
 
@@ -332,6 +340,7 @@ def test_bench_scaling_puts_suite_reports_side_by_side_by_weight_bytes(tmp_path,
     assert "no suite report there" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_step_time_bench_splits_a_step_into_draft_and_verify(capsys):
     from bench.steps import main as steps_main
 

@@ -32,7 +32,7 @@ missing = CROSS is None or QEMU is None or not Path(SYSROOT).is_dir()
 if missing and os.environ.get("EDGE_REQUIRE_AARCH64") == "1":
     raise RuntimeError("EDGE_REQUIRE_AARCH64=1 but the aarch64 toolchain is missing: "
                        "apt-get install gcc-aarch64-linux-gnu qemu-user")
-pytestmark = pytest.mark.skipif(missing, reason="needs gcc-aarch64-linux-gnu and qemu-user")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing, reason="needs gcc-aarch64-linux-gnu and qemu-user")]
 
 
 @pytest.fixture(scope="module", params=list(FLAGS))

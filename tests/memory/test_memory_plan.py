@@ -115,6 +115,7 @@ def test_the_engine_allocates_what_the_plan_says(shapes, checkpoint_factory):
     assert "".join(e.text for e in tight.chat([{"role": "user", "content": "hi"}], max_new_tokens=8))
 
 
+@pytest.mark.slow
 def test_edge_chat_plans_without_weights_and_reports_step_downs(checkpoint_factory, tmp_path):
     config_only = tmp_path / "config-only"
     config_only.mkdir()
@@ -130,6 +131,7 @@ def test_edge_chat_plans_without_weights_and_reports_step_downs(checkpoint_facto
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_chat_just_above_the_lower_bound_runs_and_says_what_it_gave_up(checkpoint_factory, shapes):
     model_dir = checkpoint_factory("llama3")
     _, _, draft_dir = shapes

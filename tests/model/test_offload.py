@@ -23,6 +23,7 @@ def greedy(engine: Engine, prompt: str = "The quick brown fox", tokens: int = 48
     return [t for e in engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True) for t in e.token_ids]
 
 
+@pytest.mark.slow
 def test_offloaded_layers_compute_the_same_tokens(six_layers):
     plain = Engine.load(six_layers, max_context=128)
     offloaded = Engine.load(six_layers, max_context=128, offload_layers=[2, 3, 4, 5])

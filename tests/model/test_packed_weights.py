@@ -129,6 +129,7 @@ def test_a_quantized_verify_pass_reproduces_its_decode_steps_and_stays_close_to_
     assert (prompt - exact).norm() < (0.1 if fmt == "int8" else 0.4) * exact.norm()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("drafter", ["ngram", "early-exit:1", "adaptive", "skip:1"])
 def test_greedy_speculation_on_quantized_weights_equals_their_plain_decoding(llama_dir, drafter, fmt):
@@ -200,6 +201,7 @@ def test_a_quantized_draft_model_keeps_the_float_target_lossless(checkpoint_fact
         assert [t for e in fast.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids] == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_speculative_sampling_on_quantized_weights_keeps_their_distribution(checkpoint_factory, tmp_path_factory,
                                                                             tokenizer_dir, fmt):

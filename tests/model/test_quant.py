@@ -90,6 +90,7 @@ def greedy(engine: Engine, prompt: str, tokens: int = 96) -> list[int]:
     return [t for e in engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True) for t in e.token_ids]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_cache", ["int8", "int8-int4", "hierarchical"])
 def test_speculation_over_a_quantized_cache_equals_plain_decoding_over_it(kv_cache, target):
     plain = Engine.load(target, max_context=256, kv_cache=kv_cache)
@@ -99,6 +100,7 @@ def test_speculation_over_a_quantized_cache_equals_plain_decoding_over_it(kv_cac
             assert greedy(fast, prompt) == greedy(plain, prompt), (kv_cache, drafter, prompt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("length", ["adaptive", 2, 5])
 @pytest.mark.parametrize("view", ["both planes", "upper plane"])

@@ -184,6 +184,7 @@ def test_health_is_503_while_loading(reference):
         assert httpx.get(running.url + "/health").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_model_that_fails_to_load_is_reported_not_served(tmp_path, capsys):
     def load():
         raise CheckpointError("the weights are truncated; download them again")
@@ -221,6 +222,7 @@ def test_a_full_queue_answers_429_with_retry_after(reference):
         assert [result.status_code for result in results] == [200, 200]
 
 
+@pytest.mark.slow
 def test_a_client_gone_while_waiting_is_skipped(reference):
     engine = GatedEngine(reference)
     body = {"prompt": "The json module", "max_tokens": 4, "temperature": 0}

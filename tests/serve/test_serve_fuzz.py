@@ -15,6 +15,8 @@ from edge.sources.builtin import builtin_model_path
 from serve.app import ServeConfig
 from serve.background import BackgroundServer
 
+pytestmark = pytest.mark.slow
+
 FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 any_text = st.text(st.characters(exclude_categories=()), max_size=12)  # lone surrogates included

@@ -91,6 +91,7 @@ class EndlessEngine:
         yield dataclasses.replace(self.event, finish_reason="stopped")
 
 
+@pytest.mark.slow
 def test_a_client_that_stops_reading_is_cut_off_and_frees_the_slot(server):
     import socket
 

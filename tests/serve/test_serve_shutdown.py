@@ -16,6 +16,8 @@ import pytest
 
 from edge.sources.builtin import builtin_model_path
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("sig, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
 def test_a_signal_ends_open_streams_with_an_error_event_and_exits_at_once(sig, exit_code):

@@ -43,6 +43,7 @@ def test_golden_greedy_output(engine):
         assert "".join(e.text for e in events) == case["text"]
 
 
+@pytest.mark.slow
 def test_transformers_loads_the_shipped_checkpoint_and_agrees(engine):
     folder = builtin_model_path()
     prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "What does the `json` module do?"}])

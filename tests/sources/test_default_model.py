@@ -85,6 +85,7 @@ def installed_default() -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_the_installed_default_model_answers_with_the_csv_module(capsys):
     """The README's first command: edge-chat with no model runs SmolLM2-135M-Instruct (CI installs it and sets
     EDGE_REQUIRE_DEFAULT_MODEL=1, so that this cannot skip there)."""
@@ -95,6 +96,7 @@ def test_the_installed_default_model_answers_with_the_csv_module(capsys):
     assert "import csv" in reply and "csv.reader" in reply
 
 
+@pytest.mark.slow
 def test_the_default_models_retrieval_datastore_ships_and_drafts_for_it():
     """The default drafter of the default model: the shipped datastore of its own replies, for its tokenizer."""
     if not installed_default():

@@ -154,6 +154,7 @@ def llama_cpp_logits(folder: Path, tokens: torch.Tensor, qtype: str) -> torch.Te
         return llama_cpp_matmul(hidden, head, None, block, block_mins(head, qtype) if minned else None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("qtype", QUANTIZED)
 def test_a_quantized_file_runs_in_its_own_types(llama_dir, wide_dir, tmp_path, qtype):
     """Every matrix, the embedding and the head keep the file's types (no 16-bit copy). The logits are those of plain
@@ -184,6 +185,7 @@ def test_a_quantized_file_runs_in_its_own_types(llama_dir, wide_dir, tmp_path, q
     assert (got - emulated).norm() / emulated.norm() < 0.03
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", cpu_paths.runnable_paths())
 def test_greedy_speculation_equals_plain_decoding_on_every_path(llama_dir, wide_dir, tmp_path, monkeypatch, path):
     monkeypatch.setenv("EDGE_CPU_KERNEL", path)

@@ -33,6 +33,7 @@ def assert_blames_the_template(error: BaseException) -> None:
     assert "--chat-template FILE" in message and "fix the messages" not in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", [
     ENDLESS,  # nested loops over ranges: stopped at a call
     "{% set r = range(100000)|list %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}",  # no call in the loop
@@ -103,6 +104,7 @@ def test_edge_chat_blames_the_models_template(endless_model, short_limit, capsys
     assert_blames_the_template(error.strip())
 
 
+@pytest.mark.slow
 def test_edge_serve_blames_the_models_template_and_goes_on(short_limit):
     engine = Engine.load(builtin_model_path())
     engine.tokenizer.set_chat_template("{{ 'x' * 10**10 }}")

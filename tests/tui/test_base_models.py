@@ -127,6 +127,7 @@ def test_chat_on_a_base_model_through_the_api_names_both_fixes(base_dir):
     assert "generate()" in message and "--chat-template FILE" in message and "chat_template=FILE" in message
 
 
+@pytest.mark.slow
 def test_the_app_chats_with_a_base_model_as_a_completion_model(base_dir, tmp_path):
     async def scenario():
         loader = SessionLoader(base_dir, ChatSettings(max_tokens=TOKENS), ConversationStore(tmp_path),

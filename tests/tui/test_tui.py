@@ -113,6 +113,7 @@ def test_send_streams_a_reply_renders_it_and_saves_the_chat(make_app, tiny_model
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_stop_mid_reply_keeps_a_consistent_chat(make_app, tiny_model):
     async def scenario():
         app = make_app(max_tokens=400)
@@ -140,6 +141,7 @@ def test_stop_mid_reply_keeps_a_consistent_chat(make_app, tiny_model):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_a_message_sent_while_a_reply_streams_is_queued_visibly_then_sent(make_app, tiny_model):
     async def scenario():
         app = make_app(max_tokens=400)
@@ -172,6 +174,7 @@ def test_a_message_sent_while_a_reply_streams_is_queued_visibly_then_sent(make_a
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_resizing_while_a_reply_streams_keeps_it_whole(make_app, tiny_model):
     async def scenario():
         app = make_app(max_tokens=40)
@@ -192,6 +195,7 @@ def test_resizing_while_a_reply_streams_keeps_it_whole(make_app, tiny_model):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_provenance_colours_toggle_and_cover_the_reply(make_app):
     async def scenario():
         app = make_app(drafter="ngram", max_tokens=48)
@@ -212,6 +216,7 @@ def test_provenance_colours_toggle_and_cover_the_reply(make_app):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_settings_change_the_drafter_in_place_and_reject_bad_values(make_app):
     async def scenario():
         app = make_app()
@@ -239,6 +244,7 @@ def test_settings_change_the_drafter_in_place_and_reject_bad_values(make_app):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_a_draft_model_named_in_the_settings_drafts_for_the_chat(make_app, tiny_model, tmp_path):
     """A draft model as the command line names one: here a .gguf file of the same model family."""
     from tests.gguf_files import write_gguf
@@ -262,6 +268,7 @@ def test_a_draft_model_named_in_the_settings_drafts_for_the_chat(make_app, tiny_
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_a_budget_too_small_is_reported_and_not_applied(make_app):
     async def scenario():
         app = make_app()
@@ -278,6 +285,7 @@ def test_a_budget_too_small_is_reported_and_not_applied(make_app):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_reopen_a_saved_chat_and_skip_a_damaged_file(make_app, tmp_path):
     async def scenario():
         app = make_app()
@@ -313,6 +321,7 @@ def test_reopen_a_saved_chat_and_skip_a_damaged_file(make_app, tmp_path):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_regenerate_copy_and_input_history(make_app):
     async def scenario():
         app = make_app()
@@ -350,6 +359,7 @@ def test_a_missing_model_is_a_readable_message_not_a_traceback(make_app, tmp_pat
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_the_speedup_is_shown_against_a_measured_baseline(tiny_model, tmp_path):
     async def scenario():
         loader = SessionLoader(tiny_model, ChatSettings(drafter="ngram", max_tokens=16), ConversationStore(tmp_path))
@@ -410,6 +420,7 @@ def test_a_tight_memory_budget_is_planned_and_the_step_downs_are_shown(tiny_mode
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_a_chat_that_fills_the_context_keeps_going_without_its_oldest_turns(tiny_model, tmp_path):
     async def scenario():
         loader = SessionLoader(tiny_model, ChatSettings(max_tokens=8, system_prompt="Be brief."),
@@ -425,6 +436,7 @@ def test_a_chat_that_fills_the_context_keeps_going_without_its_oldest_turns(tiny
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_the_app_chats_on_an_exported_bundle_with_its_drafter(make_app, tiny_model, tmp_path):
     pytest.importorskip("onnx")
     from export.bundle import ExportOptions, export_bundle

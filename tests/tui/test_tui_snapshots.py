@@ -16,6 +16,8 @@ from tui.history import Conversation, ConversationStore
 from tui.loader import SessionLoader
 from tui.settings import ChatSettings
 
+pytestmark = pytest.mark.slow
+
 REPLY = (
     "Use `reversed` or a slice:\n\n```python\ndef reverse(items):\n    return items[::-1]\n```\n\n"
     "Both leave the original list unchanged."

@@ -4,7 +4,7 @@
 Skipped without a CUDA GPU of compute capability 8.0 or newer (CI has none; tests/test_triton_kernels.py checks the
 same kernels through Triton's CPU interpreter there). Where a GPU is lent:
 
-    python -m pytest -q tests/test_gpu.py
+    python -m pytest -q tests/kernels/test_gpu.py
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < MIN_CAP
 pytest.importorskip("triton")
 
 from edge import Engine  # noqa: E402
-from edge.builtin import builtin_model_path  # noqa: E402
+from edge.sources.builtin import builtin_model_path  # noqa: E402
 from kernels import triton_kernels as tk  # noqa: E402
 from kernels.kv_quant import PackedVectors, dequantize, quantize  # noqa: E402
 from kernels.quant import quantize_weight  # noqa: E402

@@ -76,6 +76,16 @@ class GenerationOptions:
     response_format: dict | None = None
 
     @classmethod
+    def merged(cls, options: "GenerationOptions | None", overrides: dict) -> "GenerationOptions":
+        """`options` (default: the defaults) with `overrides` (field names as keywords) applied, checked."""
+        if options is None:
+            return cls.from_kwargs(overrides)
+        if not isinstance(options, GenerationOptions):
+            raise SamplingError(f"options must be a GenerationOptions, got {type(options).__name__}; pass fields such "
+                                "as max_new_tokens=... as keywords")
+        return cls.from_kwargs({**{f.name: getattr(options, f.name) for f in dataclasses.fields(cls)}, **overrides})
+
+    @classmethod
     def from_kwargs(cls, options: dict) -> "GenerationOptions":
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - names)
@@ -286,9 +296,11 @@ class Engine:
 
     # -- public API -------------------------------------------------------------------------------------------
 
-    def generate(self, prompt: str | Sequence[int], **options) -> Iterator[Event]:
-        """Continue a plain prompt (text, encoded with the tokenizer's special tokens, or token ids)."""
-        opts = GenerationOptions.from_kwargs(options)
+    def generate(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **overrides
+                 ) -> Iterator[Event]:
+        """Continue a plain prompt (text, encoded with the tokenizer's special tokens, or token ids), with `options`
+        (a GenerationOptions) and/or its fields as keywords (which override it)."""
+        opts = GenerationOptions.merged(options, overrides)
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("the prompt is empty; pass some text to continue")
@@ -297,16 +309,18 @@ class Engine:
             ids = _token_ids(prompt)
         return self._stream(ids, opts, response_format_grammar(opts.response_format))
 
-    def chat(self, messages: Sequence[dict], *, template_kwargs: dict | None = None,
-             tools: Sequence[dict] | None = None, tool_choice: str | dict | None = None, **options) -> Iterator[Event]:
+    def chat(self, messages: Sequence[dict], options: GenerationOptions | None = None, *,
+             template_kwargs: dict | None = None, tools: Sequence[dict] | None = None,
+             tool_choice: str | dict | None = None, **overrides) -> Iterator[Event]:
         """Answer the last message of a conversation rendered with the checkpoint's chat template.
 
         `tools` (OpenAI's [{"type": "function", "function": {"name", "description", "parameters"}}]) go to a template
         that renders them, else into a system message saying how to call them (edge/decoding/tools.py). With
         `tool_choice` "required" or {"type": "function", "function": {"name": ...}} the reply is one JSON tool call by
         construction; "auto" (the default with tools) lets the model choose; "none" asks for text. Read the calls
-        from the reply's text with `edge.decoding.tools.parse_tool_calls(text, tools)`."""
-        opts = GenerationOptions.from_kwargs(options)
+        from the reply's text with `edge.decoding.tools.parse_tool_calls(text, tools)`. `options` and keywords as
+        for generate()."""
+        opts = GenerationOptions.merged(options, overrides)
         check_messages(messages)
         plan = plan_tool_use(self.tokenizer, list(messages), tools, tool_choice)
         kwargs = {**(template_kwargs or {}), **plan.template_kwargs}
@@ -350,9 +364,9 @@ class Engine:
             return f"shorten it: the model itself reads at most {limit} tokens"
         return f"shorten it, or load with a longer context (--max-context {needed}, or max_context={needed})"
 
-    def complete(self, prompt: str | Sequence[int], **options) -> str:
+    def complete(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **overrides) -> str:
         """Convenience: the whole generated text of `generate`."""
-        return "".join(event.text for event in self.generate(prompt, **options))
+        return "".join(event.text for event in self.generate(prompt, options, **overrides))
 
     @property
     def history(self) -> list[int]:

@@ -200,3 +200,17 @@ def test_a_full_context_drops_the_oldest_turns_but_keeps_the_system_prompt(llama
         small.fit_chat([{"role": "user", "content": "fox " * 400}], reserve=16)
     with pytest.raises(PromptError, match=r"shorten it, or load with a longer context \(--max-context \d+"):
         small.fit_chat([{"role": "user", "content": "fox " * 60}], reserve=16)
+
+
+def test_options_come_as_one_record_or_as_keywords(engine):
+    from edge import GenerationOptions
+
+    def tokens(*args, **kwargs) -> list[int]:
+        engine.reset()
+        return [t for e in engine.generate("The quick brown fox", *args, **kwargs) for t in e.token_ids]
+
+    options = GenerationOptions(max_new_tokens=6, ignore_eos=True)
+    assert tokens(options) == tokens(max_new_tokens=6, ignore_eos=True)
+    assert len(tokens(options, max_new_tokens=3)) == 3  # keywords override the record
+    with pytest.raises(SamplingError, match="GenerationOptions"):
+        tokens({"max_new_tokens": 3})

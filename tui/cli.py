@@ -172,11 +172,10 @@ class ConsoleChat:
         return "".join(reply)
 
     def _events(self, text: str) -> Iterator[Event]:
-        options = vars(self.options)
         if self.raw:
-            return self.engine.generate(text, **options)
+            return self.engine.generate(text, self.options)
         events, dropped = reply_events(self.engine, self.conversation.chat_messages(),
-                                       min(self.options.max_new_tokens, 256), **options)
+                                       min(self.options.max_new_tokens, 256), self.options)
         if dropped:
             print(f"(context full: the oldest {dropped} messages are left out)", file=sys.stderr)
         return events

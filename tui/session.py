@@ -7,13 +7,14 @@ together with its user message (which the app puts back into the input), so the 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from edge.engine import Engine
+from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from edge.events import FINISH_STOPPED, Event
 from tui.completion import reply_events
@@ -78,10 +79,10 @@ class ChatSession:
     def stream(self, stop: threading.Event) -> Iterator[Event]:
         """Yield the reply's events; record the reply (or drop the turn on an error) and save when it ends."""
         text, runs, last = [], [], None
-        options = {**vars(self.settings.generation_options()), "should_stop": stop.is_set}
+        options = dataclasses.replace(self.settings.generation_options(), should_stop=stop.is_set)
         try:
             events, self.dropped_turns = reply_events(self.engine, self.conversation.chat_messages(),
-                                                      reserve=min(self.settings.max_tokens, 256), **options)
+                                                      min(self.settings.max_tokens, 256), options)
             for event in events:
                 text.append(event.text)
                 extend_runs(runs, provenance_pieces(event))
@@ -137,8 +138,8 @@ class ChatSession:
         like the ones the panel measures, decoded the same way without the drafter. A base model (no chat template)
         continues the prompt as text."""
         last = None
-        options = {"max_new_tokens": tokens, "ignore_eos": True, "speculate": False}
-        events, _ = reply_events(self.engine, [{"role": "user", "content": BASELINE_PROMPT}], 1, **options)
+        options = GenerationOptions(max_new_tokens=tokens, ignore_eos=True, speculate=False)
+        events, _ = reply_events(self.engine, [{"role": "user", "content": BASELINE_PROMPT}], 1, options)
         for last in events:
             pass
         self.engine.reset()

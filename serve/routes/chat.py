@@ -37,8 +37,8 @@ async def chat_completions(request: Request, state: State) -> Response:
     tools, tool_choice = body.tool_list(), body.tool_choice_value()
 
     def generation(engine: Engine, should_stop) -> Any:
-        return engine.chat(messages, tools=tools, tool_choice=tool_choice,
-                           **vars(dataclasses.replace(options, should_stop=should_stop)))
+        return engine.chat(messages, dataclasses.replace(options, should_stop=should_stop), tools=tools,
+                           tool_choice=tool_choice)
 
     reply = Reply(chat=True, model=state.config.model_id, tools=tuple(tools) if plan.parse else None)
     return await respond(request, state, reply, generation, body, "messages")

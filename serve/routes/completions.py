@@ -25,7 +25,7 @@ async def completions(request: Request, state: State) -> Response:
     prompt, options = body.prompt, engine_options(body, state.config)
 
     def generation(engine: Engine, should_stop) -> Any:
-        return engine.generate(prompt, **vars(dataclasses.replace(options, should_stop=should_stop)))
+        return engine.generate(prompt, dataclasses.replace(options, should_stop=should_stop))
 
     return await respond(request, state, Reply(chat=False, model=state.config.model_id), generation, body, "prompt")
 

@@ -21,9 +21,8 @@ from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edge.decoding.tools import ToolCallStream
-from edge.errors import EdgeError
 from edge.events import Event
-from serve.errors import ApiError, from_edge_error
+from serve.errors import ApiError, api_error
 from serve.generation_queue import EventChannel, Generation, Job, QueueFull
 from serve.responses import Reply, server_sent_event
 from serve.schemas import SamplingRequest
@@ -163,11 +162,3 @@ async def next_item(job: Job, closing: threading.Event) -> Event | BaseException
 def shutting_down() -> ApiError:
     return ApiError(503, "edge-serve is shutting down, so this reply was cut off; retry once it is back",
                     kind="unavailable_error", code="server_shutting_down")
-
-
-def api_error(error: BaseException, param: str) -> ApiError:
-    if isinstance(error, ApiError):
-        return error
-    if isinstance(error, EdgeError):
-        return from_edge_error(error, param)
-    return ApiError(500, "internal error in edge-serve (see its log)", kind="server_error")

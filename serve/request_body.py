@@ -21,8 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from memory.device import return_freed_heap
-from serve.errors import ApiError, from_validation
-from serve.relay import api_error
+from serve.errors import ApiError, api_error, from_validation
 from serve.schemas import SamplingRequest
 from serve.state import ServeConfig, ServerState
 

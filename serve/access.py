@@ -10,8 +10,8 @@ DNS rebinding (a name of the attacker's that resolves to 127.0.0.1) it also read
     CORS     starlette's CORSMiddleware for the --cors origins only: their preflights are answered, their replies
              carry the CORS headers
 
-POST bodies must also be `application/json` (app.read_body: 415 otherwise), so no page can send a "simple" request
-(text/plain, a form) that skips the preflight.
+POST bodies must also be `application/json` (request_body.read_body: 415 otherwise), so no page can send a "simple"
+request (text/plain, a form) that skips the preflight.
 """
 
 from __future__ import annotations

@@ -59,3 +59,13 @@ def from_edge_error(error: EdgeError, param: str) -> ApiError:
     if isinstance(error, ContextLengthError):
         return ApiError(400, str(error), param=param, code="context_length_exceeded")
     return ApiError(400, str(error), param=param if isinstance(error, PromptError) else None)
+
+
+def api_error(error: BaseException, param: str) -> ApiError:
+    """What ended a job, as the client gets it: an ApiError as is, edge's errors as `from_edge_error` says, anything
+    else a 500 that points to the log."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, EdgeError):
+        return from_edge_error(error, param)
+    return ApiError(500, "internal error in edge-serve (see its log)", kind="server_error")

@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
 import sys
 from typing import Iterable, Iterator, TextIO
 
@@ -26,13 +28,14 @@ from frontend.options import (
 )
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
-from edge.events import FINISH_CONTEXT, FINISH_STOPPED, Event
+from edge.events import FINISH_CONTEXT, Event
 from edge.load_spec import LoadSpec
 from memory.budget import BudgetError
 from tui.app import EdgeChatApp
-from tui.completion import completion_note, is_completion_model, reply_events
-from tui.history import Conversation, ConversationStore, title_from
+from tui.completion import completion_note, is_completion_model
+from tui.history import Conversation, ConversationStore
 from tui.loader import SessionLoader
+from tui.session import ChatSession
 from tui.settings import DRAFTER_CHOICES, ChatSettings
 
 
@@ -121,65 +124,56 @@ def app_settings(args: argparse.Namespace, spec: LoadSpec | None = None) -> Chat
 
 
 class ConsoleChat:
-    """The console chat (--prompt, --plain, or text piped in): one conversation, saved after each reply when a
-    store is given, like the app's."""
+    """The console chat (--prompt, --plain, or text piped in): one conversation (a ChatSession), saved after each
+    reply when a store is given, like the app's; each reply written to `out` as it streams."""
 
     def __init__(self, engine: Engine, options: GenerationOptions, *, system: str | None = None,
                  raw: bool = False, show_stats: bool = False, model_name: str = "",
                  store: ConversationStore | None = None) -> None:
-        self.engine, self.options, self.show_stats, self.store = engine, options, show_stats, store
-        self.raw = raw
-        self.system, self.model_name = system or "", model_name
-        self.conversation = Conversation(model=model_name, system=self.system)
+        self.show_stats = show_stats
+        drafter = engine.spec.drafter if engine.spec is not None else None
+        # the settings carry the system prompt; the options, whole from the command line, replace their sampling
+        self.session = ChatSession(engine, ChatSettings(system_prompt=system or ""), store, model_name=model_name,
+                                   drafter_spec=str(drafter) if drafter is not None else None, options=options,
+                                   raw=raw)
         if is_completion_model(engine) and not raw:
             print(f"edge-chat: {completion_note(model_name)}", file=sys.stderr)
 
+    @property
+    def engine(self) -> Engine:
+        return self.session.engine
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.session.conversation
+
     def reset(self) -> None:
-        self.conversation = Conversation(model=self.model_name, system=self.system)
+        self.session.new_chat()
 
     def reply(self, text: str, out: TextIO) -> str:
         """Send one user message, stream the reply to `out`, and record both in the conversation."""
-        messages = self.conversation.messages
-        if not messages:
-            self.conversation.title = title_from(text)
-        messages.append({"role": "user", "content": text})
-        reply, last = [], None
+        self.session.begin(text)
+        turn = self.session.stream()
         try:
-            for event in self._events(text):
+            for index, event in enumerate(turn):
+                if index == 0 and self.session.dropped_turns:
+                    print(f"(context full: the oldest {self.session.dropped_turns} messages are left out)",
+                          file=sys.stderr)
                 out.write(event.text)
                 out.flush()
-                reply.append(event.text)
-                last = event
         except KeyboardInterrupt:
+            if inspect.getgeneratorstate(turn) == inspect.GEN_SUSPENDED:  # Ctrl+C here, not in the generation:
+                with contextlib.suppress(KeyboardInterrupt):  # the turn ends at its yield, keeping the reply
+                    turn.throw(KeyboardInterrupt())
             out.write(" [stopped]")
-        except EdgeError:
-            messages.pop()  # keep the history consistent: the failed turn is not recorded
-            raise
         out.write("\n")
-        finish = last.finish_reason if last is not None else FINISH_STOPPED
-        messages.append({"role": "assistant", "content": "".join(reply), "finish_reason": finish})
-        if self.store is not None:
-            self.store.save(self.conversation)
-        if finish == FINISH_CONTEXT:
+        outcome = self.session.outcome
+        if outcome.finish_reason == FINISH_CONTEXT:
             print(f"edge-chat: the reply was cut: the context ({self.engine.max_context} tokens) is full; /reset "
                   "starts over, or load with a longer --max-context", file=sys.stderr)
-        if self.show_stats and last is not None:
-            stats = last.stats
-            speculation = (f", {stats.mean_accepted_tokens:.2f} tokens/step, {stats.acceptance_rate:.0%} accepted"
-                           if stats.drafted else "")
-            out.write(f"[{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s{speculation}, "
-                      f"prefill {stats.prefill_tokens} tokens, reused {stats.reused_tokens}, {last.finish_reason}]\n")
-        return "".join(reply)
-
-    def _events(self, text: str) -> Iterator[Event]:
-        options = vars(self.options)
-        if self.raw:
-            return self.engine.generate(text, **options)
-        events, dropped = reply_events(self.engine, self.conversation.chat_messages(),
-                                       min(self.options.max_new_tokens, 256), **options)
-        if dropped:
-            print(f"(context full: the oldest {dropped} messages are left out)", file=sys.stderr)
-        return events
+        if self.show_stats and outcome.event is not None:
+            out.write(stats_line(outcome.event))
+        return outcome.text
 
     def interactive(self, lines: Iterable[str] | None = None) -> None:
         """Chat line by line: typed at a prompt, or `lines` (text piped in: one message per line, no prompts).
@@ -198,6 +192,14 @@ class ConsoleChat:
                     self.reply(line, sys.stdout)
                 except EdgeError as error:
                     print(f"error: {error}", file=sys.stderr if lines is not None else sys.stdout)
+
+
+def stats_line(last: Event) -> str:
+    stats = last.stats
+    speculation = (f", {stats.mean_accepted_tokens:.2f} tokens/step, {stats.acceptance_rate:.0%} accepted"
+                   if stats.drafted else "")
+    return (f"[{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s{speculation}, "
+            f"prefill {stats.prefill_tokens} tokens, reused {stats.reused_tokens}, {last.finish_reason}]\n")
 
 
 def _typed_lines() -> Iterator[str]:

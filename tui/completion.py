@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from edge.engine import Engine
+from edge.engine import Engine, GenerationOptions
 from edge.events import Event
 
 
@@ -35,11 +35,13 @@ def running_text(messages: list[dict]) -> str:
     return text
 
 
-def reply_events(engine: Engine, messages: list[dict], reserve: int, **options) -> tuple[Iterator[Event], int]:
-    """The events of the reply to the last message, and how many of the oldest messages were left out to fit the
-    context: a chat through the model's template, or the running text for a completion model."""
+def reply_events(engine: Engine, messages: list[dict], reserve: int, options: GenerationOptions | None = None
+                 ) -> tuple[Iterator[Event], int]:
+    """The events of the reply to the last message, generated with `options`, and how many of the oldest messages
+    were left out to fit the context: a chat through the model's template, or the running text for a completion
+    model."""
     if is_completion_model(engine):
         kept, dropped = engine.fit_messages(messages, reserve, running_text)
-        return engine.generate(running_text(kept), **options), dropped
+        return engine.generate(running_text(kept), options), dropped
     kept, dropped = engine.fit_chat(messages, reserve)
-    return engine.chat(kept, **options), dropped
+    return engine.chat(kept, options), dropped

@@ -1,19 +1,22 @@
-"""The chat behind the app, without any UI: a conversation, the engine that answers it, and where it is saved.
+"""The chat behind the app and the console chat, without any UI: a conversation, the engine that answers it, and
+where it is saved.
 
 The app calls `begin` / `regenerate` on its own thread and iterates `stream` in a worker thread; nothing else
-touches the conversation while a reply streams. A stopped reply is kept as far as it got; a failed one is removed
-together with its user message (which the app puts back into the input), so the saved chat is always consistent.
+touches the conversation while a reply streams. The console chat (tui/cli.py) does both on its one thread. A stopped
+reply (the stop flag, or Ctrl+C in the console) is kept as far as it got; a failed one is removed together with its
+user message (which the app puts back into the input), so the saved chat is always consistent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from edge.engine import Engine
+from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from edge.events import FINISH_STOPPED, Event
 from tui.completion import reply_events
@@ -33,11 +36,17 @@ class ReplyOutcome:
 
 
 class ChatSession:
-    def __init__(self, engine: Engine, settings: ChatSettings, store: ConversationStore, *, model_name: str = "",
-                 drafter_spec: str | None = None) -> None:
+    def __init__(self, engine: Engine, settings: ChatSettings, store: ConversationStore | None, *,
+                 model_name: str = "", drafter_spec: str | None = None, options: GenerationOptions | None = None,
+                 raw: bool = False) -> None:
+        """`store`: where each reply is saved (None: nowhere). `options`: the replies' generation options, instead
+        of the settings' (the console chat's come whole from its command line). `raw`: each message is continued as
+        text on its own, without the chat template or the earlier turns (edge-chat --raw)."""
         self.engine, self.settings, self.store, self.model_name = engine, settings, store, model_name
         self.drafter_spec = drafter_spec or "none"  # what the engine is loaded with
+        self.options, self.raw = options, raw
         self.conversation = Conversation(model=model_name, system=settings.system_prompt)
+        self.outcome: ReplyOutcome | None = None  # how the last reply ended
         self.baseline_tokens_per_s: float | None = None
         self.plan_steps: list[str] = []  # what the memory plan gave up to fit the budget, shown in the chat
         self.dropped_turns = 0  # oldest messages left out of the last reply's prompt because the context is full
@@ -71,31 +80,52 @@ class ChatSession:
         return replies[-1] if replies else None
 
     def save(self) -> None:
-        self.store.save(self.conversation)
+        if self.store is not None:
+            self.store.save(self.conversation)
 
     # -- generation (worker thread) --------------------------------------------------------------------------
 
-    def stream(self, stop: threading.Event) -> Iterator[Event]:
-        """Yield the reply's events; record the reply (or drop the turn on an error) and save when it ends."""
+    def stream(self, stop: threading.Event | None = None) -> Iterator[Event]:
+        """Yield the reply's events, until it ends or `stop` is set; record the reply and save when it ends. An
+        EdgeError drops the turn; Ctrl+C (KeyboardInterrupt, raised here or thrown in at a yield) keeps the reply as
+        far as it got, as stopped."""
         text, runs, last = [], [], None
-        options = {**vars(self.settings.generation_options()), "should_stop": stop.is_set}
         try:
-            events, self.dropped_turns = reply_events(self.engine, self.conversation.chat_messages(),
-                                                      reserve=min(self.settings.max_tokens, 256), **options)
-            for event in events:
-                text.append(event.text)
+            for event in self._reply_events(stop):
+                yield event
+                text.append(event.text)  # once taken: an event Ctrl+C cut off at the yield is not part of the reply
                 extend_runs(runs, provenance_pieces(event))
                 last = event
-                yield event
         except EdgeError:
             self.conversation.messages.pop()  # the user's message goes back to the input; nothing half-recorded
             raise
-        finish = last.finish_reason if last is not None else FINISH_STOPPED
-        reply = {"role": "assistant", "content": "".join(text), "finish_reason": finish, "provenance": runs}
+        except KeyboardInterrupt:
+            self._record("".join(text), runs, last, last.finish_reason if last is not None and last.finished
+                         else FINISH_STOPPED)
+            raise
+        self._record("".join(text), runs, last, last.finish_reason if last is not None else FINISH_STOPPED)
+
+    def generation_options(self) -> GenerationOptions:
+        return self.options if self.options is not None else self.settings.generation_options()
+
+    def _reply_events(self, stop: threading.Event | None) -> Iterator[Event]:
+        options = self.generation_options()
+        if stop is not None:
+            options = dataclasses.replace(options, should_stop=stop.is_set)
+        if self.raw:
+            self.dropped_turns = 0
+            return self.engine.generate(self.conversation.messages[-1]["content"], options)
+        events, self.dropped_turns = reply_events(self.engine, self.conversation.chat_messages(),
+                                                  min(options.max_new_tokens, 256), options)
+        return events
+
+    def _record(self, text: str, runs: list[list[int]], last: Event | None, finish: str) -> None:
+        """The reply joins the conversation, which is saved."""
+        reply = {"role": "assistant", "content": text, "finish_reason": finish, "provenance": runs}
         if last is not None:
             reply["stats"] = summarise(last, self.drafter_spec)
         self.conversation.messages.append(reply)
-        self.outcome = ReplyOutcome("".join(text), finish, last)
+        self.outcome = ReplyOutcome(text, finish, last)
         self.save()
 
     # -- settings ----------------------------------------------------------------------------------------------
@@ -137,8 +167,8 @@ class ChatSession:
         like the ones the panel measures, decoded the same way without the drafter. A base model (no chat template)
         continues the prompt as text."""
         last = None
-        options = {"max_new_tokens": tokens, "ignore_eos": True, "speculate": False}
-        events, _ = reply_events(self.engine, [{"role": "user", "content": BASELINE_PROMPT}], 1, **options)
+        options = GenerationOptions(max_new_tokens=tokens, ignore_eos=True, speculate=False)
+        events, _ = reply_events(self.engine, [{"role": "user", "content": BASELINE_PROMPT}], 1, options)
         for last in events:
             pass
         self.engine.reset()

@@ -43,6 +43,32 @@ def test_console_chat_keeps_a_multi_turn_history(llama_dir):
     assert messages[2]["content"] == first
 
 
+class InterruptedOutput(io.StringIO):
+    """A console where Ctrl+C comes while the third piece of the reply is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        if self.writes == 3:
+            raise KeyboardInterrupt
+        return super().write(text)
+
+
+def test_ctrl_c_stops_a_console_reply_and_keeps_what_was_shown(llama_dir):
+    chat = ConsoleChat(Engine.load(llama_dir, max_context=256),
+                       options=__import__("edge").GenerationOptions(max_new_tokens=12))
+    out = InterruptedOutput()
+    shown = chat.reply("Hi", out)
+    assert out.getvalue() == shown + " [stopped]\n" and shown
+    last = chat.conversation.messages[-1]
+    assert (last["role"], last["content"], last["finish_reason"]) == ("assistant", shown, "stopped")
+    chat.reply("More", out)  # the chat goes on
+    assert [m["role"] for m in chat.conversation.messages] == ["user", "assistant"] * 2
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [

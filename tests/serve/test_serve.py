@@ -158,13 +158,13 @@ class GatedEngine:
         self.gate = threading.Semaphore(0)
         self.started = threading.Event()
 
-    def generate(self, prompt, **options):
+    def generate(self, prompt, options=None, **overrides):
         self.started.set()
         self.gate.acquire()
-        return self.reference.generate(prompt, **options)
+        return self.reference.generate(prompt, options, **overrides)
 
-    def chat(self, messages, **options):
-        return self.generate(messages[-1]["content"], **options)
+    def chat(self, messages, options=None, **overrides):
+        return self.generate(messages[-1]["content"], options, **overrides)
 
 
 def test_health_is_503_while_loading(reference):

@@ -80,11 +80,11 @@ class EndlessEngine:
         self.event = next(iter(reference.generate("The json module", max_new_tokens=1)))
         self.steps = 0
 
-    def generate(self, prompt, should_stop, max_new_tokens, **options):
-        if max_new_tokens < 100:  # a short request: answered as is
+    def generate(self, prompt, options):
+        if options.max_new_tokens < 100:  # a short request: answered as is
             yield self.event
             return
-        while not should_stop():
+        while not options.should_stop():
             self.steps += 1
             time.sleep(0.002)
             yield dataclasses.replace(self.event, text="x" * 16384, finish_reason=None)

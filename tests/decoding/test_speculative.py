@@ -248,7 +248,7 @@ def test_half_precision_speculation_warns_that_it_may_not_be_exact(checkpoints, 
 
 
 def test_draft_length_parses_adaptive_fixed_and_a_confidence_stop():
-    from edge.engine import _draft_length
+    from edge.engine.engine import _draft_length
     from edge.decoding.speculative import DraftLength
 
     fixed = DraftLength.fixed(5)

@@ -1,0 +1,5 @@
+"""The engine: `Engine` loads a model once and streams replies; `GenerationOptions` is one reply's options."""
+
+from edge.engine.engine import Engine, GenerationOptions
+
+__all__ = ["Engine", "GenerationOptions"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import operator
 import threading
 import time
 from importlib.metadata import entry_points
@@ -34,8 +33,10 @@ from edge.text.chat_template import check_messages, read_template_file
 from edge.decoding.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar
 from edge.decoding.drafters import Drafter
 from edge.decoding.registry import DrafterSpec, DraftTarget, trim_vocabulary
+from edge.engine.context import fit_messages
 from edge.engine.options import GenerationOptions
-from edge.errors import (BundleError, CheckpointError, ContextLengthError, EngineBusyError, PromptError,
+from edge.engine.prompts import check_prompt, checked_text, token_ids
+from edge.errors import (BundleError, CheckpointError, EngineBusyError, PromptError,
                          SamplingError)
 from edge.events import Event, Stats
 from edge.model.key_scales import outlier_key_scales
@@ -239,9 +240,9 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("the prompt is empty; pass some text to continue")
-            ids = self.tokenizer.encode(_checked_text(prompt, "the prompt"), add_special_tokens=True)
+            ids = self.tokenizer.encode(checked_text(prompt, "the prompt"), add_special_tokens=True)
         else:
-            ids = _token_ids(prompt)
+            ids = token_ids(prompt)
         return self._stream(ids, opts, response_format_grammar(opts.response_format))
 
     def chat(self, messages: Sequence[dict], options: GenerationOptions | None = None, *,
@@ -261,7 +262,7 @@ class Engine:
         kwargs = {**(template_kwargs or {}), **plan.template_kwargs}
         text = self.tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True, **kwargs)
         grammar = plan.grammar or response_format_grammar(opts.response_format)
-        return self._stream(self._continue_history(_checked_text(text, "the chat")), opts, grammar)
+        return self._stream(self._continue_history(checked_text(text, "the chat")), opts, grammar)
 
     def fit_chat(self, messages: Sequence[dict], reserve: int, *, template_kwargs: dict | None = None
                  ) -> tuple[list[dict], int]:
@@ -275,29 +276,8 @@ class Engine:
     def fit_messages(self, messages: Sequence[dict], reserve: int, render: Callable[[list[dict]], str]
                      ) -> tuple[list[dict], int]:
         """`fit_chat` for any rendering of the messages to prompt text (a base model's running text, say)."""
-        check_messages(messages)
-        messages = list(messages)
-        head = [m for m in messages[:1] if m.get("role") == "system"]
-        turns = messages[len(head):]
-        dropped = 0
-        while True:
-            text = render(head + turns)
-            size = len(self.tokenizer.encode(_checked_text(text, "the chat"), add_special_tokens=False))
-            if size + reserve <= self.max_context:
-                return head + turns, dropped
-            if len(turns) <= 1:
-                raise ContextLengthError(f"the last message is {size} tokens and the reply needs {reserve} more, but the "
-                                  f"context holds {self.max_context}; {self._context_fix(size + reserve)}")
-            cut = 2 if len(turns) > 2 and turns[0].get("role") == "user" else 1  # a user turn and its reply
-            turns, dropped = turns[cut:], dropped + cut
-
-    def _context_fix(self, needed: int) -> str:
-        """How to make `needed` tokens fit: a longer context (--max-context), unless the model's own limit is the
-        bound."""
-        limit = self.model.config.max_position_embeddings
-        if needed > limit:
-            return f"shorten it: the model itself reads at most {limit} tokens"
-        return f"shorten it, or load with a longer context (--max-context {needed}, or max_context={needed})"
+        return fit_messages(messages, reserve, render, self.tokenizer, self.max_context,
+                            self.model.config.max_position_embeddings)
 
     def complete(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **overrides) -> str:
         """Convenience: the whole generated text of `generate`."""
@@ -334,7 +314,7 @@ class Engine:
 
     def _stream(self, prompt_ids: list[int], opts: GenerationOptions, grammar: Grammar | None = None
                 ) -> Iterator[Event]:
-        self._check_prompt(prompt_ids)
+        check_prompt(prompt_ids, self.max_context, self.model.config)
         params = opts.sampling
         generator = params.generator(self.device)
         if grammar is not None and opts.ignore_eos:
@@ -350,17 +330,6 @@ class Engine:
         else:
             strategy = Autoregressive(self.model, self.cache, params, generator, constraint)
         return self._run(prompt_ids, opts, strategy, generator, constraint)
-
-    def _check_prompt(self, prompt_ids: list[int]) -> None:
-        if not prompt_ids:
-            raise PromptError("the prompt is empty; pass some text to continue")
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthError(f"the prompt is {len(prompt_ids)} tokens but the context holds {self.max_context}; "
-                              f"{self._context_fix(len(prompt_ids) + 1)}")
-        vocab = self.model.config.vocab_size
-        bad = next((token for token in prompt_ids if not 0 <= token < vocab), None)
-        if bad is not None:
-            raise PromptError(f"token id {bad} is outside the vocabulary (0..{vocab - 1}); encode with this model's tokenizer")
 
     def _run(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy,
              generator: torch.Generator, constraint: Constraint | None = None) -> Iterator[Event]:
@@ -509,27 +478,3 @@ def _exporter(name: str) -> Callable[..., Path]:
         missing = getattr(error, "name", None) or "edge's exporter"
         raise BundleError(f"running a checkpoint on ONNX Runtime exports it first, which needs {missing}: pip install "
                           "'edge[export]', or export it yourself with edge-export") from None
-
-
-def _checked_text(text: str, what: str) -> str:
-    """`text` if it is valid Unicode throughout; a lone surrogate (undecodable bytes read with surrogateescape, as
-    Python reads a command line or a pipe) is a PromptError naming where."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise PromptError(f"{what} is not valid UTF-8 text (an undecodable byte at character {error.start}); "
-                          "save or pipe it as UTF-8") from None
-    return text
-
-
-def _token_ids(prompt: object) -> list[int]:
-    """A prompt given as token ids: any sequence of integers (ints, numpy or 0-d torch integers); bytes would read as
-    byte values, so they are refused like every other non-prompt."""
-    kind = type(prompt).__name__
-    if isinstance(prompt, (bytes, bytearray)):
-        raise PromptError(f"a prompt is text (str) or a list of token ids (ints), got {kind}; decode it first: "
-                          "prompt.decode('utf-8')")
-    try:
-        return [operator.index(token) for token in prompt]
-    except TypeError:
-        raise PromptError(f"a prompt is text (str) or a list of token ids (ints), got {kind}") from None

@@ -18,15 +18,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
 
-from edge import events as ev
-from edge.decoding.loop import Autoregressive, DecodingStrategy, Step
 from edge.backends.bundle import is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
 from edge.text.chat_template import check_messages, read_template_file
@@ -36,11 +33,11 @@ from edge.decoding.registry import DrafterSpec, DraftTarget, trim_vocabulary
 from edge.engine.context import fit_messages
 from edge.engine.options import GenerationOptions
 from edge.engine.prompts import check_prompt, checked_text, token_ids
+from edge.engine.reply import Reply, decoding_strategy
 from edge.errors import (BundleError, CheckpointError, EngineBusyError, PromptError,
                          SamplingError)
 from edge.events import Event, Stats
 from edge.model.key_scales import outlier_key_scales
-from edge.model.kv_cache import common_prefix
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
 from edge.sources.loading import check_checkpoint, load_model, not_a_folder
 from edge.model.transformer import Transformer
@@ -48,10 +45,8 @@ from edge.model.offload import offload_layers
 from edge.model.packed_weights import quantize_weights
 from edge.planning import fit_to_budget
 from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
-from edge.decoding.sampling import SamplingParams, history_tensor, next_token
-from edge.decoding.speculative import DraftLength, SpeculativeDecoding
-from edge.text.stopping import StopStrings
-from edge.text.tokenizer import StreamDecoder, Tokenizer
+from edge.decoding.speculative import DraftLength
+from edge.text.tokenizer import Tokenizer
 from edge.decoding.tools import plan_tool_use
 from memory.device import return_freed_heap
 
@@ -315,133 +310,28 @@ class Engine:
     def _stream(self, prompt_ids: list[int], opts: GenerationOptions, grammar: Grammar | None = None
                 ) -> Iterator[Event]:
         check_prompt(prompt_ids, self.max_context, self.model.config)
-        params = opts.sampling
-        generator = params.generator(self.device)
+        generator = opts.sampling.generator(self.device)
         if grammar is not None and opts.ignore_eos:
             raise GrammarError("ignore_eos cannot go with a response format or a forced tool call: the grammar ends "
                                "the reply; leave ignore_eos out")
         constraint = self.constraint(grammar) if grammar is not None else None
-        strategy: DecodingStrategy
-        if self.drafter is not None and opts.speculate:
-            if opts.task is not None and hasattr(self.drafter, "set_task"):
-                self.drafter.set_task(opts.task)
-            length = dataclasses.replace(self.draft_length)  # each call starts from the configured length
-            strategy = SpeculativeDecoding(self.model, self.cache, params, generator, self.drafter, length, constraint)
-        else:
-            strategy = Autoregressive(self.model, self.cache, params, generator, constraint)
-        return self._run(prompt_ids, opts, strategy, generator, constraint)
+        strategy = decoding_strategy(self.model, self.cache, opts, generator, self.drafter if opts.speculate else None,
+                                     self.draft_length, constraint)
+        return self._run(prompt_ids, Reply(self.model, self.cache, self.tokenizer, self.device, self.eos_token_ids,
+                                           self.max_context, opts, strategy, generator, constraint))
 
-    def _run(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy,
-             generator: torch.Generator, constraint: Constraint | None = None) -> Iterator[Event]:
+    def _run(self, prompt_ids: list[int], reply: Reply) -> Iterator[Event]:
+        """The reply's events, one reply at a time; from its prefill on, the cache holds a prefix of its tokens."""
         if not self._busy.acquire(blocking=False):
             raise EngineBusyError("this engine is already generating a reply (another iterator or thread); finish "
                                   "or close that one first (iterator.close()), or load a second Engine")
         try:
-            yield from self._generate(prompt_ids, opts, strategy, generator, constraint)
+            tokens, stats = list(prompt_ids), Stats(prompt_tokens=len(prompt_ids))
+            step = reply.prefill(tokens, self._history[: self.cache.length], stats)
+            self._history = tokens  # from here on the cache holds a prefix of `tokens`
+            yield from reply.events(tokens, step, stats)
         finally:
             self._busy.release()
-
-    def _generate(self, prompt_ids: list[int], opts: GenerationOptions, strategy: DecodingStrategy,
-                  generator: torch.Generator, constraint: Constraint | None = None) -> Iterator[Event]:
-        stats = Stats(prompt_tokens=len(prompt_ids))
-        tokens = list(prompt_ids)
-        text_stream = StreamDecoder(self.tokenizer)
-        stops = StopStrings(opts.stop)
-        step, wall_s = self._prefill(tokens, stats, opts.sampling, generator, constraint), None
-        self._history = tokens  # from here on the cache holds a prefix of `tokens`
-        budget = 1  # the prefill emits exactly one token
-        while True:
-            appended = self._append(tokens, step.tokens[:budget], opts)
-            finish = ev.FINISH_EOS if self._is_eos(appended[-1], opts) else None
-            visible = appended[:-1] if finish else appended
-            drafted_count = sum(step.drafted[: len(visible)])  # accepted drafts lead each step's tokens
-            drafted_text, hit_stop = stops.push(text_stream.push(visible[:drafted_count]))
-            text = drafted_text
-            if not hit_stop:
-                target_text, hit_stop = stops.push(text_stream.push(visible[drafted_count:]))
-                text += target_text
-            _count_step(stats, step, len(appended), wall_s)
-            finish = finish or self._finish_reason(stats, tokens, opts, hit_stop)
-            if finish is not None and not hit_stop:
-                tail, hit_stop = stops.push(text_stream.flush())
-                text += tail if hit_stop else tail + stops.flush()
-                finish = ev.FINISH_STOP_STRING if hit_stop else finish
-            yield Event(text, tuple(appended), tuple(step.drafted[: len(appended)]), stats.snapshot(), finish,
-                        drafted_chars=len(drafted_text))
-            if finish is not None:
-                return
-            budget = min(opts.max_new_tokens - stats.generated_tokens, self.max_context - len(tokens))
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                step = strategy.step(tokens, budget)
-            wall_s = time.perf_counter() - t0
-
-    def _is_eos(self, token: int, opts: GenerationOptions) -> bool:
-        return token in self.eos_token_ids and not opts.ignore_eos
-
-    def _append(self, tokens: list[int], emitted: list[int], opts: GenerationOptions) -> list[int]:
-        """Append emitted tokens up to the first end-of-sequence; keep the cache one token behind `tokens`."""
-        appended = []
-        for token in emitted:
-            appended.append(token)
-            if self._is_eos(token, opts):
-                break
-        tokens.extend(appended)
-        if self.cache.length > len(tokens) - 1:  # a step cached tokens past an end-of-sequence
-            self.cache.rollback(len(tokens) - 1)
-        return appended
-
-    def _finish_reason(self, stats: Stats, tokens: list[int], opts: GenerationOptions, hit_stop: bool) -> str | None:
-        if hit_stop:
-            return ev.FINISH_STOP_STRING
-        if stats.generated_tokens >= opts.max_new_tokens:
-            return ev.FINISH_MAX_TOKENS
-        if len(tokens) >= self.max_context:
-            return ev.FINISH_CONTEXT
-        if opts.should_stop is not None and opts.should_stop():
-            return ev.FINISH_STOPPED
-        return None
-
-    def _prefill(self, tokens: list[int], stats: Stats, params: SamplingParams, generator: torch.Generator,
-                 constraint: Constraint | None = None) -> Step:
-        """Roll the cache back to the longest cached prefix of `tokens`, run the rest, and choose the first token."""
-        cached = self._history[: self.cache.length]  # what the previous call left in the cache
-        reuse = common_prefix(cached, tokens[:-1])  # at least the last token is run
-        self.cache.rollback(reuse)
-        todo = tokens[reuse:]
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            hidden = self.model(torch.tensor([todo], device=self.device), reuse, self.cache)  # (1, T, D)
-            logits = self.model.logits(hidden[:, -1:])[0, -1]  # (V,)
-            t1 = time.perf_counter()
-            if constraint is not None:
-                logits = constraint.mask(logits)
-            token = next_token(logits, params, history_tensor(tokens, params, self.device), generator)
-            if constraint is not None:
-                constraint.consume([token])
-        t2 = time.perf_counter()
-        stats.prefill_s, stats.reused_tokens, stats.prefill_tokens = t2 - t0, reuse, len(todo)
-        return Step(tokens=[token], drafted=[False], verify_s=t1 - t0, sample_s=t2 - t1)
-
-
-def _count_step(stats: Stats, step: Step, new_tokens: int, wall_s: float | None) -> None:
-    """Add one step to the counters; the first step comes from the prefill (wall_s None), not from decoding."""
-    stats.generated_tokens += new_tokens
-    stats.steps += 1
-    if wall_s is not None:
-        stats.decode_tokens += new_tokens
-        stats.decode_s += wall_s
-    stats.draft_s += step.draft_s
-    stats.verify_s += step.verify_s
-    stats.sample_s += step.sample_s
-    stats.drafted += step.drafted_count
-    accepted = sum(step.drafted)
-    stats.accepted += accepted
-    if step.drafted_count:
-        slots = stats.accepted_by_position
-        slots.extend([0] * (step.drafted_count - len(slots)))
-        for position in range(accepted):
-            slots[position] += 1
 
 
 def _tokenizer(spec: LoadSpec) -> Tokenizer:

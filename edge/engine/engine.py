@@ -15,40 +15,32 @@ of the whole reply; keeping the generated tokens is what the model actually saw.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
 
-from edge.backends.bundle import is_bundle, read_bundle
-from edge.model.calibration import CALIBRATION_TEXT
-from edge.text.chat_template import check_messages, read_template_file
 from edge.decoding.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar
 from edge.decoding.drafters import Drafter
 from edge.decoding.registry import DrafterSpec, DraftTarget, trim_vocabulary
+from edge.decoding.speculative import DraftLength
+from edge.decoding.tools import plan_tool_use
 from edge.engine.context import fit_messages
+from edge.engine.loader import Progress, load_engine
 from edge.engine.options import GenerationOptions
 from edge.engine.prompts import check_prompt, checked_text, token_ids
 from edge.engine.reply import Reply, decoding_strategy
-from edge.errors import (BundleError, CheckpointError, EngineBusyError, PromptError,
-                         SamplingError)
+from edge.errors import EngineBusyError, PromptError, SamplingError
 from edge.events import Event, Stats
-from edge.model.key_scales import outlier_key_scales
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
-from edge.sources.loading import check_checkpoint, load_model, not_a_folder
-from edge.model.transformer import Transformer
-from edge.model.offload import offload_layers
-from edge.model.packed_weights import quantize_weights
-from edge.planning import fit_to_budget
+from edge.model.calibration import CALIBRATION_TEXT
+from edge.model.key_scales import outlier_key_scales
 from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
-from edge.decoding.speculative import DraftLength
+from edge.model.transformer import Transformer
+from edge.text.chat_template import check_messages
 from edge.text.tokenizer import Tokenizer
-from edge.decoding.tools import plan_tool_use
-from memory.device import return_freed_heap
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +76,7 @@ class Engine:
         self._grammar_vocabulary: GrammarVocabulary | None = None  # built on the first constrained reply
 
     @classmethod
-    def load(cls, path: str | Path, *, progress: Callable[[str, float], None] | None = None, **options) -> "Engine":
+    def load(cls, path: str | Path, *, progress: Progress | None = None, **options) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json), an edge-export
         bundle, a .gguf file or a Hub id ("org/name", from the Hugging Face cache or downloaded;
         edge/sources/model_source.py): `Engine.from_spec(LoadSpec.from_options(path, **options))`. The options
@@ -111,68 +103,10 @@ class Engine:
         return cls.from_spec(LoadSpec.from_options(path, **options), progress=progress)
 
     @classmethod
-    def from_spec(cls, spec: LoadSpec, *, progress: Callable[[str, float], None] | None = None) -> "Engine":
-        """Load what `spec` names; `engine.spec` is the spec it loaded (after the memory plan, when it had a
-        budget)."""
-        report = progress or (lambda stage, fraction: None)
-        if not spec.path.is_dir():
-            raise CheckpointError(not_a_folder(spec.path))
-        bundled = is_bundle(spec.path)
-        spec.check_combination(bundled)
-        if bundled:
-            return cls._load_bundle(spec, report)
-        if spec.backend == "onnx":  # a checkpoint on ONNX Runtime: export it once into the cache (int8), then run that
-            return cls.from_spec(_exported(spec, report), progress=progress)
-        if spec.backend not in (None, "torch"):
-            raise CheckpointError(f"backend {spec.backend!r} runs exported bundles; {spec.path} is a checkpoint folder "
-                                  "(run it on torch or onnx, or export it with edge-export --format torchscript)")
-        plan = None
-        if spec.memory_budget is not None:
-            spec, plan = fit_to_budget(spec)
-        check_checkpoint(spec.path)  # config.json, then the weight files, then the tokenizer: the first problem
-        report("reading the tokenizer", 0.0)
-        tokenizer = _tokenizer(spec)
-        report("mapping the weights", 0.1)
-        if spec.offload_layers:  # split on the host, then move what stays to the device
-            model = load_model(spec.path, dtype=spec.dtype, device="cpu")
-            offload_layers(model, list(spec.offload_layers), spec.device)
-            model = model.to(spec.device)
-            if torch.device(spec.device).type != "cpu":
-                model.use_rowwise_matmul(None)  # the batch-invariant kernel is the CPU's
-        else:
-            model = load_model(spec.path, dtype=spec.dtype, device=spec.device, dequantize=spec.weights == "float16")
-        if spec.weights in ("int8", "int4"):
-            report(f"quantizing the weights to {spec.weights}", 0.6)
-            quantize_weights(model, spec.weights)
-        elif spec.weights == "float16" and model.embed.weight.dtype == torch.float32:
-            model.store_weights(torch.float16)
-        report("allocating the KV cache", 0.7)
-        engine = cls(model, tokenizer, max_context=spec.max_context, kv_cache=spec.kv_format or "float32")
-        engine.spec = spec
-        if spec.drafter is not None:
-            report(f"loading the drafter ({spec.drafter})", 0.8)
-        engine.use_drafter(spec.drafter, spec.draft_length)
-        engine.plan = plan
-        return_freed_heap()  # what loading freed stays resident in the C heap otherwise
-        report("loaded", 1.0)
-        return engine
-
-    @classmethod
-    def _load_bundle(cls, spec: LoadSpec, report: Callable[[str, float], None]) -> "Engine":
-        """An edge-export bundle on one of its backends; drafter "bundle" (or "builtin") is the bundle's own."""
-        report("checking the bundle's files", 0.0)
-        bundle = read_bundle(spec.path)
-        backend = bundle.pick_backend(spec.backend)
-        report("reading the tokenizer", 0.3)
-        tokenizer = _tokenizer(spec)
-        report(f"opening the target ({backend})", 0.4)
-        engine = cls(bundle.open_model("target", backend), tokenizer, max_context=spec.max_context)
-        engine.bundle, engine.backend, engine.spec = bundle, backend, spec
-        if spec.drafter is not None:
-            report(f"opening the drafter ({spec.drafter})", 0.8)
-        engine.use_drafter(spec.drafter, spec.draft_length)
-        report("loaded", 1.0)
-        return engine
+    def from_spec(cls, spec: LoadSpec, *, progress: Progress | None = None) -> "Engine":
+        """Load what `spec` names (edge/engine/loader.py); `engine.spec` is the spec it loaded (after the memory
+        plan, when it had a budget)."""
+        return load_engine(spec, progress, engine_class=cls)
 
     def use_drafter(self, drafter: "str | DrafterSpec | Drafter | None", draft_length: int | str = "adaptive", *,
                     dtype: str | None = None, draft_vocab: "str | Path | torch.Tensor | None" = None,
@@ -334,37 +268,5 @@ class Engine:
             self._busy.release()
 
 
-def _tokenizer(spec: LoadSpec) -> Tokenizer:
-    """The model's tokenizer, with the spec's chat template file in place of its own."""
-    tokenizer = Tokenizer.from_dir(spec.path)
-    if spec.chat_template is not None:
-        tokenizer.set_chat_template(read_template_file(spec.chat_template))
-    return tokenizer
-
-
 def _draft_length(value: int | str | DraftLength) -> DraftLength:
     return value if isinstance(value, DraftLength) else DraftLength.parse(value)
-
-
-
-def _exported(spec: LoadSpec, report: Callable[[str, float], None]) -> LoadSpec:
-    """The spec that runs a checkpoint folder on ONNX Runtime: its int8 export in the cache, made once by the
-    exporter edge-export registers (the "edge.exporters" entry point: export/auto_export.py). A draft checkpoint
-    rides in the export as the bundle's drafter, unless its own weights or cache are asked for: then it runs on
-    torch beside the exported target."""
-    drafter = spec.drafter
-    bake = drafter is not None and drafter.is_draft_checkpoint() and not (spec.draft.weights or spec.draft.kv_cache)
-    report("exporting to ONNX (once; cached)", 0.0)
-    bundle = _exporter("onnx")(spec.path, draft=drafter.folder() if bake else None)
-    return spec.replace(path=bundle, drafter=dataclasses.replace(drafter, kind="bundle", argument="") if bake
-                        else drafter)
-
-
-def _exporter(name: str) -> Callable[..., Path]:
-    found = entry_points(group="edge.exporters", name=name)
-    try:
-        return next(iter(found)).load()
-    except (StopIteration, ImportError) as error:
-        missing = getattr(error, "name", None) or "edge's exporter"
-        raise BundleError(f"running a checkpoint on ONNX Runtime exports it first, which needs {missing}: pip install "
-                          "'edge[export]', or export it yourself with edge-export") from None

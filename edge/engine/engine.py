@@ -25,19 +25,17 @@ import torch
 from edge.decoding.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar
 from edge.decoding.drafters import Drafter
 from edge.decoding.registry import DrafterSpec, DraftTarget, trim_vocabulary
-from edge.decoding.speculative import DraftLength
 from edge.decoding.tools import plan_tool_use
+from edge.engine.cache import continued_tokens, new_cache
+from edge.engine import drafting
 from edge.engine.context import fit_messages
 from edge.engine.loader import Progress, load_engine
 from edge.engine.options import GenerationOptions
 from edge.engine.prompts import check_prompt, checked_text, token_ids
 from edge.engine.reply import Reply, decoding_strategy
-from edge.errors import EngineBusyError, PromptError, SamplingError
+from edge.errors import EngineBusyError, PromptError
 from edge.events import Event, Stats
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
-from edge.model.calibration import CALIBRATION_TEXT
-from edge.model.key_scales import outlier_key_scales
-from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
 from edge.model.transformer import Transformer
 from edge.text.chat_template import check_messages
 from edge.text.tokenizer import Tokenizer
@@ -54,21 +52,12 @@ class Engine:
         self.max_context = min(max_context, config.max_position_embeddings)
         self.device = model.device
         self.kv_cache = kv_cache
-        if kv_cache in (None, "float32") or kv_cache == str(model.dtype).removeprefix("torch."):
-            self.cache = model.new_cache(self.max_context)
-        elif isinstance(model, Transformer):
-            keys, values = kv_formats(kv_cache)
-            self.cache = QuantizedKVCache.for_model(config, self.max_context, key_format=keys, value_format=values,
-                                                    device=self.device)
-            # outlier key channels (Qwen's) scaled down before they are quantized: measured once, here
-            self.cache.key_scales = outlier_key_scales(model, tokenizer.encode(CALIBRATION_TEXT))
-        else:
-            raise SamplingError("a quantized KV cache runs on the torch backend; load the checkpoint folder")
+        self.cache = new_cache(model, tokenizer, self.max_context, kv_cache)
         self._history: list[int] = []  # prompt + generated tokens of the last call; the cache holds a prefix of it
         self._busy = threading.Lock()  # held while a generation runs: one engine, one reply at a time
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(config.eos_token_ids)
         self.drafter: Drafter | None = None
-        self.draft_length = _draft_length("adaptive")
+        self.draft_length = drafting.draft_length("adaptive")
         self.plan = None  # the memory plan this engine was sized by (Engine.load with a memory_budget)
         self.bundle = None  # the edge-export bundle this engine runs, when loaded from one
         self.backend = "torch"  # or the bundle's backend: onnx, torchscript, torch-export
@@ -116,16 +105,15 @@ class Engine:
         A separate draft model computes in `dtype` with its own options (`draft_context`, `draft_weights`,
         `draft_kv`); each one left out is the engine's load spec's (edge/load_spec.py). `draft_vocab` trims a model
         drafter's head to those token ids (or a JSON file of them)."""
-        length = _draft_length(draft_length)
+        length = drafting.draft_length(draft_length)
         loaded = self.spec.draft if self.spec is not None else DraftModelOptions()
-        options = DraftModelOptions(draft_context if draft_context is not None else loaded.context,
-                                    draft_weights or loaded.weights, draft_kv or loaded.kv_cache)
+        options = drafting.draft_options(loaded, draft_context, draft_weights, draft_kv)
         if isinstance(drafter, (str, DrafterSpec)) or drafter is None:
             spec = DrafterSpec.parse(drafter)
             if self.spec is not None:
                 self.spec = self.spec.replace(drafter=spec, draft=options)
             drafter = spec.build(DraftTarget(self.model, self.cache, self.tokenizer,
-                                             self._draft_context(options.context, length),
+                                             drafting.draft_context(options.context, length, self.max_context),
                                              dtype or (self.spec.dtype if self.spec is not None else "float32"),
                                              options.weights, options.kv_cache, self.bundle, self.backend)
                                  ) if spec is not None else None
@@ -142,15 +130,6 @@ class Engine:
             log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "
                         "exact output", str(self.model.dtype).removeprefix("torch."))
-
-    def _draft_context(self, requested: int | None, length: DraftLength) -> int:
-        if requested is None:
-            return self.max_context
-        least = 2 * (length.longest + 1)  # a window restart keeps half, and a draft must fit after it
-        if not isinstance(requested, int) or not least <= requested:
-            raise SamplingError(f"draft context must be a whole number of at least {least} tokens (twice the longest "
-                                f"draft plus one), got {requested!r}")
-        return min(requested, self.max_context)
 
     def memory_footprint(self) -> dict[str, int]:
         """Bytes the engine holds: target weights, its KV cache, and what the drafter adds (weights, caches)."""
@@ -191,7 +170,8 @@ class Engine:
         kwargs = {**(template_kwargs or {}), **plan.template_kwargs}
         text = self.tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True, **kwargs)
         grammar = plan.grammar or response_format_grammar(opts.response_format)
-        return self._stream(self._continue_history(checked_text(text, "the chat")), opts, grammar)
+        prompt_ids = continued_tokens(self.tokenizer, self._history, checked_text(text, "the chat"))
+        return self._stream(prompt_ids, opts, grammar)
 
     def fit_chat(self, messages: Sequence[dict], reserve: int, *, template_kwargs: dict | None = None
                  ) -> tuple[list[dict], int]:
@@ -223,14 +203,6 @@ class Engine:
             self.drafter.reset()
         self.cache.reset()
         self._history = []
-
-    def _continue_history(self, text: str) -> list[int]:
-        """Token ids for a rendered chat: the last call's tokens as generated, if `text` continues them."""
-        if self._history:
-            known = self.tokenizer.decode(self._history, skip_special_tokens=False)
-            if text.startswith(known):
-                return self._history + self.tokenizer.encode(text[len(known):], add_special_tokens=False)
-        return self.tokenizer.encode(text, add_special_tokens=False)
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -266,7 +238,3 @@ class Engine:
             yield from reply.events(tokens, step, stats)
         finally:
             self._busy.release()
-
-
-def _draft_length(value: int | str | DraftLength) -> DraftLength:
-    return value if isinstance(value, DraftLength) else DraftLength.parse(value)

@@ -1,16 +1,11 @@
-"""Engine: the embedding API. Load a checkpoint once, then stream events from `generate` or `chat`.
+"""Engine: the embedding API. Load a model once, then stream events from `generate` or `chat`.
 
     engine = Engine.load("path/to/checkpoint")
     for event in engine.chat([{"role": "user", "content": "Hi"}], max_new_tokens=64):
         print(event.text, end="", flush=True)
 
-The engine owns one preallocated KV cache. Each call reuses the longest prefix of its prompt that is already in
-the cache (the earlier turns of a chat), rolls the cache back to it and prefills only the rest.
-
-In `chat`, when the rendered conversation starts with the text of the previous call (its prompt and the reply
-exactly as generated), the earlier tokens are kept as the model produced them and only the new text is encoded.
-Re-encoding a reply can split it into different tokens than the model generated, which would force a re-prefill
-of the whole reply; keeping the generated tokens is what the model actually saw.
+The engine owns one KV cache, reused from call to call (edge/engine/cache.py), and runs one reply at a time
+(edge/engine/reply.py); edge/engine/loader.py loads it.
 """
 
 from __future__ import annotations

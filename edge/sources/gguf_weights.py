@@ -119,9 +119,10 @@ def rotary_rows(rows: int, heads: int) -> np.ndarray:
     return order.transpose(0, 2, 1).reshape(rows)  # HF row (head, half, i) <- file row (head, i, half)
 
 
-def block_model(folder: Path, index: dict, rowwise) -> Transformer:
-    """The model with every matrix in its own GGUF type (quantized files on the CPU; see the module docstring)."""
-    config = ModelConfig.from_dir(folder)
+def block_model(folder: Path, index: dict, rowwise, config: ModelConfig | None = None) -> Transformer:
+    """The model with every matrix in its own GGUF type (quantized files on the CPU; see the module docstring).
+    `config` is the folder's, when it has been read already."""
+    config = config if config is not None else ModelConfig.from_dir(folder)
     file = GGUFFile(Path(index["file"]))
     unsupported = unsupported_types(index)
     if unsupported:
@@ -133,12 +134,13 @@ def block_model(folder: Path, index: dict, rowwise) -> Transformer:
     return _block_model(config, file, {entry["name"]: entry for entry in index["tensors"]}, rowwise)
 
 
-def float_tensors(folder: Path, index: dict) -> "FloatTensors":
+def float_tensors(folder: Path, index: dict, config: ModelConfig | None = None) -> "FloatTensors":
     """The file's tensors as float tensors by Hugging Face name (edge.sources.loading builds the float model from them);
-    a quantized file says once, on stderr, what dequantizing it costs."""
+    a quantized file says once, on stderr, what dequantizing it costs (`config`: the folder's, when it has been read
+    already)."""
     file = GGUFFile(Path(index["file"]))
     if runs_as_blocks(index):
-        config = ModelConfig.from_dir(folder)
+        config = config if config is not None else ModelConfig.from_dir(folder)
         print(f"edge: dequantizing {file.path.name} ({index['file_type']}) to 16 bits: "
               f"{_gib(_float16_bytes(config))} in memory against the file's {_gib(file.path.stat().st_size)}",
               file=sys.stderr, flush=True)

@@ -24,11 +24,12 @@ import torch
 from edge.backends.bundle import is_bundle, read_bundle
 from edge.errors import BundleError, CheckpointError
 from edge.load_spec import LoadSpec
+from edge.model.config import ModelConfig
 from edge.model.offload import offload_layers
 from edge.model.packed_weights import quantize_weights
 from edge.model.transformer import Transformer
 from edge.planning import fit_to_budget
-from edge.sources.loading import check_checkpoint, load_model, not_a_folder
+from edge.sources.loading import check_checkpoint, load_model, not_a_folder, read_config
 from edge.text.chat_template import read_template_file
 from edge.text.tokenizer import Tokenizer
 from memory.device import return_freed_heap
@@ -56,15 +57,17 @@ def load_engine(spec: LoadSpec, progress: Progress | None = None, *, engine_clas
 
 
 def load_checkpoint(spec: LoadSpec, report: Progress, engine_class: type[EngineT]) -> EngineT:
-    """A checkpoint folder on torch, fitted to the spec's memory budget when it has one."""
+    """A checkpoint folder on torch, fitted to the spec's memory budget when it has one. Its config.json is read
+    once, here, and handed to the planner, the checks, the tokenizer and load_model."""
+    config, config_json = read_config(spec.path)
     plan = None
     if spec.memory_budget is not None:
-        spec, plan = fit_to_budget(spec)
-    check_checkpoint(spec.path)  # config.json, then the weight files, then the tokenizer: the first problem
+        spec, plan = fit_to_budget(spec, config)
+    check_checkpoint(spec.path, config)  # config.json, then the weight files, then the tokenizer: the first problem
     report("reading the tokenizer", 0.0)
-    tokenizer = load_tokenizer(spec)
+    tokenizer = load_tokenizer(spec, config_json)
     report("mapping the weights", 0.1)
-    model = target_model(spec, report)
+    model = target_model(spec, config, report)
     report("allocating the KV cache", 0.7)
     engine = engine_class(model, tokenizer, max_context=spec.max_context, kv_cache=spec.kv_format or "float32")
     engine.spec = spec
@@ -77,16 +80,18 @@ def load_checkpoint(spec: LoadSpec, report: Progress, engine_class: type[EngineT
     return engine
 
 
-def target_model(spec: LoadSpec, report: Progress) -> Transformer:
-    """The checkpoint's model on the spec's device, with its offloaded layers and its weight format."""
+def target_model(spec: LoadSpec, config: ModelConfig, report: Progress) -> Transformer:
+    """The checkpoint's model (`config`: its config) on the spec's device, with its offloaded layers and its weight
+    format."""
     if spec.offload_layers:  # split on the host, then move what stays to the device
-        model = load_model(spec.path, dtype=spec.dtype, device="cpu")
+        model = load_model(spec.path, dtype=spec.dtype, device="cpu", config=config)
         offload_layers(model, list(spec.offload_layers), spec.device)
         model = model.to(spec.device)
         if torch.device(spec.device).type != "cpu":
             model.use_rowwise_matmul(None)  # the batch-invariant kernel is the CPU's
     else:
-        model = load_model(spec.path, dtype=spec.dtype, device=spec.device, dequantize=spec.weights == "float16")
+        model = load_model(spec.path, dtype=spec.dtype, device=spec.device, dequantize=spec.weights == "float16",
+                           config=config)
     if spec.weights in ("int8", "int4"):
         report(f"quantizing the weights to {spec.weights}", 0.6)
         quantize_weights(model, spec.weights)
@@ -112,9 +117,10 @@ def load_bundle(spec: LoadSpec, report: Progress, engine_class: type[EngineT]) -
     return engine
 
 
-def load_tokenizer(spec: LoadSpec) -> Tokenizer:
-    """The model's tokenizer, with the spec's chat template file in place of its own."""
-    tokenizer = Tokenizer.from_dir(spec.path)
+def load_tokenizer(spec: LoadSpec, config_json: dict | None = None) -> Tokenizer:
+    """The model's tokenizer, with the spec's chat template file in place of its own (`config_json`: the folder's
+    config.json object, when it has been read already)."""
+    tokenizer = Tokenizer.from_dir(spec.path, config_json)
     if spec.chat_template is not None:
         tokenizer.set_chat_template(read_template_file(spec.chat_template))
     return tokenizer

@@ -14,12 +14,13 @@ import torch
 from edge.backends.bundle import is_bundle, read_bundle
 from edge.model.config import ModelConfig
 from edge.decoding.registry import DrafterSpec
-from edge.errors import SamplingError
+from edge.errors import MemoryBudgetError, SamplingError
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.sources.gguf_weights import runs_as_blocks, stored_bytes
 from edge.load_spec import DraftModelOptions, LoadSpec
 from edge.sources.loading import checkpoint_dtype, parse_dtype, storage_dtype
 from edge.decoding.speculative import DraftLength
+from memory.budget import BudgetError
 from memory.device import probe
 from memory.plan import Plan, PlanRequest, make_plan
 
@@ -28,7 +29,8 @@ BUNDLE_WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "i
 
 def plan(spec: LoadSpec, config: ModelConfig | None = None) -> Plan:
     """The plan for loading `spec` in its memory budget (None: what the device has free); `config` is the
-    checkpoint's, when it has been read already."""
+    checkpoint's, when it has been read already. A budget that cannot be read or cannot hold the model is a
+    MemoryBudgetError."""
     config = config if config is not None else ModelConfig.from_dir(spec.path)
     drafter = spec.drafter
     kind = drafter.plan_kind if drafter is not None else "none"
@@ -49,7 +51,10 @@ def plan(spec: LoadSpec, config: ModelConfig | None = None) -> Plan:
                           draft_kv_dtype=spec.draft.kv_cache,
                           quantizable_draft_kv=narrowable and spec.draft.kv_cache is None,
                           can_offload=spec.device.startswith("cuda"))
-    result = make_plan(request, probe(spec.device, spec.memory_budget).budget)
+    try:
+        result = make_plan(request, probe(spec.device, spec.memory_budget).budget)
+    except BudgetError as error:  # an unreadable size, no CUDA GPU, or a budget too small: the user's to fix
+        raise MemoryBudgetError(str(error)) from None
     result.runtime_overhead = runtime_overhead(spec.device)
     return result
 

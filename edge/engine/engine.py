@@ -21,8 +21,8 @@ from edge.decoding.constrained import Constraint, Grammar, GrammarError, Grammar
 from edge.decoding.drafters import Drafter
 from edge.decoding.registry import DrafterSpec, DraftTarget, trim_vocabulary
 from edge.decoding.tools import plan_tool_use
-from edge.engine.cache import continued_tokens, new_cache
 from edge.engine import drafting
+from edge.engine.cache import continued_tokens, new_cache
 from edge.engine.context import fit_messages
 from edge.engine.loader import Progress, load_engine
 from edge.engine.options import GenerationOptions

@@ -5,9 +5,9 @@
 - a bundle folder (edge-export): its target on one of its backends; drafter "bundle" is the bundle's own.
 - a checkpoint folder on backend "onnx": exported once into the cache (the "edge.exporters" entry point), then loaded
   as that bundle.
-- a checkpoint folder on torch: under a memory budget the planner first fits the spec; then the checkpoint's files
-  are checked, the tokenizer read, the weights loaded (layers offloaded, `weights` quantized or stored in float16),
-  the KV cache allocated and the drafter attached.
+- a checkpoint folder on torch: config.json is read once and handed on; under a memory budget the planner first fits
+  the spec; then the weight files are checked, the tokenizer read, the weights loaded (layers offloaded, `weights`
+  quantized or stored in float16), the KV cache allocated and the drafter attached.
 
 `progress(stage, fraction)`, if given, is called as each stage starts (for a loading screen).
 """
@@ -39,8 +39,9 @@ EngineT = TypeVar("EngineT")
 
 
 def load_engine(spec: LoadSpec, progress: Progress | None = None, *, engine_class: type[EngineT]) -> EngineT:
-    """Load what `spec` names into a new `engine_class` (the Engine, or a subclass): `engine.spec` is the spec it
-    loaded (after the memory plan, when it had a budget)."""
+    """Load what `spec` names into a new `engine_class`: `engine.spec` is the spec it loaded (after the memory plan,
+    when it had a budget). The class comes from the caller (Engine.from_spec passes its own) because engine.py
+    imports this module, so this module cannot import it."""
     report = progress or _quiet
     if not spec.path.is_dir():
         raise CheckpointError(not_a_folder(spec.path))
@@ -63,7 +64,7 @@ def load_checkpoint(spec: LoadSpec, report: Progress, engine_class: type[EngineT
     plan = None
     if spec.memory_budget is not None:
         spec, plan = fit_to_budget(spec, config)
-    check_checkpoint(spec.path, config)  # config.json, then the weight files, then the tokenizer: the first problem
+    check_checkpoint(spec.path, config)  # the weight files, before the tokenizer: the first problem is reported
     report("reading the tokenizer", 0.0)
     tokenizer = load_tokenizer(spec, config_json)
     report("mapping the weights", 0.1)

@@ -37,7 +37,6 @@ from edge.load_spec import DRAFT_WEIGHTS, DTYPES, LoadSpec
 from edge.model.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
 from edge.text.tokenizer import Tokenizer
-from memory.budget import BudgetError
 PEERS = ("transformers", "llama.cpp", "llama-server")
 
 DEFAULT_PROMPT = (
@@ -128,7 +127,7 @@ def print_bench_plan(args: argparse.Namespace) -> int:
                                          max_context=suite.SUITE_CONTEXT, drafter=methods[0] if methods else None,
                                          draft_length=lengths[0] if lengths else "adaptive",
                                          draft_weights=args.draft_weights))
-    except (EdgeError, BudgetError) as error:
+    except EdgeError as error:
         print(f"edge-bench: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -39,6 +39,11 @@ class EngineBusyError(EdgeError, RuntimeError):
     """An engine was asked for a second generation while one is still running (one engine, one reply at a time)."""
 
 
+class MemoryBudgetError(EdgeError, ValueError):
+    """A memory budget that cannot be read, or that cannot hold the model (memory.budget.BudgetError's message, raised
+    where edge plans)."""
+
+
 class SettingError(EdgeError, ValueError):
     """An environment setting asks for what this machine cannot do (EDGE_CPU_KERNEL naming a path its CPU lacks)."""
 

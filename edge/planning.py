@@ -14,21 +14,24 @@ import torch
 from edge.backends.bundle import is_bundle, read_bundle
 from edge.model.config import ModelConfig
 from edge.decoding.registry import DrafterSpec
-from edge.errors import SamplingError
+from edge.errors import MemoryBudgetError, SamplingError
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.sources.gguf_weights import runs_as_blocks, stored_bytes
 from edge.load_spec import DraftModelOptions, LoadSpec
 from edge.sources.loading import checkpoint_dtype, parse_dtype, storage_dtype
 from edge.decoding.speculative import DraftLength
+from memory.budget import BudgetError
 from memory.device import probe
 from memory.plan import Plan, PlanRequest, make_plan
 
 BUNDLE_WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
 
 
-def plan(spec: LoadSpec) -> Plan:
-    """The plan for loading `spec` in its memory budget (None: what the device has free)."""
-    config = ModelConfig.from_dir(spec.path)
+def plan(spec: LoadSpec, config: ModelConfig | None = None) -> Plan:
+    """The plan for loading `spec` in its memory budget (None: what the device has free); `config` is the
+    checkpoint's, when it has been read already. A budget that cannot be read or cannot hold the model is a
+    MemoryBudgetError."""
+    config = config if config is not None else ModelConfig.from_dir(spec.path)
     drafter = spec.drafter
     kind = drafter.plan_kind if drafter is not None else "none"
     bits = int(drafter.argument or 4) if kind == "quantspec" else 4
@@ -37,7 +40,7 @@ def plan(spec: LoadSpec) -> Plan:
     drafter_shape, drafter_dtype = drafter_description(drafter, spec) if kind == "model" else (None, None)
     longest = DraftLength.parse(spec.draft_length).longest
     context = min(spec.max_context, config.max_position_embeddings)
-    weight_dtype, stored = target_weights(spec)
+    weight_dtype, stored = target_weights(spec, config)
     request = PlanRequest(target=config.shape(), context=context, drafter=kind, drafter_shape=drafter_shape,
                           draft_length=longest, weight_dtype=weight_dtype, stored_weight_bytes=stored,
                           kv_dtype=spec.kv_format or spec.dtype, quantspec_bits=bits, min_context=min(256, context),
@@ -48,15 +51,18 @@ def plan(spec: LoadSpec) -> Plan:
                           draft_kv_dtype=spec.draft.kv_cache,
                           quantizable_draft_kv=narrowable and spec.draft.kv_cache is None,
                           can_offload=spec.device.startswith("cuda"))
-    result = make_plan(request, probe(spec.device, spec.memory_budget).budget)
+    try:
+        result = make_plan(request, probe(spec.device, spec.memory_budget).budget)
+    except BudgetError as error:  # an unreadable size, no CUDA GPU, or a budget too small: the user's to fix
+        raise MemoryBudgetError(str(error)) from None
     result.runtime_overhead = runtime_overhead(spec.device)
     return result
 
 
-def fit_to_budget(spec: LoadSpec) -> tuple[LoadSpec, Plan]:
+def fit_to_budget(spec: LoadSpec, config: ModelConfig | None = None) -> tuple[LoadSpec, Plan]:
     """The spec to load under `spec.memory_budget` (context, drafter, the draft model's options and offloaded layers
-    as the plan chose them), and the plan."""
-    chosen = plan(spec)
+    as the plan chose them), and the plan; `config` as for plan()."""
+    chosen = plan(spec, config)
     draft = DraftModelOptions(chosen.draft_context or spec.draft.context,
                               chosen.drafter_weights or spec.draft.weights, chosen.draft_kv or spec.draft.kv_cache)
     fitted = spec.replace(max_context=chosen.max_context, drafter=planned_drafter(spec.drafter, chosen), draft=draft,
@@ -77,23 +83,24 @@ def runtime_overhead(device: str) -> int:
     return psutil.Process().memory_info().rss
 
 
-def target_weights(spec: LoadSpec) -> tuple[str, int | None]:
+def target_weights(spec: LoadSpec, config: ModelConfig | None = None) -> tuple[str, int | None]:
     """How the target's weights are held, and their bytes where the shape cannot size them: a quantized GGUF file
     on the CPU keeps its blocks (its file type, their exact size); --weights int8/int4/float16 load that; anything
-    else the dtype load_model keeps."""
+    else the dtype load_model keeps (`config`: the checkpoint's, when it has been read already)."""
     index = gguf_index(spec.path)
     if (index is not None and spec.weights is None and runs_as_blocks(index) and spec.device == "cpu"
             and spec.dtype == "float32"):
         return index["file_type"], stored_bytes(index)
     if spec.weights is not None:
         return spec.weights, None
-    return kept_weight_dtype(spec.path, spec.dtype, spec.device), None
+    return kept_weight_dtype(spec.path, spec.dtype, spec.device, config), None
 
 
-def kept_weight_dtype(folder: str | Path, dtype: str, device: str) -> str:
+def kept_weight_dtype(folder: str | Path, dtype: str, device: str, config: ModelConfig | None = None) -> str:
     """The dtype load_model keeps a checkpoint's weights in when computing in `dtype`
-    (edge.sources.loading.storage_dtype: a 16-bit checkpoint computed in float32 on the CPU stays 16-bit)."""
-    kept = storage_dtype(checkpoint_dtype(folder), parse_dtype(dtype), torch.device(device))
+    (edge.sources.loading.storage_dtype: a 16-bit checkpoint computed in float32 on the CPU stays 16-bit);
+    `config` as for checkpoint_dtype."""
+    kept = storage_dtype(checkpoint_dtype(folder, config), parse_dtype(dtype), torch.device(device))
     return str(kept).removeprefix("torch.")
 
 

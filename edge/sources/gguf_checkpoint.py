@@ -255,15 +255,7 @@ def _shape(metadata: dict, arch: str, tensors: dict, source_name: str) -> dict:
 def _index(tensors: dict, shape: dict, family: Family, file_size: int, source_name: str) -> list[dict]:
     """Every tensor the model reads, under its Hugging Face name, checked: known, where the metadata says it should
     be, of the shape it implies, its bytes inside the file; and every layer complete."""
-    hidden, q_rows, kv_rows = shape["hidden"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
-    expected = {"attn_norm": (hidden,), "ffn_norm": (hidden,), "attn_q": (q_rows, hidden),
-                "attn_k": (kv_rows, hidden), "attn_v": (kv_rows, hidden), "attn_output": (hidden, q_rows),
-                "attn_q_norm": (shape["head_dim"],), "attn_k_norm": (shape["head_dim"],),
-                "ffn_gate": (shape["inner"], hidden), "ffn_up": (shape["inner"], hidden),
-                "ffn_down": (hidden, shape["inner"])}
-    biases = {"attn_q": (q_rows,), "attn_k": (kv_rows,), "attn_v": (kv_rows,), "attn_output": (hidden,),
-              "ffn_gate": (shape["inner"],), "ffn_up": (shape["inner"],), "ffn_down": (hidden,)}
-    globals_ = {"token_embd": (shape["vocab"], hidden), "output_norm": (hidden,), "output": (shape["vocab"], hidden)}
+    expected, biases, globals_ = _expected_shapes(shape)
     entries, layers_seen = [], {}
     for name, tensor in tensors.items():
         stem, _, suffix = name.rpartition(".")
@@ -289,32 +281,59 @@ def _index(tensors: dict, shape: dict, family: Family, file_size: int, source_na
         else:
             raise UnsupportedModelError(f"{source_name} has a tensor {name!r} that a dense model does not (a "
                                         "mixture of experts or another variant?); edge cannot run this file")
-        dims = tuple(int(size) for size in reversed(tensor.shape.tolist()))  # ggml lists ne0 (columns) first
-        while len(dims) > len(wanted) and dims[0] == 1:
-            dims = dims[1:]
-        if dims != wanted:
-            raise CheckpointError(f"{source_name}: tensor {name} is {list(dims)} but the metadata implies "
-                                  f"{list(wanted)}; the file is damaged or mis-converted: download it again")
-        kind_name = tensor.tensor_type.name
-        if len(dims) == 1 and kind_name not in FLOAT_TYPES:
-            raise UnsupportedModelError(f"{source_name}: the 1-D tensor {name} is stored as {kind_name}; edge reads "
-                                        "norms and biases in F32, F16 or BF16")
-        offset, size = int(tensor.data_offset), int(tensor.n_bytes)
-        if offset + size > file_size:
-            raise CheckpointError(f"{source_name} is truncated: tensor {name} ends at byte {offset + size} of a "
-                                  f"{file_size}-byte file; download it again")
-        entries.append({"name": hf_name, "gguf": name, "type": kind_name, "shape": list(dims), "offset": offset,
-                        "bytes": size, "heads": heads})
+        entries.append(_entry(name, tensor, hf_name, wanted, heads, file_size, source_name))
+    _check_complete(tensors, layers_seen, shape["layers"], source_name)
+    return entries
+
+
+def _expected_shapes(shape: dict) -> tuple[dict, dict, dict]:
+    """The shapes the metadata implies, by GGUF name part: each layer's weights, each layer's biases, and the
+    model's own tensors (embedding, final norm, head)."""
+    hidden, q_rows, kv_rows = shape["hidden"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
+    weights = {"attn_norm": (hidden,), "ffn_norm": (hidden,), "attn_q": (q_rows, hidden),
+               "attn_k": (kv_rows, hidden), "attn_v": (kv_rows, hidden), "attn_output": (hidden, q_rows),
+               "attn_q_norm": (shape["head_dim"],), "attn_k_norm": (shape["head_dim"],),
+               "ffn_gate": (shape["inner"], hidden), "ffn_up": (shape["inner"], hidden),
+               "ffn_down": (hidden, shape["inner"])}
+    biases = {"attn_q": (q_rows,), "attn_k": (kv_rows,), "attn_v": (kv_rows,), "attn_output": (hidden,),
+              "ffn_gate": (shape["inner"],), "ffn_up": (shape["inner"],), "ffn_down": (hidden,)}
+    model = {"token_embd": (shape["vocab"], hidden), "output_norm": (hidden,), "output": (shape["vocab"], hidden)}
+    return weights, biases, model
+
+
+def _entry(name: str, tensor, hf_name: str, wanted: tuple, heads: int | None, file_size: int,
+           source_name: str) -> dict:
+    """The index entry of GGUF tensor `name`, checked: the shape `wanted`, a float type for a 1-D tensor, its bytes
+    inside the file."""
+    dims = tuple(int(size) for size in reversed(tensor.shape.tolist()))  # ggml lists ne0 (columns) first
+    while len(dims) > len(wanted) and dims[0] == 1:
+        dims = dims[1:]
+    if dims != wanted:
+        raise CheckpointError(f"{source_name}: tensor {name} is {list(dims)} but the metadata implies "
+                              f"{list(wanted)}; the file is damaged or mis-converted: download it again")
+    kind_name = tensor.tensor_type.name
+    if len(dims) == 1 and kind_name not in FLOAT_TYPES:
+        raise UnsupportedModelError(f"{source_name}: the 1-D tensor {name} is stored as {kind_name}; edge reads "
+                                    "norms and biases in F32, F16 or BF16")
+    offset, size = int(tensor.data_offset), int(tensor.n_bytes)
+    if offset + size > file_size:
+        raise CheckpointError(f"{source_name} is truncated: tensor {name} ends at byte {offset + size} of a "
+                              f"{file_size}-byte file; download it again")
+    return {"name": hf_name, "gguf": name, "type": kind_name, "shape": list(dims), "offset": offset, "bytes": size,
+            "heads": heads}
+
+
+def _check_complete(tensors: dict, layers_seen: dict[int, set[str]], layers: int, source_name: str) -> None:
+    """Every one of the `layers` layers has each weight a layer needs, and the file has the final norm."""
     required = {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
                 "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
-    for layer in range(shape["layers"]):
+    for layer in range(layers):
         missing = sorted(required - layers_seen.get(layer, set()))
         if missing:
-            raise CheckpointError(f"{source_name}: layer {layer} of block_count {shape['layers']} has no "
+            raise CheckpointError(f"{source_name}: layer {layer} of block_count {layers} has no "
                                   f"blk.{layer}.{missing[0]}; the file is incomplete or damaged: download it again")
     if "output_norm.weight" not in tensors:
         raise CheckpointError(f"{source_name} has no output_norm.weight; the file is incomplete, download it again")
-    return entries
 
 
 def _float32_value(value: float) -> float:

@@ -119,9 +119,10 @@ def rotary_rows(rows: int, heads: int) -> np.ndarray:
     return order.transpose(0, 2, 1).reshape(rows)  # HF row (head, half, i) <- file row (head, i, half)
 
 
-def block_model(folder: Path, index: dict, rowwise) -> Transformer:
-    """The model with every matrix in its own GGUF type (quantized files on the CPU; see the module docstring)."""
-    config = ModelConfig.from_dir(folder)
+def block_model(folder: Path, index: dict, rowwise, config: ModelConfig | None = None) -> Transformer:
+    """The model with every matrix in its own GGUF type (quantized files on the CPU; see the module docstring).
+    `config` is the folder's, when it has been read already."""
+    config = config if config is not None else ModelConfig.from_dir(folder)
     file = GGUFFile(Path(index["file"]))
     unsupported = unsupported_types(index)
     if unsupported:
@@ -133,12 +134,13 @@ def block_model(folder: Path, index: dict, rowwise) -> Transformer:
     return _block_model(config, file, {entry["name"]: entry for entry in index["tensors"]}, rowwise)
 
 
-def float_tensors(folder: Path, index: dict) -> "FloatTensors":
+def float_tensors(folder: Path, index: dict, config: ModelConfig | None = None) -> "FloatTensors":
     """The file's tensors as float tensors by Hugging Face name (edge.sources.loading builds the float model from them);
-    a quantized file says once, on stderr, what dequantizing it costs."""
+    a quantized file says once, on stderr, what dequantizing it costs (`config`: the folder's, when it has been read
+    already)."""
     file = GGUFFile(Path(index["file"]))
     if runs_as_blocks(index):
-        config = ModelConfig.from_dir(folder)
+        config = config if config is not None else ModelConfig.from_dir(folder)
         print(f"edge: dequantizing {file.path.name} ({index['file_type']}) to 16 bits: "
               f"{_gib(_float16_bytes(config))} in memory against the file's {_gib(file.path.stat().st_size)}",
               file=sys.stderr, flush=True)
@@ -192,68 +194,91 @@ def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) ->
     """Every matrix in its own type (float ones as stored), norms and biases in float32; the packed matrices in one
     arena on huge pages (kernels/block_formats.py PackedArena)."""
     model = Transformer(config, device="meta")
-    arena = PackedArena(sum(packed_bytes(entry["type"].lower(), *entry["shape"]) + PackedArena.ALIGN
-                            for entry in entries.values()
-                            if len(entry["shape"]) == 2 and entry["type"].lower() in BLOCK_FORMATS))
-
-    def vector(name: str) -> nn.Parameter | None:
-        entry = entries.get(name)
-        if entry is None:
-            return None
-        values = file.floats(entry).float().clone()
-        file.release(entry)
-        return nn.Parameter(values, requires_grad=False)
-
-    def matrix(names: list[str]) -> BlockMatrix:
-        parts = []
-        for name in names:
-            entry = entries[name]
-            rows, columns = entry["shape"]
-            kind = block_format(entry["type"]) or entry["type"].lower()
-            parts.append(BlockMatrix.from_file(kind, file.raw(entry), rows, columns, arena=arena))
-            file.release(entry)
-        return BlockMatrix.stack(parts) if len(parts) > 1 else parts[0]
-
-    def biases(names: list[str]) -> torch.Tensor | None:
-        found = [vector(name) for name in names]
-        return None if found[0] is None else torch.cat([part.data for part in found])
-
+    blocks = _BlockReader(file, entries)
     for i, block in enumerate(model.layers):
-        hf = f"model.layers.{i}."
-        attn, mlp = hf + "self_attn.", hf + "mlp."
-        block.attn_norm.weight = vector(hf + "input_layernorm.weight")
-        block.ffn_norm.weight = vector(hf + "post_attention_layernorm.weight")
-        if config.qk_norm:
-            block.attn.q_norm.weight = vector(attn + "q_norm.weight")
-            block.attn.k_norm.weight = vector(attn + "k_norm.weight")
-        qkv = [attn + f"{p}_proj" for p in "qkv"]
-        block.attn.wqkv = BlockLinear(matrix([n + ".weight" for n in qkv]), biases([n + ".bias" for n in qkv]),
-                                      rowwise)
-        block.attn.wo = BlockLinear(matrix([attn + "o_proj.weight"]), biases([attn + "o_proj.bias"]), rowwise)
-        gate_up = [mlp + "gate_proj", mlp + "up_proj"]
-        block.ffn.w_gate_up = BlockLinear(matrix([n + ".weight" for n in gate_up]),
-                                          biases([n + ".bias" for n in gate_up]), rowwise)
-        block.ffn.w_down = BlockLinear(matrix([mlp + "down_proj.weight"]), biases([mlp + "down_proj.bias"]), rowwise)
-    model.norm.weight = vector("model.norm.weight")
-    embedding = entries["model.embed_tokens.weight"]
-    if block_format(embedding["type"]):
-        model.embed = BlockEmbedding(matrix(["model.embed_tokens.weight"]))
-    else:
-        weight = file.floats(embedding).clone()
-        file.release(embedding)
-        model.embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight.requires_grad_(False))
-    head = entries.get("lm_head.weight")
-    if head is None:  # tied: the embedding's matrix scores the rows
-        model.packed_head = model.embed.matrix if isinstance(model.embed, BlockEmbedding) else None
-    elif block_format(head["type"]):
-        model.lm_head = BlockLinear(matrix(["lm_head.weight"]), None, rowwise)
-        model.packed_head = model.lm_head.matrix
-    else:
-        weight = file.floats(head).clone()
-        file.release(head)
-        model.lm_head.weight = nn.Parameter(weight, requires_grad=False)
+        _fill_layer(block, f"model.layers.{i}.", blocks, config, rowwise)
+    model.norm.weight = blocks.vector("model.norm.weight")
+    _fill_embedding_and_head(model, blocks, config, rowwise)
     model.packed_format = "blocks"
     model.compute_dtype = torch.float32
     model.inv_freq = inverse_frequencies(config)  # the meta-device buffer held no data
     model.use_rowwise_matmul(rowwise)
     return model.eval().requires_grad_(False)
+
+
+class _BlockReader:
+    """A file's tensors as the block model holds them, read one at a time (each one's pages released once copied):
+    vectors in float32, matrices in their own types, packed into one arena sized for all of them."""
+
+    def __init__(self, file: GGUFFile, entries: dict) -> None:
+        self.file, self.entries = file, entries
+        self.arena = PackedArena(sum(packed_bytes(entry["type"].lower(), *entry["shape"]) + PackedArena.ALIGN
+                                     for entry in entries.values()
+                                     if len(entry["shape"]) == 2 and entry["type"].lower() in BLOCK_FORMATS))
+
+    def vector(self, name: str) -> nn.Parameter | None:
+        entry = self.entries.get(name)
+        if entry is None:
+            return None
+        values = self.file.floats(entry).float().clone()
+        self.file.release(entry)
+        return nn.Parameter(values, requires_grad=False)
+
+    def matrix(self, names: list[str]) -> BlockMatrix:
+        """The named matrices in their own types, stacked (q/k/v, gate/up) as segments that keep them."""
+        parts = []
+        for name in names:
+            entry = self.entries[name]
+            rows, columns = entry["shape"]
+            kind = block_format(entry["type"]) or entry["type"].lower()
+            parts.append(BlockMatrix.from_file(kind, self.file.raw(entry), rows, columns, arena=self.arena))
+            self.file.release(entry)
+        return BlockMatrix.stack(parts) if len(parts) > 1 else parts[0]
+
+    def biases(self, names: list[str]) -> torch.Tensor | None:
+        found = [self.vector(name) for name in names]
+        return None if found[0] is None else torch.cat([part.data for part in found])
+
+    def floats(self, entry: dict) -> torch.Tensor:
+        """A float matrix as stored (an embedding or head the kernel does not run in blocks)."""
+        weight = self.file.floats(entry).clone()
+        self.file.release(entry)
+        return weight
+
+
+def _fill_layer(block: nn.Module, hf: str, blocks: _BlockReader, config: ModelConfig, rowwise) -> None:
+    """One transformer layer from the tensors under its Hugging Face prefix `hf` ("model.layers.3.")."""
+    attn, mlp = hf + "self_attn.", hf + "mlp."
+    block.attn_norm.weight = blocks.vector(hf + "input_layernorm.weight")
+    block.ffn_norm.weight = blocks.vector(hf + "post_attention_layernorm.weight")
+    if config.qk_norm:
+        block.attn.q_norm.weight = blocks.vector(attn + "q_norm.weight")
+        block.attn.k_norm.weight = blocks.vector(attn + "k_norm.weight")
+    qkv = [attn + f"{p}_proj" for p in "qkv"]
+    block.attn.wqkv = BlockLinear(blocks.matrix([n + ".weight" for n in qkv]),
+                                  blocks.biases([n + ".bias" for n in qkv]), rowwise)
+    block.attn.wo = BlockLinear(blocks.matrix([attn + "o_proj.weight"]), blocks.biases([attn + "o_proj.bias"]), rowwise)
+    gate_up = [mlp + "gate_proj", mlp + "up_proj"]
+    block.ffn.w_gate_up = BlockLinear(blocks.matrix([n + ".weight" for n in gate_up]),
+                                      blocks.biases([n + ".bias" for n in gate_up]), rowwise)
+    block.ffn.w_down = BlockLinear(blocks.matrix([mlp + "down_proj.weight"]), blocks.biases([mlp + "down_proj.bias"]),
+                                   rowwise)
+
+
+def _fill_embedding_and_head(model: Transformer, blocks: _BlockReader, config: ModelConfig, rowwise) -> None:
+    """The embedding and the head: in blocks where the kernel runs their type, else float; a tied head scores with
+    the embedding's matrix."""
+    embedding = blocks.entries["model.embed_tokens.weight"]
+    if block_format(embedding["type"]):
+        model.embed = BlockEmbedding(blocks.matrix(["model.embed_tokens.weight"]))
+    else:
+        weight = blocks.floats(embedding)
+        model.embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight.requires_grad_(False))
+    head = blocks.entries.get("lm_head.weight")
+    if head is None:  # tied: the embedding's matrix scores the rows
+        model.packed_head = model.embed.matrix if isinstance(model.embed, BlockEmbedding) else None
+    elif block_format(head["type"]):
+        model.lm_head = BlockLinear(blocks.matrix(["lm_head.weight"]), None, rowwise)
+        model.packed_head = model.lm_head.matrix
+    else:
+        model.lm_head.weight = nn.Parameter(blocks.floats(head), requires_grad=False)

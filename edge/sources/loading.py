@@ -169,11 +169,14 @@ def _read_header(handle, path: Path, size: int) -> tuple[int, dict]:
     return header_len, _parse_header(handle.read(header_len), path)
 
 
-def checkpoint_dtype(folder: str | Path) -> torch.dtype | None:
+def checkpoint_dtype(folder: str | Path, config: ModelConfig | None = None) -> torch.dtype | None:
     """The floating dtype of a checkpoint's tensors (None if they mix several), from its first weight file's header
-    (no data read); without weight files (planning from config.json alone), the dtype config.json names."""
+    (no data read); without weight files (planning from config.json alone), the dtype config.json names (`config`:
+    the folder's config, when it has been read already)."""
     folder = Path(folder)
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.safetensors.index.json")):
+        if config is not None:
+            return DTYPES.get(str(config.source_dtype))
         try:
             config = json.loads((folder / "config.json").read_text())
         except (OSError, ValueError):
@@ -335,11 +338,32 @@ def build_state(
     return state
 
 
-def check_checkpoint(folder: str | Path) -> ModelConfig:
-    """The checkpoint's config, after checking what a load reads first, in order: config.json, then that the weight
-    files are there (their headers are read by load_model; a folder read from a GGUF file names the file). The
-    tokenizer comes after these, so an empty or broken folder is reported by its first problem."""
-    config = ModelConfig.from_dir(folder)
+def read_config(folder: str | Path) -> tuple[ModelConfig, dict]:
+    """A checkpoint's config.json, read once: its ModelConfig and the JSON object itself (for what else reads it,
+    such as the tokenizer's bos and eos token ids), with ModelConfig.from_dir's checks and messages."""
+    config_path = Path(folder) / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(
+            f"{config_path} not found: a checkpoint folder needs the Hugging Face config.json next to its weights"
+        )
+    fix = "fix the file, or download the checkpoint's config.json again"
+    try:
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON ({exc}); {fix}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {config_path}: {exc.strerror or exc}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{config_path} does not hold a JSON object; {fix}")
+    return ModelConfig.from_hf(raw, source=str(config_path)), raw
+
+
+def check_checkpoint(folder: str | Path, config: ModelConfig | None = None) -> ModelConfig:
+    """The checkpoint's config, after checking what a load reads first, in order: config.json (unless `config`, read
+    from it already, is given), then that the weight files are there (their headers are read by load_model; a
+    folder read from a GGUF file names the file). The tokenizer comes after these, so an empty or broken folder is
+    reported by its first problem."""
+    config = config if config is not None else ModelConfig.from_dir(folder)
     if gguf_index(folder) is None:
         weight_files(Path(folder))
     return config
@@ -347,14 +371,14 @@ def check_checkpoint(folder: str | Path) -> ModelConfig:
 
 def load_model(
     folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
-    dequantize: bool = False,
+    dequantize: bool = False, config: ModelConfig | None = None,
 ) -> Transformer:
     """Build the model for `folder` and fill it with its weights, computing in `dtype` on `device`. A float16 or
     bfloat16 checkpoint computed in float32 on the CPU keeps its weights in their own precision (storage_dtype). A
     folder read from a quantized GGUF file keeps the file's quantization on the CPU (edge/sources/gguf_weights.py),
-    unless `dequantize` asks for 16-bit weights."""
+    unless `dequantize` asks for 16-bit weights. `config` is the folder's, when it has been read already."""
     folder = Path(folder)
-    config = ModelConfig.from_dir(folder)
+    config = config if config is not None else ModelConfig.from_dir(folder)
     dtype, device = parse_dtype(dtype), torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
@@ -364,8 +388,8 @@ def load_model(
 
         kernel = cpu_kernel() if device.type == "cpu" and dtype == torch.float32 else None
         if gguf_weights.runs_as_blocks(index) and not dequantize and kernel is not None:
-            return gguf_weights.block_model(folder, index, kernel)
-        mapped = gguf_weights.float_tensors(folder, index)
+            return gguf_weights.block_model(folder, index, kernel, config)
+        mapped = gguf_weights.float_tensors(folder, index, config)
         source = mapped.source_dtype
     else:
         mapped = load_hf_tensors(folder)

@@ -148,11 +148,15 @@ def _ids(value: Any) -> list[int]:
     return []
 
 
-def _model_config_ids(directory: Path, key: str) -> list[int]:
-    """Token ids stored under `key` in generation_config.json and config.json (also its `text_config`)."""
+def _model_config_ids(directory: Path, key: str, model_config: dict[str, Any] | None = None) -> list[int]:
+    """Token ids stored under `key` in generation_config.json and config.json (also its `text_config`);
+    `model_config` is config.json's object, when it has been read already."""
     found: list[int] = []
     for name in ("generation_config.json", "config.json"):  # the model's files, not the tokenizer's
-        data = _read_json(directory / name, f"download the checkpoint's {name} again") or {}
+        if name == "config.json" and model_config is not None:
+            data = model_config
+        else:
+            data = _read_json(directory / name, f"download the checkpoint's {name} again") or {}
         found += _ids(data.get(key))
         if isinstance(data.get("text_config"), dict):
             found += _ids(data["text_config"].get(key))
@@ -270,8 +274,9 @@ class Tokenizer:
         self._fallback_bos_id = fallback_bos_token_id
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> Tokenizer:
-        """Load the tokenizer files of a checkpoint folder (see the module docstring for which files)."""
+    def from_dir(cls, path: str | Path, model_config: dict[str, Any] | None = None) -> Tokenizer:
+        """Load the tokenizer files of a checkpoint folder (see the module docstring for which files); `model_config`
+        is the folder's config.json object, when the caller has read it already (it is not read again)."""
         directory = Path(path)
         if not directory.is_dir():
             raise TokenizerError(
@@ -281,12 +286,12 @@ class Tokenizer:
         config = _read_json(directory / "tokenizer_config.json") or {}
         special = _read_special_tokens(config, _read_json(directory / "special_tokens_map.json") or {})
         cls._prepare_backend(backend, config, special)
-        bos_ids = _model_config_ids(directory, "bos_token_id")
+        bos_ids = _model_config_ids(directory, "bos_token_id", model_config)
         return cls(
             backend,
             special_tokens=special,
             chat_templates=_read_chat_templates(directory, config),
-            extra_eos_token_ids=_model_config_ids(directory, "eos_token_id"),
+            extra_eos_token_ids=_model_config_ids(directory, "eos_token_id", model_config),
             fallback_bos_token_id=bos_ids[0] if bos_ids else None,
             clean_up_tokenization_spaces=bool(config.get("clean_up_tokenization_spaces", False)),
         )

@@ -248,13 +248,13 @@ def test_half_precision_speculation_warns_that_it_may_not_be_exact(checkpoints, 
 
 
 def test_draft_length_parses_adaptive_fixed_and_a_confidence_stop():
-    from edge.engine import _draft_length
+    from edge.engine.drafting import draft_length
     from edge.decoding.speculative import DraftLength
 
     fixed = DraftLength.fixed(5)
     fixed.update(0, 5, draft_s=0.001, verify_s=0.01)
     assert fixed.k == 5 and fixed.costs.verify == {}  # a fixed length measures nothing and never moves
-    engine_default = _draft_length("adaptive")  # what --draft-length adaptive (the default) starts from
+    engine_default = draft_length("adaptive")  # what --draft-length adaptive (the default) starts from
     assert engine_default.adaptive and engine_default.k == 2 and engine_default.max_k == 12
     assert engine_default.stop_below is None
     stopping = DraftLength.parse("adaptive:0.3")  # adaptive, and a draft stops below probability 0.3

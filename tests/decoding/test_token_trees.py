@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import edge.engine
+import edge.engine.reply
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
 from edge.model.kv_cache import KVCache
@@ -66,7 +66,7 @@ def _forced_trees(monkeypatch) -> list[SpeculativeDecoding]:
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(edge.engine, "SpeculativeDecoding", Recorded)
+    monkeypatch.setattr(edge.engine.reply, "SpeculativeDecoding", Recorded)
     return made
 
 

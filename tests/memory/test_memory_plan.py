@@ -100,6 +100,23 @@ def test_a_budget_below_the_minimum_names_it(shapes):
         make_plan(request(shapes), plan.minimum - 1)
 
 
+def test_a_budget_edge_cannot_plan_for_is_an_edge_error_with_the_planners_message(checkpoint_factory):
+    from edge.errors import EdgeError, MemoryBudgetError
+    from edge.planning import plan_for
+
+    model_dir = checkpoint_factory("llama3")
+    minimum = plan_for(model_dir, budget=1 << 30, max_context=512).minimum
+    for load in (lambda: plan_for(model_dir, budget=minimum - 1, max_context=512),
+                 lambda: Engine.load(model_dir, max_context=512, memory_budget=minimum - 1)):
+        with pytest.raises(MemoryBudgetError, match=rf"cannot hold the model: it needs at least .* \({minimum} bytes"
+                           ) as error:
+            load()
+        assert isinstance(error.value, EdgeError) and isinstance(error.value, ValueError)
+        assert len(str(error.value).splitlines()) == 1
+    with pytest.raises(MemoryBudgetError, match="cannot read the memory size 'lots'"):
+        Engine.load(model_dir, memory_budget="lots")
+
+
 def test_the_engine_allocates_what_the_plan_says(shapes, checkpoint_factory):
     target, draft, draft_dir = shapes
     model_dir = checkpoint_factory("llama3")

@@ -29,7 +29,6 @@ from frontend.options import (
 from edge.sources import default_model
 from edge.engine import Engine
 from edge.errors import EdgeError
-from memory.budget import BudgetError
 
 try:  # the serve extra (FastAPI, uvicorn): without it edge-serve says how to install it
     import uvicorn
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         if spec is None:  # --plan
             return 0
         config = serve_config(args)
-    except (EdgeError, BudgetError, ValueError) as error:
+    except (EdgeError, ValueError) as error:
         print(f"edge-serve: error: {error}", file=sys.stderr)
         return 2
     if not is_loopback(args.host):

@@ -30,7 +30,6 @@ from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
 from edge.events import FINISH_CONTEXT, Event
 from edge.load_spec import LoadSpec
-from memory.budget import BudgetError
 from tui.app import EdgeChatApp
 from tui.completion import completion_note, is_completion_model
 from tui.history import Conversation, ConversationStore
@@ -68,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = command_spec(args)
         if spec is None:  # --plan
             return 0
-    except (EdgeError, BudgetError) as error:
+    except EdgeError as error:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
     if args.prompt is None and not (args.plain or args.raw) and sys.stdin.isatty() and sys.stdout.isatty():
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             chat.reply(args.prompt, sys.stdout)
         else:
             chat.interactive(sys.stdin if piped else None)
-    except (EdgeError, BudgetError) as error:
+    except EdgeError as error:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -9,8 +9,10 @@
     fused.draft(ends, tokens, order, start, cache, rope, k)   k greedy draft tokens          draft_greedy_f32
 
 The model hands over plain tensors: each layer's 12 in the C table's order (TABLE_KINDS), None where one is absent,
-and the embedding, final norm and head of a whole pass (ModelEnds). The pointers are taken once, so the tensors must
-stay where they are while the object is used; `replaced()` tells, from the `watch` slots, when they moved.
+and the embedding, final norm and head of a whole pass (ModelEnds); and its shape record (memory.footprint.ModelShape,
+read by field name: hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, rms_norm_eps). The pointers are
+taken once, so the tensors must stay where they are while the object is used; `replaced()` tells, from the `watch`
+slots, when they moved.
 """
 
 from __future__ import annotations
@@ -26,17 +28,6 @@ from kernels.cpu_matmul import FLOAT_FORMATS, KernelCache, KernelDraft, ModelVie
 TABLE_KINDS = ("norm", "matrix", "bias", "norm", "norm", "matrix", "bias", "norm", "matrix", "bias", "matrix", "bias")
 MAX_HEAD_DIM = 512  # csrc/layers.c rope_rows rotates a head in a stack buffer of this many floats
 KEPT_VIEWS = 4  # ModelViews kept per FusedWeights: the step's, and a drafter's head or two
-
-
-class ModelShape(NamedTuple):
-    """A model's sizes as the C calls take them."""
-
-    hidden: int  # D
-    heads: int  # H
-    kv_heads: int  # Hkv
-    head_dim: int  # Dh
-    inner: int  # I: the feed-forward's width
-    eps: float  # the RMSNorms'
 
 
 class KernelHead(NamedTuple):
@@ -78,7 +69,7 @@ class FeatureRows(NamedTuple):
 class FusedWeights:
     """The (L, 12) pointer table, sliding windows, layer orders and ModelViews of one model's layers."""
 
-    def __init__(self, matmul: RowwiseMatmul, shape: ModelShape, layers: list[tuple], windows: list[int],
+    def __init__(self, matmul: RowwiseMatmul, shape, layers: list[tuple], windows: list[int],
                  layer_format: str, norm_dtype: torch.dtype, watch: Iterable[tuple[dict, str]]) -> None:
         self.matmul, self.shape, self.format, self.norm_dtype = matmul, shape, layer_format, norm_dtype
         self._table = torch.tensor([[0 if t is None else t.data_ptr() for t in row] for row in layers],
@@ -91,12 +82,13 @@ class FusedWeights:
         self._watched = [(slots, key, slots[key], _address(slots[key])) for slots, key in watch]
 
     @classmethod
-    def build(cls, matmul: RowwiseMatmul, shape: ModelShape, layers: list[tuple], windows: list[int],
+    def build(cls, matmul: RowwiseMatmul, shape, layers: list[tuple], windows: list[int],
               packed_format: str | None = None, watch: Iterable[tuple[dict, str]] = ()) -> "FusedWeights | None":
         """From each layer's tensors in TABLE_KINDS order: float matrices (float32, or 16-bit widened in registers)
         with norms alike, or matrices packed in `packed_format` ("int8", uint8 bytes; "blocks", each a
         BlockMatrix's table entry) with float32 norms;
-        float32 biases; all contiguous. None where they are not (or heads are wider than the kernel rotates).
+        float32 biases; all contiguous. None where they are not (or heads are wider than the kernel rotates). `shape`:
+        the model's shape record (see the module docstring).
         `watch`: (mapping, key) slots, such as a module's _parameters and a name, whose contents replaced() checks."""
         matrix_dtype = torch.uint8 if packed_format else layers[0][1].dtype
         layer_format = packed_format or FLOAT_FORMATS.get(matrix_dtype)
@@ -132,7 +124,7 @@ class FusedWeights:
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         """RMSNorm(x) (T, D) in the same C library, or None where it does not read `weight`'s dtype."""
-        return self.matmul.rms_norm(x, weight, self.shape.eps) if weight.dtype in FLOAT_FORMATS else None
+        return self.matmul.rms_norm(x, weight, self.shape.rms_norm_eps) if weight.dtype in FLOAT_FORMATS else None
 
     def reads(self, ends: ModelEnds) -> bool:
         """Whether a whole pass reads this embedding, final norm and head (else the model runs its parts)."""
@@ -196,8 +188,9 @@ class FusedWeights:
     def _model_view(self, ends: ModelEnds | None = None) -> ModelView:
         """The C side's ModelView: the layers, and the ends of a whole pass when given."""
         shape = self.shape
-        view = ModelView(D=shape.hidden, H=shape.heads, Hkv=shape.kv_heads, Dh=shape.head_dim, I=shape.inner,
-                         eps=shape.eps, scale=shape.head_dim ** -0.5, format=weight_format(self.format),
+        view = ModelView(D=shape.hidden_size, H=shape.num_heads, Hkv=shape.num_kv_heads, Dh=shape.head_dim,
+                         I=shape.intermediate_size, eps=shape.rms_norm_eps, scale=shape.head_dim ** -0.5,
+                         format=weight_format(self.format),
                          weights=self._table.data_ptr(), windows=self._windows.data_ptr())
         if ends is not None:
             embed, norm, head, _ = ends

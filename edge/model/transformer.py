@@ -30,7 +30,7 @@ from edge.model.packed_weights import PackedLinear
 from edge.model.rope import apply_rope, inverse_frequencies
 from kernels.block_formats import BlockMatrix
 from kernels.cpu_matmul import ROWWISE_MAX_ROWS, KernelDraft
-from kernels.fused_model import FeatureRows, FusedWeights, KernelHead, ModelEnds, ModelShape
+from kernels.fused_model import FeatureRows, FusedWeights, KernelHead, ModelEnds
 
 
 FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
@@ -397,14 +397,12 @@ class Transformer(nn.Module):
                    for block in self.layers]
         if None in tensors:
             return None
-        config, last = self.config, self.layers[-1]
-        shape = ModelShape(config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
-                           config.intermediate_size, config.rms_norm_eps)
+        last = self.layers[-1]
         windows = [block.attn.sliding_window or 0 for block in self.layers]
         # replaced when the last layer, or its first matrix, is not the one the pointers were taken from
         slots = last.attn.wqkv._buffers if matrix == "table_entry" else last.attn.wqkv._parameters
         watch = ((self.layers._modules, str(len(self.layers) - 1)), (slots, matrix))
-        return FusedWeights.build(self.rowwise, shape, tensors, windows, self.packed_format, watch)
+        return FusedWeights.build(self.rowwise, self.config.shape(), tensors, windows, self.packed_format, watch)
 
     @property
     def _fused_format(self) -> str | None:

@@ -149,7 +149,7 @@ class FusedWeights:
         """k greedy draft tokens in one C call (RowwiseMatmul.draft_greedy): `tokens` at positions [start, ...)
         through layers `order`, the norm and the head of `ends`, then one drafted token a step; rope: whole cos, sin
         tables from position 0. None where the kernel does not read the ends, or the norm or fc are not stored like
-        the layers' norms (the C draft reads them in the layers' format)."""
+        the layers' norms (the C draft reads the fc in the layers' format)."""
         view = self._view(ends)
         if view is None or ends.norm.dtype != self.norm_dtype or (
                 features is not None and features.fc.dtype != self.norm_dtype):

@@ -20,23 +20,14 @@ import os
 import subprocess
 import threading
 from functools import lru_cache
-from typing import NamedTuple
 
 import torch
 
 from kernels import cpu_paths
+from kernels.records import FLOAT_FORMATS, WEIGHT_FORMATS, DraftRequest, KernelDraft, weight_format
 
 log = logging.getLogger(__name__)
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
-# the C side's WEIGHTS_F32 / BF16 / F16 / I8 / BLOCKS (int8: packed matrices; blocks: a BlockMatrix of llama.cpp's
-# block formats, kernels/block_formats.py, a GGUF file's or edge's int4; float32 norms beside both)
-WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "blocks": 5}
-FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def weight_format(dtype: torch.dtype | str) -> int:
-    """The C side's format number of a float dtype or a packed format name ("int8", "blocks")."""
-    return WEIGHT_FORMATS[dtype if isinstance(dtype, str) else FLOAT_FORMATS[dtype]]
 
 
 class ModelView(ctypes.Structure):
@@ -53,22 +44,13 @@ class ModelView(ctypes.Structure):
 
 class DraftArgs(ctypes.Structure):
     """One greedy draft's rows, layers, rotary tables, length, stop and outputs as draft_greedy_f32 reads them
-    (csrc/layers.c DraftArgs); RowwiseMatmul.draft_greedy fills it."""
+    (csrc/layers.c DraftArgs); filled from a DraftRequest by RowwiseMatmul.draft_greedy."""
 
     _fields_ = [("tokens", ctypes.c_void_p), ("features", ctypes.c_void_p), ("fc", ctypes.c_void_p),
                 ("order", ctypes.c_void_p), ("cos_table", ctypes.c_void_p), ("sin_table", ctypes.c_void_p),
                 ("head_ids", ctypes.c_void_p), ("T0", ctypes.c_int64), ("count", ctypes.c_int64),
                 ("start", ctypes.c_int64), ("k", ctypes.c_int64), ("stop_below", ctypes.c_float),
                 ("out", ctypes.c_void_p), ("runners_up", ctypes.c_void_p), ("probabilities", ctypes.c_void_p)]
-
-
-class KernelDraft(NamedTuple):
-    """What one-call greedy drafting returns: the tokens, and when asked each step's runner-up token and the
-    probabilities [draft token's, runner-up's] (RowwiseMatmul.draft_greedy)."""
-
-    tokens: list[int]
-    runners_up: list[int] | None = None
-    probabilities: list[list[float]] | None = None
 
 
 class HierarchicalPlanes(ctypes.Structure):
@@ -282,29 +264,30 @@ class RowwiseMatmul:
                    scratch.data_ptr(), self.thread_count())
         return hidden, logits
 
-    def draft_greedy(self, model: ModelView, tokens: torch.Tensor, order: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, cache: KernelCache, start: int, k: int, *, features: torch.Tensor | None = None,
-                     fc: torch.Tensor | None = None, head_ids: torch.Tensor | None = None,
-                     stop_below: float | None = None, runners_up: bool = False) -> KernelDraft:
-        """k greedy draft tokens in one C call (draft_greedy_f32): `tokens` (T0,) int64 at positions [start, ...)
-        through layers `order`, the norm and the head (V rows) of `model`, then one token per step; with `features`
-        (T0, D) float32 and the fusion `fc` (D, 2D, in the layers' format) the rows are a feature drafter's. cos/sin
-        are whole rotary tables from position 0; `cache` the drafter's KV cache (KernelCache). `head_ids` (V,) int64:
-        the token id of each head row, for a trimmed head (None: row v is token v). `stop_below`: stop before a token
-        (not the first) whose probability is below it; fewer than k come back. With `runners_up` each step's second
-        most likely token and both tokens' probabilities come back too."""
-        steps, view_ref = tokens.numel(), ctypes.byref(model)
-        scratch = self._scratch(steps, self._draft_scratch(view_ref, steps, start, k, cache.quantized))
+    def draft_greedy(self, view: ModelView, request: DraftRequest, order: torch.Tensor,
+                     rope: tuple[torch.Tensor, torch.Tensor], cache: KernelCache) -> KernelDraft:
+        """`request.k` greedy draft tokens in one C call (draft_greedy_f32): the request's tokens at positions
+        [start, ...) through layers `order` (int64), the norm and the head (V rows) of `view`, then one token per step;
+        with the request's features (T0, D) float32 and their fusion fc (D, 2D, in the layers' format) the rows are a
+        feature drafter's, and with its head's token_ids a trimmed head's rows name their tokens. rope: whole cos, sin
+        tables from position 0; `cache` the drafter's KV cache (KernelCache). The view and its tensors must outlive
+        the call."""
+        steps, k, view_ref = len(request.tokens), request.k, ctypes.byref(view)
+        tokens = torch.tensor(request.tokens, dtype=torch.int64)  # (T0,)
+        scratch = self._scratch(steps, self._draft_scratch(view_ref, steps, request.start, k, cache.quantized))
         out = torch.empty(k, dtype=torch.int64)
-        second = torch.empty(k, dtype=torch.int64) if runners_up else None
-        probabilities = torch.empty(k, 2, dtype=torch.float32) if runners_up else None
+        second = torch.empty(k, dtype=torch.int64) if request.runners_up else None
+        probabilities = torch.empty(k, 2, dtype=torch.float32) if request.runners_up else None
+        features, fc = request.features if request.features is not None else (None, None)
+        head_ids = request.head.token_ids
+        cos, sin = rope
         args = DraftArgs(tokens=tokens.data_ptr(), features=_address(features), fc=_address(fc),
                          order=order.data_ptr(), cos_table=cos.data_ptr(), sin_table=sin.data_ptr(),
-                         head_ids=_address(head_ids), T0=steps, count=order.numel(), start=start, k=k,
-                         stop_below=stop_below or 0.0, out=out.data_ptr(), runners_up=_address(second),
+                         head_ids=_address(head_ids), T0=steps, count=order.numel(), start=request.start, k=k,
+                         stop_below=request.stop_below or 0.0, out=out.data_ptr(), runners_up=_address(second),
                          probabilities=_address(probabilities))
         count = self._draft(view_ref, ctypes.byref(args), *cache.arguments(), scratch.data_ptr(), self.thread_count())
-        if not runners_up:
+        if not request.runners_up:
             return KernelDraft(out[:count].tolist())
         return KernelDraft(out[:count].tolist(), second[:count].tolist(), probabilities[:count].tolist())
 

@@ -6,64 +6,29 @@
     fused.layers(x, order, start, cache, rope)       layers `order` over x (T, D) in place     fused_layers_f32
     fused.reads(ends)                                whether a whole pass reads this embedding, norm and head
     fused.step(ends, tokens, start, cache, rope)     embedding, every layer, norm, head        forward_step_f32
-    fused.draft(ends, tokens, order, start, cache, rope, k)   k greedy draft tokens          draft_greedy_f32
+    fused.draft(ends, request, rope)                 request.k greedy draft tokens            draft_greedy_f32
 
 The model hands over plain tensors: each layer's 12 in the C table's order (TABLE_KINDS), None where one is absent,
-and the embedding, final norm and head of a whole pass (ModelEnds); and its shape record (memory.footprint.ModelShape,
-read by field name: hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, rms_norm_eps). The pointers are
-taken once, so the tensors must stay where they are while the object is used; `replaced()` tells, from the `watch`
-slots, when they moved.
+and the embedding, final norm and head of a whole pass (kernels/records.py ModelEnds); and its shape record
+(memory.footprint.ModelShape, read by field name: hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
+rms_norm_eps). The pointers are taken once, so the tensors must stay where they are while the object is used;
+`replaced()` tells, from the `watch` slots, when they moved.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 import torch
 
-from kernels.cpu_matmul import FLOAT_FORMATS, KernelCache, KernelDraft, ModelView, RowwiseMatmul, weight_format
+from kernels.cpu_matmul import KernelCache, ModelView, RowwiseMatmul
+from kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, ModelEnds, weight_format
 
 # each layer's row of the pointer table (csrc/layers.c layer_team): attn_norm, wqkv, its bias, q_norm, k_norm, wo, its
 # bias, ffn_norm, w_gate_up, its bias, w_down, its bias
 TABLE_KINDS = ("norm", "matrix", "bias", "norm", "norm", "matrix", "bias", "norm", "matrix", "bias", "matrix", "bias")
 MAX_HEAD_DIM = 512  # csrc/layers.c rope_rows rotates a head in a stack buffer of this many floats
 KEPT_VIEWS = 4  # ModelViews kept per FusedWeights: the step's, and a drafter's head or two
-
-
-class KernelHead(NamedTuple):
-    """A head the C calls score rows with: `weight` (rows, D) float, or packed bytes (uint8) in `packed_format`."""
-
-    weight: torch.Tensor
-    rows: int  # tokens it scores
-    token_ids: torch.Tensor | None = None  # (rows,) int64: each row's token (a trimmed head); None: row v is token v
-    packed_format: str | None = None  # "int8" (kernels/cpu_packing.py), "blocks" (a BlockMatrix's table entry)
-
-    @property
-    def format(self) -> str | None:
-        """Its C format name, None where the kernel does not read it."""
-        return self.packed_format or FLOAT_FORMATS.get(self.weight.dtype)
-
-
-class ModelEnds(NamedTuple):
-    """What a whole pass reads beside the layers."""
-
-    embed: torch.Tensor  # (V, D), or a BlockMatrix's table entry (embed_format "blocks")
-    norm: torch.Tensor  # (D,) the final norm's weight
-    head: KernelHead
-    embed_format: str | None = None  # None: the embedding's dtype
-
-    @property
-    def embedding_format(self) -> str | None:
-        """Its C format name, None where the kernel does not read it."""
-        return self.embed_format or FLOAT_FORMATS.get(self.embed.dtype)
-
-
-class FeatureRows(NamedTuple):
-    """A feature drafter's input: each row is fc(cat(feature, embedding)); after the first rows the feature is the
-    previous step's normed output."""
-
-    features: torch.Tensor  # (T0, D) the first rows' features (the target's normed hidden states)
-    fc: torch.Tensor  # (D, 2D) the fusion, stored like the layers' norms
 
 
 class FusedWeights:
@@ -143,22 +108,19 @@ class FusedWeights:
         cos, sin = rope
         return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents)
 
-    def draft(self, ends: ModelEnds, tokens: list[int], order: Iterable[int], start: int, cache: KernelCache,
-              rope: tuple[torch.Tensor, torch.Tensor], k: int, *, features: FeatureRows | None = None,
-              stop_below: float | None = None, runners_up: bool = False) -> KernelDraft | None:
-        """k greedy draft tokens in one C call (RowwiseMatmul.draft_greedy): `tokens` at positions [start, ...)
-        through layers `order`, the norm and the head of `ends`, then one drafted token a step; rope: whole cos, sin
-        tables from position 0. None where the kernel does not read the ends, or the norm or fc are not stored like
-        the layers' norms (the C draft reads the fc in the layers' format)."""
+    def draft(self, ends: ModelEnds, request: DraftRequest,
+              rope: tuple[torch.Tensor, torch.Tensor]) -> KernelDraft | None:
+        """`request.k` greedy draft tokens in one C call (RowwiseMatmul.draft_greedy): the request's tokens through
+        its layers (None: every layer), the norm and the head of `ends`, then one drafted token a step; rope: whole
+        cos, sin tables from position 0. None where the kernel does not read the ends, or the norm or fc are not
+        stored like the layers' norms (the C draft reads the fc in the layers' format)."""
         view = self._view(ends)
+        features = request.features
         if view is None or ends.norm.dtype != self.norm_dtype or (
                 features is not None and features.fc.dtype != self.norm_dtype):
             return None
-        cos, sin = rope
-        first_features, fc = features if features is not None else (None, None)
-        return self.matmul.draft_greedy(view, torch.tensor(tokens, dtype=torch.int64), self._order(order), cos, sin,
-                                        cache, start, k, features=first_features, fc=fc,
-                                        head_ids=ends.head.token_ids, stop_below=stop_below, runners_up=runners_up)
+        order = self._every_layer if request.layers is None else self._order(request.layers)
+        return self.matmul.draft_greedy(view, request, order, rope, request.cache.kernel_cache())
 
     def _order(self, layers: Iterable[int]) -> torch.Tensor:
         """The int64 tensor (n,) of a layer set for the C calls, made once per set (all, or a self-draft's)."""

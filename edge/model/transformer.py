@@ -29,8 +29,9 @@ from edge.model.kv_cache import KVCache, keep_slots
 from edge.model.packed_weights import PackedLinear
 from edge.model.rope import apply_rope, inverse_frequencies
 from kernels.block_formats import BlockMatrix
-from kernels.cpu_matmul import ROWWISE_MAX_ROWS, KernelDraft
-from kernels.fused_model import FeatureRows, FusedWeights, KernelHead, ModelEnds
+from kernels.cpu_matmul import ROWWISE_MAX_ROWS
+from kernels.fused_model import FusedWeights
+from kernels.records import DraftRequest, KernelDraft, KernelHead, ModelEnds
 
 
 FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
@@ -436,28 +437,21 @@ class Transformer(nn.Module):
         weight = self.head_weight if rows is None else self.head_weight[:rows]  # (V', D): leading rows, contiguous
         return KernelHead(weight, weight.shape[0])
 
-    def draft_greedy(self, tokens: list[int], start: int, cache: KVCache, k: int, head: KernelHead, *,
-                     layers: list[int] | None = None, features: FeatureRows | None = None,
-                     stop_below: float | None = None, runners_up: bool = False) -> KernelDraft | None:
-        """k greedy draft tokens in one C call, or None where that path is not available (then the caller drafts
-        step by step). Runs `tokens` at positions [start, start + T) through `layers` (default: all; a subset is a
-        self-draft, which leaves cache.length alone like a partial forward), this model's norm and `head` (see
-        kernel_head()) with argmax; each later step runs the token just drafted. With `features` the rows are
-        fc(cat(feature, embedding)) and the normed output feeds the next step as its feature (a feature drafter).
-        `stop_below` stops before a token (not the first) whose probability is below it, so fewer than k may come
-        back. With every layer it sets cache.length like a full pass over the rows it ran. `runners_up` also returns
-        each step's second most likely token and both tokens' probabilities (what a token tree is built from)."""
-        end = start + len(tokens) + k - 1
-        if not self._can_fuse(1, len(tokens), torch.float32, cache) or end > cache.max_len or start > cache.length:
+    def draft_greedy(self, request: DraftRequest) -> KernelDraft | None:
+        """request.k greedy draft tokens in one C call (kernels/records.py DraftRequest says what it asks: the tokens
+        fed from its start, the layers, the head, a feature drafter's rows, the confidence stop, the runners-up), or
+        None where that path is not available (then the caller drafts step by step). With every layer it sets the
+        cache's length like a full pass over the rows it ran; a subset of layers (a self-draft) leaves it alone."""
+        cache, start, fed, k = request.cache, request.start, len(request.tokens), request.k
+        end = start + fed + k - 1
+        if not self._can_fuse(1, fed, torch.float32, cache) or end > cache.max_len or start > cache.length:
             return None
-        order = range(self.config.num_layers) if layers is None else layers
         rope = self._rope(0, end, torch.float32)  # cos, sin (end, Dh) each, from position 0
-        drafted = self._fused_weights.draft(self._kernel_ends(head), tokens, order, start, cache.kernel_cache(), rope,
-                                            k, features=features, stop_below=stop_below, runners_up=runners_up)
-        if drafted is not None and layers is None:
+        drafted = self._fused_weights.draft(self._kernel_ends(request.head), request, rope)
+        if drafted is not None and request.layers is None:
             # the rows run: the fed tokens, then each drafted token but a full draft's last (a draft that stopped ran
             # its last to score the next)
-            cache.length = start + len(tokens) + min(len(drafted.tokens), k - 1)
+            cache.length = start + fed + min(len(drafted.tokens), k - 1)
         return drafted
 
     def use_rowwise_matmul(self, matmul, max_rows: int = ROWWISE_MAX_ROWS) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from edge.errors import SamplingError
 from edge.model.transformer import Transformer, linear
-from kernels.fused_model import KernelHead
+from kernels.records import KernelHead
 
 
 class TrimmedHead:

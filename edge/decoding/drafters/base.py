@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 import torch
 
 from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, warp
-from kernels.cpu_matmul import KernelDraft
+from kernels.records import DraftRequest, FeatureRows, KernelDraft, KernelHead
 
 
 @dataclass
@@ -46,6 +46,13 @@ class DraftSampler:
     stop_below: float | None = None  # stop drafting when the next token's probability is below this
     vocab_size: int | None = None  # the target's vocabulary size (draft probabilities are over it)
     runners_up: bool = False  # also report each step's second choice (a token tree may verify it too)
+
+    def request(self, tokens: list[int], start: int, cache, k: int, head: KernelHead, *,
+                layers: list[int] | None = None, features: FeatureRows | None = None) -> DraftRequest:
+        """A one-call greedy draft of k tokens (kernels/records.py DraftRequest) with this sampler's confidence stop and
+        runners-up."""
+        return DraftRequest(tokens, start, cache, k, head, layers=layers, features=features,
+                            stop_below=self.stop_below, runners_up=self.runners_up)
 
     @property
     def plain_greedy(self) -> bool:

@@ -69,9 +69,8 @@ class DraftModelDrafter:
         self.cache.rollback(min(reuse, self.cache.length))
         drafted = None
         if sampler.plain_greedy and isinstance(self.model, Transformer):  # all k in one C call, over its own head
-            drafted = self.model.draft_greedy(window[reuse:], reuse, self.cache, k,
-                                              draft_head(self.model, self.head, sampler.vocab_size),
-                                              stop_below=sampler.stop_below, runners_up=sampler.runners_up)
+            drafted = self.model.draft_greedy(sampler.request(window[reuse:], reuse, self.cache, k,
+                                                              draft_head(self.model, self.head, sampler.vocab_size)))
         draft = (Draft.from_kernel(drafted) if drafted is not None
                  else draft_autoregressively(self._step, window, window[reuse:], reuse, k, sampler))
         self._cached = window + draft.tokens[:-1]

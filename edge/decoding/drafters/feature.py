@@ -25,7 +25,7 @@ from edge.errors import CheckpointError, SamplingError
 from edge.model.kv_cache import common_prefix
 from edge.sources.loading import load_hf_tensors, load_model
 from edge.model.transformer import Linear, Transformer
-from kernels.fused_model import FeatureRows
+from kernels.records import FeatureRows
 
 
 class FeatureDrafter:
@@ -88,9 +88,8 @@ class FeatureDrafter:
         drafted = None
         if sampler.plain_greedy:  # all k in one C call: its layer over the target's features, the target's head
             features = FeatureRows(self.target.features[reuse:last], self.fc.weight)  # (T, D), (D, 2D)
-            drafted = self.layer.draft_greedy(tokens[reuse + 1:], reuse, self.cache, k,
-                                              draft_head(self.target, self.head), features=features,
-                                              stop_below=sampler.stop_below, runners_up=sampler.runners_up)
+            drafted = self.layer.draft_greedy(sampler.request(tokens[reuse + 1:], reuse, self.cache, k,
+                                                              draft_head(self.target, self.head), features=features))
         if drafted is not None:
             draft = Draft.from_kernel(drafted)
         else:

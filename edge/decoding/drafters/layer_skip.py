@@ -69,10 +69,9 @@ class LayerSkipDrafter:
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
         start = len(tokens) - 1  # the target's cache holds everything before the last token
         if sampler.plain_greedy:  # all k drafts in one C call where the kernel runs: its layers, the shared head
-            drafted = self.model.draft_greedy([tokens[-1]], start, self.cache, k,
-                                              draft_head(self.model, self.head, sampler.vocab_size),
-                                              layers=self.layers, stop_below=sampler.stop_below,
-                                              runners_up=sampler.runners_up)
+            head = draft_head(self.model, self.head, sampler.vocab_size)
+            drafted = self.model.draft_greedy(sampler.request([tokens[-1]], start, self.cache, k, head,
+                                                              layers=self.layers))
             if drafted is not None:
                 return Draft.from_kernel(drafted)
         return draft_autoregressively(self._step, tokens, [tokens[-1]], start, k, sampler)

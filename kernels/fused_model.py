@@ -1,6 +1,6 @@
-"""A model's weights as edge's fused C calls read them (csrc/layers.c), behind one object the model asks.
+"""A model's weights as edge's fused C calls read them (csrc/layers.c), behind one object the kernel runner asks.
 
-    fused = FusedWeights.build(matmul, shape, layers, windows)   # None: some tensor is in a form the kernel lacks
+    fused = FusedWeights.build(matmul, shape, table)  # None: some tensor is in a form the kernel lacks
     fused.replaced()                                 a watched weight was replaced since: build again
     fused.fuses(rows, max_rows)                      whether a pass of `rows` rows runs its layers here
     fused.layers(x, order, start, cache, rope)       layers `order` over x (T, D) in place     fused_layers_f32
@@ -8,16 +8,16 @@
     fused.step(ends, tokens, start, cache, rope)     embedding, every layer, norm, head        forward_step_f32
     fused.draft(ends, request, rope)                 request.k greedy draft tokens            draft_greedy_f32
 
-The model hands over plain tensors: each layer's 12 in the C table's order (TABLE_KINDS), None where one is absent,
-and the embedding, final norm and head of a whole pass (kernels/records.py ModelEnds); and its shape record
+The model hands over plain tensors (a LayerTable: each layer's 12 in the C table's order, TABLE_KINDS, None where one
+is absent; and the embedding, final norm and head of a whole pass, kernels/records.py ModelEnds) and its shape record
 (memory.footprint.ModelShape, read by field name: hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
 rms_norm_eps). The pointers are taken once, so the tensors must stay where they are while the object is used;
-`replaced()` tells, from the `watch` slots, when they moved.
+`replaced()` tells, from the table's `watch` slots, when they moved.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import torch
 
@@ -31,30 +31,37 @@ MAX_HEAD_DIM = 512  # csrc/layers.c rope_rows rotates a head in a stack buffer o
 KEPT_VIEWS = 4  # ModelViews kept per FusedWeights: the step's, and a drafter's head or two
 
 
+class LayerTable(NamedTuple):
+    """A model's decoder layers as the fused calls take them."""
+
+    tensors: list[tuple]  # per layer, its 12 tensors in TABLE_KINDS order (None where one is absent)
+    windows: list[int]  # per layer, its sliding window (0: none)
+    packed_format: str | None  # the matrices' packed format ("int8", "blocks"), None for float ones
+    watch: Iterable[tuple[dict, str]] = ()  # (mapping, key) slots whose contents replaced() checks
+
+
 class FusedWeights:
     """The (L, 12) pointer table, sliding windows, layer orders and ModelViews of one model's layers."""
 
-    def __init__(self, matmul: RowwiseMatmul, shape, layers: list[tuple], windows: list[int],
-                 layer_format: str, norm_dtype: torch.dtype, watch: Iterable[tuple[dict, str]]) -> None:
+    def __init__(self, matmul: RowwiseMatmul, shape, table: LayerTable, layer_format: str,
+                 norm_dtype: torch.dtype) -> None:
         self.matmul, self.shape, self.format, self.norm_dtype = matmul, shape, layer_format, norm_dtype
-        self._table = torch.tensor([[0 if t is None else t.data_ptr() for t in row] for row in layers],
+        self._table = torch.tensor([[0 if t is None else t.data_ptr() for t in row] for row in table.tensors],
                                    dtype=torch.int64)  # (L, 12)
-        self._windows = torch.tensor(windows, dtype=torch.int64)  # (L,) 0: none
+        self._windows = torch.tensor(table.windows, dtype=torch.int64)  # (L,) 0: none
         self._orders: dict[tuple[int, ...], torch.Tensor] = {}
-        self._every_layer = self._order(range(len(layers)))  # (L,)
+        self._every_layer = self._order(range(len(table.tensors)))  # (L,)
         self._layers_view = self._model_view()
         self._views: dict[tuple, tuple[ModelView, ModelEnds]] = {}  # the ends stay alive as long as their view
-        self._watched = [(slots, key, slots[key], _address(slots[key])) for slots, key in watch]
+        self._watched = [(slots, key, slots[key], _address(slots[key])) for slots, key in table.watch]
 
     @classmethod
-    def build(cls, matmul: RowwiseMatmul, shape, layers: list[tuple], windows: list[int],
-              packed_format: str | None = None, watch: Iterable[tuple[dict, str]] = ()) -> "FusedWeights | None":
+    def build(cls, matmul: RowwiseMatmul, shape, table: LayerTable) -> "FusedWeights | None":
         """From each layer's tensors in TABLE_KINDS order: float matrices (float32, or 16-bit widened in registers)
-        with norms alike, or matrices packed in `packed_format` ("int8", uint8 bytes; "blocks", each a
-        BlockMatrix's table entry) with float32 norms;
-        float32 biases; all contiguous. None where they are not (or heads are wider than the kernel rotates). `shape`:
-        the model's shape record (see the module docstring).
-        `watch`: (mapping, key) slots, such as a module's _parameters and a name, whose contents replaced() checks."""
+        with norms alike, or matrices packed in the table's packed_format ("int8", uint8 bytes; "blocks", each a
+        BlockMatrix's table entry) with float32 norms; float32 biases; all contiguous. None where they are not (or
+        heads are wider than the kernel rotates). `shape`: the model's shape record (see the module docstring)."""
+        packed_format, layers = table.packed_format, table.tensors
         matrix_dtype = torch.uint8 if packed_format else layers[0][1].dtype
         layer_format = packed_format or FLOAT_FORMATS.get(matrix_dtype)
         if layer_format is None or shape.head_dim > MAX_HEAD_DIM:
@@ -64,7 +71,7 @@ class FusedWeights:
         if any(t is not None and (t.dtype != expected[kind] or not t.is_contiguous())
                for row in layers for t, kind in zip(row, TABLE_KINDS)):
             return None
-        return cls(matmul, shape, layers, windows, layer_format, norm_dtype, watch)
+        return cls(matmul, shape, table, layer_format, norm_dtype)
 
     def replaced(self) -> bool:
         """Whether a watched slot now holds another object, or a tensor at another address (a replaced module,

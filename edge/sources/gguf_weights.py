@@ -29,6 +29,7 @@ from torch import nn
 from edge.model.block_weights import BlockEmbedding, BlockLinear
 from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, UnsupportedModelError
+from edge.model.kernel_glue import use_kernel
 from edge.model.transformer import Transformer
 from edge.model.rope import inverse_frequencies
 from kernels.block_formats import FORMATS as BLOCK_FORMATS
@@ -228,12 +229,13 @@ def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) ->
             block.attn.k_norm.weight = vector(attn + "k_norm.weight")
         qkv = [attn + f"{p}_proj" for p in "qkv"]
         block.attn.wqkv = BlockLinear(matrix([n + ".weight" for n in qkv]), biases([n + ".bias" for n in qkv]),
-                                      rowwise)
-        block.attn.wo = BlockLinear(matrix([attn + "o_proj.weight"]), biases([attn + "o_proj.bias"]), rowwise)
+                                      model.runner)
+        block.attn.wo = BlockLinear(matrix([attn + "o_proj.weight"]), biases([attn + "o_proj.bias"]), model.runner)
         gate_up = [mlp + "gate_proj", mlp + "up_proj"]
         block.ffn.w_gate_up = BlockLinear(matrix([n + ".weight" for n in gate_up]),
-                                          biases([n + ".bias" for n in gate_up]), rowwise)
-        block.ffn.w_down = BlockLinear(matrix([mlp + "down_proj.weight"]), biases([mlp + "down_proj.bias"]), rowwise)
+                                          biases([n + ".bias" for n in gate_up]), model.runner)
+        block.ffn.w_down = BlockLinear(matrix([mlp + "down_proj.weight"]), biases([mlp + "down_proj.bias"]),
+                                       model.runner)
     model.norm.weight = vector("model.norm.weight")
     embedding = entries["model.embed_tokens.weight"]
     if block_format(embedding["type"]):
@@ -246,14 +248,13 @@ def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) ->
     if head is None:  # tied: the embedding's matrix scores the rows
         model.packed_head = model.embed.matrix if isinstance(model.embed, BlockEmbedding) else None
     elif block_format(head["type"]):
-        model.lm_head = BlockLinear(matrix(["lm_head.weight"]), None, rowwise)
+        model.lm_head = BlockLinear(matrix(["lm_head.weight"]), None, model.runner)
         model.packed_head = model.lm_head.matrix
     else:
         weight = file.floats(head).clone()
         file.release(head)
         model.lm_head.weight = nn.Parameter(weight, requires_grad=False)
-    model.packed_format = "blocks"
     model.compute_dtype = torch.float32
     model.inv_freq = inverse_frequencies(config)  # the meta-device buffer held no data
-    model.use_rowwise_matmul(rowwise)
+    use_kernel(model, rowwise)
     return model.eval().requires_grad_(False)

@@ -29,7 +29,8 @@ class Draft:
 
     @classmethod
     def from_kernel(cls, drafted: KernelDraft) -> "Draft":
-        """From one-call greedy drafting (Transformer.draft_greedy), runners-up included when they were asked for."""
+        """From one-call greedy drafting (edge.model.kernel_glue.draft_greedy), runners-up included when they were
+        asked for."""
         if drafted.runners_up is None:
             return cls(tokens=drafted.tokens)
         return cls(tokens=drafted.tokens, confidences=[first for first, _ in drafted.probabilities],
@@ -57,7 +58,7 @@ class DraftSampler:
     @property
     def plain_greedy(self) -> bool:
         """Whether picking is a bare argmax (greedy, no repetition penalty): what a drafter's one-call greedy path
-        (Transformer.draft_greedy) computes, confidence stop (`stop_below`) included."""
+        (edge.model.kernel_glue.draft_greedy) computes, confidence stop (`stop_below`) included."""
         return self.params.greedy and self.params.repetition_penalty == 1.0
 
     def pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None, float]:

@@ -5,8 +5,8 @@
                                                       (any number with 16-bit weights), torch otherwise
     runner.attention(q, keys, values, start, window)  the kernel's attention for a short pass, else None (SDPA)
     runner.fuses(model, rows, dtype, cache)           whether a pass runs its layers in fused C calls
-    runner.layers(model, x, order, start, cache, rope)      those layers, in chunks of rows
-    runner.step(model, tokens, start, cache, parents)       embedding to logits in one C call (a token tree too)
+    runner.layers(x, order, start, cache, rope)       those layers, in chunks of rows
+    runner.step(model, tokens, start, cache, parents) embedding to logits in one C call (a token tree too)
     runner.draft(model, request)                      k greedy draft tokens in one C call (records.DraftRequest)
 
 A runner belongs to one model: the model's projections are made bound to it (edge/model/linears.py), so `use()` and
@@ -14,12 +14,12 @@ A runner belongs to one model: the model's projections are made bound to it (edg
 imports nothing from edge): a pass hands it `model`, anything with these plain-data members (edge/model/kernel_glue.py
 ModelTensors reads them off a Transformer):
 
-    model.shape          the shape record: hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
-                         rms_norm_eps (memory.footprint.ModelShape)
-    model.dtype          the dtype of activations and of the KV cache
-    model.layer_table()  the decoder layers' tensors (fused_model.LayerTable), or None where one is not readable
-    model.ends(head)     the embedding, final norm and `head` (None: its own), records.ModelEnds
-    model.rope(end)      cos, sin (end, Dh) float32 of positions [0, end)
+    model.shape             the shape record: hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
+                            rms_norm_eps (memory.footprint.ModelShape)
+    model.dtype             the dtype of activations and of the KV cache
+    model.layer_table()     the decoder layers' tensors (fused_model.LayerTable), or None where one is not readable
+    model.ends(head)        the embedding, final norm and `head` (None: its own), records.ModelEnds
+    model.rope(start, end)  cos, sin (T, Dh) float32 of positions [start, end)
 
 and a cache is anything with `length`, `max_len` and `kernel_cache()` (a KernelCache, or None where the fused calls
 cannot read it).
@@ -161,8 +161,7 @@ class KernelRunner:
                 and self.fuses(model, steps, model.dtype, cache, batch)):
             return None
         if parents is None:
-            cos, sin = model.rope(end)
-            rope, tree = (cos[start:end], sin[start:end]), None
+            rope, tree = model.rope(start, end), None
         else:
             rope, tree = _tree_rope(model, start, parents), torch.tensor(parents, dtype=torch.int64)  # (T,)
         return self._fused.step(model.ends(), tokens[0], start, cache.kernel_cache(), rope, tree)
@@ -181,7 +180,7 @@ class KernelRunner:
         end = start + fed + k - 1
         if not self.fuses(model, fed, torch.float32, cache) or end > cache.max_len or start > cache.length:
             return None
-        drafted = self._fused.draft(model.ends(request.head), request, model.rope(end))
+        drafted = self._fused.draft(model.ends(request.head), request, model.rope(0, end))
         if drafted is not None and request.layers is None:
             # the rows run: the fed tokens, then each drafted token but a full draft's last (a draft that stopped ran
             # its last to score the next)
@@ -200,6 +199,6 @@ def _tree_rope(model, start: int, parents: list[int]) -> tuple[torch.Tensor, tor
     depths: list[int] = []
     for parent in parents:
         depths.append(depths[parent] + 1 if parent >= 0 else 0)
-    cos, sin = model.rope(start + max(depths) + 1)  # (S, Dh) each
+    cos, sin = model.rope(0, start + max(depths) + 1)  # (S, Dh) each
     rows = torch.tensor(depths) + start  # (T,) each row's position
     return cos[rows], sin[rows]  # (T, Dh) each

@@ -40,8 +40,8 @@ class ModelTensors:
     def dtype(self) -> torch.dtype:
         return self.model.dtype
 
-    def rope(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.rope(0, end, torch.float32)  # cos, sin (end, Dh) each
+    def rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.rope(start, end, torch.float32)  # cos, sin (T, Dh) each
 
     def ends(self, head: KernelHead | None = None) -> ModelEnds:
         """The embedding, final norm and `head` (default: the model's) as a whole pass in one C call reads them."""

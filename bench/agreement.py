@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             top1.append((teacher == student).float().mean().item())
         print(f"| {fmt} | {same} of {len(prompts)} | {100 * statistics.mean(leading):.0f}% | "
               f"{100 * statistics.mean(top1):.1f}% |")
-    kernel = reference.model.rowwise.path if reference.model.rowwise is not None else "none (torch)"
+    matmul = reference.model.runner.matmul
+    kernel = matmul.path if matmul is not None else "none (torch)"
     stored = str(reference.model.layers[0].attn.wqkv.weight.dtype).removeprefix("torch.")
     print(f"\n{len(prompts)} prompts, up to {args.max_new_tokens} new tokens each, greedy; float: the checkpoint as "
           f"stored ({stored}); CPU kernel path: {kernel}")

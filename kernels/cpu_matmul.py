@@ -20,29 +20,20 @@ import os
 import subprocess
 import threading
 from functools import lru_cache
-from typing import NamedTuple
 
 import torch
 
 from kernels import cpu_paths
+from kernels.records import FLOAT_FORMATS, WEIGHT_FORMATS, DraftRequest, KernelDraft, weight_format
 
 log = logging.getLogger(__name__)
 ROWWISE_MAX_ROWS = 16  # decode steps and verify passes (k + 1 <= 13 by default) use the batch-invariant matmul
-# the C side's WEIGHTS_F32 / BF16 / F16 / I8 / BLOCKS (int8: packed matrices; blocks: a BlockMatrix of llama.cpp's
-# block formats, kernels/block_formats.py, a GGUF file's or edge's int4; float32 norms beside both)
-WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "blocks": 5}
-FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def weight_format(dtype: torch.dtype | str) -> int:
-    """The C side's format number of a float dtype or a packed format name ("int8", "blocks")."""
-    return WEIGHT_FORMATS[dtype if isinstance(dtype, str) else FLOAT_FORMATS[dtype]]
 
 
 class ModelView(ctypes.Structure):
-    """A model as the C calls read it beside its rows and cache (csrc/layers.c ModelView): forward_step_f32 takes it
-    whole, fused_layers_f32 and draft_greedy_f32 its fields one by one. The tensors behind the pointers must outlive
-    every call that is given it (kernels/fused_model.py keeps them)."""
+    """A model as the C calls read it beside its rows and cache (csrc/layers.c ModelView): every fused entry point
+    takes it. The tensors behind the pointers must outlive every call that is given it (kernels/fused_model.py keeps
+    them)."""
 
     _fields_ = [("D", ctypes.c_int64), ("H", ctypes.c_int64), ("Hkv", ctypes.c_int64), ("Dh", ctypes.c_int64),
                 ("I", ctypes.c_int64), ("V", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
@@ -51,13 +42,15 @@ class ModelView(ctypes.Structure):
                 ("embed", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("head", ctypes.c_void_p)]
 
 
-class KernelDraft(NamedTuple):
-    """What one-call greedy drafting returns: the tokens, and when asked each step's runner-up token and the
-    probabilities [draft token's, runner-up's] (RowwiseMatmul.draft_greedy)."""
+class DraftArgs(ctypes.Structure):
+    """One greedy draft's rows, layers, rotary tables, length, stop and outputs as draft_greedy_f32 reads them
+    (csrc/layers.c DraftArgs); filled from a DraftRequest by RowwiseMatmul.draft_greedy."""
 
-    tokens: list[int]
-    runners_up: list[int] | None = None
-    probabilities: list[list[float]] | None = None
+    _fields_ = [("tokens", ctypes.c_void_p), ("features", ctypes.c_void_p), ("fc", ctypes.c_void_p),
+                ("order", ctypes.c_void_p), ("cos_table", ctypes.c_void_p), ("sin_table", ctypes.c_void_p),
+                ("head_ids", ctypes.c_void_p), ("T0", ctypes.c_int64), ("count", ctypes.c_int64),
+                ("start", ctypes.c_int64), ("k", ctypes.c_int64), ("stop_below", ctypes.c_float),
+                ("out", ctypes.c_void_p), ("runners_up", ctypes.c_void_p), ("probabilities", ctypes.c_void_p)]
 
 
 class HierarchicalPlanes(ctypes.Structure):
@@ -89,9 +82,10 @@ class KernelCache:
             return None, None, ctypes.byref(self.hierarchical), self.max_len, 0
         return self.keys.data_ptr(), self.values.data_ptr(), None, self.max_len, self.keys.stride(0)
 
-    def dequantized_floats(self, kv_heads: int, head_dim: int, span: int) -> int:
-        """Scratch floats a call over `span` positions needs for the dequantized rows (0 for a float32 cache)."""
-        return 0 if self.hierarchical is None else 2 * kv_heads * head_dim * span
+    @property
+    def quantized(self) -> int:
+        """1 for a hierarchical cache (a call dequantizes its rows into scratch), 0 for float32: the C side's flag."""
+        return int(self.hierarchical is not None)
 
 
 class RowwiseMatmul:
@@ -108,24 +102,28 @@ class RowwiseMatmul:
         self._attention = library.rowwise_attention_f32
         self._attention.argtypes = [pointer] * 5 + [size] * 7 + [ctypes.c_float, ctypes.c_int]
         self._attention.restype = None
+        view, cache = ctypes.POINTER(ModelView), [pointer, pointer, pointer, size, size]  # keys .. layer_stride
         self._layers = library.fused_layers_f32
-        self._layers.argtypes = ([pointer, size, size, size, size, size, size, pointer, size, pointer, pointer,
-                                  pointer, pointer, pointer, pointer, pointer, size, size, size, ctypes.c_float,
-                                  ctypes.c_float, pointer, ctypes.c_int, ctypes.c_int])
+        self._layers.argtypes = [view, pointer, size, size, pointer, size, pointer, pointer, *cache, pointer,
+                                 ctypes.c_int]
         self._layers.restype = None
         self._norm = library.rms_norm_f32
         self._norm.argtypes = [pointer, pointer, pointer, size, size, ctypes.c_float, ctypes.c_int]
         self._norm.restype = None
         self._draft = library.draft_greedy_f32
-        self._draft.argtypes = ([pointer, pointer] + [size] * 6 + [pointer, size, pointer, pointer, pointer, pointer,
-                                pointer, pointer, pointer, size, size, size, ctypes.c_float, ctypes.c_float, pointer,
-                                pointer, ctypes.c_int, pointer, pointer, pointer, size, ctypes.c_int, ctypes.c_int, size,
-                                ctypes.c_float, pointer, pointer, pointer, pointer, ctypes.c_int])
+        self._draft.argtypes = [view, ctypes.POINTER(DraftArgs), *cache, pointer, ctypes.c_int]
         self._draft.restype = ctypes.c_int64
         self._step = library.forward_step_f32
-        self._step.argtypes = [ctypes.POINTER(ModelView), pointer, size, size, pointer, size, pointer, pointer, pointer,
-                               pointer, pointer, size, size, pointer, pointer, pointer, pointer, ctypes.c_int]
+        self._step.argtypes = [view, pointer, size, size, pointer, size, pointer, pointer, *cache, pointer, pointer,
+                               pointer, pointer, ctypes.c_int]
         self._step.restype = None
+        # each fused entry point's scratch floats, from the C side that carves it (csrc/layers.c *_scratch)
+        self._layers_scratch = library.fused_layers_scratch
+        self._step_scratch = library.forward_step_scratch
+        self._draft_scratch = library.draft_greedy_scratch
+        for function in (self._layers_scratch, self._step_scratch):
+            function.argtypes, function.restype = [view, size, size, ctypes.c_int], size
+        self._draft_scratch.argtypes, self._draft_scratch.restype = [view, size, size, size, ctypes.c_int], size
         self._store_hierarchical = library.hierarchical_store
         self._store_hierarchical.argtypes = [ctypes.POINTER(HierarchicalCache), size, pointer, pointer] + [size] * 6
         self._store_hierarchical.restype = None
@@ -238,19 +236,15 @@ class RowwiseMatmul:
                    weight_format(weight.dtype))
         return out
 
-    def layers(self, x: torch.Tensor, model: ModelView, order: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def layers(self, x: torch.Tensor, view: ModelView, order: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                cache: KernelCache, start: int) -> None:
-        """Layers `order` (int64) of `model` over x (T, D) in place, in one C call (fused_layers_f32): the view's
+        """Layers `order` (int64) of `view` over x (T, D) in place, in one C call (fused_layers_f32): the view's
         weights table (L, 12) of the layers' pointers, windows and format (its embedding, norm and head are unused);
         cos/sin (T, Dh) the rows' rotary tables, `cache` the whole KV cache (KernelCache)."""
-        steps = x.shape[0]
-        q_size, kv_size = model.H * model.Dh, model.Hkv * model.Dh
-        scratch = self._scratch(steps, steps * (model.D + 2 * q_size + q_size + 2 * kv_size + 2 * model.I)
-                                + model.H * steps * (start + steps)
-                                + cache.dequantized_floats(model.Hkv, model.Dh, start + steps))
-        self._layers(x.data_ptr(), steps, model.D, model.H, model.Hkv, model.Dh, model.I, order.data_ptr(),
-                     order.numel(), model.weights, model.windows, cos.data_ptr(), sin.data_ptr(), *cache.arguments(),
-                     start, model.eps, model.scale, scratch.data_ptr(), model.format, self.thread_count())
+        steps, view_ref = x.shape[0], ctypes.byref(view)
+        scratch = self._scratch(steps, self._layers_scratch(view_ref, steps, start, cache.quantized))
+        self._layers(view_ref, x.data_ptr(), steps, start, order.data_ptr(), order.numel(), cos.data_ptr(),
+                     sin.data_ptr(), *cache.arguments(), scratch.data_ptr(), self.thread_count())
 
     def forward_step(self, view: ModelView, tokens: torch.Tensor, start: int, order: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, cache: KernelCache,
@@ -260,47 +254,40 @@ class RowwiseMatmul:
         logits (T, V)) float32. cos/sin (T, Dh) are the rows' rotary tables, `cache` the whole KV cache (KernelCache);
         the view (ModelView) and its tensors must outlive the call. `parents` (T,) int64 makes the rows a token tree
         (row t continues row parents[t], -1 the cache; cos/sin then hold each row's depth position)."""
-        steps = tokens.numel()
-        q_size, kv_size = view.H * view.Dh, view.Hkv * view.Dh
-        scratch = self._scratch(steps, steps * (2 * view.D + 2 * q_size + q_size + 2 * kv_size + 2 * view.I)
-                                + view.H * steps * (start + steps)
-                                + cache.dequantized_floats(view.Hkv, view.Dh, start + steps))
+        steps, view_ref = tokens.numel(), ctypes.byref(view)
+        scratch = self._scratch(steps, self._step_scratch(view_ref, steps, start, cache.quantized))
         hidden = torch.empty(steps, view.D, dtype=torch.float32)  # (T, D)
         logits = torch.empty(steps, view.V, dtype=torch.float32)  # (T, V)
-        self._step(ctypes.byref(view), tokens.data_ptr(), steps, start, order.data_ptr(), order.numel(),
+        self._step(view_ref, tokens.data_ptr(), steps, start, order.data_ptr(), order.numel(),
                    cos.data_ptr(), sin.data_ptr(), *cache.arguments(),
                    parents.data_ptr() if parents is not None else None, hidden.data_ptr(), logits.data_ptr(),
                    scratch.data_ptr(), self.thread_count())
         return hidden, logits
 
-    def draft_greedy(self, model: ModelView, tokens: torch.Tensor, order: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, cache: KernelCache, start: int, k: int, *, features: torch.Tensor | None = None,
-                     fc: torch.Tensor | None = None, head_ids: torch.Tensor | None = None,
-                     stop_below: float | None = None, runners_up: bool = False) -> KernelDraft:
-        """k greedy draft tokens in one C call (draft_greedy_f32): `tokens` (T0,) int64 at positions [start, ...)
-        through layers `order`, the norm and the head (V rows) of `model` (its norm read in the layers' format), then
-        one token per step; with `features` (T0, D) float32 and the fusion `fc` (D, 2D, in the layers' format) the rows
-        are a feature drafter's. cos/sin are whole rotary tables from position 0; `cache` the drafter's KV cache
-        (KernelCache). `head_ids` (V,) int64: the token id of each head row, for a trimmed head (None: row v is
-        token v). `stop_below`: stop before a token (not the first) whose probability is below it; fewer than k come
-        back. With `runners_up` each step's second most likely token and both tokens' probabilities come back too."""
-        steps = tokens.numel()
-        q_size, kv_size = model.H * model.Dh, model.Hkv * model.Dh
-        scratch = self._scratch(steps, steps * (4 * model.D + 3 * q_size + 2 * kv_size + 2 * model.I)
-                                + model.H * steps * (start + steps + k) + model.D + model.V
-                                + cache.dequantized_floats(model.Hkv, model.Dh, start + steps + k))
+    def draft_greedy(self, view: ModelView, request: DraftRequest, order: torch.Tensor,
+                     rope: tuple[torch.Tensor, torch.Tensor], cache: KernelCache) -> KernelDraft:
+        """`request.k` greedy draft tokens in one C call (draft_greedy_f32): the request's tokens at positions
+        [start, ...) through layers `order` (int64), the norm and the head (V rows) of `view`, then one token per step;
+        with the request's features (T0, D) float32 and their fusion fc (D, 2D, in the layers' format) the rows are a
+        feature drafter's, and with its head's token_ids a trimmed head's rows name their tokens. rope: whole cos, sin
+        tables from position 0; `cache` the drafter's KV cache (KernelCache). The view and its tensors must outlive
+        the call."""
+        steps, k, view_ref = len(request.tokens), request.k, ctypes.byref(view)
+        tokens = torch.tensor(request.tokens, dtype=torch.int64)  # (T0,)
+        scratch = self._scratch(steps, self._draft_scratch(view_ref, steps, request.start, k, cache.quantized))
         out = torch.empty(k, dtype=torch.int64)
-        second = torch.empty(k, dtype=torch.int64) if runners_up else None
-        probabilities = torch.empty(k, 2, dtype=torch.float32) if runners_up else None
-        count = self._draft(
-            tokens.data_ptr(), features.data_ptr() if features is not None else None, steps, model.D, model.H,
-            model.Hkv, model.Dh, model.I, order.data_ptr(), order.numel(), model.weights, model.windows,
-            cos.data_ptr(), sin.data_ptr(), *cache.arguments(), start, model.eps, model.scale, model.norm,
-            fc.data_ptr() if fc is not None else None, model.format, model.embed, model.head,
-            head_ids.data_ptr() if head_ids is not None else None, model.V, model.head_format, model.embed_format, k,
-            stop_below or 0.0, out.data_ptr(), second.data_ptr() if runners_up else None,
-            probabilities.data_ptr() if runners_up else None, scratch.data_ptr(), self.thread_count())
-        if not runners_up:
+        second = torch.empty(k, dtype=torch.int64) if request.runners_up else None
+        probabilities = torch.empty(k, 2, dtype=torch.float32) if request.runners_up else None
+        features, fc = request.features if request.features is not None else (None, None)
+        head_ids = request.head.token_ids
+        cos, sin = rope
+        args = DraftArgs(tokens=tokens.data_ptr(), features=_address(features), fc=_address(fc),
+                         order=order.data_ptr(), cos_table=cos.data_ptr(), sin_table=sin.data_ptr(),
+                         head_ids=_address(head_ids), T0=steps, count=order.numel(), start=request.start, k=k,
+                         stop_below=request.stop_below or 0.0, out=out.data_ptr(), runners_up=_address(second),
+                         probabilities=_address(probabilities))
+        count = self._draft(view_ref, ctypes.byref(args), *cache.arguments(), scratch.data_ptr(), self.thread_count())
+        if not request.runners_up:
             return KernelDraft(out[:count].tolist())
         return KernelDraft(out[:count].tolist(), second[:count].tolist(), probabilities[:count].tolist())
 
@@ -329,3 +316,8 @@ class RowwiseMatmul:
                 self._bandwidth(data.data_ptr(), data.numel(), self.thread_count(), streams)
                 best = min(best, time.perf_counter() - started)
         return data.nbytes / best / 1e9
+
+
+def _address(tensor: torch.Tensor | None) -> int | None:
+    """A tensor's address for a C pointer field, None (NULL) for no tensor."""
+    return tensor.data_ptr() if tensor is not None else None

@@ -1,16 +1,18 @@
-"""A model's weights as edge's fused C calls read them (csrc/layers.c), behind one object the model asks.
+"""A model's weights as edge's fused C calls read them (csrc/layers.c), behind one object the kernel runner asks.
 
-    fused = FusedWeights.build(matmul, shape, layers, windows)   # None: some tensor is in a form the kernel lacks
+    fused = FusedWeights.build(matmul, shape, table)  # None: some tensor is in a form the kernel lacks
     fused.replaced()                                 a watched weight was replaced since: build again
     fused.fuses(rows, max_rows)                      whether a pass of `rows` rows runs its layers here
     fused.layers(x, order, start, cache, rope)       layers `order` over x (T, D) in place     fused_layers_f32
     fused.reads(ends)                                whether a whole pass reads this embedding, norm and head
     fused.step(ends, tokens, start, cache, rope)     embedding, every layer, norm, head        forward_step_f32
-    fused.draft(ends, tokens, order, start, cache, rope, k)   k greedy draft tokens          draft_greedy_f32
+    fused.draft(ends, request, rope)                 request.k greedy draft tokens            draft_greedy_f32
 
-The model hands over plain tensors: each layer's 12 in the C table's order (TABLE_KINDS), None where one is absent,
-and the embedding, final norm and head of a whole pass (ModelEnds). The pointers are taken once, so the tensors must
-stay where they are while the object is used; `replaced()` tells, from the `watch` slots, when they moved.
+The model hands over plain tensors (a LayerTable: each layer's 12 in the C table's order, TABLE_KINDS, None where one
+is absent; and the embedding, final norm and head of a whole pass, kernels/records.py ModelEnds) and its shape record
+(memory.footprint.ModelShape, read by field name: hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
+rms_norm_eps). The pointers are taken once, so the tensors must stay where they are while the object is used;
+`replaced()` tells, from the table's `watch` slots, when they moved.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Iterable, NamedTuple
 
 import torch
 
-from kernels.cpu_matmul import FLOAT_FORMATS, KernelCache, KernelDraft, ModelView, RowwiseMatmul, weight_format
+from kernels.cpu_matmul import KernelCache, ModelView, RowwiseMatmul
+from kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, ModelEnds, weight_format
 
 # each layer's row of the pointer table (csrc/layers.c layer_team): attn_norm, wqkv, its bias, q_norm, k_norm, wo, its
 # bias, ffn_norm, w_gate_up, its bias, w_down, its bias
@@ -28,76 +31,37 @@ MAX_HEAD_DIM = 512  # csrc/layers.c rope_rows rotates a head in a stack buffer o
 KEPT_VIEWS = 4  # ModelViews kept per FusedWeights: the step's, and a drafter's head or two
 
 
-class ModelShape(NamedTuple):
-    """A model's sizes as the C calls take them."""
+class LayerTable(NamedTuple):
+    """A model's decoder layers as the fused calls take them."""
 
-    hidden: int  # D
-    heads: int  # H
-    kv_heads: int  # Hkv
-    head_dim: int  # Dh
-    inner: int  # I: the feed-forward's width
-    eps: float  # the RMSNorms'
-
-
-class KernelHead(NamedTuple):
-    """A head the C calls score rows with: `weight` (rows, D) float, or packed bytes (uint8) in `packed_format`."""
-
-    weight: torch.Tensor
-    rows: int  # tokens it scores
-    token_ids: torch.Tensor | None = None  # (rows,) int64: each row's token (a trimmed head); None: row v is token v
-    packed_format: str | None = None  # "int8" (kernels/cpu_packing.py), "blocks" (a BlockMatrix's table entry)
-
-    @property
-    def format(self) -> str | None:
-        """Its C format name, None where the kernel does not read it."""
-        return self.packed_format or FLOAT_FORMATS.get(self.weight.dtype)
-
-
-class ModelEnds(NamedTuple):
-    """What a whole pass reads beside the layers."""
-
-    embed: torch.Tensor  # (V, D), or a BlockMatrix's table entry (embed_format "blocks")
-    norm: torch.Tensor  # (D,) the final norm's weight
-    head: KernelHead
-    embed_format: str | None = None  # None: the embedding's dtype
-
-    @property
-    def embedding_format(self) -> str | None:
-        """Its C format name, None where the kernel does not read it."""
-        return self.embed_format or FLOAT_FORMATS.get(self.embed.dtype)
-
-
-class FeatureRows(NamedTuple):
-    """A feature drafter's input: each row is fc(cat(feature, embedding)); after the first rows the feature is the
-    previous step's normed output."""
-
-    features: torch.Tensor  # (T0, D) the first rows' features (the target's normed hidden states)
-    fc: torch.Tensor  # (D, 2D) the fusion, stored like the layers' norms
+    tensors: list[tuple]  # per layer, its 12 tensors in TABLE_KINDS order (None where one is absent)
+    windows: list[int]  # per layer, its sliding window (0: none)
+    packed_format: str | None  # the matrices' packed format ("int8", "blocks"), None for float ones
+    watch: Iterable[tuple[dict, str]] = ()  # (mapping, key) slots whose contents replaced() checks
 
 
 class FusedWeights:
     """The (L, 12) pointer table, sliding windows, layer orders and ModelViews of one model's layers."""
 
-    def __init__(self, matmul: RowwiseMatmul, shape: ModelShape, layers: list[tuple], windows: list[int],
-                 layer_format: str, norm_dtype: torch.dtype, watch: Iterable[tuple[dict, str]]) -> None:
+    def __init__(self, matmul: RowwiseMatmul, shape, table: LayerTable, layer_format: str,
+                 norm_dtype: torch.dtype) -> None:
         self.matmul, self.shape, self.format, self.norm_dtype = matmul, shape, layer_format, norm_dtype
-        self._table = torch.tensor([[0 if t is None else t.data_ptr() for t in row] for row in layers],
+        self._table = torch.tensor([[0 if t is None else t.data_ptr() for t in row] for row in table.tensors],
                                    dtype=torch.int64)  # (L, 12)
-        self._windows = torch.tensor(windows, dtype=torch.int64)  # (L,) 0: none
+        self._windows = torch.tensor(table.windows, dtype=torch.int64)  # (L,) 0: none
         self._orders: dict[tuple[int, ...], torch.Tensor] = {}
-        self._every_layer = self._order(range(len(layers)))  # (L,)
+        self._every_layer = self._order(range(len(table.tensors)))  # (L,)
         self._layers_view = self._model_view()
         self._views: dict[tuple, tuple[ModelView, ModelEnds]] = {}  # the ends stay alive as long as their view
-        self._watched = [(slots, key, slots[key], _address(slots[key])) for slots, key in watch]
+        self._watched = [(slots, key, slots[key], _address(slots[key])) for slots, key in table.watch]
 
     @classmethod
-    def build(cls, matmul: RowwiseMatmul, shape: ModelShape, layers: list[tuple], windows: list[int],
-              packed_format: str | None = None, watch: Iterable[tuple[dict, str]] = ()) -> "FusedWeights | None":
+    def build(cls, matmul: RowwiseMatmul, shape, table: LayerTable) -> "FusedWeights | None":
         """From each layer's tensors in TABLE_KINDS order: float matrices (float32, or 16-bit widened in registers)
-        with norms alike, or matrices packed in `packed_format` ("int8", uint8 bytes; "blocks", each a
-        BlockMatrix's table entry) with float32 norms;
-        float32 biases; all contiguous. None where they are not (or heads are wider than the kernel rotates).
-        `watch`: (mapping, key) slots, such as a module's _parameters and a name, whose contents replaced() checks."""
+        with norms alike, or matrices packed in the table's packed_format ("int8", uint8 bytes; "blocks", each a
+        BlockMatrix's table entry) with float32 norms; float32 biases; all contiguous. None where they are not (or
+        heads are wider than the kernel rotates). `shape`: the model's shape record (see the module docstring)."""
+        packed_format, layers = table.packed_format, table.tensors
         matrix_dtype = torch.uint8 if packed_format else layers[0][1].dtype
         layer_format = packed_format or FLOAT_FORMATS.get(matrix_dtype)
         if layer_format is None or shape.head_dim > MAX_HEAD_DIM:
@@ -107,7 +71,7 @@ class FusedWeights:
         if any(t is not None and (t.dtype != expected[kind] or not t.is_contiguous())
                for row in layers for t, kind in zip(row, TABLE_KINDS)):
             return None
-        return cls(matmul, shape, layers, windows, layer_format, norm_dtype, watch)
+        return cls(matmul, shape, table, layer_format, norm_dtype)
 
     def replaced(self) -> bool:
         """Whether a watched slot now holds another object, or a tensor at another address (a replaced module,
@@ -132,7 +96,7 @@ class FusedWeights:
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         """RMSNorm(x) (T, D) in the same C library, or None where it does not read `weight`'s dtype."""
-        return self.matmul.rms_norm(x, weight, self.shape.eps) if weight.dtype in FLOAT_FORMATS else None
+        return self.matmul.rms_norm(x, weight, self.shape.rms_norm_eps) if weight.dtype in FLOAT_FORMATS else None
 
     def reads(self, ends: ModelEnds) -> bool:
         """Whether a whole pass reads this embedding, final norm and head (else the model runs its parts)."""
@@ -151,22 +115,19 @@ class FusedWeights:
         cos, sin = rope
         return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents)
 
-    def draft(self, ends: ModelEnds, tokens: list[int], order: Iterable[int], start: int, cache: KernelCache,
-              rope: tuple[torch.Tensor, torch.Tensor], k: int, *, features: FeatureRows | None = None,
-              stop_below: float | None = None, runners_up: bool = False) -> KernelDraft | None:
-        """k greedy draft tokens in one C call (RowwiseMatmul.draft_greedy): `tokens` at positions [start, ...)
-        through layers `order`, the norm and the head of `ends`, then one drafted token a step; rope: whole cos, sin
-        tables from position 0. None where the kernel does not read the ends, or the norm or fc are not stored like
-        the layers' norms (the C draft reads them in the layers' format)."""
+    def draft(self, ends: ModelEnds, request: DraftRequest,
+              rope: tuple[torch.Tensor, torch.Tensor]) -> KernelDraft | None:
+        """`request.k` greedy draft tokens in one C call (RowwiseMatmul.draft_greedy): the request's tokens through
+        its layers (None: every layer), the norm and the head of `ends`, then one drafted token a step; rope: whole
+        cos, sin tables from position 0. None where the kernel does not read the ends, or the norm or fc are not
+        stored like the layers' norms (the C draft reads the fc in the layers' format)."""
         view = self._view(ends)
+        features = request.features
         if view is None or ends.norm.dtype != self.norm_dtype or (
                 features is not None and features.fc.dtype != self.norm_dtype):
             return None
-        cos, sin = rope
-        first_features, fc = features if features is not None else (None, None)
-        return self.matmul.draft_greedy(view, torch.tensor(tokens, dtype=torch.int64), self._order(order), cos, sin,
-                                        cache, start, k, features=first_features, fc=fc,
-                                        head_ids=ends.head.token_ids, stop_below=stop_below, runners_up=runners_up)
+        order = self._every_layer if request.layers is None else self._order(request.layers)
+        return self.matmul.draft_greedy(view, request, order, rope, request.cache.kernel_cache())
 
     def _order(self, layers: Iterable[int]) -> torch.Tensor:
         """The int64 tensor (n,) of a layer set for the C calls, made once per set (all, or a self-draft's)."""
@@ -196,8 +157,9 @@ class FusedWeights:
     def _model_view(self, ends: ModelEnds | None = None) -> ModelView:
         """The C side's ModelView: the layers, and the ends of a whole pass when given."""
         shape = self.shape
-        view = ModelView(D=shape.hidden, H=shape.heads, Hkv=shape.kv_heads, Dh=shape.head_dim, I=shape.inner,
-                         eps=shape.eps, scale=shape.head_dim ** -0.5, format=weight_format(self.format),
+        view = ModelView(D=shape.hidden_size, H=shape.num_heads, Hkv=shape.num_kv_heads, Dh=shape.head_dim,
+                         I=shape.intermediate_size, eps=shape.rms_norm_eps, scale=shape.head_dim ** -0.5,
+                         format=weight_format(self.format),
                          weights=self._table.data_ptr(), windows=self._windows.data_ptr())
         if ends is not None:
             embed, norm, head, _ = ends

@@ -33,8 +33,6 @@ class QuantizedLinear(nn.Module):
     """A Linear whose weight is a QuantizedWeight; the reference forward dequantizes it (kernels/ dispatch faster
     paths by the same contract)."""
 
-    rowwise, max_rows = None, 0  # edge's model asks its projections for a batch-invariant kernel: none here
-
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None, in_features: int | None = None
                  ) -> None:
         super().__init__()

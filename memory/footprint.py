@@ -1,7 +1,9 @@
 """What decoding with speculation holds in memory, counted from shapes before anything is loaded.
 
 Every figure is bytes. A `ModelShape` describes a decoder-only transformer with plain numbers (this package imports
-nothing from edge; `edge` builds shapes from its configs). `footprint()` adds up the parts SpecMemo counts:
+nothing from edge; `edge` builds shapes from its configs, ModelConfig.shape()), and is also the shape record edge's
+CPU kernel reads a model's sizes from (kernels/fused_model.py, by field name). `footprint()` adds up the parts
+SpecMemo counts:
 
     target weights     parameters x bytes per weight (float32/bfloat16/float16, or int8/int4 with group scales)
     target KV          2 (keys, values) x layers x kv_heads x context x head_dim x bytes per KV element
@@ -44,6 +46,7 @@ class ModelShape:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    rms_norm_eps: float = 1e-6  # the RMSNorms' epsilon (what the kernel's fused calls normalize with)
 
     @property
     def q_size(self) -> int:

@@ -43,6 +43,7 @@ from edge.decoding.drafters.quantspec import BITS, QuantSpecDrafter
 from edge.decoding.drafters.retrieval import RetrievalDrafter, read_datastore, shipped_datastore
 from edge.model.trimmed_head import read_vocabulary
 from edge.errors import BundleError, SamplingError
+from edge.model.kernel_glue import use_kernel
 from edge.model.kv_cache import KVCache
 from edge.sources.loading import load_model, parse_dtype
 from edge.model.transformer import Transformer
@@ -202,11 +203,11 @@ def load_draft_model(path: Path, target: Transformer, tokenizer: Tokenizer, *, m
         quantize_weights(draft, weights)
     elif weights is not None and parse_dtype(weights) != draft.dtype:
         draft.store_weights(parse_dtype(weights))
-    if not isinstance(target, Transformer) and draft.rowwise is not None:
+    if not isinstance(target, Transformer) and draft.runner.matmul is not None:
         # beside an exported target (onnxruntime's own spinning threads) the drafter's kernel runs on one thread:
         # measured 4x faster drafting than two threads contending on a 2-core CPU
         # (docs/history/benchmarks-2026-11-21.md)
-        draft.use_rowwise_matmul(draft.rowwise.with_threads(1), draft.rowwise_max_rows)
+        use_kernel(draft, draft.runner.matmul.with_threads(1))
     return DraftModelDrafter(draft, max_len, kv_cache)
 
 

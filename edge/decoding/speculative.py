@@ -33,7 +33,8 @@ from edge.decoding.loop import Step
 from edge.decoding.drafters.base import Draft, DraftSampler, Drafter
 from edge.errors import SamplingError
 from edge.model.kv_cache import KVCache
-from edge.model.transformer import Transformer
+from edge.model.kernel_glue import verifies_trees
+from edge.model.transformer import Transformer, keep_rows
 from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, distribution
 from edge.decoding.verify import Verdict, verify_greedy, verify_stochastic
 
@@ -249,10 +250,10 @@ class SpeculativeDecoding:
         self.pausable = getattr(drafter, "pausable", True)  # see DraftLength.update
         self.device = model.device
         self.sampler = DraftSampler(params, generator, length.stop_below, model.config.vocab_size)
-        verifies_trees = getattr(model, "verifies_trees", None)
-        # token trees: chosen step by step by measured costs (not under a grammar, whose masks follow one chain)
-        self.sampler.runners_up = (self.sampler.plain_greedy and length.adaptive and verifies_trees is not None
-                                   and verifies_trees(cache) and constraint is None)
+        # token trees: chosen step by step by measured costs (not under a grammar, whose masks follow one chain), where
+        # the model's fused CPU step verifies them (an exported model's backend does not)
+        self.sampler.runners_up = (self.sampler.plain_greedy and length.adaptive and isinstance(model, Transformer)
+                                   and verifies_trees(model, cache) and constraint is None)
         self.tree_rows = 0  # rows token trees have added to verify passes so far, and those accepted
         self.tree_accepted = 0
 
@@ -304,7 +305,7 @@ class SpeculativeDecoding:
         while (child := children.get(row, {}).get(choices[row])) is not None:
             path.append(child)
             row = child
-        self.model.keep_rows(start, [0, *path], self.cache)  # the accepted path's keys/values into place
+        keep_rows(self.model, start, [0, *path], self.cache)  # the accepted path's keys/values into place
         t3 = time.perf_counter()
         on_chain = sum(1 for i, row in enumerate(path) if row == i + 1)  # chain tokens accepted, from the first
         self.tree_rows += len(branches)

@@ -118,9 +118,9 @@ class Engine:
         self.draft_length = length
         if self.spec is not None and isinstance(draft_length, (int, str)):
             self.spec = self.spec.replace(draft_length=str(draft_length))
-        if self.model.rowwise is not None and self.draft_length.longest + 1 > self.model.rowwise_max_rows:
+        if self.model.runner is not None:
             # a verify pass of k + 1 tokens must take the same batch-invariant path as a 1-token decode step
-            self.model.use_rowwise_matmul(self.model.rowwise, self.draft_length.longest + 1)
+            self.model.runner.widen(self.draft_length.longest + 1)
         if drafter is not None and self.model.dtype != torch.float32:
             log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "

@@ -89,7 +89,7 @@ def target_model(spec: LoadSpec, config: ModelConfig, report: Progress) -> Trans
         offload_layers(model, list(spec.offload_layers), spec.device)
         model = model.to(spec.device)
         if torch.device(spec.device).type != "cpu":
-            model.use_rowwise_matmul(None)  # the batch-invariant kernel is the CPU's
+            model.runner.use(None)  # the batch-invariant kernel is the CPU's
     else:
         model = load_model(spec.path, dtype=spec.dtype, device=spec.device, dequantize=spec.weights == "float16",
                            config=config)

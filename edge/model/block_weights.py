@@ -1,11 +1,12 @@
 """A model's matrices in llama.cpp's block formats, as a GGUF file stores them (kernels/block_formats.py): the layers'
 projections, the embedding and the head, run by edge's CPU kernel for every row count.
 
-    linear = BlockLinear(BlockMatrix.stack([q, k, v]), bias, rowwise)    # a fused projection, its types as stored
-    embed = BlockEmbedding(matrix, rowwise)                             # rows dequantized as they are looked up
+    linear = BlockLinear(BlockMatrix.stack([q, k, v]), bias, runner)     # a fused projection, its types as stored
+    embed = BlockEmbedding(matrix)                                      # rows dequantized as they are looked up
 
-The model then says `packed_format == "blocks"`: the fused C calls read each matrix through its BlockMatrix, the
-norms in float32, and the head (`packed_head`, which may be the embedding's own matrix) in its own format.
+The model's layers are then packed as "blocks" (edge/model/packed_weights.py packed_format): the fused C calls read
+each matrix through its BlockMatrix, the norms in float32, and the head (`packed_head`, which may be the embedding's
+own matrix) in its own format.
 """
 
 from __future__ import annotations
@@ -14,21 +15,19 @@ import torch
 from torch import nn
 
 from kernels.block_formats import BlockMatrix
-from kernels.cpu_matmul import ROWWISE_MAX_ROWS
 
 
 class BlockLinear(nn.Module):
-    """A linear layer whose weight is a BlockMatrix (one segment per fused source, each in its own type). `table_entry`
-    is what the fused calls' weight table points at."""
+    """A linear layer whose weight is a BlockMatrix (one segment per fused source, each in its own type), run by the
+    kernel through its model's `runner` (kernels/runner.py). `table_entry` is what the fused calls' weight table
+    points at."""
 
-    max_rows = ROWWISE_MAX_ROWS
-
-    def __init__(self, matrix: BlockMatrix, bias: torch.Tensor | None, rowwise) -> None:
+    def __init__(self, matrix: BlockMatrix, bias: torch.Tensor | None, runner) -> None:
         super().__init__()
         self.matrix, self.in_features, self.out_features = matrix, matrix.columns, matrix.rows
         self.register_buffer("table_entry", matrix.table_entry, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)  # (N,)
-        self.rowwise = rowwise
+        self.runner = runner
 
     @property
     def format(self) -> str:
@@ -41,7 +40,7 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (..., K) float32 -> (..., N) float32
-        return self.rowwise.blocks(x, self.matrix, self.bias)
+        return self.runner.blocks(x, self.matrix, self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.format}, in_features={self.in_features}, out_features={self.out_features}"

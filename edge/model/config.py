@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,13 +51,11 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def shape(self):
-        """The plain-number description the memory planner counts bytes from."""
-        return ModelShape(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                          intermediate_size=self.intermediate_size, num_layers=self.num_layers,
-                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                          tie_word_embeddings=self.tie_word_embeddings, qkv_bias=self.qkv_bias, o_bias=self.o_bias,
-                          mlp_bias=self.mlp_bias, qk_norm=self.qk_norm)
+    def shape(self) -> ModelShape:
+        """The model's sizes as one plain record (memory.footprint.ModelShape, each of its fields read from this
+        config's field of the same name): what the memory planner counts bytes from and the CPU kernel's fused calls
+        read."""
+        return ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)})
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":

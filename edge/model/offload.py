@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.model.transformer import Block, Linear, Transformer
+from edge.model.transformer import Block, Transformer
 
 
 class LayerStreamer(nn.Module):
@@ -30,14 +30,12 @@ class LayerStreamer(nn.Module):
         self.cuda = self.device.type == "cuda"
         self.order = sorted(offloaded)
         config = model.config
-        self.slots = nn.ModuleList(Block(config, device="meta") for _ in range(min(2, len(self.order))))
+        # staging blocks (moved to the device with the model), their projections bound to the model's kernel runner
+        self.slots = nn.ModuleList(Block(config, model.linears, device="meta") for _ in range(min(2, len(self.order))))
         self.host: dict[int, dict[str, torch.Tensor]] = {}
         template = model.layers[self.order[0]].state_dict()
-        for slot in self.slots:  # staging blocks (moved to the device with the model), with its kernel settings
+        for slot in self.slots:
             slot.load_state_dict({name: torch.empty_like(t) for name, t in template.items()}, assign=True)
-            for module in slot.modules():
-                if isinstance(module, Linear):
-                    module.rowwise, module.max_rows = model.rowwise, model.rowwise_max_rows
         for layer in self.order:
             state = model.layers[layer].state_dict()
             self.host[layer] = {name: (t.detach().to("cpu").pin_memory() if self.cuda else t.detach().clone())

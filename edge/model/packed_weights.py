@@ -24,10 +24,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.model.block_weights import BlockLinear
 from edge.errors import UnsupportedModelError
+from edge.model.block_weights import BlockLinear
 from kernels.block_formats import BlockMatrix, PackedArena, packed_bytes
-from kernels.cpu_matmul import ROWWISE_MAX_ROWS
 from kernels.cpu_packing import dequantize, pack_int8
 
 FORMATS = ("int8", "int4")
@@ -36,23 +35,15 @@ PROJECTIONS = (("attn", "wqkv"), ("attn", "wo"), ("ffn", "w_gate_up"), ("ffn", "
 
 class PackedLinear(nn.Module):
     """A linear layer with weights packed for edge's CPU kernel (`format` "int8"), run by the kernel for every row
-    count. `max_rows` is the float layers' limit, which the attention beside it also reads."""
-
-    max_rows = ROWWISE_MAX_ROWS
+    count through its model's `runner` (kernels/runner.py; edge/model/linears.py LinearFactory.packed makes them)."""
 
     def __init__(self, packed: torch.Tensor, fmt: str, in_features: int, out_features: int,
-                 bias: torch.Tensor | None, rowwise) -> None:
+                 bias: torch.Tensor | None, runner) -> None:
         super().__init__()
         self.format, self.in_features, self.out_features = fmt, in_features, out_features
         self.packed = nn.Parameter(packed, requires_grad=False)  # uint8 bytes (kernels/cpu_packing.py)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)  # (N,)
-        self.rowwise = rowwise
-
-    @classmethod
-    def from_linear(cls, linear: nn.Module, fmt: str, rowwise) -> "PackedLinear":
-        """From a float Linear, or from another PackedLinear or a BlockLinear (re-quantizing what its codes stand
-        for)."""
-        return cls(pack_int8(linear.weight), fmt, linear.in_features, linear.out_features, linear.bias, rowwise)
+        self.runner = runner
 
     @property
     def weight(self) -> torch.Tensor:
@@ -61,7 +52,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (..., K) float32 -> (..., N) float32 (quantize_weights only takes models computing in float32)
-        return self.rowwise.quantized(x, self.packed, self.format, self.out_features, self.bias)
+        return self.runner.quantized(x, self.packed, self.format, self.out_features, self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.format}, in_features={self.in_features}, out_features={self.out_features}"
@@ -73,11 +64,25 @@ def quantization_problem(model, fmt: str) -> str | None:
         return f"weights {fmt!r}: the load-time quantizations are {', '.join(FORMATS)}"
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return f"{fmt} weights need a CPU model computing in float32 (--dtype float32, the default)"
-    if getattr(model, "rowwise", None) is None:
+    if model.runner.matmul is None:
         return (f"{fmt} weights run on edge's CPU kernel, which is not available here (it needs a C compiler with "
                 "OpenMP)")
-    if model.packed_format not in (None, fmt, "blocks"):
-        return f"this model's weights are already {model.packed_format}; load it again to quantize to {fmt}"
+    current = packed_format(model)
+    if current not in (None, fmt, "blocks"):
+        return f"this model's weights are already {current}; load it again to quantize to {fmt}"
+    return None
+
+
+def packed_format(model) -> str | None:
+    """The format `model`'s layers are packed in: "int8" (PackedLinear), "blocks" (BlockLinear: a GGUF file's own
+    types, or edge's int4), None for float (or otherwise quantized) ones. Read off the first layer that holds its
+    projections (an offloaded one does not)."""
+    for block in model.layers:
+        wqkv = getattr(getattr(block, "attn", None), "wqkv", None)
+        if isinstance(wqkv, PackedLinear):
+            return wqkv.format
+        if wqkv is not None:
+            return "blocks" if isinstance(wqkv, BlockLinear) else None
     return None
 
 
@@ -89,12 +94,6 @@ def widen_norms(model) -> None:
     for norm in norms:
         if norm is not None:
             norm.weight = nn.Parameter(norm.weight.detach().float(), requires_grad=False)
-
-
-def int4_linear(linear: nn.Module, rowwise, arena: PackedArena | None = None) -> BlockLinear:
-    """`linear` (float, int8-packed or in blocks) as edge's int4: its values quantized to 4 bits with a searched scale
-    and minimum per 32 inputs."""
-    return BlockLinear(BlockMatrix.quantized("q4_1", linear.weight, arena=arena), linear.bias, rowwise)
 
 
 def quantize_weights(model, fmt: str) -> None:
@@ -111,11 +110,10 @@ def quantize_weights(model, fmt: str) -> None:
             for owner, name in PROJECTIONS:
                 linear = getattr(getattr(block, owner), name)
                 if not isinstance(linear, PackedLinear):
-                    setattr(getattr(block, owner), name, PackedLinear.from_linear(linear, fmt, model.rowwise))
+                    setattr(getattr(block, owner), name, model.linears.packed(linear, fmt))
         model.packed_head = pack_int8(model.head_weight)  # (V, D) packed; the embedding keeps its rows for lookups
-        model.packed_format = fmt
     widen_norms(model)
-    model._fused_weights = None  # the pointers change: found again at the next forward
+    model.runner.weights_changed()  # the pointers change: found again at the next forward
 
 
 def _quantize_int4(model) -> None:
@@ -128,8 +126,6 @@ def _quantize_int4(model) -> None:
     arena = PackedArena(size + PackedArena.ALIGN * (len(linears) + 1))
     for block in model.layers:
         for owner, name in PROJECTIONS:
-            setattr(getattr(block, owner), name, int4_linear(getattr(getattr(block, owner), name), model.rowwise,
-                                                             arena))
+            setattr(getattr(block, owner), name, model.linears.int4(getattr(getattr(block, owner), name), arena))
     model.packed_head = BlockMatrix.quantized("q8_0", model.head_weight, arena=arena)  # (V, D)
-    model.packed_format = "blocks"
     model.compute_dtype = torch.float32

@@ -2,7 +2,7 @@
 
     head = TrimmedHead(model, kept)        # kept (V',) token ids, e.g. from `python -m export.vocab_trim`
     logits = head.logits(hidden)           # hidden (1, T, D) -> (V,) for the last position; dropped ids are -inf
-    draft_head(model, head)                # the kept rows as one-call greedy drafting scores them
+    draft_head(model, head)                # the kept rows as one-call greedy drafting scores them (KernelHead)
 
 The kept rows are copied once (V' x D); the target keeps its full head, so verification is over every token and a
 token the drafter cannot propose is simply produced by the target.
@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from edge.errors import SamplingError
-from edge.model.transformer import Transformer, linear
-from kernels.fused_model import KernelHead
+from edge.model.kernel_glue import kernel_head
+from edge.model.transformer import Transformer
+from kernels.records import KernelHead
 
 
 class TrimmedHead:
@@ -40,15 +41,15 @@ class TrimmedHead:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (1, T, D) -> logits (V,) of the last position over the full vocabulary."""
         last = hidden[0, -1:]  # (1, D)
-        part = linear(last, self.weight, None, self.model.rowwise, self.model.rowwise_max_rows)[0]  # (V',)
+        part = self.model.runner.linear(last, self.weight, None)[0]  # (V',)
         return expand_vocabulary(part, self.kept, self.model.config.vocab_size)  # (V,)
 
 
 def draft_head(model: Transformer, trimmed: TrimmedHead | None, vocab_size: int | None = None) -> KernelHead:
-    """The head a drafter's one-call greedy draft scores (Transformer.draft_greedy): its trimmed rows (VocabTrim),
+    """The head a drafter's one-call greedy draft scores (kernel_glue.draft_greedy): its trimmed rows (VocabTrim),
     else `model`'s head cut to its leading `vocab_size` rows (a draft vocabulary padded beyond the target's; None:
     all), packed where `model` packed it."""
-    return trimmed.kernel_head if trimmed is not None else model.kernel_head(vocab_size)
+    return trimmed.kernel_head if trimmed is not None else kernel_head(model, vocab_size)
 
 
 def expand_vocabulary(logits: torch.Tensor, kept: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -29,6 +29,7 @@ from torch import nn
 from edge.model.block_weights import BlockEmbedding, BlockLinear
 from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, UnsupportedModelError
+from edge.model.kernel_glue import use_kernel
 from edge.model.transformer import Transformer
 from edge.model.rope import inverse_frequencies
 from kernels.block_formats import FORMATS as BLOCK_FORMATS
@@ -196,13 +197,12 @@ def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) ->
     model = Transformer(config, device="meta")
     blocks = _BlockReader(file, entries)
     for i, block in enumerate(model.layers):
-        _fill_layer(block, f"model.layers.{i}.", blocks, config, rowwise)
+        _fill_layer(block, f"model.layers.{i}.", blocks, config, model.runner)
     model.norm.weight = blocks.vector("model.norm.weight")
-    _fill_embedding_and_head(model, blocks, config, rowwise)
-    model.packed_format = "blocks"
+    _fill_embedding_and_head(model, blocks, config, model.runner)
     model.compute_dtype = torch.float32
     model.inv_freq = inverse_frequencies(config)  # the meta-device buffer held no data
-    model.use_rowwise_matmul(rowwise)
+    use_kernel(model, rowwise)
     return model.eval().requires_grad_(False)
 
 
@@ -246,7 +246,7 @@ class _BlockReader:
         return weight
 
 
-def _fill_layer(block: nn.Module, hf: str, blocks: _BlockReader, config: ModelConfig, rowwise) -> None:
+def _fill_layer(block: nn.Module, hf: str, blocks: _BlockReader, config: ModelConfig, runner) -> None:
     """One transformer layer from the tensors under its Hugging Face prefix `hf` ("model.layers.3.")."""
     attn, mlp = hf + "self_attn.", hf + "mlp."
     block.attn_norm.weight = blocks.vector(hf + "input_layernorm.weight")
@@ -256,16 +256,16 @@ def _fill_layer(block: nn.Module, hf: str, blocks: _BlockReader, config: ModelCo
         block.attn.k_norm.weight = blocks.vector(attn + "k_norm.weight")
     qkv = [attn + f"{p}_proj" for p in "qkv"]
     block.attn.wqkv = BlockLinear(blocks.matrix([n + ".weight" for n in qkv]),
-                                  blocks.biases([n + ".bias" for n in qkv]), rowwise)
-    block.attn.wo = BlockLinear(blocks.matrix([attn + "o_proj.weight"]), blocks.biases([attn + "o_proj.bias"]), rowwise)
+                                  blocks.biases([n + ".bias" for n in qkv]), runner)
+    block.attn.wo = BlockLinear(blocks.matrix([attn + "o_proj.weight"]), blocks.biases([attn + "o_proj.bias"]), runner)
     gate_up = [mlp + "gate_proj", mlp + "up_proj"]
     block.ffn.w_gate_up = BlockLinear(blocks.matrix([n + ".weight" for n in gate_up]),
-                                      blocks.biases([n + ".bias" for n in gate_up]), rowwise)
+                                      blocks.biases([n + ".bias" for n in gate_up]), runner)
     block.ffn.w_down = BlockLinear(blocks.matrix([mlp + "down_proj.weight"]), blocks.biases([mlp + "down_proj.bias"]),
-                                   rowwise)
+                                   runner)
 
 
-def _fill_embedding_and_head(model: Transformer, blocks: _BlockReader, config: ModelConfig, rowwise) -> None:
+def _fill_embedding_and_head(model: Transformer, blocks: _BlockReader, config: ModelConfig, runner) -> None:
     """The embedding and the head: in blocks where the kernel runs their type, else float; a tied head scores with
     the embedding's matrix."""
     embedding = blocks.entries["model.embed_tokens.weight"]
@@ -278,7 +278,7 @@ def _fill_embedding_and_head(model: Transformer, blocks: _BlockReader, config: M
     if head is None:  # tied: the embedding's matrix scores the rows
         model.packed_head = model.embed.matrix if isinstance(model.embed, BlockEmbedding) else None
     elif block_format(head["type"]):
-        model.lm_head = BlockLinear(blocks.matrix(["lm_head.weight"]), None, rowwise)
+        model.lm_head = BlockLinear(blocks.matrix(["lm_head.weight"]), None, runner)
         model.packed_head = model.lm_head.matrix
     else:
         model.lm_head.weight = nn.Parameter(blocks.floats(head), requires_grad=False)

@@ -20,6 +20,7 @@ import torch
 from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, SettingError
 from edge.sources.gguf_checkpoint import gguf_index
+from edge.model.kernel_glue import use_kernel
 from edge.model.transformer import Transformer
 from edge.model.rope import inverse_frequencies
 from kernels.cpu_matmul import RowwiseMatmul
@@ -403,5 +404,5 @@ def load_model(
     if storage != dtype:
         model.compute_dtype = dtype  # 16-bit weights, float32 activations and KV cache (see storage_dtype)
     if device.type == "cpu" and dtype == torch.float32:
-        model.use_rowwise_matmul(cpu_kernel())  # exact speculation: verify rows == decode rows, bit for bit
+        use_kernel(model, cpu_kernel())  # exact speculation: verify rows == decode rows, bit for bit
     return model.eval().requires_grad_(False)

@@ -51,6 +51,19 @@ static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t 
     }
 }
 
+/* What a pass through the model's layers needs beside the rows and the cache (kernels/cpu_matmul.py ModelView mirrors
+ * it): dimensions, the layers' weight table, and for a whole step or a draft the embedding, final norm and head with
+ * their formats. weights holds 12 pointers per model layer (attn_norm, wqkv, qkv_bias, q_norm, k_norm, wo, o_bias,
+ * ffn_norm, w_gate_up, gate_up_bias, w_down, down_bias; NULL where absent). Every entry point below takes it. */
+typedef struct {
+    int64_t D, H, Hkv, Dh, I, V;   /* V: the head's rows */
+    float eps, scale;
+    int32_t format, embed_format, norm_format, head_format;
+    const void *const *weights;
+    const int64_t *windows;        /* each layer's sliding window (0: none) */
+    const void *embed, *norm, *head;
+} ModelView;
+
 /* One decoder layer for a few rows, run by a team of threads (this thread is `part` of `parts`): the matmuls and the
  * attention split between them, the small row-wise steps on one thread, barriers between. The same row-by-row
  * operations as a 1-row call, so each row's result does not depend on how many rows share the call. */
@@ -118,18 +131,15 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
     for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
 }
 
-/* What a pass through the model's layers needs beside the rows and the cache (kernels/cpu_matmul.py ModelView mirrors
- * it): dimensions, the layers' weight table, and for a whole step the embedding, final norm and head with their
- * formats. weights holds 12 pointers per model layer (attn_norm, wqkv, qkv_bias, q_norm, k_norm, wo, o_bias,
- * ffn_norm, w_gate_up, gate_up_bias, w_down, down_bias; NULL where absent). */
-typedef struct {
-    int64_t D, H, Hkv, Dh, I, V;   /* V: the head's rows */
-    float eps, scale;
-    int32_t format, embed_format, norm_format, head_format;
-    const void *const *weights;
-    const int64_t *windows;        /* each layer's sliding window (0: none) */
-    const void *embed, *norm, *head;
-} ModelView;
+/* The scratch floats layer_team carves for T rows attending to `span` positions (start + T): its buffers above, summed.
+ * The entry points' *_scratch functions below add their own buffers to it; the Python side asks them before each
+ * call (kernels/cpu_matmul.py), so each size is written once, beside the carving it measures. */
+static int64_t layer_scratch(const ModelView *m, int64_t T, int64_t span, int hierarchical) {
+    const int64_t Q = m->H * m->Dh, KV = m->Hkv * m->Dh;
+    const int64_t rows = T * (m->D + (Q + 2 * KV) + Q + Q + 2 * m->I);  /* normed, qkv, attended, q_heads, gate_up */
+    const int64_t dequantized = hierarchical ? 2 * m->Hkv * span * m->Dh : 0;  /* cached_keys, cached_values */
+    return rows + m->H * T * span + dequantized;                               /* + scores */
+}
 
 /* Room for T rows' prepared activations at the widest input of any of the model's matmuls */
 static void *layers_prepared(const ModelView *m, int64_t T) {
@@ -151,24 +161,24 @@ static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t star
 }
 
 /* Several decoder layers in one call (a decode step or verify pass through the model, or a self-draft's subset):
- * layer order[i], i = 0 .. count - 1, one after another on the same x (T, D), in one parallel region. weights as in
- * ModelView; keys/values are the whole cache (L, Hkv, S_max, Dh), layer l at + l * layer_stride; windows[l] is layer
- * l's sliding window (0: none). Keys/values of the T rows are written into the cache at [start, start + T) before the
- * attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of the rows' positions. With
- * `hier` (QuantSpec's hierarchical cache, kv_hierarchical.c) the cache is that instead, and keys/values are unused.
- * scratch holds T * (D + Q + 2KV + 2Q + 2I) + H * T * (start + T) + 2 * Hkv * (start + T) * Dh floats. */
-void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
-                      const int64_t *order, int64_t count, const void *const *weights, const int64_t *windows,
+ * layer order[i], i = 0 .. count - 1, one after another on the same x (T, D), in one parallel region. The view's
+ * weights, windows and format are read (its embedding, norm and head are not); keys/values are the whole cache
+ * (L, Hkv, S_max, Dh), layer l at + l * layer_stride. Keys/values of the T rows are written into the cache at
+ * [start, start + T) before the attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of
+ * the rows' positions. With `hier` (QuantSpec's hierarchical cache, kv_hierarchical.c) the cache is that instead, and
+ * keys/values are unused. scratch holds fused_layers_scratch(m, T, start, hier != NULL) floats. */
+void fused_layers_f32(const ModelView *m, float *x, int64_t T, int64_t start, const int64_t *order, int64_t count,
                       const float *cos_table, const float *sin_table, float *keys, float *values,
-                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, int64_t start, float eps,
-                      float scale, float *scratch, int format, int threads) {
-    const ModelView m = {.D = D, .H = H, .Hkv = Hkv, .Dh = Dh, .I = I, .eps = eps, .scale = scale, .format = format,
-                         .weights = weights, .windows = windows};
-    void *prepared = layers_prepared(&m, T);
+                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch, int threads) {
+    void *prepared = layers_prepared(m, T);
 #pragma omp parallel num_threads(threads)
-    layers_in_team(&m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride, NULL,
+    layers_in_team(m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride, NULL,
                    scratch, prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);
+}
+
+int64_t fused_layers_scratch(const ModelView *m, int64_t T, int64_t start, int hierarchical) {
+    return layer_scratch(m, T, start + T, hierarchical);
 }
 
 /* A decode step or verify pass through the whole model in one parallel region: the embedding rows of tokens (T), the
@@ -178,7 +188,7 @@ void fused_layers_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, in
  * fused_layers_f32). With parents (T) the rows are a token tree (attention.c): row t continues row parents[t] (-1:
  * the cache), its rotary rows are those of its depth's position, and its keys/values are still stored at slot
  * start + t (the caller keeps the accepted path's slots and moves them into place). scratch holds
- * T * (2D + Q + 2KV + 2Q + 2I) + H * T * (start + T) + 2 * Hkv * (start + T) * Dh floats. */
+ * forward_step_scratch(m, T, start, hier != NULL) floats. */
 void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
                       int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
                       const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, const int64_t *parents,
@@ -199,72 +209,89 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
     free(prepared);
 }
 
+int64_t forward_step_scratch(const ModelView *m, int64_t T, int64_t start, int hierarchical) {
+    return T * m->D + layer_scratch(m, T, start + T, hierarchical);  /* x, then the layers' */
+}
+
+/* What one greedy draft asks beside the model (its ModelView) and the cache (kernels/cpu_matmul.py DraftArgs mirrors
+ * it): the first step's rows, the layers to run, the rotary tables, how many tokens to draft and when to stop, and
+ * where the drafted tokens go. */
+typedef struct {
+    const int64_t *tokens;         /* (T0) the first step's tokens, at positions [start, start + T0) */
+    const float *features;         /* (T0, D) their features (a feature drafter), or NULL */
+    const void *fc;                /* (D, 2D) a feature drafter's fusion, in the layers' format, or NULL */
+    const int64_t *order;          /* the layers run, count of them */
+    const float *cos_table, *sin_table;  /* whole rotary tables: row p is position p */
+    const int64_t *head_ids;       /* (V) the token of each head row (a trimmed head), or NULL: row v is token v */
+    int64_t T0, count, start, k;
+    float stop_below;              /* > 0: stop before a token (never the first) whose probability is below it */
+    int64_t *out;                  /* (k) the drafted tokens */
+    int64_t *runners_up;           /* (k) each step's second most likely token, or NULL */
+    float *probabilities;          /* (k, 2) the draft token's and the runner-up's probabilities, with runners_up */
+} DraftArgs;
+
 /* Greedy drafting, k tokens in one call: a draft model (embed -> layers -> norm -> head -> argmax) or a feature
  * drafter (fc(feature | embed) -> its layer -> norm -> head -> argmax, its normed output becoming the next row's
  * feature). The same per-row operations as the Python path's calls, without a Python round trip per token.
  *
- * The first step runs T0 rows at positions [start, start + T0): tokens[t] (and features[t] (T0, D) when fc is set);
- * each later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are
- * written into the drafter's cache as the layers run. embed (V, D) is in embed_format and head (V, D) in head_format
- * (WEIGHTS_I8: packed, WEIGHTS_BLOCKS: a BlockMatrix), everything else of the drafter (layers, norm, fc (D, 2D))
- * in format.
- * cos/sin are whole tables: row p is position p. A trimmed head (VocabTrim) holds only some tokens' rows: head_ids
- * (V) names the token of each row (NULL: row v is token v). The cache is keys/values or `hier`, as in
- * fused_layers_f32. scratch holds T0 * (4D + 3Q + 2KV + 2I) + (H * T0 + 2 * Hkv * Dh) * (start + T0 + k) + D + V
+ * The first step runs a->T0 rows at positions [start, start + T0): tokens[t] (and features[t] when fc is set); each
+ * later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are written
+ * into the drafter's cache as the layers run. The view's embedding and head are read in their own formats (WEIGHTS_I8:
+ * packed, WEIGHTS_BLOCKS: a BlockMatrix), its norm in norm_format, and the layers and fc in its format. The cache is
+ * keys/values or `hier`, as in fused_layers_f32. scratch holds draft_greedy_scratch(m, T0, start, k, hier != NULL)
  * floats. out[i] receives draft token i.
  * With stop_below > 0, drafting stops before a token (never the first) whose softmax probability is below it.
- * With runners_up (k), step i's second most likely token goes to runners_up[i], and the probabilities of the draft
- * token and of the runner-up to probabilities[2i], [2i + 1]: what a token tree is built from.
+ * With runners_up, step i's second most likely token goes to runners_up[i], and the probabilities of the draft token
+ * and of the runner-up to probabilities[2i], [2i + 1]: what a token tree is built from.
  * Returns how many tokens were drafted (k unless it stopped). */
-int64_t draft_greedy_f32(const int64_t *tokens, const float *features, int64_t T0, int64_t D, int64_t H, int64_t Hkv,
-                         int64_t Dh, int64_t I, const int64_t *order, int64_t count, const void *const *weights,
-                         const int64_t *windows, const float *cos_table, const float *sin_table, float *keys,
-                         float *values, const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride,
-                         int64_t start, float eps, float scale,
-                         const void *norm_weight, const void *fc, int format, const void *embed, const void *head,
-                         const int64_t *head_ids, int64_t V, int head_format, int embed_format, int64_t k,
-                         float stop_below, int64_t *out, int64_t *runners_up, float *probabilities, float *scratch,
+int64_t draft_greedy_f32(const ModelView *m, const DraftArgs *a, float *keys, float *values,
+                         const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch,
                          int threads) {
+    const int64_t D = m->D, V = m->V, Dh = m->Dh, T0 = a->T0, k = a->k;
     float *x = scratch;                     /* (T0, D) the rows being run */
     float *joined = x + T0 * D;             /* (T0, 2D) feature | embedding, the fc's input */
     float *normed = joined + 2 * T0 * D;    /* (D) the last row after the norm: the next feature */
     float *logits = normed + D;             /* (V) */
     float *layer_scratch = logits + V;
-    int64_t T = T0, position = start;
-    const int64_t *step_tokens = tokens;
-    const float *step_features = features;
+    int64_t T = T0, position = a->start;
+    const int64_t *step_tokens = a->tokens;
+    const float *step_features = a->features;
     for (int64_t i = 0; i < k; i++) {
         for (int64_t t = 0; t < T; t++) {
-            embedding_row(embed, embed_format, step_tokens[t], D, fc ? joined + t * 2 * D + D : x + t * D);
-            if (fc) memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
+            embedding_row(m->embed, m->embed_format, step_tokens[t], D, a->fc ? joined + t * 2 * D + D : x + t * D);
+            if (a->fc) memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
         }
-        if (fc) rowwise_matmul(joined, fc, NULL, x, T, D, 2 * D, format, threads);
-        fused_layers_f32(x, T, D, H, Hkv, Dh, I, order, count, weights, windows, cos_table + position * Dh,
-                         sin_table + position * Dh, keys, values, hier, S_max, layer_stride, position, eps, scale,
-                         layer_scratch, format, threads);
-        rms_norm_rows(x + (T - 1) * D, norm_weight, normed, 1, D, eps, format);
-        rowwise_matmul(normed, head, NULL, logits, 1, V, D, head_format, threads);
+        if (a->fc) rowwise_matmul(joined, a->fc, NULL, x, T, D, 2 * D, m->format, threads);
+        fused_layers_f32(m, x, T, position, a->order, a->count, a->cos_table + position * Dh,
+                         a->sin_table + position * Dh, keys, values, hier, S_max, layer_stride, layer_scratch, threads);
+        rms_norm_rows(x + (T - 1) * D, m->norm, normed, 1, D, m->eps, m->norm_format);
+        rowwise_matmul(normed, m->head, NULL, logits, 1, V, D, m->head_format, threads);
         int64_t best = 0;
         for (int64_t v = 1; v < V; v++)
             if (logits[v] > logits[best]) best = v;  /* the first of equal maxima, as torch.argmax */
-        if ((stop_below > 0.0f && i > 0) || runners_up) {
+        if ((a->stop_below > 0.0f && i > 0) || a->runners_up) {
             double total = 0.0;  /* the best token's probability is 1 / sum(exp(logit - best logit)) */
             for (int64_t v = 0; v < V; v++) total += expf(logits[v] - logits[best]);
-            if (stop_below > 0.0f && i > 0 && 1.0 / total < stop_below) return i;
-            if (runners_up) {  /* the runner-up too: a token tree's candidate beside the draft's own */
+            if (a->stop_below > 0.0f && i > 0 && 1.0 / total < a->stop_below) return i;
+            if (a->runners_up) {  /* the runner-up too: a token tree's candidate beside the draft's own */
                 int64_t second = best == 0 ? 1 : 0;
                 for (int64_t v = second + 1; v < V; v++)
                     if (v != best && logits[v] > logits[second]) second = v;
-                runners_up[i] = head_ids ? head_ids[second] : second;
-                probabilities[2 * i] = (float)(1.0 / total);
-                probabilities[2 * i + 1] = (float)(exp((double)logits[second] - logits[best]) / total);
+                a->runners_up[i] = a->head_ids ? a->head_ids[second] : second;
+                a->probabilities[2 * i] = (float)(1.0 / total);
+                a->probabilities[2 * i + 1] = (float)(exp((double)logits[second] - logits[best]) / total);
             }
         }
-        out[i] = head_ids ? head_ids[best] : best;
+        a->out[i] = a->head_ids ? a->head_ids[best] : best;
         position += T;
         T = 1;
-        step_tokens = out + i;
+        step_tokens = a->out + i;
         step_features = normed;
     }
     return k;
+}
+
+int64_t draft_greedy_scratch(const ModelView *m, int64_t T0, int64_t start, int64_t k, int hierarchical) {
+    /* x, joined, normed and logits, then the layers' for the first step's rows over every position a step reaches */
+    return 3 * T0 * m->D + m->D + m->V + layer_scratch(m, T0, start + T0 + k, hierarchical);
 }

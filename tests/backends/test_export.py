@@ -18,6 +18,7 @@ from edge.backends.bundle import read_bundle  # noqa: E402
 from edge.decoding.drafters import DraftSampler  # noqa: E402
 from edge.engine import Engine  # noqa: E402
 from edge.errors import BundleError, EdgeError  # noqa: E402
+from edge.model.packed_weights import packed_format  # noqa: E402
 from edge.decoding.sampling import SamplingParams  # noqa: E402
 from export.bundle import ExportOptions, export_bundle  # noqa: E402
 from export.cli import main as export_main  # noqa: E402
@@ -256,10 +257,10 @@ def test_a_torch_draft_model_drafts_for_a_bundle(small_bundle, drafter_dir, draf
     plain = Engine.load(small_bundle, max_context=256)
     fast = Engine.load(small_bundle, max_context=256, drafter=f"draft:{drafter_dir}", draft_length=3,
                        draft_weights=draft_weights)
-    assert fast.drafter.model.rowwise is None or fast.drafter.model.rowwise.thread_count() == 1
-    assert fast.drafter.model.packed_format == draft_weights
+    assert fast.drafter.model.runner.matmul is None or fast.drafter.model.runner.matmul.thread_count() == 1
+    assert packed_format(fast.drafter.model) == draft_weights
     if draft_weights:  # the quantized layers use the one-thread kernel as well
-        assert fast.drafter.model.layers[0].attn.wqkv.rowwise.thread_count() == 1
+        assert fast.drafter.model.layers[0].attn.wqkv.runner.matmul.thread_count() == 1
     for prompt in PROMPTS:
         assert greedy(fast, prompt, 64) == greedy(plain, prompt, 64)
 

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
 from edge.model.calibration import CALIBRATION_TEXT
+from edge.model.kernel_glue import use_kernel
 from edge.model.key_scales import outlier_key_scales, pair_magnitudes
 from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
@@ -150,7 +151,7 @@ def test_the_kernel_stores_keys_divided_by_their_scales(kernel):
 
 def test_the_fused_step_and_the_reference_path_scale_keys_alike(kernel, outlier_target):
     model = load_model(outlier_target)
-    model.use_rowwise_matmul(kernel)
+    use_kernel(model, kernel)
     scales = outlier_key_scales(model, Tokenizer.from_dir(outlier_target).encode(CALIBRATION_TEXT))
     # the paths compute keys in different orders, so a value on a rounding boundary may take the next code (unscaled,
     # such a flip on an outlier channel moved this model's logits by up to 0.36 on the portable path)

@@ -170,10 +170,10 @@ def test_adaptive_layer_skip_skips_the_layers_its_model_measures_least_influenti
     # the measure: 1 - cos(input, output) of each layer's residual update, as a layer-by-layer pass computes it
     ids = torch.tensor([engine.tokenizer.encode(CALIBRATION_TEXT)])
     x = model.embed(ids).float()
-    rope, cache = model._rope(0, ids.shape[1], x.dtype), KVCache.for_model(model.config, ids.shape[1])
+    rope, cache = model.rope(0, ids.shape[1], x.dtype), KVCache.for_model(model.config, ids.shape[1])
     with torch.no_grad():
         for layer, block in enumerate(model.layers):
-            out = block(x, layer, 0, cache, rope, model._mask(0, ids.shape[1]))
+            out = block(x, layer, 0, cache, rope, model.mask(0, ids.shape[1]))
             expected = 1 - torch.nn.functional.cosine_similarity(x, out, dim=-1).mean().item()
             assert influence[layer] == pytest.approx(expected, abs=1e-4), layer
             x = out
@@ -377,8 +377,8 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
     """Also with a trimmed head (NAME@): the one C call maps the kept rows back to token ids as the Python path does;
     and with a confidence stop, both stop before the same token."""
     from edge.decoding.drafters.base import DraftSampler
-    from edge.model.transformer import Transformer
     from edge.decoding.sampling import SamplingParams
+    from kernels.runner import KernelRunner
 
     spec = drafter_spec(name.removesuffix("@"), checkpoints)
     kept = None
@@ -389,7 +389,7 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
     engine = Engine.load(checkpoints["target"], max_context=512, drafter=spec, draft_length=4)
     list(engine.generate(PROMPTS[1], max_new_tokens=30, ignore_eos=True))
     tokens, vocab = engine.history, engine.model.config.vocab_size
-    one_call_path = Transformer.draft_greedy
+    one_call_path = KernelRunner.draft
     calls = {"fast": 0, "slow": 0}
     original = engine.drafter.__class__._step
 
@@ -399,8 +399,8 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
         found = []
         for end in range(len(tokens) - 12, len(tokens)):
             drafts = {}
-            for path in ("fast", "slow"):  # the slow path: draft_greedy unavailable, as without the C kernel
-                monkeypatch.setattr(Transformer, "draft_greedy", one_call_path if path == "fast" else
+            for path in ("fast", "slow"):  # the slow path: the one-call draft unavailable, as without the C kernel
+                monkeypatch.setattr(KernelRunner, "draft", one_call_path if path == "fast" else
                                     (lambda *args, **kwargs: None))
                 engine.drafter.reset()
                 engine.drafter.propose(tokens[:end - 1], 1, sampler)  # caches the context, as a previous step

@@ -10,7 +10,9 @@ import torch
 import edge.engine.reply
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
+from edge.model.kernel_glue import verifies_trees
 from edge.model.kv_cache import KVCache
+from edge.model.transformer import keep_rows
 from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.decoding.speculative import SpeculativeDecoding, StepCosts
@@ -42,14 +44,14 @@ def test_each_path_of_a_tree_computes_what_decode_steps_compute(llama_dir, monke
     with torch.inference_mode():
         for cache in (tree_cache, chain_cache):
             model.forward_logits(prompt, 0, cache)
-        assert model.verifies_trees(tree_cache, 6)
+        assert verifies_trees(model, tree_cache, 6)
         tree = model.forward_logits(torch.tensor([tree_tokens]), 20, tree_cache, parents=parents)[0]  # (6, V)
         for rows in ([0, 1, 2, 3], [0, 4, 5]):  # each path, as decode steps from the prompt
             chain_cache.rollback(20)
             steps = torch.cat([model.forward_logits(torch.tensor([[tree_tokens[row]]]), 20 + i, chain_cache)[0]
                                for i, row in enumerate(rows)])
             assert torch.equal(tree[rows], steps), rows
-        model.keep_rows(20, [0, 4, 5], tree_cache)  # accept r x y: the cache now holds the prompt and r x y
+        keep_rows(model, 20, [0, 4, 5], tree_cache)  # accept r x y: the cache now holds the prompt and r x y
         assert tree_cache.length == chain_cache.length == 23
         after_tree = model.forward_logits(torch.tensor([[a]]), 23, tree_cache)
         after_steps = model.forward_logits(torch.tensor([[a]]), 23, chain_cache)

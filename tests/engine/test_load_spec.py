@@ -14,6 +14,7 @@ from edge import Engine
 from edge.decoding.registry import KINDS, DrafterSpec
 from edge.errors import CheckpointError, EdgeError, SamplingError
 from edge.load_spec import DraftModelOptions, LoadSpec
+from edge.model.packed_weights import packed_format
 from tui import cli
 from tui.settings import ChatSettings
 
@@ -86,7 +87,7 @@ def test_the_onnx_path_refuses_what_it_cannot_honour_and_keeps_the_draft_models_
     engine = Engine.load(llama_dir, max_context=256, backend="onnx", drafter=f"draft:{draft}", draft_length=3,
                          draft_weights="int8", draft_kv="int8")
     # the draft model runs on torch beside the exported target, with the weights and cache asked for
-    assert engine.backend == "onnx" and engine.drafter.model.packed_format == "int8"
+    assert engine.backend == "onnx" and packed_format(engine.drafter.model) == "int8"
     assert engine.drafter.cache.__class__.__name__ == "QuantizedKVCache"
     plain = Engine.load(engine.bundle.root, max_context=256)
     prompt = "The quick brown fox"

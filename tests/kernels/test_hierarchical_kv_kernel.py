@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from edge import Engine
+from edge.model.kernel_glue import ModelTensors, use_kernel
+from edge.model.packed_weights import packed_format
 from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
 from kernels import cpu_paths
@@ -36,7 +38,7 @@ def test_the_kernel_stores_what_the_reference_quantizer_stores(kernel, head_dim)
 
 def _model_on(kernel, folder):
     model = load_model(folder)
-    model.use_rowwise_matmul(kernel)
+    use_kernel(model, kernel)
     return model
 
 
@@ -51,7 +53,7 @@ def fused_and_reference(model, key_scales=None) -> list[tuple[torch.Tensor, ...]
     with torch.inference_mode():
         for cache in caches:
             cache.key_scales = key_scales
-            assert model._can_fuse(1, 4, torch.float32, cache) == (cache is caches[0])
+            assert model.runner.fuses(ModelTensors(model), 4, torch.float32, cache) == (cache is caches[0])
             prompt = model.forward_logits(tokens[:, :20], 0, cache)[0, -1]  # (V,)
             verify = model.forward_logits(tokens[:, 20:24], 20, cache)[0]  # (4, V)
             with cache.drafting():  # the draft's 4-bit view, as a QuantSpec draft reads it
@@ -86,7 +88,8 @@ def test_quantspec_on_the_fused_step_equals_plain_decoding(llama_dir, half_llama
     plain = Engine.load(folder, max_context=256, weights=packed, kv_cache="hierarchical")
     fast = Engine.load(folder, max_context=256, weights=packed, drafter="quantspec", draft_length=3)
     draft = fast.drafter.model
-    assert draft.packed_format == "blocks" and draft._can_fuse(1, 1, torch.float32, fast.cache)  # one C call a draft
+    # one C call a draft
+    assert packed_format(draft) == "blocks" and draft.runner.fuses(ModelTensors(draft), 1, torch.float32, fast.cache)
     expected = [t for e in plain.generate(PROMPT, max_new_tokens=60, ignore_eos=True) for t in e.token_ids]
     events = list(fast.generate(PROMPT, max_new_tokens=60, ignore_eos=True))
     assert [t for e in events for t in e.token_ids] == expected

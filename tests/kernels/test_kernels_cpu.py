@@ -83,7 +83,7 @@ def test_a_verify_pass_reproduces_decode_steps_bit_for_bit(checkpoint_factory, f
     for path in cpu_paths.runnable_paths():  # the model on each path in turn
         monkeypatch.setenv("EDGE_CPU_KERNEL", path)
         model = load_model(checkpoint_factory(family))
-        assert model.rowwise is not None and model.rowwise.path.startswith(path)
+        assert model.runner.matmul is not None and model.runner.matmul.path.startswith(path)
         cache = KVCache.for_model(model.config, 128, dtype=torch.float32, device=torch.device("cpu"))
         tokens = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(4))
         with torch.inference_mode():
@@ -114,7 +114,7 @@ def test_the_fused_step_matches_transformers_on_widths_that_are_no_lane_multiple
             model(tokens[:, :11], 0, cache)
             one = model.logits(model(tokens[:, 11:12], 11, cache))[0]  # (1, V)
             three = model.logits(model(tokens[:, 12:15], 12, cache))[0]  # (3, V)
-        assert model._fused_weights, path  # the fused step ran
+        assert model.runner.fused_format, path  # the fused step ran
         torch.testing.assert_close(torch.cat((one, three)), reference[11:], rtol=1e-4, atol=1e-4, msg=path)
 
 
@@ -131,11 +131,11 @@ def test_greedy_speculation_equals_plain_decoding_for_every_weights_format_on_ev
     plain = Engine.load(folder, max_context=256, weights=packed)
     fast = Engine.load(folder, max_context=256, weights=packed, drafter="early-exit:1",
                        draft_length=2)  # fixed: an adaptive length may pause where drafting measures slower
-    assert fast.model.rowwise.path.startswith(path)
+    assert fast.model.runner.matmul.path.startswith(path)
     expected = [t for e in plain.generate(prompt, max_new_tokens=60, ignore_eos=True) for t in e.token_ids]
     events = list(fast.generate(prompt, max_new_tokens=60, ignore_eos=True))
     # the kernel ran the weights as stored or quantized (int4: edge's 4-bit blocks)
-    assert fast.model._fused_format == {"int4": "blocks"}.get(weights, weights)
+    assert fast.model.runner.fused_format == {"int4": "blocks"}.get(weights, weights)
     assert [t for e in events for t in e.token_ids] == expected
     assert events[-1].stats.steps < 60  # it did speculate
 
@@ -181,7 +181,7 @@ def test_the_fused_layer_follows_replaced_weights(llama_dir):
     tokens = torch.tensor([[1, 2, 3]])
     with torch.inference_mode():
         before = model.logits(model(tokens, 0, KVCache.for_model(model.config, 8)))
-        assert model._fused_weights  # the fused path ran
+        assert model.runner.fused_format  # the fused path ran
         state = {name: tensor * 1.5 if tensor.ndim == 2 else tensor for name, tensor in other.state_dict().items()}
         model.load_state_dict(state, assign=True)
         after = model.logits(model(tokens, 0, KVCache.for_model(model.config, 8)))

@@ -12,17 +12,19 @@ import torch
 from tests.conftest import kernel_for, kernel_path_names
 from edge import EdgeError, Engine
 from edge.errors import UnsupportedModelError
+from edge.model.kernel_glue import ModelTensors
 from edge.model.kv_cache import KVCache
 from edge.sources.loading import load_model
 from edge.model.block_weights import BlockLinear
-from edge.model.packed_weights import PackedLinear, quantize_weights
+from edge.model.packed_weights import PackedLinear, packed_format, quantize_weights
+from edge.model.transformer import held_bytes
 from kernels.block_formats import BlockMatrix
 from kernels.cpu_matmul import RowwiseMatmul
 from kernels.cpu_packing import int8_packed_size, pack_int8, unpack_int8
 
 pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: packed weights need the kernel")
 FORMATS = ["int8", "int4"]
-MODEL_FORMAT = {"int8": "int8", "int4": "blocks"}  # the model's packed_format after --weights
+MODEL_FORMAT = {"int8": "int8", "int4": "blocks"}  # the model's packed_format() after --weights
 
 def quantize_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's activation quantization in torch: blocks of `block` values (zero padding to a whole block)
@@ -114,7 +116,7 @@ def test_a_quantized_verify_pass_reproduces_its_decode_steps_and_stays_close_to_
     quantize_weights(model, fmt)
     assert model.packed_head is not None  # logits through the kernel too
     assert isinstance(model.layers[0].attn.wqkv, PackedLinear if fmt == "int8" else BlockLinear)
-    assert model._can_fuse(1, 40, torch.float32, model.new_cache(8))
+    assert model.runner.fuses(ModelTensors(model), 40, torch.float32, model.new_cache(8))
     tokens = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(4))
     cache = KVCache.for_model(model.config, 128, dtype=torch.float32, device=torch.device("cpu"))
     with torch.inference_mode():
@@ -165,7 +167,7 @@ def test_int8_quarters_and_int4_divides_by_six_the_layers_memory(checkpoint_fact
     for fmt in FORMATS:
         model = load_model(path)
         quantize_weights(model, fmt)
-        sizes[fmt], wholes[fmt] = model.layers_weight_bytes(), model.weight_bytes()
+        sizes[fmt], wholes[fmt] = held_bytes([model.layers]), model.weight_bytes()
     assert sizes["int8"] < 0.3 * layers and sizes["int4"] < 0.2 * layers  # float32 -> int8 -> int4
     head = stored.config.vocab_size * stored.config.hidden_size
     assert model.packed_head.formats == ["q8_0"] and model.packed_head.nbytes < head * 8.6 / 8
@@ -195,7 +197,7 @@ def test_a_quantized_draft_model_keeps_the_float_target_lossless(checkpoint_fact
                              num_hidden_layers=1)
     plain = Engine.load(target, max_context=512)
     fast = Engine.load(target, max_context=512, drafter=f"draft:{small}", draft_weights=fmt)
-    assert fast.drafter.model.packed_format == MODEL_FORMAT[fmt] and not fast.model.packed_format
+    assert packed_format(fast.drafter.model) == MODEL_FORMAT[fmt] and not packed_format(fast.model)
     for prompt in ["The quick brown fox jumps over the lazy dog. The quick", "import os\nfor name in os"]:
         expected = [t for e in plain.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids]
         assert [t for e in fast.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids] == expected
@@ -243,4 +245,4 @@ def test_speculative_sampling_on_quantized_weights_keeps_their_distribution(chec
     degrees = torch.tensor((len(expected) - 1) / 2, dtype=torch.float64)
     p_value = float(torch.special.gammaincc(degrees, torch.tensor(statistic / 2, dtype=torch.float64)))
     assert p_value > 1e-3, (counts, expected)
-    assert fast.drafter.model.packed_format == MODEL_FORMAT[fmt]  # the draft model is quantized like the target
+    assert packed_format(fast.drafter.model) == MODEL_FORMAT[fmt]  # the draft model is quantized like the target

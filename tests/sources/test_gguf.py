@@ -23,6 +23,7 @@ from tests.gguf_files import reference_folder, write_gguf
 from edge import CheckpointError, Engine, UnsupportedModelError
 from edge.sources import gguf_checkpoint
 from edge.model.block_weights import BlockEmbedding
+from edge.model.packed_weights import packed_format
 from edge.sources.loading import load_model
 from kernels import cpu_paths
 from edge.sources.gguf_checkpoint import checkpoint_from_gguf
@@ -136,7 +137,7 @@ def llama_cpp_logits(folder: Path, tokens: torch.Tensor, qtype: str) -> torch.Te
     """The logits of the float model holding a file's values, each matmul as llama.cpp computes it for `qtype` (every
     projection and the head in that type)."""
     model = load_model(folder)
-    model.use_rowwise_matmul(None)  # torch's matmul, through each module (replaced below)
+    model.runner.use(None)  # torch's matmul, through each module (replaced below)
     block = 256 if qtype.endswith("_k") else 32
     minned = qtype in ("q4_1", "q5_1")
 
@@ -166,7 +167,7 @@ def test_a_quantized_file_runs_in_its_own_types(llama_dir, wide_dir, tmp_path, q
     gguf, reference = quantized_file(qtype, llama_dir, wide_dir, tmp_path)
     engine = Engine.load(gguf, max_context=128)
     model = engine.model
-    assert model.packed_format == "blocks" and isinstance(model.embed, BlockEmbedding)
+    assert packed_format(model) == "blocks" and isinstance(model.embed, BlockEmbedding)
     types = {fmt for block in model.layers for linear in (block.attn.wqkv, block.attn.wo, block.ffn.w_gate_up,
                                                            block.ffn.w_down) for fmt in linear.matrix.formats}
     assert types == ({"q4_k", "q6_k"} if qtype == "q4_k_m" else {qtype})
@@ -192,7 +193,7 @@ def test_greedy_speculation_equals_plain_decoding_on_every_path(llama_dir, wide_
     for qtype in ("q4_1", "q5_0", "q4_k_m", "q5_k"):
         gguf, _ = quantized_file(qtype, llama_dir, wide_dir, tmp_path / qtype)
         plain = Engine.load(gguf, max_context=128)
-        assert plain.model.rowwise.path.startswith(path)
+        assert plain.model.runner.matmul.path.startswith(path)
         expected = [t for e in plain.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
         assert greedy(gguf, drafter="early-exit:2") == expected, qtype
 
@@ -430,7 +431,7 @@ def test_files_from_llama_cpps_own_quantizer(wide_dir, tmp_path, ftype):
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     assert llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params) == 0
     engine = Engine.load(out, max_context=128)
-    assert engine.model.packed_format == "blocks"
+    assert packed_format(engine.model) == "blocks"
     tokens = torch.tensor([engine.tokenizer.encode(PROMPT)])
     dequantized = Engine.load(out, max_context=128, weights="float16").model  # the file's values, in 16 bits
     with torch.inference_mode():

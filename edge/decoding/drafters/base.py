@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 import torch
 
 from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, warp
-from kernels.cpu_matmul import KernelDraft
+from kernels.records import DraftRequest, FeatureRows, KernelDraft, KernelHead
 
 
 @dataclass
@@ -29,7 +29,8 @@ class Draft:
 
     @classmethod
     def from_kernel(cls, drafted: KernelDraft) -> "Draft":
-        """From one-call greedy drafting (Transformer.draft_greedy), runners-up included when they were asked for."""
+        """From one-call greedy drafting (edge.model.kernel_glue.draft_greedy), runners-up included when they were
+        asked for."""
         if drafted.runners_up is None:
             return cls(tokens=drafted.tokens)
         return cls(tokens=drafted.tokens, confidences=[first for first, _ in drafted.probabilities],
@@ -47,10 +48,17 @@ class DraftSampler:
     vocab_size: int | None = None  # the target's vocabulary size (draft probabilities are over it)
     runners_up: bool = False  # also report each step's second choice (a token tree may verify it too)
 
+    def request(self, tokens: list[int], start: int, cache, k: int, head: KernelHead, *,
+                layers: list[int] | None = None, features: FeatureRows | None = None) -> DraftRequest:
+        """A one-call greedy draft of k tokens (kernels/records.py DraftRequest) with this sampler's confidence stop and
+        runners-up."""
+        return DraftRequest(tokens, start, cache, k, head, layers=layers, features=features,
+                            stop_below=self.stop_below, runners_up=self.runners_up)
+
     @property
     def plain_greedy(self) -> bool:
         """Whether picking is a bare argmax (greedy, no repetition penalty): what a drafter's one-call greedy path
-        (Transformer.draft_greedy) computes, confidence stop (`stop_below`) included."""
+        (edge.model.kernel_glue.draft_greedy) computes, confidence stop (`stop_below`) included."""
         return self.params.greedy and self.params.repetition_penalty == 1.0
 
     def pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None, float]:

@@ -9,6 +9,7 @@ import torch
 from edge.decoding.drafters.base import Draft, DraftSampler, draft_autoregressively
 from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError, TokenizerError
+from edge.model.kernel_glue import draft_greedy
 from edge.model.kv_cache import common_prefix
 from edge.model.transformer import Transformer
 from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
@@ -69,9 +70,8 @@ class DraftModelDrafter:
         self.cache.rollback(min(reuse, self.cache.length))
         drafted = None
         if sampler.plain_greedy and isinstance(self.model, Transformer):  # all k in one C call, over its own head
-            drafted = self.model.draft_greedy(window[reuse:], reuse, self.cache, k,
-                                              draft_head(self.model, self.head, sampler.vocab_size),
-                                              stop_below=sampler.stop_below, runners_up=sampler.runners_up)
+            drafted = draft_greedy(self.model, sampler.request(window[reuse:], reuse, self.cache, k,
+                                                               draft_head(self.model, self.head, sampler.vocab_size)))
         draft = (Draft.from_kernel(drafted) if drafted is not None
                  else draft_autoregressively(self._step, window, window[reuse:], reuse, k, sampler))
         self._cached = window + draft.tokens[:-1]

@@ -4,7 +4,7 @@ The row for position p fuses the target's normed hidden state at p-1 with the em
 decoder layer(s) (with its own small KV cache) and a norm; the result predicts the target's hidden state at p, and
 the target's head turns it into a guess for token p+1. The next row feeds that prediction back as the feature:
 
-    target features f[0 .. n-1]  (every full target pass stores them: Transformer.keep_features)
+    target features f[0 .. n-1]  (every full target pass stores them: edge.model.transformer.keep_features)
     rows j = reuse .. n-1:  fc(cat(f[j], embed(x[j+1])))  -> layer -> norm -> g     (true features)
     draft 1 = argmax head(g);  rows n, n+1, ...:  fc(cat(g, embed(draft)))  -> ...  (own predictions)
 
@@ -22,10 +22,12 @@ import torch
 from edge.decoding.drafters.base import Draft, DraftSampler, draft_autoregressively
 from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import CheckpointError, SamplingError
+from edge.model.kernel_glue import draft_greedy
 from edge.model.kv_cache import common_prefix
+from edge.model.linears import Linear
+from edge.model.transformer import Transformer, keep_features
 from edge.sources.loading import load_hf_tensors, load_model
-from edge.model.transformer import Linear, Transformer
-from kernels.fused_model import FeatureRows
+from kernels.records import FeatureRows
 
 
 class FeatureDrafter:
@@ -36,7 +38,7 @@ class FeatureDrafter:
         (2D -> D) fusion."""
         self.target, self.layer, self.fc = target, layer, fc
         self.device = target.device
-        target.keep_features(max_len)
+        keep_features(target, max_len)
         self.cache = layer.new_cache(max_len)
         self._seen: list[int] = []  # the tokens the cached rows were computed for
         self._true_rows = 0  # rows of the drafter's cache computed from the target's own features
@@ -71,11 +73,10 @@ class FeatureDrafter:
             raise CheckpointError(f"{path} lacks fc.weight of shape ({config.hidden_size}, {2 * config.hidden_size}); "
                                   "the feature drafter is incomplete, write it again")
         layer.embed = target.embed  # shared: the drafter keeps no second copy of the embedding
-        fc = Linear(2 * config.hidden_size, config.hidden_size, bias=False, device="meta")
+        fc = layer.linears.linear(2 * config.hidden_size, config.hidden_size, False, device="meta")  # layer's kernel
         fc_dtype = layer.norm.weight.dtype  # stored like the drafter's layer (16-bit files stay 16-bit on the CPU)
         fc.weight = torch.nn.Parameter(fc_weight.to(device=target.device, dtype=fc_dtype).contiguous(),
                                        requires_grad=False)
-        fc.rowwise, fc.max_rows = layer.rowwise, layer.rowwise_max_rows
         return cls(target, layer, fc, max_len)
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
@@ -88,9 +89,8 @@ class FeatureDrafter:
         drafted = None
         if sampler.plain_greedy:  # all k in one C call: its layer over the target's features, the target's head
             features = FeatureRows(self.target.features[reuse:last], self.fc.weight)  # (T, D), (D, 2D)
-            drafted = self.layer.draft_greedy(tokens[reuse + 1:], reuse, self.cache, k,
-                                              draft_head(self.target, self.head), features=features,
-                                              stop_below=sampler.stop_below, runners_up=sampler.runners_up)
+            drafted = draft_greedy(self.layer, sampler.request(tokens[reuse + 1:], reuse, self.cache, k,
+                                                               draft_head(self.target, self.head), features=features))
         if drafted is not None:
             draft = Draft.from_kernel(drafted)
         else:

@@ -25,6 +25,7 @@ from edge.decoding.drafters.base import Draft, DraftSampler, draft_autoregressiv
 from edge.decoding.drafters.skip_calibration import layer_influence, skip_sets
 from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError
+from edge.model.kernel_glue import draft_greedy
 from edge.model.kv_cache import KVCache
 from edge.model.transformer import Transformer
 
@@ -69,10 +70,9 @@ class LayerSkipDrafter:
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
         start = len(tokens) - 1  # the target's cache holds everything before the last token
         if sampler.plain_greedy:  # all k drafts in one C call where the kernel runs: its layers, the shared head
-            drafted = self.model.draft_greedy([tokens[-1]], start, self.cache, k,
-                                              draft_head(self.model, self.head, sampler.vocab_size),
-                                              layers=self.layers, stop_below=sampler.stop_below,
-                                              runners_up=sampler.runners_up)
+            head = draft_head(self.model, self.head, sampler.vocab_size)
+            drafted = draft_greedy(self.model, sampler.request([tokens[-1]], start, self.cache, k, head,
+                                                               layers=self.layers))
             if drafted is not None:
                 return Draft.from_kernel(drafted)
         return draft_autoregressively(self._step, tokens, [tokens[-1]], start, k, sampler)

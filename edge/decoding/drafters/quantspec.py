@@ -27,10 +27,12 @@ from edge.model.block_weights import BlockEmbedding, BlockLinear
 from edge.decoding.drafters.base import Draft, DraftSampler
 from edge.decoding.drafters.layer_skip import LayerSkipDrafter
 from edge.errors import SamplingError
-from edge.model.transformer import Linear, Transformer
-from edge.model.packed_weights import PackedLinear, int4_linear, widen_norms
+from edge.model.linears import Linear, LinearFactory
+from edge.model.packed_weights import PackedLinear, widen_norms
+from edge.model.transformer import Transformer, held_bytes
 from kernels.block_formats import QUANTIZED, BlockMatrix
 from kernels.quant import QuantizedLinear
+from kernels.runner import KernelRunner
 
 BITS = (4, 8)  # quantspec:B, int4 in groups of 32 or int8 per output channel
 UPPER_PLANE_SHARE = 0.25  # the draft reads 4-bit keys/values once their 8-bit bytes reach this share of its weights
@@ -39,7 +41,7 @@ UPPER_PLANE_SHARE = 0.25  # the draft reads 4-bit keys/values once their 8-bit b
 def cpu_kernel_format(model: Transformer, bits: int, group_size: int) -> str | None:
     """The CPU kernel's packed format for a `bits`-bit draft of `model` ("int4": groups of 32, as QuantSpec's; "int8":
     per output channel), or None where the kernel cannot run it (a GPU, 16-bit compute, no C compiler)."""
-    if model.device.type != "cpu" or model.dtype != torch.float32 or model.rowwise is None:
+    if model.device.type != "cpu" or model.dtype != torch.float32 or model.runner.matmul is None:
         return None
     return {4: "int4" if group_size == 32 else None, 8: "int8"}.get(bits)
 
@@ -49,14 +51,16 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
     with `model` (the head is read once per step, the layers' projections are most of the bytes). On the CPU the
     projections are packed for edge's kernel (edge/model/packed_weights.py), elsewhere they are QuantizedLinear (Triton
     on a GPU, the torch reference otherwise); either takes any layer width (padded inside)."""
-    draft = Transformer(model.config, device="meta")
+    packed = cpu_kernel_format(model, bits, group_size)
+    # the kernel's fused step and one-call drafting run a packed draft on the target's kernel; any other on torch
+    runner = KernelRunner(model.runner.matmul if packed else None, model.runner.max_rows)
+    draft = Transformer(model.config, device="meta", linears=LinearFactory(runner))
     shared = {name: tensor for name, tensor in model.state_dict().items() if not name.endswith(".packed")}
     draft.load_state_dict(shared, strict=False, assign=True)  # shares the tensors, copies nothing
     if isinstance(model.embed, BlockEmbedding):  # a GGUF file's embedding and head in their blocks: shared as they are
         draft.embed, draft.lm_head, draft.packed_head = model.embed, model.lm_head, model.packed_head
     draft.inv_freq = model.inv_freq
     draft.compute_dtype = model.compute_dtype  # float32 activations over 16-bit weights, as the target computes
-    packed = cpu_kernel_format(model, bits, group_size)
     streamer = getattr(model, "streamer", None)
     for index, layer in enumerate(draft.layers):
         source_layer = model.layers[index]
@@ -64,19 +68,17 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
             layer.load_state_dict({name: tensor.to(model.device) for name, tensor in streamer.host[index].items()},
                                   assign=True)
             source_layer = layer
-        _quantize_projections(layer, source_layer, packed, model.rowwise, bits, group_size)
-    if packed:  # the kernel's fused step and one-call drafting: float32 norms beside packed matrices, as the target's
+        _quantize_projections(layer, source_layer, packed, draft.linears, bits, group_size)
+    if packed:  # float32 norms beside packed matrices, as the target's
         widen_norms(draft)
-        draft.rowwise, draft.rowwise_max_rows = model.rowwise, model.rowwise_max_rows
-        draft.packed_format = "blocks" if packed == "int4" else packed
         if packed == "int4" and not _quantized_head(model):
             draft.packed_head = BlockMatrix.quantized("q8_0", model.head_weight)  # (V, D) in 8-bit blocks
         # else the head stays the target's (packed_head): already quantized
     return draft.eval().requires_grad_(False)
 
 
-def _quantize_projections(layer: nn.Module, source_layer: nn.Module, packed: str | None, rowwise, bits: int,
-                          group_size: int) -> None:
+def _quantize_projections(layer: nn.Module, source_layer: nn.Module, packed: str | None, linears: LinearFactory,
+                          bits: int, group_size: int) -> None:
     """Replace each projection of the draft's `layer` by `source_layer`'s, quantized (packed for the CPU kernel
     where `packed` names its format)."""
     for name, module in list(layer.named_modules()):
@@ -85,9 +87,9 @@ def _quantize_projections(layer: nn.Module, source_layer: nn.Module, packed: str
                 continue
             source = source_layer.get_submodule(f"{name}.{child_name}" if name else child_name)  # float or packed
             if packed == "int4":
-                setattr(module, child_name, int4_linear(source, rowwise))
+                setattr(module, child_name, linears.int4(source))
             elif packed:
-                setattr(module, child_name, PackedLinear.from_linear(source, packed, rowwise))
+                setattr(module, child_name, linears.packed(source, packed))
             elif isinstance(source, PackedLinear):  # only QuantSpec's own group size keeps a packed target's kernel
                 raise SamplingError("the quantspec drafter of an int8/int4 target runs on edge's CPU kernel, with "
                                     "groups of 32: use --drafter quantspec or quantspec:8")
@@ -125,7 +127,7 @@ class QuantSpecDrafter(LayerSkipDrafter):
         """What one drafted token reads besides the cache: the layers' quantized projections and the head."""
         head = self.model.packed_head
         head_bytes = head.nbytes if head is not None else self.model.head_weight.nbytes
-        return self.model.layers_weight_bytes() + head_bytes
+        return held_bytes([self.model.layers]) + head_bytes
 
     def reads_upper_plane(self, context: int) -> bool:
         """Whether a draft at `context` tokens reads the cache's upper 4 bits alone (else both planes)."""

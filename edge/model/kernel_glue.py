@@ -1,0 +1,119 @@
+"""Where edge's model meets its kernel runner: a Transformer read as the plain tensors kernels/runner.py takes, and
+the model-level calls that go through the runner.
+
+    use_kernel(model, RowwiseMatmul.load())    # bind the model's runner (every projection follows), checked
+    draft_greedy(model, DraftRequest(...))     # k greedy draft tokens in one C call, or None (draft step by step)
+    verifies_trees(model, cache)               # whether a token tree's verify pass runs here
+    kernel_head(model, rows)                   # the model's head as the fused calls score with it
+
+The decisions and the C calls live in kernels/ (KernelRunner, FusedWeights), which imports nothing from edge; this
+module only knows where a Transformer keeps its tensors (ModelTensors) and hands them over.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edge.errors import UnsupportedModelError
+from edge.model.block_weights import BlockEmbedding, BlockLinear
+from edge.model.linears import Linear
+from edge.model.packed_weights import PackedLinear, packed_format
+from kernels.block_formats import BlockMatrix
+from kernels.cpu_matmul import RowwiseMatmul
+from kernels.fused_model import LayerTable
+from kernels.records import DraftRequest, KernelDraft, KernelHead, ModelEnds
+
+
+class ModelTensors:
+    """A Transformer as its kernel runner reads it (the members kernels/runner.py lists), made per call: nothing is
+    copied, every member reads the model as it is now."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    @property
+    def shape(self):
+        return self.model.config.shape()  # memory.footprint.ModelShape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.rope(start, end, torch.float32)  # cos, sin (T, Dh) each
+
+    def ends(self, head: KernelHead | None = None) -> ModelEnds:
+        """The embedding, final norm and `head` (default: the model's) as a whole pass in one C call reads them."""
+        model = self.model
+        head = head if head is not None else kernel_head(model)
+        if isinstance(model.embed, BlockEmbedding):
+            return ModelEnds(model.embed.table_entry, model.norm.weight, head, embed_format="blocks")
+        return ModelEnds(model.embed.weight, model.norm.weight, head)
+
+    def layer_table(self) -> LayerTable | None:
+        """The layers handed to the fused C calls, or None where one is not a block of Linear projections (PackedLinear
+        or BlockLinear ones when packed) or holds weights the kernel does not read (offloaded, QuantizedLinear)."""
+        layers, fmt = self.model.layers, packed_format(self.model)
+        matrix_type, matrix = {"blocks": (BlockLinear, "table_entry"), None: (Linear, "weight")}.get(
+            fmt, (PackedLinear, "packed"))
+        tensors = [_layer_tensors(block, matrix_type, matrix) for block in layers]
+        if None in tensors:
+            return None
+        windows = [block.attn.sliding_window or 0 for block in layers]
+        # replaced when the last layer, or its first matrix, is not the one the pointers were taken from
+        wqkv = layers[-1].attn.wqkv
+        slots = wqkv._buffers if matrix == "table_entry" else wqkv._parameters
+        return LayerTable(tensors, windows, fmt, watch=((layers._modules, str(len(layers) - 1)), (slots, matrix)))
+
+
+def _layer_tensors(block: nn.Module, matrix_type: type, matrix: str) -> tuple | None:
+    """A decoder layer's 12 tensors in the fused C table's order (kernels.fused_model.TABLE_KINDS), None where one is
+    absent; the matrices are the tensors named `matrix` of its four `matrix_type` projections. None for a layer that
+    does not hold its projections (an offloaded one) or holds another kind."""
+    attn, ffn = getattr(block, "attn", None), getattr(block, "ffn", None)
+    if attn is None or ffn is None:
+        return None
+    projections = (attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down)
+    if not all(isinstance(m, matrix_type) for m in projections):
+        return None
+    wqkv, wo, gate_up, down = (getattr(m, matrix) for m in projections)
+    q_norm, k_norm = (norm.weight if norm is not None else None for norm in (attn.q_norm, attn.k_norm))
+    return (block.attn_norm.weight, wqkv, attn.wqkv.bias, q_norm, k_norm, wo, attn.wo.bias,
+            block.ffn_norm.weight, gate_up, ffn.w_gate_up.bias, down, ffn.w_down.bias)
+
+
+def kernel_head(model: nn.Module, rows: int | None = None) -> KernelHead:
+    """`model`'s head as the fused C calls read it: the packed one when there is one and every row is wanted (as
+    logits() does), else the leading `rows` float rows (a draft vocabulary padded beyond the target's)."""
+    vocab, packed = model.config.vocab_size, model.packed_head
+    if isinstance(packed, BlockMatrix) and rows in (None, vocab):
+        return KernelHead(packed.table_entry, vocab, packed_format="blocks")
+    if packed is not None and rows in (None, vocab):
+        return KernelHead(packed, vocab, packed_format=packed_format(model))
+    weight = model.head_weight if rows is None else model.head_weight[:rows]  # (V', D): leading rows, contiguous
+    return KernelHead(weight, weight.shape[0])
+
+
+def use_kernel(model: nn.Module, matmul: RowwiseMatmul | None, max_rows: int | None = None) -> None:
+    """Run `model` on `matmul` (None: torch's matmul throughout), passes of up to `max_rows` rows (default: as now)
+    batch-invariant, where the kernel reads every float projection's weights; else on torch. Packed weights run only
+    on the kernel: without it they are an error."""
+    linears = [module for module in model.modules() if isinstance(module, Linear)]
+    supported = matmul is not None and all(matmul.supports(m.weight, m.bias) for m in linears)
+    fmt = packed_format(model)
+    if fmt and not supported:
+        raise UnsupportedModelError(f"this model's {fmt} weights run only on edge's CPU kernel; keep it on the CPU")
+    model.runner.use(matmul if supported else None, max_rows)
+
+
+def draft_greedy(model: nn.Module, request: DraftRequest) -> KernelDraft | None:
+    """request.k greedy draft tokens from `model` in one C call (kernels/records.py DraftRequest), or None where that
+    path is not available (then the caller drafts step by step)."""
+    return model.runner.draft(ModelTensors(model), request)
+
+
+def verifies_trees(model: nn.Module, cache, rows: int = 2) -> bool:
+    """Whether a token tree of `rows` rows can be verified in one pass (Transformer.forward_logits(parents=...)): the
+    fused CPU step over this cache."""
+    return model.runner.verifies_trees(ModelTensors(model), cache, rows)

@@ -59,21 +59,7 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
-        config_path = Path(path) / "config.json"
-        if not config_path.is_file():
-            raise CheckpointError(
-                f"{config_path} not found: a checkpoint folder needs the Hugging Face config.json next to its weights"
-            )
-        fix = "fix the file, or download the checkpoint's config.json again"
-        try:
-            raw = json.loads(config_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{config_path} is not valid JSON ({exc}); {fix}") from None
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {config_path}: {exc.strerror or exc}") from None
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"{config_path} does not hold a JSON object; {fix}")
-        return cls.from_hf(raw, source=str(config_path))
+        return cls.from_hf(read_config_json(path), source=str(Path(path) / "config.json"))
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelConfig":
@@ -207,3 +193,23 @@ def _check(config: ModelConfig, source: str) -> None:
             raise CheckpointError(f"{source}: {name} must be positive, got {getattr(config, name)}")
     if not math.isfinite(config.rope_theta) or config.rope_theta <= 0:
         raise CheckpointError(f"{source}: rope_theta must be a positive number, got {config.rope_theta}")
+
+
+def read_config_json(folder: str | Path) -> dict[str, Any]:
+    """A checkpoint folder's config.json as a JSON object, or one CheckpointError naming what is wrong with it."""
+    config_path = Path(folder) / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(
+            f"{config_path} not found: a checkpoint folder needs the Hugging Face config.json next to its weights"
+        )
+    fix = "fix the file, or download the checkpoint's config.json again"
+    try:
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON ({exc}); {fix}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {config_path}: {exc.strerror or exc}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{config_path} does not hold a JSON object; {fix}")
+    return raw
+

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from edge.model.config import ModelConfig
+from edge.model.config import ModelConfig, read_config_json
 from edge.errors import CheckpointError, SettingError
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.model.kernel_glue import use_kernel
@@ -342,21 +342,8 @@ def build_state(
 def read_config(folder: str | Path) -> tuple[ModelConfig, dict]:
     """A checkpoint's config.json, read once: its ModelConfig and the JSON object itself (for what else reads it,
     such as the tokenizer's bos and eos token ids), with ModelConfig.from_dir's checks and messages."""
-    config_path = Path(folder) / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(
-            f"{config_path} not found: a checkpoint folder needs the Hugging Face config.json next to its weights"
-        )
-    fix = "fix the file, or download the checkpoint's config.json again"
-    try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON ({exc}); {fix}") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {config_path}: {exc.strerror or exc}") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{config_path} does not hold a JSON object; {fix}")
-    return ModelConfig.from_hf(raw, source=str(config_path)), raw
+    raw = read_config_json(folder)
+    return ModelConfig.from_hf(raw, source=str(Path(folder) / "config.json")), raw
 
 
 def check_checkpoint(folder: str | Path, config: ModelConfig | None = None) -> ModelConfig:

@@ -9,7 +9,6 @@ from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from edge.errors import EdgeError
-from memory.budget import BudgetError
 from tui.loader import SessionLoader
 from tui.screens.chat import ChatScreen
 from tui.screens.loading import LoadingScreen
@@ -37,7 +36,7 @@ class EdgeChatApp(App):
         progress = lambda stage, fraction: self.call_from_thread(screen.progress, stage, fraction)  # noqa: E731
         try:
             session = self.loader.load(progress)
-        except (EdgeError, BudgetError, OSError) as error:
+        except (EdgeError, OSError) as error:
             self.call_from_thread(screen.show_error, str(error))
             return
         self.call_from_thread(self.show_chat, session)

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Iterator
 
 from edge.engine import Engine, GenerationOptions
-from edge.errors import EdgeError
+from edge.errors import EdgeError, MemoryBudgetError
 from edge.events import FINISH_STOPPED, Event
 from tui.completion import reply_events
 from tui.history import Conversation, ConversationStore, title_from
 from tui.provenance import extend_runs, provenance_pieces
-from memory.budget import BudgetError, format_size
+from memory.budget import format_size
 from tui.settings import ChatSettings
 
 BASELINE_PROMPT = "Write a Python function that returns the sum of a list of numbers."
@@ -133,7 +133,7 @@ class ChatSession:
     def apply(self, settings: ChatSettings) -> list[str]:
         """Switch to new settings without reloading the model; return what changed, for the status line.
 
-        Raises an EdgeError or BudgetError (one line, naming the fix) and keeps the old settings if one is wrong."""
+        Raises an EdgeError (one line, naming the fix) and keeps the old settings if one is wrong."""
         settings.check()
         self._check_budget(settings)
         changed = []
@@ -159,8 +159,8 @@ class ChatSession:
         budget = settings.budget_bytes
         needed = self.engine.memory_footprint()["total"]
         if budget is not None and needed > budget:
-            raise BudgetError(f"the memory budget {settings.memory_budget} is too small: the model, its KV cache and "
-                              f"drafter need {format_size(needed)}; raise the budget to at least that")
+            raise MemoryBudgetError(f"the memory budget {settings.memory_budget} is too small: the model, its KV cache "
+                                    f"and drafter need {format_size(needed)}; raise the budget to at least that")
 
     def measure_baseline(self, tokens: int = 64) -> float:
         """Plain (autoregressive) decoding speed on this machine, the reference for the speedup shown: a chat reply

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from edge.decoding.registry import DrafterSpec
 from edge.engine import GenerationOptions
-from edge.errors import SamplingError
+from edge.errors import MemoryBudgetError, SamplingError
 from edge.load_spec import LoadSpec
 from edge.decoding.speculative import DraftLength
 from memory.budget import BudgetError, parse_size
@@ -61,13 +61,17 @@ class ChatSettings:
 
     @property
     def budget_bytes(self) -> int | None:
-        return parse_size(self.memory_budget) if self.memory_budget.strip() else None
+        """The memory budget in bytes (None: none set), or a MemoryBudgetError naming what cannot be read."""
+        try:
+            return parse_size(self.memory_budget) if self.memory_budget.strip() else None
+        except BudgetError as error:
+            raise MemoryBudgetError(str(error)) from None
 
     def replace(self, **changes) -> "ChatSettings":
         return dataclasses.replace(self, **changes)
 
     def check(self) -> "ChatSettings":
-        """Return self if every value is usable; raise SamplingError/BudgetError naming the field and the fix."""
+        """Return self if every value is usable; raise an EdgeError naming the field and the fix."""
         DrafterSpec.parse(self.drafter)  # the forms edge-chat --drafter takes
         DraftLength.parse(self.draft_length)  # the forms edge-chat --draft-length takes
         if not 0.0 <= self.temperature <= 5.0:
@@ -76,7 +80,7 @@ class ChatSettings:
             raise SamplingError(f"top-p must be in (0, 1] (1 = off), got {self.top_p}")
         if self.max_tokens < 1:
             raise SamplingError(f"max tokens must be at least 1, got {self.max_tokens}")
-        self.budget_bytes  # noqa: B018 - raises BudgetError when the text cannot be read
+        self.budget_bytes  # noqa: B018 - raises MemoryBudgetError when the text cannot be read
         return self
 
 
@@ -89,4 +93,4 @@ def parse_number(text: str, name: str, kind: type = float):
         raise SamplingError(f"{name} must be {expected}, got {text!r}") from None
 
 
-__all__ = ["ChatSettings", "DRAFTER_CHOICES", "parse_number", "BudgetError"]
+__all__ = ["ChatSettings", "DRAFTER_CHOICES", "parse_number"]

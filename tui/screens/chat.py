@@ -26,7 +26,6 @@ from textual.widgets import Footer, Header, Label
 
 from edge.errors import EdgeError
 from edge.events import FINISH_CONTEXT, Stats
-from memory.budget import BudgetError
 from tui.screens.history import HistoryScreen
 from tui.screens.settings import SettingsScreen
 from tui.completion import completion_note, is_completion_model
@@ -298,7 +297,7 @@ class ChatScreen(Screen):
             return
         try:
             changed = self.session.apply(settings)
-        except (EdgeError, BudgetError) as error:
+        except EdgeError as error:
             self.notify(str(error), title="settings not applied", severity="error", timeout=10)
             return
         self.query_one(StatsPanel).show(drafter=self.session.drafter_spec, draft_length=settings.draft_length)

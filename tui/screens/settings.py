@@ -10,7 +10,6 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
 
 from edge.errors import EdgeError
-from memory.budget import BudgetError
 from tui.settings import DRAFTER_CHOICES, ChatSettings, parse_number
 
 
@@ -71,7 +70,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def action_apply(self) -> None:
         try:
             settings = self.read()
-        except (EdgeError, BudgetError) as error:
+        except EdgeError as error:
             self.query_one("#settings-error", Label).update(str(error))
             return
         self.dismiss(settings)

@@ -63,7 +63,8 @@ def run(engine: Engine, prompts: list[list[dict]], tokens: int) -> dict:
     return {"replies": replies, "decode_tokens_per_s": round(statistics.median(speeds), 1),
             "whole_reply_tokens_per_s": round(statistics.median(whole), 1),
             "acceptance": round(accepted / drafted, 3) if drafted else None,
-            "draft_ms_per_step": round(1e3 * draft_s / steps, 3), "verify_ms_per_step": round(1e3 * verify_s / steps, 3)}
+            "draft_ms_per_step": round(1e3 * draft_s / steps, 3),
+            "verify_ms_per_step": round(1e3 * verify_s / steps, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:

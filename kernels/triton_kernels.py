@@ -13,6 +13,8 @@ per byte. Callers go through kernels/dispatch.py, which picks these on a capable
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
@@ -111,7 +113,7 @@ def split_groups(tiles: int, groups: int, block_g: int, device: torch.device) ->
     """(splits, groups per split) of the input groups, so that a narrow weight (few output tiles, a long input:
     a down projection into a small hidden size) still gives every multiprocessor work. Depends on the weight's shape
     alone, never on the rows of x, so a verify pass adds each row's splits as a one-row step does."""
-    processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    processors = _processors(device.index or 0) if device.type == "cuda" else 4
     wanted = triton.cdiv(2 * processors, tiles)  # about two programs per multiprocessor
     splits = max(1, min(wanted, groups // (4 * block_g)))  # each split keeps at least four tiles of groups
     per_split = triton.cdiv(triton.cdiv(groups, splits), block_g) * block_g
@@ -286,3 +288,10 @@ def quantized_decode_attention(q: torch.Tensor, keys: PackedVectors, values: Pac
     _combine_chunks_kernel[(heads, steps)](best, total, acc, out, start, heads, dims, chunks, CHUNK=chunk,
                                            BLOCK_D=block_d)
     return out
+
+
+@lru_cache(maxsize=None)
+def _processors(device: int) -> int:
+    """The GPU's multiprocessors, asked once (split_groups runs for every matmul of a decode step)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+

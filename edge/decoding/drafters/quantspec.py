@@ -12,8 +12,9 @@ second cache. The upper plane alone pays only where the cache is a large share o
 the prefix's 8-bit keys and values are under a quarter of the draft's weight bytes (about 2,000 tokens on a 135M
 model, 14,000 on a 1.1B one), the draft reads both planes, which halves nothing worth halving and keeps its
 agreement with the target (on SmolLM2-135M-Instruct: 3.62 against 3.25 tokens a step at 3 drafted). Its own
-keys/values for the drafted positions are written past the verified length and rewritten by the verifying pass, as for layer-skip drafters. The target verifies in full precision, so the output is the
-target's (with its 8-bit KV cache) token for token.
+keys/values for the drafted positions are written past the verified length and rewritten by the verifying pass,
+as for layer-skip drafters. The target verifies in full precision, so the output is the target's (with its 8-bit KV
+cache) token for token.
 """
 
 from __future__ import annotations

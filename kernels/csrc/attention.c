@@ -17,46 +17,53 @@
 
 #include "simd.h"
 
-#define KEYS 4 /* keys scored side by side: independent chains, each key's operations unchanged */
 #define TREE_ROWS 64 /* the most rows a token tree's pass may hold */
 
-/* scores[j] = (q . k_j) * scale for j in [lo, hi] */
+/* scores[j] = (q . k_j) * scale for j in [lo, hi]: VL keys side by side (independent chains, their lane sums taken
+ * together by vf_reduce_many), the rest one by one; every key's operations are the same either way */
 static void score_keys(const float *query, const float *k, float *scores, int64_t lo, int64_t hi, int64_t D,
                        float scale) {
     const int64_t whole = D - D % VL;
-    for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
-        const int count = hi + 1 - j0 < KEYS ? (int)(hi + 1 - j0) : KEYS;
-        vf lanes[KEYS];
-        float tails[KEYS];
-        for (int i = 0; i < KEYS; i++) {
-            lanes[i] = vf_zero();
-            tails[i] = 0.0f;
+    int64_t j0 = lo;
+    for (; j0 + VL <= hi + 1; j0 += VL) {
+        vf lanes[VL];
+        float sums[VL];
+        _Pragma("GCC unroll 16") for (int i = 0; i < VL; i++) lanes[i] = vf_zero();
+        for (int64_t d = 0; d < whole; d += VL) {
+            const vf qv = vf_load(query + d);
+            _Pragma("GCC unroll 16") for (int i = 0; i < VL; i++)
+                lanes[i] = vf_fma(lanes[i], qv, vf_load(k + (j0 + i) * D + d));
         }
-        if (count == KEYS) {
-            for (int64_t d = 0; d < whole; d += VL) {
-                const vf qv = vf_load(query + d);
-                _Pragma("GCC unroll 4") for (int i = 0; i < KEYS; i++)
-                    lanes[i] = vf_fma(lanes[i], qv, vf_load(k + (j0 + i) * D + d));
-            }
-        } else {
-            for (int i = 0; i < count; i++)
-                for (int64_t d = 0; d < whole; d += VL)
-                    lanes[i] = vf_fma(lanes[i], vf_load(query + d), vf_load(k + (j0 + i) * D + d));
+        vf_reduce_many(lanes, sums);
+        for (int i = 0; i < VL; i++) {
+            float tail = 0.0f;
+            for (int64_t d = whole; d < D; d++) tail = tail + query[d] * k[(j0 + i) * D + d];
+            scores[j0 + i] = (sums[i] + tail) * scale;
         }
-        for (int i = 0; i < count; i++) {
-            for (int64_t d = whole; d < D; d++) tails[i] = tails[i] + query[d] * k[(j0 + i) * D + d];
-            scores[j0 + i] = (vf_reduce(lanes[i]) + tails[i]) * scale;
-        }
+    }
+    for (int64_t j = j0; j <= hi; j++) {
+        vf lanes = vf_zero();
+        float tail = 0.0f;
+        for (int64_t d = 0; d < whole; d += VL) lanes = vf_fma(lanes, vf_load(query + d), vf_load(k + j * D + d));
+        for (int64_t d = whole; d < D; d++) tail = tail + query[d] * k[j * D + d];
+        scores[j] = (vf_reduce(lanes) + tail) * scale;
     }
 }
 
 /* Softmax weights from scores [lo, hi] in place: scores[j] = exp(score_j - max); returns their sum. */
 static float softmax_weights(float *scores, int64_t lo, int64_t hi) {
-    float top = -INFINITY;
-    for (int64_t j = lo; j <= hi; j++) top = scores[j] > top ? scores[j] : top;  /* a maximum: the same in any order */
-    vf sums = vf_zero();
+    float top = -INFINITY;  /* a maximum: the same in any order */
     int64_t j = lo;
-    for (; j + VL <= hi + 1; j += VL) {  /* whole vectors in place */
+    if (hi + 1 - lo >= VL) {
+        vf tops = vf_load(scores + lo);
+        for (j = lo + VL; j + VL <= hi + 1; j += VL) tops = vf_max(tops, vf_load(scores + j));
+        float lanes[VL];
+        vf_store(lanes, tops);
+        for (int i = 0; i < VL; i++) top = lanes[i] > top ? lanes[i] : top;
+    }
+    for (; j <= hi; j++) top = scores[j] > top ? scores[j] : top;
+    vf sums = vf_zero();
+    for (j = lo; j + VL <= hi + 1; j += VL) {  /* whole vectors in place */
         const vf exps = vf_exp(vf_sub(vf_load(scores + j), vf_set(top)));
         vf_store(scores + j, exps);
         sums = vf_add(sums, exps);

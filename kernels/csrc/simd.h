@@ -202,6 +202,25 @@ static inline float vf_reduce(vf v) { /* upper half onto lower half: 8, 4, 2, 1 
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
+/* out[i] = vf_reduce(acc[i]) for VL vectors, bit for bit (each sum the same tree of additions: lane l + lane l + 8,
+ * then + 4, + 2, + 1), in four transposing steps instead of VL reductions */
+static inline void vf_reduce_many(const vf *acc, float *out) {
+    vf halves[8], quarters[4], pairs[2];
+    for (int i = 0; i < 8; i++)  /* keys 2i, 2i + 1: lanes l + l + 8 in halves */
+        halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++)  /* keys 4i .. 4i + 3: + 4, one 128-bit chunk each */
+        quarters[i] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++)  /* chunk c: keys 8i + c, 8i + 4 + c: + 2 */
+        pairs[i] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const vf sums = _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));  /* + 1 */
+    /* lane 4c + i holds key c + 4i */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, sums));
+}
 #elif defined(EDGE_AVX2)
 typedef __m256 vf;
 #define VL 8
@@ -229,6 +248,20 @@ static inline float vf_reduce(vf v) { /* 4, 2, 1 lanes */
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
+/* out[i] = vf_reduce(acc[i]) for VL vectors, bit for bit (lane l + lane l + 4, then + 2, + 1), transposing */
+static inline void vf_reduce_many(const vf *acc, float *out) {
+    vf halves[4], pairs[2];
+    for (int i = 0; i < 4; i++)  /* keys 2i, 2i + 1: + 4, one 128-bit half each */
+        halves[i] = _mm256_add_ps(_mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x20),
+                                  _mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)  /* half c: keys 4i + c, 4i + 2 + c: + 2 */
+        pairs[i] = _mm256_add_ps(_mm256_shuffle_ps(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const vf sums = _mm256_add_ps(_mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));  /* + 1 */
+    /* lane 4c + i holds key c + 2i */
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
 #elif defined(EDGE_NEON)
 typedef float32x4_t vf;
 #define VL 4
@@ -252,6 +285,14 @@ static inline vf vf_pow2_bits(vf shifted) {
 static inline float vf_reduce(vf v) { /* 2, 1 lanes */
     const float32x2_t s2 = vadd_f32(vget_low_f32(v), vget_high_f32(v));
     return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+}
+/* out[i] = vf_reduce(acc[i]) for VL vectors, bit for bit (lane l + lane l + 2, then + 1) */
+static inline void vf_reduce_many(const vf *acc, float *out) {
+    const vf first = vaddq_f32(vcombine_f32(vget_low_f32(acc[0]), vget_low_f32(acc[1])),
+                               vcombine_f32(vget_high_f32(acc[0]), vget_high_f32(acc[1])));  /* keys 0, 1: + 2 */
+    const vf second = vaddq_f32(vcombine_f32(vget_low_f32(acc[2]), vget_low_f32(acc[3])),
+                                vcombine_f32(vget_high_f32(acc[2]), vget_high_f32(acc[3])));  /* keys 2, 3 */
+    vst1q_f32(out, vpaddq_f32(first, second));  /* + 1, keys in order */
 }
 #else
 typedef float vf __attribute__((vector_size(16)));
@@ -317,6 +358,9 @@ static inline vf vf_pow2_bits(vf shifted) {
     return out;
 }
 static inline float vf_reduce(vf v) { return (v[0] + v[2]) + (v[1] + v[3]); } /* 2, 1 lanes, as the others */
+static inline void vf_reduce_many(const vf *acc, float *out) {
+    for (int i = 0; i < VL; i++) out[i] = vf_reduce(acc[i]);
+}
 #endif
 
 /* Keeps an accumulator in a register at this point of a loop: without it GCC re-associates a chain of integer adds

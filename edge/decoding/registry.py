@@ -9,7 +9,8 @@ The text forms (as the command line takes them):
 
     KIND[:ARG]           one of the kinds below, with its argument
     PATH                 a draft checkpoint folder (or an edge-export bundle): the same as draft:PATH
-    hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
+    hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC; where a
+                         retrieval datastore ships for the model, retrieval's lookup (HYBRID_MATCH+ tokens) instead
     SPEC@VOCAB.json      a model drafter with its head trimmed to the token ids in VOCAB.json (VocabTrim; make one
                          with `python -m export.vocab_trim`)
 
@@ -30,7 +31,8 @@ from typing import Callable
 
 import torch
 
-from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path, shipped_datastores
+from edge.sources.builtin import (builtin_drafter_path, builtin_feature_drafter_path, shipped_datastores,
+                                  shipped_feature_drafters, shipped_for)
 from edge.backends.bundle import Bundle, is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
 from edge.decoding.drafters.base import Drafter
@@ -40,7 +42,7 @@ from edge.decoding.drafters.hybrid import HybridDrafter
 from edge.decoding.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
 from edge.decoding.drafters.ngram import NGramDrafter
 from edge.decoding.drafters.quantspec import BITS, QuantSpecDrafter
-from edge.decoding.drafters.retrieval import RetrievalDrafter, read_datastore, shipped_datastore
+from edge.decoding.drafters.retrieval import RetrievalDrafter, read_datastore
 from edge.model.trimmed_head import read_vocabulary
 from edge.errors import BundleError, SamplingError
 from edge.model.kernel_glue import use_kernel
@@ -54,6 +56,7 @@ from edge.text.tokenizer import Tokenizer
 # what the memory planner counts (memory.plan.DRAFTERS): a drafter without weights, one sharing the target's weights
 # and cache (self), the target's quantized copy reading its hierarchical cache (quantspec), or a separate model
 PLAN_KINDS = ("ngram", "self", "quantspec", "model")
+HYBRID_MATCH = 4  # the shortest retrieval match a hybrid drafts from; shorter ones go to its model drafter
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,7 @@ class DrafterSpec:
         drafter = self.entry.build(self, target)
         if self.vocabulary is not None:
             trim_vocabulary(drafter, self.vocabulary)
-        return HybridDrafter(drafter) if self.hybrid else drafter
+        return HybridDrafter(drafter, _lookup(target)) if self.hybrid else drafter
 
     def _check_argument(self, text: str) -> None:
         entry = self.entry
@@ -244,11 +247,24 @@ def _bundle(spec: DrafterSpec, target: DraftTarget) -> Drafter:
 
 
 def _retrieval(spec: DrafterSpec, target: DraftTarget) -> Drafter:
-    folder = Path(spec.argument) if spec.argument else shipped_datastore(target.tokenizer, shipped_datastores())
+    folder = Path(spec.argument) if spec.argument else shipped_for(target.tokenizer, shipped_datastores())
     if folder is None:
         raise SamplingError("no retrieval datastore ships for this model's tokenizer; write one from its replies "
                             "(python -m train.replies, then python -m train.datastore) and pass retrieval:FOLDER")
     return RetrievalDrafter(read_datastore(folder, target.tokenizer))
+
+
+def _lookup(target: DraftTarget) -> RetrievalDrafter | None:
+    """hybrid's model-free first source: where a datastore of the model's own replies ships for its tokenizer, those
+    replies and the conversation, taken on a match of HYBRID_MATCH tokens or more; else (None) n-gram lookup."""
+    folder = shipped_for(target.tokenizer, shipped_datastores())
+    return RetrievalDrafter(read_datastore(folder, target.tokenizer), HYBRID_MATCH) if folder is not None else None
+
+
+def _feature(spec: DrafterSpec, target: DraftTarget) -> Drafter:
+    """feature:PATH, or the one packed for this model's tokenizer (edge/models/*-feature), else the built-in one."""
+    folder = spec.folder() if spec.argument else shipped_for(target.tokenizer, shipped_feature_drafters())
+    return FeatureDrafter.load(folder or spec.folder(), target.model, target.max_len)
 
 
 def _early_exit(spec: DrafterSpec, target: DraftTarget) -> Drafter:
@@ -277,7 +293,7 @@ KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
     DrafterKind("builtin", "builtin", "model", draft_checkpoint=True, build=_draft_model),
     # a feature drafter: its layers and their cache, counted like a draft model; it has no narrower forms
     DrafterKind("feature", "feature[:PATH]", "model", argument="path",
-                build=lambda spec, target: FeatureDrafter.load(spec.folder(), target.model, target.max_len)),
+                build=_feature),
     DrafterKind("bundle", "bundle", "model", build=_bundle),
 )}
 

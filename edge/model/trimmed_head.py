@@ -27,7 +27,10 @@ class TrimmedHead:
         if kept.numel() == 0 or int(kept.min()) < 0 or int(kept.max()) >= vocab:
             raise SamplingError(f"the draft vocabulary must hold token ids in 0..{vocab - 1}; check the file")
         self.model, self.kept = model, kept.to(torch.int64).contiguous()  # (V',)
-        self.weight = model.head_weight.index_select(0, self.kept).contiguous()  # (V', D)
+        rows = model.head_weight.index_select(0, self.kept)  # (V', D)
+        if rows.dtype == torch.float32 and model.runner.matmul is not None:
+            rows = rows.to(torch.float16)  # on the CPU kernel: drafts only propose, and 16-bit rows read half the bytes
+        self.weight = rows.contiguous()  # (V', D)
 
     @property
     def kernel_head(self) -> KernelHead:

@@ -3,6 +3,7 @@ installed, and the fixture of the tests and benchmarks), its drafters, and retri
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 BUILTIN_DIR = Path(__file__).parent.parent / "models" / "default"  # edge/models/, beside the subpackages
@@ -31,6 +32,24 @@ def builtin_deep_feature_drafter_path() -> Path | None:
     model), or None."""
     folder = BUILTIN_DIR.parent / "feature-deep"
     return folder if (folder / "config.json").is_file() else None
+
+
+def shipped_feature_drafters() -> list[Path]:
+    """Feature drafters packed for real models (edge/models/*-feature: python -m train.pack_feature_drafter)."""
+    return sorted(folder for folder in BUILTIN_DIR.parent.glob("*-feature") if (folder / "card.json").is_file())
+
+
+def shipped_for(tokenizer, folders: list[Path]) -> Path | None:
+    """The first of `folders` whose card.json names `tokenizer`'s vocabulary (its "vocab_sha256"), or None: what
+    ships for the model at hand."""
+    vocab = tokenizer.fingerprint()["vocab_sha256"]
+    for folder in folders:
+        try:
+            if json.loads((folder / "card.json").read_text()).get("vocab_sha256") == vocab:
+                return folder
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
 
 
 def shipped_datastores() -> list[Path]:

@@ -360,11 +360,14 @@ def check_checkpoint(folder: str | Path, config: ModelConfig | None = None) -> M
 def load_model(
     folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
     dequantize: bool = False, config: ModelConfig | None = None,
+    substitutes: dict[str, torch.Tensor] | None = None,
 ) -> Transformer:
     """Build the model for `folder` and fill it with its weights, computing in `dtype` on `device`. A float16 or
     bfloat16 checkpoint computed in float32 on the CPU keeps its weights in their own precision (storage_dtype). A
     folder read from a quantized GGUF file keeps the file's quantization on the CPU (edge/sources/gguf_weights.py),
-    unless `dequantize` asks for 16-bit weights. `config` is the folder's, when it has been read already."""
+    unless `dequantize` asks for 16-bit weights. `config` is the folder's, when it has been read already.
+    `substitutes` stand in for tensors a safetensors folder leaves out (a packed feature drafter's embedding, which is
+    its target's)."""
     folder = Path(folder)
     config = config if config is not None else ModelConfig.from_dir(folder)
     dtype, device = parse_dtype(dtype), torch.device(device)
@@ -381,6 +384,7 @@ def load_model(
         source = mapped.source_dtype
     else:
         mapped = load_hf_tensors(folder)
+        mapped.tensors.update(substitutes or {})
         source = _single_float_dtype({tensor.dtype for tensor in mapped.tensors.values()})
     storage = storage_dtype(source, dtype, device)
     state = build_state(mapped, config, storage, device, bias_dtype=dtype if storage != dtype else None)

@@ -231,6 +231,34 @@ def test_a_feature_drafter_must_belong_to_its_target(checkpoints, tmp_path, toke
         assert needle in str(error.value) and "\n" not in str(error.value), spec
 
 
+def test_a_packed_feature_drafter_drafts_as_trained_and_is_found_by_its_target(checkpoints, reference, tmp_path,
+                                                                               tokenizer_dir, monkeypatch):
+    """train.pack_feature_drafter: 16-bit weights, no embedding (probe rows instead), its trimmed vocabulary inside;
+    `--drafter feature` takes the packed drafter whose card names the target's vocabulary."""
+    from edge.decoding import registry
+    from train.pack_feature_drafter import main as pack
+
+    kept = sorted(set(range(0, 320, 2)) | {1})
+    (tmp_path / "vocab.json").write_text(json.dumps({"kept_ids": kept}))
+    packed = tmp_path / "target-feature"
+    pack([str(checkpoints["feature"]), "--target", str(checkpoints["target"]), "--out", str(packed),
+          "--vocab", str(tmp_path / "vocab.json")])
+    assert (packed / "model.safetensors").stat().st_size < (checkpoints["feature"] / "model.safetensors").stat().st_size
+    monkeypatch.setattr(registry, "shipped_feature_drafters", lambda: [tmp_path / "elsewhere", packed])
+    engine = Engine.load(checkpoints["target"], max_context=512, draft_length=3, drafter="feature")
+    assert engine.drafter.head is not None and engine.drafter.head.kept.tolist() == kept  # vocab.json applied
+    accepted = 0
+    for prompt in PROMPTS:
+        engine.reset()
+        events = list(engine.generate(prompt, max_new_tokens=160, ignore_eos=True))
+        assert ids_of(events) == reference[prompt]
+        accepted += events[-1].stats.accepted
+    assert accepted > 0
+    other_target = build_checkpoint(tmp_path / "other-target", "llama3", tokenizer_dir, seed=9)
+    with pytest.raises(EdgeError, match="trained for another target"):
+        Engine.load(other_target, drafter=f"feature:{packed}")
+
+
 def test_the_target_keeps_the_features_of_every_position_it_computed(checkpoints):
     engine = Engine.load(checkpoints["target"], max_context=128, drafter=f"feature:{checkpoints['feature']}")
     tokens = ids_of(engine.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True))

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from edge.decoding.drafters.base import Draft, DraftSampler, draft_autoregressively
-from edge.model.trimmed_head import TrimmedHead, draft_head
+from edge.model.trimmed_head import TrimmedHead, draft_head, read_vocabulary
 from edge.errors import CheckpointError, SamplingError
 from edge.model.kernel_glue import draft_greedy
 from edge.model.kv_cache import common_prefix
@@ -28,6 +28,15 @@ from edge.model.linears import Linear
 from edge.model.transformer import Transformer, keep_features
 from edge.sources.loading import load_hf_tensors, load_model
 from kernels.records import FeatureRows
+
+
+EMBEDDING = "model.embed_tokens.weight"
+PROBE, PROBE_IDS = "edge.embedding_probe", "edge.embedding_probe_ids"  # (n, D) rows of the target's embedding, (n,)
+VOCABULARY = "vocab.json"  # a packed drafter's trimmed head: the token ids it drafts over
+
+
+def _same_embedding(ours: torch.Tensor, targets: torch.Tensor) -> bool:
+    return ours.shape == targets.shape and torch.allclose(ours.float(), targets.float(), rtol=1e-3, atol=1e-3)
 
 
 class FeatureDrafter:
@@ -55,20 +64,33 @@ class FeatureDrafter:
             raise CheckpointError(f"feature drafter folder {path} does not exist or has no config.json; pass the "
                                   "folder python -m train.feature_drafter wrote")
         try:
-            kind = json.loads(config_file.read_text()).get("edge_drafter")
+            raw = json.loads(config_file.read_text())
+            kind = raw.get("edge_drafter")
         except (ValueError, AttributeError):
-            kind = None
+            raw, kind = {}, None
         if kind != "feature":
             raise CheckpointError(f"{path} is not a feature drafter (its config.json lacks \"edge_drafter\": "
                                   "\"feature\"); pass one written by python -m train.feature_drafter, or use draft:PATH")
-        layer = load_model(path, dtype=target.dtype, device=target.device)
+        tensors = load_hf_tensors(path).tensors
+        fc_weight = tensors.get("fc.weight")
+        if EMBEDDING in tensors:  # a folder as training wrote it: the embedding itself says which target it is for
+            layer = load_model(path, dtype=target.dtype, device=target.device)
+            belongs = _same_embedding(layer.embed.weight, target.embed.weight)
+        else:  # a packed drafter (python -m train.pack_feature_drafter): rows of the target's embedding to compare
+            probe, ids = tensors.get(PROBE), tensors.get(PROBE_IDS)
+            if probe is None or ids is None or fc_weight is None:
+                raise CheckpointError(f"{path} holds neither the embedding nor its probe rows; the feature drafter "
+                                      "is incomplete, write it again")
+            shape = (raw.get("vocab_size", 0), raw.get("hidden_size", 0))  # as the drafter's config implies
+            placeholder = torch.zeros((), dtype=fc_weight.dtype).expand(shape)  # (V, D), stride 0: no memory
+            layer = load_model(path, dtype=target.dtype, device=target.device, substitutes={EMBEDDING: placeholder})
+            belongs = int(ids.max()) < target.config.vocab_size and _same_embedding(
+                probe, target.embed(ids.to(target.device)))
         config, wanted = layer.config, target.config
         # the same target in another precision matches to rounding; another target's embedding does not match at all
-        if (config.hidden_size, config.vocab_size) != (wanted.hidden_size, wanted.vocab_size) or not torch.allclose(
-                layer.embed.weight.float(), target.embed.weight.float(), rtol=1e-3, atol=1e-3):
+        if (config.hidden_size, config.vocab_size) != (wanted.hidden_size, wanted.vocab_size) or not belongs:
             raise CheckpointError(f"the feature drafter in {path} was trained for another target model (its "
                                   "embedding differs); train one for this target with python -m train.feature_drafter")
-        fc_weight = load_hf_tensors(path).tensors.get("fc.weight")
         if fc_weight is None or tuple(fc_weight.shape) != (config.hidden_size, 2 * config.hidden_size):
             raise CheckpointError(f"{path} lacks fc.weight of shape ({config.hidden_size}, {2 * config.hidden_size}); "
                                   "the feature drafter is incomplete, write it again")
@@ -77,7 +99,10 @@ class FeatureDrafter:
         fc_dtype = layer.norm.weight.dtype  # stored like the drafter's layer (16-bit files stay 16-bit on the CPU)
         fc.weight = torch.nn.Parameter(fc_weight.to(device=target.device, dtype=fc_dtype).contiguous(),
                                        requires_grad=False)
-        return cls(target, layer, fc, max_len)
+        drafter = cls(target, layer, fc, max_len)
+        if (path / VOCABULARY).is_file():  # packed with its trimmed vocabulary: draft over those tokens
+            drafter.trim_vocabulary(read_vocabulary(path / VOCABULARY))
+        return drafter
 
     def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
         last = len(tokens) - 1  # position of the last token; the target holds features for positions < last

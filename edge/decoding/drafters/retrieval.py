@@ -153,15 +153,3 @@ def read_datastore(folder: str | Path, tokenizer) -> TokenStore:
         raise SamplingError(f"the retrieval datastore {folder} was written with another tokenizer than this "
                             "model's; build one from this model's replies (python -m train.datastore)")
     return TokenStore.load(folder / STORE)
-
-
-def shipped_datastore(tokenizer, folders: list[Path]) -> Path | None:
-    """The first of the shipped datastore folders written with `tokenizer`'s vocabulary, or None."""
-    vocab = tokenizer.fingerprint()["vocab_sha256"]
-    for folder in folders:
-        try:
-            if json.loads((folder / CARD).read_text()).get("vocab_sha256") == vocab:
-                return folder
-        except (OSError, ValueError):
-            continue
-    return None

@@ -9,8 +9,7 @@ The text forms (as the command line takes them):
 
     KIND[:ARG]           one of the kinds below, with its argument
     PATH                 a draft checkpoint folder (or an edge-export bundle): the same as draft:PATH
-    hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC; where a
-                         retrieval datastore ships for the model, retrieval's lookup (HYBRID_MATCH+ tokens) instead
+    hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
     SPEC@VOCAB.json      a model drafter with its head trimmed to the token ids in VOCAB.json (VocabTrim; make one
                          with `python -m export.vocab_trim`)
 
@@ -56,7 +55,6 @@ from edge.text.tokenizer import Tokenizer
 # what the memory planner counts (memory.plan.DRAFTERS): a drafter without weights, one sharing the target's weights
 # and cache (self), the target's quantized copy reading its hierarchical cache (quantspec), or a separate model
 PLAN_KINDS = ("ngram", "self", "quantspec", "model")
-HYBRID_MATCH = 4  # the shortest retrieval match a hybrid drafts from; shorter ones go to its model drafter
 
 
 @dataclass(frozen=True)
@@ -160,7 +158,7 @@ class DrafterSpec:
         drafter = self.entry.build(self, target)
         if self.vocabulary is not None:
             trim_vocabulary(drafter, self.vocabulary)
-        return HybridDrafter(drafter, _lookup(target)) if self.hybrid else drafter
+        return HybridDrafter(drafter) if self.hybrid else drafter
 
     def _check_argument(self, text: str) -> None:
         entry = self.entry
@@ -252,13 +250,6 @@ def _retrieval(spec: DrafterSpec, target: DraftTarget) -> Drafter:
         raise SamplingError("no retrieval datastore ships for this model's tokenizer; write one from its replies "
                             "(python -m train.replies, then python -m train.datastore) and pass retrieval:FOLDER")
     return RetrievalDrafter(read_datastore(folder, target.tokenizer))
-
-
-def _lookup(target: DraftTarget) -> RetrievalDrafter | None:
-    """hybrid's model-free first source: where a datastore of the model's own replies ships for its tokenizer, those
-    replies and the conversation, taken on a match of HYBRID_MATCH tokens or more; else (None) n-gram lookup."""
-    folder = shipped_for(target.tokenizer, shipped_datastores())
-    return RetrievalDrafter(read_datastore(folder, target.tokenizer), HYBRID_MATCH) if folder is not None else None
 
 
 def _feature(spec: DrafterSpec, target: DraftTarget) -> Drafter:

@@ -91,20 +91,3 @@ def test_a_datastore_drafts_only_for_the_tokenizer_it_was_written_with(builtin_s
     with pytest.raises(SamplingError, match="no retrieval datastore ships"):
         Engine.load(llama_dir, max_context=64, drafter="retrieval")
 
-
-@pytest.mark.slow
-def test_a_hybrid_drafts_from_the_shipped_replies_on_long_matches_and_from_its_model_elsewhere(builtin_store,
-                                                                                            monkeypatch):
-    from edge.decoding import registry
-
-    path, store = builtin_store
-    monkeypatch.setattr(registry, "shipped_datastores", lambda: [store])
-    plain = Engine.load(path, max_context=256)
-    hybrid = Engine.load(path, max_context=256, drafter="hybrid:feature", draft_length=3)
-    assert isinstance(hybrid.drafter.lookup, RetrievalDrafter)
-    assert hybrid.drafter.lookup.min_match == registry.HYBRID_MATCH
-    for prompt in PROMPTS[:2] + ["Explain what a dictionary is."]:
-        messages = [{"role": "user", "content": prompt}]
-        assert [t for e in hybrid.chat(messages, max_new_tokens=48) for t in e.token_ids] == [
-            t for e in plain.chat(messages, max_new_tokens=48) for t in e.token_ids], prompt
-    assert hybrid.drafter.lookups > 0 and hybrid.drafter.model_drafts > 0

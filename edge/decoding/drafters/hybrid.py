@@ -17,8 +17,7 @@ from edge.errors import SamplingError
 
 
 class HybridDrafter:
-    def __init__(self, model_drafter: Drafter, lookup: Drafter | None = None) -> None:
-        """`lookup`: a model-free drafter proposing nothing where it has no match (default: n-gram lookup)."""
+    def __init__(self, model_drafter: Drafter, lookup: NGramDrafter | None = None) -> None:
         self.model_drafter = model_drafter
         self.lookup = lookup or NGramDrafter(max_ngram=4, min_ngram=2)
         self.name = f"hybrid:{model_drafter.name}"

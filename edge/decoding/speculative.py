@@ -65,14 +65,17 @@ class StepCosts:
     acceptance: float = 0.6
     smoothing: float = 0.2
 
-    def observe(self, accepted: int, drafted: int, draft_s: float, verify_s: float, rows: int | None = None) -> None:
-        """After a step: `accepted` of `drafted` chain tokens, a verify pass of `rows` rows (default drafted + 1)."""
+    def observe(self, accepted: int, drafted: int, draft_s: float, verify_s: float, rows: int | None = None,
+                drafting_measured: bool = True) -> None:
+        """After a step: `accepted` of `drafted` chain tokens, a verify pass of `rows` rows (default drafted + 1).
+        `drafting_measured` False: draft_s is not what a drafted token costs (the first draft after a pause, in which
+        a drafter with its own cache also caught up on every token it skipped)."""
         rows, keep = rows or drafted + 1, 1.0 - self.smoothing
         count = self.seen.get(rows, 0)
         old = self.verify.get(rows, verify_s)
         self.verify[rows] = min(old, verify_s) if count < 3 else keep * old + self.smoothing * verify_s
         self.seen[rows] = count + 1
-        if drafted:
+        if drafted and drafting_measured:
             per_token = draft_s / drafted
             self.draft_per_token = per_token if self.draft_per_token is None else \
                 keep * self.draft_per_token + self.smoothing * per_token
@@ -169,6 +172,7 @@ class DraftLength:
     stop_below: float | None = None
     costs: StepCosts = dataclasses.field(default_factory=StepCosts)  # shared by copies: one table per engine
     paused_steps: int = 0  # plain steps taken since the length paused (k = 0)
+    resuming: bool = False  # the next draft is the first after a pause: its drafting time includes catching up
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
@@ -227,9 +231,11 @@ class DraftLength:
                 self.paused_steps += 1
                 if self.paused_steps >= PROBE_EVERY:
                     self.k, self.paused_steps = self.costs.best_length(self.min_k, self.max_k), 0
+                    self.resuming = True
             return
         if timed:
-            self.costs.observe(accepted, drafted, draft_s, verify_s, rows)
+            self.costs.observe(accepted, drafted, draft_s, verify_s, rows, drafting_measured=not self.resuming)
+            self.resuming = False
             best = self.costs.best_length(self.min_k, self.max_k)
             self.k = 0 if pausable and self.costs.plain_pays(best) else best
             if pausable and 1 not in self.costs.verify and sum(self.costs.seen.values()) >= PLAIN_PROBE_AFTER:

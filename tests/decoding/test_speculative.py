@@ -343,6 +343,10 @@ def test_an_adaptive_length_pauses_where_drafting_does_not_pay_and_probes_again(
         assert length.k == 0
     length.update(0, 0, draft_s=0.0, verify_s=0.010)
     assert length.k >= 1  # drafting again, to measure anew
+    per_token = length.costs.draft_per_token
+    # the first draft after the pause also caught up on the 32 skipped tokens: not what a drafted token costs
+    length.update(length.k, length.k, draft_s=0.050, verify_s=0.011)
+    assert length.costs.draft_per_token == per_token
     for _ in range(12):  # now every draft is accepted and cheap: drafting pays, and the length stays on
         length.update(length.k, length.k, draft_s=0.0001 * length.k, verify_s=0.011)
     assert length.k >= 2

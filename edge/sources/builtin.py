@@ -1,5 +1,7 @@
 """Where the built-in models live inside the package: the 10M demonstration target (run when the default model is not
-installed, and the fixture of the tests and benchmarks), its drafters, and retrieval datastores."""
+installed, and the fixture of the tests and benchmarks), its drafters, and what ships for real models: retrieval
+datastores (edge/models/*-replies) and packed feature drafters (edge/models/*-feature), each found by its card's
+tokenizer vocabulary hash."""
 
 from __future__ import annotations
 

@@ -33,6 +33,8 @@ PROBE_ROWS = 64
 def pack(run: Path, target: str, out: Path, vocab: Path | None, dtype: torch.dtype) -> dict:
     """Write the packed folder; returns its card."""
     state = load_file(str(run / "model.safetensors"))
+    if EMBEDDING not in state:
+        raise SystemExit(f"{run} holds no embedding: it is packed already")
     embedding = state.pop(EMBEDDING)  # (V, D)
     ids = torch.linspace(0, embedding.shape[0] - 1, PROBE_ROWS).round().long()  # (n,) spread over the vocabulary
     packed = {name: tensor.to(dtype).contiguous() for name, tensor in state.items()}
@@ -64,9 +66,6 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.run / "model.safetensors").is_file() or not (args.run / "config.json").is_file():
         raise SystemExit(f"{args.run} is not a trained feature drafter (no model.safetensors and config.json); pass "
                          "the final folder python -m train.feature_drafter wrote")
-    state_names = load_file(str(args.run / "model.safetensors")).keys()
-    if EMBEDDING not in state_names:
-        raise SystemExit(f"{args.run} holds no embedding: it is packed already")
     card = pack(args.run, args.target, args.out, args.vocab, getattr(torch, args.dtype))
     print(f"wrote {args.out} ({card['dtype']}, vocabulary {card['trimmed_vocabulary'] or 'whole'})")
 

@@ -43,13 +43,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     source_dtype: str | None = None  # dtype the checkpoint was saved in
 
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
+    q_size = ModelShape.q_size  # num_heads * head_dim, read from this config's fields of the same names
+    kv_size = ModelShape.kv_size  # num_kv_heads * head_dim
 
     def shape(self) -> ModelShape:
         """The model's sizes as one plain record (memory.footprint.ModelShape, each of its fields read from this

@@ -19,6 +19,13 @@
 
 #define TREE_ROWS 64 /* the most rows a token tree's pass may hold */
 
+/* The dot product of a query and a key over the columns [whole, D) past the last whole vector, in column order */
+static inline float tail_dot(const float *query, const float *key, int64_t whole, int64_t D) {
+    float tail = 0.0f;
+    for (int64_t d = whole; d < D; d++) tail = tail + query[d] * key[d];
+    return tail;
+}
+
 /* scores[j] = (q . k_j) * scale for j in [lo, hi]: VL keys side by side (independent chains, their lane sums taken
  * together by vf_reduce_many), the rest one by one; every key's operations are the same either way */
 static void score_keys(const float *query, const float *k, float *scores, int64_t lo, int64_t hi, int64_t D,
@@ -35,18 +42,12 @@ static void score_keys(const float *query, const float *k, float *scores, int64_
                 lanes[i] = vf_fma(lanes[i], qv, vf_load(k + (j0 + i) * D + d));
         }
         vf_reduce_many(lanes, sums);
-        for (int i = 0; i < VL; i++) {
-            float tail = 0.0f;
-            for (int64_t d = whole; d < D; d++) tail = tail + query[d] * k[(j0 + i) * D + d];
-            scores[j0 + i] = (sums[i] + tail) * scale;
-        }
+        for (int i = 0; i < VL; i++) scores[j0 + i] = (sums[i] + tail_dot(query, k + (j0 + i) * D, whole, D)) * scale;
     }
     for (int64_t j = j0; j <= hi; j++) {
         vf lanes = vf_zero();
-        float tail = 0.0f;
         for (int64_t d = 0; d < whole; d += VL) lanes = vf_fma(lanes, vf_load(query + d), vf_load(k + j * D + d));
-        for (int64_t d = whole; d < D; d++) tail = tail + query[d] * k[j * D + d];
-        scores[j] = (vf_reduce(lanes) + tail) * scale;
+        scores[j] = (vf_reduce(lanes) + tail_dot(query, k + j * D, whole, D)) * scale;
     }
 }
 

@@ -90,4 +90,3 @@ def test_a_datastore_drafts_only_for_the_tokenizer_it_was_written_with(builtin_s
     assert shipped_for(tokenizer, [tmp_path, store]) == store and shipped_for(other, [store]) is None
     with pytest.raises(SamplingError, match="no retrieval datastore ships"):
         Engine.load(llama_dir, max_context=64, drafter="retrieval")
-

@@ -78,11 +78,11 @@ class FeatureDrafter:
             belongs = _same_embedding(layer.embed.weight, target.embed.weight)
         else:  # a packed drafter (python -m train.pack_feature_drafter): rows of the target's embedding to compare
             probe, ids = tensors.get(PROBE), tensors.get(PROBE_IDS)
-            if probe is None or ids is None or fc_weight is None:
+            if probe is None or ids is None:
                 raise CheckpointError(f"{path} holds neither the embedding nor its probe rows; the feature drafter "
                                       "is incomplete, write it again")
             shape = (raw.get("vocab_size", 0), raw.get("hidden_size", 0))  # as the drafter's config implies
-            placeholder = torch.zeros((), dtype=fc_weight.dtype).expand(shape)  # (V, D), stride 0: no memory
+            placeholder = torch.zeros((), dtype=probe.dtype).expand(shape)  # (V, D), stride 0: no memory
             layer = load_model(path, dtype=target.dtype, device=target.device, substitutes={EMBEDDING: placeholder})
             belongs = int(ids.max()) < target.config.vocab_size and _same_embedding(
                 probe, target.embed(ids.to(target.device)))

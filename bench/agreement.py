@@ -18,7 +18,7 @@ import statistics
 import torch
 
 from bench.prompts import PROMPTS
-from frontend.options import resolve_model_path
+from edge.frontend.options import resolve_model_path
 from edge.model.kv_cache import common_prefix
 
 

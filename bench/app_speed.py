@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.app_speed: needs tmux (apt-get install tmux)", file=sys.stderr)
         return 2
     sizes = [tuple(int(n) for n in size.split("x")) for size in args.sizes.split(",")]
-    edge_chat = [sys.executable, "-m", "tui.cli"]
+    edge_chat = [sys.executable, "-m", "edge.tui.cli"]
     options = ["--max-new-tokens", str(args.max_new_tokens), *[o for o in args.options if o != "--"]]
     results: dict[tuple[str, str], list[float]] = {}
     for repeat in range(args.repeats):

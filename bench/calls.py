@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from frontend.options import resolve_model_path
+from edge.frontend.options import resolve_model_path
 
 ACCEPTANCE = (0.6, 0.8, 0.9)
 

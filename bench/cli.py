@@ -27,7 +27,7 @@ import torch
 
 from bench import llama_cpp, llama_server, scaling, suite
 from bench.checkpoints import source_checkpoint
-from frontend.options import print_plan, resolve_model_path
+from edge.frontend.options import print_plan, resolve_model_path
 from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.decoding.registry import usage as drafter_usage

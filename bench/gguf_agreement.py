@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return _worker(args)
     from bench.prompts import PROMPTS
-    from frontend.options import resolve_model_path
+    from edge.frontend.options import resolve_model_path
     from edge.model.kv_cache import common_prefix
     from edge.text.tokenizer import Tokenizer
 

@@ -9,8 +9,8 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/device.txt"
 timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_gpu.py 2>&1 | tee "$out/tests.txt" | tail -30
-timeout 120 python3 -m kernels.bench > "$out/kernels.json" 2> "$out/kernels.err"
-echo "kernels.bench rc=$?"; tail -5 "$out/kernels.err"
+timeout 120 python3 -m edge.kernels.bench > "$out/kernels.json" 2> "$out/kernels.err"
+echo "edge.kernels.bench rc=$?"; tail -5 "$out/kernels.err"
 python3 - "$out/kernels.json" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from edge.errors import EdgeError
-from kernels.cache import cache_folder
+from edge.kernels.cache import cache_folder
 
 GGUF_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "f16", "int8": "q8_0", "int4": "q4_0"}
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")

@@ -18,7 +18,7 @@ import argparse
 import json
 
 from bench.suite import run_child
-from frontend.options import resolve_model_path
+from edge.frontend.options import resolve_model_path
 
 MiB = 2**20
 

@@ -44,7 +44,7 @@ def main() -> None:
 
     from edge import Engine
     from bench.prompts import PROMPTS
-    from kernels.cpu_matmul import RowwiseMatmul
+    from edge.kernels.cpu_matmul import RowwiseMatmul
 
     RowwiseMatmul.load()
     warm_up_libraries()

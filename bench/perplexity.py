@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=16384, help="tokens of text to use (default: 16384)")
     parser.add_argument("--context", type=int, default=512, help="tokens per window (default: 512)")
     args = parser.parse_args(argv)
-    from frontend.options import resolve_model_path
+    from edge.frontend.options import resolve_model_path
     from edge.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(resolve_model_path(args.models[0].partition("@")[0]))

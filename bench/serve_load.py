@@ -230,7 +230,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:  # a free port, handed to the server
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "serve.cli", *([args.model] if args.model else []), "--port", str(port),
+    command = [sys.executable, "-m", "edge.serve.cli", *([args.model] if args.model else []), "--port", str(port),
                "--queue-size", str(args.queue_size), "--threads", str(args.threads), "--log-level", "warning",
                *(["--drafter", args.drafter] if args.drafter else [])]
     server = subprocess.Popen(command)

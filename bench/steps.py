@@ -14,7 +14,7 @@ import argparse
 import time
 
 from bench.suite_worker import edge_runner
-from frontend.options import resolve_model_path
+from edge.frontend.options import resolve_model_path
 
 
 def measure(model: str, method: str, max_new_tokens: int, weights: str | None = None,

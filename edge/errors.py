@@ -40,7 +40,7 @@ class EngineBusyError(EdgeError, RuntimeError):
 
 
 class MemoryBudgetError(EdgeError, ValueError):
-    """A memory budget that cannot be read, or that cannot hold the model (memory.budget.BudgetError's message, raised
+    """A memory budget that cannot be read, or that cannot hold the model (edge.memory.budget.BudgetError's message, raised
     where edge plans)."""
 
 

@@ -4,7 +4,7 @@
     engine = Engine.from_spec(spec)          # Engine.load(path, **options) is the same, spelled as keywords
     plan = planning.plan(spec)               # what it costs, from config files only (edge-chat --plan)
 
-The command line (frontend.options.load_spec), the chat app's settings (tui.settings.ChatSettings.applied_to), the
+The command line (edge.frontend.options.load_spec), the chat app's settings (edge.tui.settings.ChatSettings.applied_to), the
 memory planner (edge.planning.fit_to_budget: a spec in, the adjusted spec out) and Engine.from_spec all read and
 write this one object, so an option cannot reach one of them and miss another. Values are checked when the spec is
 made; each bad one raises an EdgeError that names it and the fix.

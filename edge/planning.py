@@ -20,9 +20,9 @@ from edge.sources.gguf_weights import runs_as_blocks, stored_bytes
 from edge.load_spec import DraftModelOptions, LoadSpec
 from edge.sources.loading import checkpoint_dtype, parse_dtype, storage_dtype
 from edge.decoding.speculative import DraftLength
-from memory.budget import BudgetError
-from memory.device import probe
-from memory.plan import Plan, PlanRequest, make_plan
+from edge.memory.budget import BudgetError
+from edge.memory.device import probe
+from edge.memory.plan import Plan, PlanRequest, make_plan
 
 BUNDLE_WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
 

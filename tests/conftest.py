@@ -153,19 +153,19 @@ def half_llama_dir(llama_dir, tmp_path_factory) -> Path:
     return folder
 
 
-# ---- edge's CPU kernel, one library per path this machine can run (kernels/cpu_paths.py) ----
+# ---- edge's CPU kernel, one library per path this machine can run (edge/kernels/cpu_paths.py) ----
 
 def _emulated_avx512() -> bool:
     """The avx512 path's code compiled with SIMDe's portable intrinsics (Debian: libsimde-dev), where the CPU itself
     has no AVX-512: what the code computes is checked, on any x86-64 machine."""
-    from kernels import cpu_paths
+    from edge.kernels import cpu_paths
 
     return (cpu_paths.machine() == "x86_64" and "avx512" not in cpu_paths.runnable_paths()
             and Path("/usr/include/simde/x86/avx512.h").is_file())
 
 
 def kernel_path_names() -> list[str]:
-    from kernels import cpu_paths
+    from edge.kernels import cpu_paths
 
     return cpu_paths.runnable_paths() + (["avx512-emulated"] if _emulated_avx512() else [])
 
@@ -174,8 +174,8 @@ def kernel_for(name: str):
     """The kernel library of one path (or of the emulated avx512 code), built on first use; skips if it cannot be."""
     import ctypes
 
-    from kernels import cpu_paths
-    from kernels.cpu_matmul import RowwiseMatmul
+    from edge.kernels import cpu_paths
+    from edge.kernels.cpu_matmul import RowwiseMatmul
 
     if name == "avx512-emulated":
         library = cpu_paths.build("avx2", ["-DEDGE_EMULATE_AVX512", "-Wno-psabi"], label="avx512-emulated")

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                              "added layers start adding nothing")
     parser.add_argument("--vocab", type=Path,
                         help="train over the head rows of these token ids only (a JSON file from python -m "
-                             "export.vocab_trim): the drafter then runs as feature:PATH@VOCAB.json")
+                             "edge.export.vocab_trim): the drafter then runs as feature:PATH@VOCAB.json")
     parser.add_argument("--batch-size", type=int, help="override the batch size (default 16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run", type=Path, help="the folder train.feature_drafter wrote (RUN/final)")
     parser.add_argument("--target", required=True, help="the target model: a folder, a .gguf file or a Hub id")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--vocab", type=Path, default=None, help="the trimmed head's token ids (export.vocab_trim)")
+    parser.add_argument("--vocab", type=Path, default=None, help="the trimmed head's token ids (edge.export.vocab_trim)")
     parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     args = parser.parse_args(argv)
     if not (args.run / "model.safetensors").is_file() or not (args.run / "config.json").is_file():

@@ -1,4 +1,4 @@
-"""Reading an exported bundle (written by `edge-export`, see export/bundle.py): check it, then open its graphs.
+"""Reading an exported bundle (written by `edge-export`, see edge/export/bundle.py): check it, then open its graphs.
 
     bundle/
       manifest.json            format version, hashes and sizes of every file, settings, memory needs

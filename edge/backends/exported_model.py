@@ -23,7 +23,7 @@ from edge.model.kv_cache import KVCache
 
 
 class ExportedModel:
-    runner = None  # edge's CPU kernel runner (kernels/runner.py) belongs to the eager model
+    runner = None  # edge's CPU kernel runner (edge/kernels/runner.py) belongs to the eager model
     dtype = torch.float32  # activations and KV cache (weights may be quantized inside the graph)
     device = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""The ONNX Runtime backend: an exported graph (export/onnx_graph.py) driven through the same calls as `Transformer`.
+"""The ONNX Runtime backend: an exported graph (edge/export/onnx_graph.py) driven through the same calls as `Transformer`.
 
     model = OnnxModel(path_to_model_onnx, config)
     cache = model.new_cache(max_len)              # (layers, max_len, Hkv, Dh): the runtime owns it

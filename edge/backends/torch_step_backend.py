@@ -1,4 +1,4 @@
-"""The TorchScript / torch.export backend: a saved `KVStep` (export/torch_targets.py) behind the Transformer calls.
+"""The TorchScript / torch.export backend: a saved `KVStep` (edge/export/torch_targets.py) behind the Transformer calls.
 
     model = TorchStepModel(path, config)          # target/model.ts (TorchScript) or target/model.pt2 (torch.export)
     out = model(tokens, start, cache)             # the calls of edge/backends/exported_model.py

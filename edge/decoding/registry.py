@@ -11,7 +11,7 @@ The text forms (as the command line takes them):
     PATH                 a draft checkpoint folder (or an edge-export bundle): the same as draft:PATH
     hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
     SPEC@VOCAB.json      a model drafter with its head trimmed to the token ids in VOCAB.json (VocabTrim; make one
-                         with `python -m export.vocab_trim`)
+                         with `python -m edge.export.vocab_trim`)
 
 Adding a drafter is one `DrafterKind` entry in `KINDS`.
 
@@ -52,7 +52,7 @@ from edge.sources.model_source import resolve_model
 from edge.model.packed_weights import quantize_weights
 from edge.text.tokenizer import Tokenizer
 
-# what the memory planner counts (memory.plan.DRAFTERS): a drafter without weights, one sharing the target's weights
+# what the memory planner counts (edge.memory.plan.DRAFTERS): a drafter without weights, one sharing the target's weights
 # and cache (self), the target's quantized copy reading its hierarchical cache (quantspec), or a separate model
 PLAN_KINDS = ("ngram", "self", "quantspec", "model")
 

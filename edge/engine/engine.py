@@ -72,7 +72,7 @@ class Engine:
         `engine.plan` says what it chose and why. Without one, what is requested is allocated as asked. A bundle runs
         on `backend` ("onnx", "torchscript" or "torch-export"; default: the first the bundle has), and drafter
         "bundle" is the bundle's own; a checkpoint folder with backend "onnx" is exported once into the cache (int8)
-        and run from there. `draft_vocab` (a JSON file from `python -m export.vocab_trim`) trims a model drafter's
+        and run from there. `draft_vocab` (a JSON file from `python -m edge.export.vocab_trim`) trims a model drafter's
         head to those tokens (VocabTrim); `draft_context` gives a separate draft model a shorter cache than the
         target's (it then drafts from a window of the newest tokens); `draft_weights="bfloat16"` stores its matrices
         in bfloat16, "int8" or "int4" quantizes them. `kv_cache` stores the KV cache quantized: "int8", "int8-int4"

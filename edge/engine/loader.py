@@ -32,7 +32,7 @@ from edge.planning import fit_to_budget
 from edge.sources.loading import check_checkpoint, load_model, not_a_folder, read_config
 from edge.text.chat_template import read_template_file
 from edge.text.tokenizer import Tokenizer
-from memory.device import return_freed_heap
+from edge.memory.device import return_freed_heap
 
 Progress = Callable[[str, float], None]
 EngineT = TypeVar("EngineT")
@@ -129,7 +129,7 @@ def load_tokenizer(spec: LoadSpec, config_json: dict | None = None) -> Tokenizer
 
 def exported(spec: LoadSpec, report: Progress) -> LoadSpec:
     """The spec that runs a checkpoint folder on ONNX Runtime: its int8 export in the cache, made once by the
-    exporter edge-export registers (the "edge.exporters" entry point: export/auto_export.py). A draft checkpoint
+    exporter edge-export registers (the "edge.exporters" entry point: edge/export/auto_export.py). A draft checkpoint
     rides in the export as the bundle's drafter, unless its own weights or cache are asked for: then it runs on
     torch beside the exported target."""
     drafter = spec.drafter

@@ -1,4 +1,4 @@
-"""A model's matrices in llama.cpp's block formats, as a GGUF file stores them (kernels/block_formats.py): the layers'
+"""A model's matrices in llama.cpp's block formats, as a GGUF file stores them (edge/kernels/block_formats.py): the layers'
 projections, the embedding and the head, run by edge's CPU kernel for every row count.
 
     linear = BlockLinear(BlockMatrix.stack([q, k, v]), bias, runner)     # a fused projection, its types as stored
@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.block_formats import BlockMatrix
+from edge.kernels.block_formats import BlockMatrix
 
 
 class BlockLinear(nn.Module):
     """A linear layer whose weight is a BlockMatrix (one segment per fused source, each in its own type), run by the
-    kernel through its model's `runner` (kernels/runner.py). `table_entry` is what the fused calls' weight table
+    kernel through its model's `runner` (edge/kernels/runner.py). `table_entry` is what the fused calls' weight table
     points at."""
 
     def __init__(self, matrix: BlockMatrix, bias: torch.Tensor | None, runner) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edge.errors import CheckpointError, UnsupportedModelError
-from memory.footprint import ModelShape
+from edge.memory.footprint import ModelShape
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -47,7 +47,7 @@ class ModelConfig:
     kv_size = ModelShape.kv_size  # num_kv_heads * head_dim
 
     def shape(self) -> ModelShape:
-        """The model's sizes as one plain record (memory.footprint.ModelShape, each of its fields read from this
+        """The model's sizes as one plain record (edge.memory.footprint.ModelShape, each of its fields read from this
         config's field of the same name): what the memory planner counts bytes from and the CPU kernel's fused calls
         read."""
         return ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)})

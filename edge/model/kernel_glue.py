@@ -1,4 +1,4 @@
-"""Where edge's model meets its kernel runner: a Transformer read as the plain tensors kernels/runner.py takes, and
+"""Where edge's model meets its kernel runner: a Transformer read as the plain tensors edge/kernels/runner.py takes, and
 the model-level calls that go through the runner.
 
     use_kernel(model, RowwiseMatmul.load())    # bind the model's runner (every projection follows), checked
@@ -19,14 +19,14 @@ from edge.errors import UnsupportedModelError
 from edge.model.block_weights import BlockEmbedding, BlockLinear
 from edge.model.linears import Linear
 from edge.model.packed_weights import PackedLinear, packed_format
-from kernels.block_formats import BlockMatrix
-from kernels.cpu_matmul import RowwiseMatmul
-from kernels.fused_model import LayerTable
-from kernels.records import DraftRequest, KernelDraft, KernelHead, ModelEnds
+from edge.kernels.block_formats import BlockMatrix
+from edge.kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.fused_model import LayerTable
+from edge.kernels.records import DraftRequest, KernelDraft, KernelHead, ModelEnds
 
 
 class ModelTensors:
-    """A Transformer as its kernel runner reads it (the members kernels/runner.py lists), made per call: nothing is
+    """A Transformer as its kernel runner reads it (the members edge/kernels/runner.py lists), made per call: nothing is
     copied, every member reads the model as it is now."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -34,7 +34,7 @@ class ModelTensors:
 
     @property
     def shape(self):
-        return self.model.config.shape()  # memory.footprint.ModelShape
+        return self.model.config.shape()  # edge.memory.footprint.ModelShape
 
     @property
     def dtype(self) -> torch.dtype:
@@ -68,7 +68,7 @@ class ModelTensors:
 
 
 def _layer_tensors(block: nn.Module, matrix_type: type, matrix: str) -> tuple | None:
-    """A decoder layer's 12 tensors in the fused C table's order (kernels.fused_model.TABLE_KINDS), None where one is
+    """A decoder layer's 12 tensors in the fused C table's order (edge.kernels.fused_model.TABLE_KINDS), None where one is
     absent; the matrices are the tensors named `matrix` of its four `matrix_type` projections. None for a layer that
     does not hold its projections (an offloaded one) or holds another kind."""
     attn, ffn = getattr(block, "attn", None), getattr(block, "ffn", None)
@@ -108,7 +108,7 @@ def use_kernel(model: nn.Module, matmul: RowwiseMatmul | None, max_rows: int | N
 
 
 def draft_greedy(model: nn.Module, request: DraftRequest) -> KernelDraft | None:
-    """request.k greedy draft tokens from `model` in one C call (kernels/records.py DraftRequest), or None where that
+    """request.k greedy draft tokens from `model` in one C call (edge/kernels/records.py DraftRequest), or None where that
     path is not available (then the caller drafts step by step)."""
     return model.runner.draft(ModelTensors(model), request)
 

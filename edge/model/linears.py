@@ -4,7 +4,7 @@
     model = Transformer(config, linears=linears)                  # every projection made by linears.linear(...)
     linears.packed(linear, "int8"); linears.int4(linear); linears.blocks(matrix, bias)   # the packed formats
 
-Each module keeps the runner it was made with, one per model (kernels/runner.py): the runner decides per call whether
+Each module keeps the runner it was made with, one per model (edge/kernels/runner.py): the runner decides per call whether
 the batch-invariant kernel or torch computes it, and switching the model's kernel (KernelRunner.use, widen) reaches
 every projection at once.
 """
@@ -16,9 +16,9 @@ from torch import nn
 
 from edge.model.block_weights import BlockLinear
 from edge.model.packed_weights import PackedLinear
-from kernels.block_formats import BlockMatrix, PackedArena
-from kernels.cpu_packing import pack_int8
-from kernels.runner import KernelRunner
+from edge.kernels.block_formats import BlockMatrix, PackedArena
+from edge.kernels.cpu_packing import pack_int8
+from edge.kernels.runner import KernelRunner
 
 
 class Linear(nn.Linear):
@@ -52,7 +52,7 @@ class LinearFactory:
 
     def packed(self, source: nn.Module, fmt: str) -> PackedLinear:
         """`source` (float Linear, or a PackedLinear or BlockLinear: re-quantizing what its codes stand for) packed in
-        `fmt` ("int8": per output channel, kernels/cpu_packing.py)."""
+        `fmt` ("int8": per output channel, edge/kernels/cpu_packing.py)."""
         return PackedLinear(pack_int8(source.weight), fmt, source.in_features, source.out_features, source.bias,
                             self.runner)
 

@@ -5,10 +5,10 @@ on every row count, prompts included.
     quantize_weights(model, "int4")           # wqkv, wo, w_gate_up, w_down quantized; norms float32; the head too
     model(tokens, start, cache)
 
-    int8  per output channel, activations quantized per row (w8a8; kernels/csrc/matmul_int8.c): a quarter of
+    int8  per output channel, activations quantized per row (w8a8; edge/kernels/csrc/matmul_int8.c): a quarter of
           float32's bytes. The head gets a packed copy; the embedding stays as loaded.
     int4  4-bit codes with a searched scale and minimum per 32 inputs (5 bits a weight: llama.cpp's Q4_1 layout,
-          kernels/csrc/blocks_quantize.c), run by the block kernel (edge/model/block_weights.py) with activations per
+          edge/kernels/csrc/blocks_quantize.c), run by the block kernel (edge/model/block_weights.py) with activations per
           block of 32 (w4a8). The head in 8-bit blocks (Q8_0): a 4-bit head costs a small model most of int4's
           loss. The embedding stays as loaded (its rows are looked up; a feature drafter reads the same rows).
 
@@ -26,8 +26,8 @@ from torch import nn
 
 from edge.errors import UnsupportedModelError
 from edge.model.block_weights import BlockLinear
-from kernels.block_formats import BlockMatrix, PackedArena, packed_bytes
-from kernels.cpu_packing import dequantize, pack_int8
+from edge.kernels.block_formats import BlockMatrix, PackedArena, packed_bytes
+from edge.kernels.cpu_packing import dequantize, pack_int8
 
 FORMATS = ("int8", "int4")
 PROJECTIONS = (("attn", "wqkv"), ("attn", "wo"), ("ffn", "w_gate_up"), ("ffn", "w_down"))
@@ -35,13 +35,13 @@ PROJECTIONS = (("attn", "wqkv"), ("attn", "wo"), ("ffn", "w_gate_up"), ("ffn", "
 
 class PackedLinear(nn.Module):
     """A linear layer with weights packed for edge's CPU kernel (`format` "int8"), run by the kernel for every row
-    count through its model's `runner` (kernels/runner.py; edge/model/linears.py LinearFactory.packed makes them)."""
+    count through its model's `runner` (edge/kernels/runner.py; edge/model/linears.py LinearFactory.packed makes them)."""
 
     def __init__(self, packed: torch.Tensor, fmt: str, in_features: int, out_features: int,
                  bias: torch.Tensor | None, runner) -> None:
         super().__init__()
         self.format, self.in_features, self.out_features = fmt, in_features, out_features
-        self.packed = nn.Parameter(packed, requires_grad=False)  # uint8 bytes (kernels/cpu_packing.py)
+        self.packed = nn.Parameter(packed, requires_grad=False)  # uint8 bytes (edge/kernels/cpu_packing.py)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)  # (N,)
         self.runner = runner
 

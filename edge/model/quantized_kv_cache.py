@@ -1,4 +1,4 @@
-"""QuantizedKVCache: the KV cache stored quantized (kernels/kv_quant.py), quantized once as each token is appended.
+"""QuantizedKVCache: the KV cache stored quantized (edge/kernels/kv_quant.py), quantized once as each token is appended.
 
     cache = QuantizedKVCache.for_model(config, max_len, key_format="int8", value_format="int4")   # KV-AdaQuant
     cache = QuantizedKVCache.for_model(config, max_len, key_format="hierarchical", value_format="hierarchical")
@@ -19,9 +19,9 @@ from contextlib import contextmanager
 import torch
 
 from edge.model.kv_cache import KVCache, keep_slots
-from kernels.cpu_matmul import HierarchicalCache, HierarchicalPlanes, KernelCache
-from kernels.dispatch import use_triton
-from kernels.kv_quant import KV_FORMATS, PackedVectors, dequantize, quantize
+from edge.kernels.cpu_matmul import HierarchicalCache, HierarchicalPlanes, KernelCache
+from edge.kernels.dispatch import use_triton
+from edge.kernels.kv_quant import KV_FORMATS, PackedVectors, dequantize, quantize
 
 KV_CACHE_CHOICES = ("float32", "int8", "int8-int4", "hierarchical")  # int8-int4: int8 keys, int4 values
 
@@ -163,14 +163,14 @@ class QuantizedKVCache(KVCache):
     def fused_attention(self, layer: int, start: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                         window: int | None) -> torch.Tensor | None:
         """Quantize-on-append and attention straight from the packed cache with the Triton kernels (a capable GPU,
-        or the interpreter when asked; see kernels/dispatch.py): q (1, H, T, Dh), keys/values (1, Hkv, T, Dh) ->
+        or the interpreter when asked; see edge/kernels/dispatch.py): q (1, H, T, Dh), keys/values (1, Hkv, T, Dh) ->
         (1, H, T, Dh). None where they do not apply (then write() and the model's attention run)."""
         kind = self.formats[0]
         if (window or q.shape[0] != 1 or self.formats[1] != kind or kind not in ("int8", "hierarchical")
                 or not use_triton(q)):
             return None
-        # kernels.triton_kernels imports triton: loaded only where a GPU (or its interpreter) runs it
-        from kernels.triton_kernels import quantize_vectors, quantized_decode_attention
+        # edge.kernels.triton_kernels imports triton: loaded only where a GPU (or its interpreter) runs it
+        from edge.kernels.triton_kernels import quantize_vectors, quantized_decode_attention
 
         end = start + keys.shape[2]
         if end > self.max_len:

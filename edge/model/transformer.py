@@ -14,7 +14,7 @@ Running a subset of layers is how self-speculative drafters (early exit, layer s
 and KV cache; computing logits over a subset of the vocabulary is how a trimmed drafter head works.
 
 The projections are made by a LinearFactory (edge/model/linears.py) bound to the model's kernel runner
-(kernels/runner.py), which decides per pass whether edge's batch-invariant CPU kernel runs it, one projection at a
+(edge/kernels/runner.py), which decides per pass whether edge's batch-invariant CPU kernel runs it, one projection at a
 time or the whole pass in fused C calls; edge/model/kernel_glue.py reads the model's tensors for it. Without the
 kernel every pass is plain torch.
 """
@@ -33,7 +33,7 @@ from edge.model.kernel_glue import ModelTensors, use_kernel
 from edge.model.kv_cache import KVCache, keep_slots
 from edge.model.linears import LinearFactory
 from edge.model.rope import apply_rope, inverse_frequencies
-from kernels.block_formats import BlockMatrix
+from edge.kernels.block_formats import BlockMatrix
 
 
 class RMSNorm(nn.Module):
@@ -135,7 +135,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.linears = linears if linears is not None else LinearFactory()
-        self.runner = self.linears.runner  # whether and how each pass runs on edge's CPU kernel (kernels/runner.py)
+        self.runner = self.linears.runner  # whether and how each pass runs on edge's CPU kernel (edge/kernels/runner.py)
         meta = torch.device(device).type == "meta" if device is not None else False
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, device=device,  # (no init on meta)
                                   _weight=torch.empty(config.vocab_size, config.hidden_size, device=device) if meta

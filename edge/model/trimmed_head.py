@@ -1,6 +1,6 @@
 """VocabTrim on the torch backend: a drafter head over only the kept token ids, logits back in the full vocabulary.
 
-    head = TrimmedHead(model, kept)        # kept (V',) token ids, e.g. from `python -m export.vocab_trim`
+    head = TrimmedHead(model, kept)        # kept (V',) token ids, e.g. from `python -m edge.export.vocab_trim`
     logits = head.logits(hidden)           # hidden (1, T, D) -> (V,) for the last position; dropped ids are -inf
     draft_head(model, head)                # the kept rows as one-call greedy drafting scores them (KernelHead)
 
@@ -18,7 +18,7 @@ import torch
 from edge.errors import SamplingError
 from edge.model.kernel_glue import kernel_head
 from edge.model.transformer import Transformer
-from kernels.records import KernelHead
+from edge.kernels.records import KernelHead
 
 
 class TrimmedHead:
@@ -63,7 +63,7 @@ def expand_vocabulary(logits: torch.Tensor, kept: torch.Tensor, vocab_size: int)
 
 
 def read_vocabulary(path: str | Path) -> torch.Tensor:
-    """Kept token ids from a JSON file: {"kept_ids": [...]} (edge-export, export.vocab_trim) or a plain list."""
+    """Kept token ids from a JSON file: {"kept_ids": [...]} (edge-export, edge.export.vocab_trim) or a plain list."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:

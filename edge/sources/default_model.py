@@ -20,7 +20,7 @@ from pathlib import Path
 
 from edge.sources.builtin import builtin_model_path
 from edge.errors import CheckpointError
-from kernels.cache import cache_folder
+from edge.kernels.cache import cache_folder
 
 
 @dataclass(frozen=True)

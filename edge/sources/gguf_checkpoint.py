@@ -45,7 +45,7 @@ from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, EdgeError, UnsupportedModelError
 from edge.sources.gguf_tokenizer import TokenizerFiles
 from edge.model.rope import inverse_frequencies
-from kernels.cache import cache_folder
+from edge.kernels.cache import cache_folder
 
 CONVERTER_VERSION = 2  # part of the cache key: a change in what a conversion writes redoes old conversions
 INDEX_FILE = "gguf.json"  # the file's path and tensor table, beside config.json and the tokenizer

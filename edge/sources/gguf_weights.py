@@ -6,7 +6,7 @@ time.
     tensors = float_tensors(folder, index)        # ... or builds a float model from these
 
 - Quantized files on the CPU (float32 compute, edge's kernel available): each matrix keeps its GGUF type (Q4_K, Q6_K,
-  Q8_0, ...), its bytes rearranged once into the kernel's groups (kernels/block_formats.py); q/k/v and gate/up are
+  Q8_0, ...), its bytes rearranged once into the kernel's groups (edge/kernels/block_formats.py); q/k/v and gate/up are
   fused as segments that keep their own types; the embedding and head likewise. Nothing is dequantized to 16 bits.
 - Float files (F32, F16, BF16 matrices), another device or dtype, or `dequantize=True` (--weights float16): the
   values as float tensors, quantized ones dequantized by the gguf package (its reference of llama.cpp's formats).
@@ -32,9 +32,9 @@ from edge.errors import CheckpointError, UnsupportedModelError
 from edge.model.kernel_glue import use_kernel
 from edge.model.transformer import Transformer
 from edge.model.rope import inverse_frequencies
-from kernels.block_formats import FORMATS as BLOCK_FORMATS
-from kernels.block_formats import QUANTIZED
-from kernels.block_formats import BlockMatrix, PackedArena, packed_bytes
+from edge.kernels.block_formats import FORMATS as BLOCK_FORMATS
+from edge.kernels.block_formats import QUANTIZED
+from edge.kernels.block_formats import BlockMatrix, PackedArena, packed_bytes
 
 FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.int16}
@@ -193,7 +193,7 @@ def _single_float(entries: dict) -> torch.dtype | None:
 
 def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) -> Transformer:
     """Every matrix in its own type (float ones as stored), norms and biases in float32; the packed matrices in one
-    arena on huge pages (kernels/block_formats.py PackedArena)."""
+    arena on huge pages (edge/kernels/block_formats.py PackedArena)."""
     model = Transformer(config, device="meta")
     blocks = _BlockReader(file, entries)
     for i, block in enumerate(model.layers):

@@ -23,8 +23,8 @@ from edge.sources.gguf_checkpoint import gguf_index
 from edge.model.kernel_glue import use_kernel
 from edge.model.transformer import Transformer
 from edge.model.rope import inverse_frequencies
-from kernels.cpu_matmul import RowwiseMatmul
-from kernels.cpu_paths import KernelPathError
+from edge.kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.cpu_paths import KernelPathError
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -215,7 +215,7 @@ def storage_dtype(source: torch.dtype | None, dtype: torch.dtype, device: torch.
 
 def cpu_kernel():
     """edge's batch-invariant CPU kernel on this CPU's path (or EDGE_CPU_KERNEL's), or None where it cannot be
-    built (kernels/cpu_matmul.py)."""
+    built (edge/kernels/cpu_matmul.py)."""
     try:
         return RowwiseMatmul.load()
     except KernelPathError as error:

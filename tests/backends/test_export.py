@@ -20,10 +20,10 @@ from edge.engine import Engine  # noqa: E402
 from edge.errors import BundleError, EdgeError  # noqa: E402
 from edge.model.packed_weights import packed_format  # noqa: E402
 from edge.decoding.sampling import SamplingParams  # noqa: E402
-from export.bundle import ExportOptions, export_bundle  # noqa: E402
-from export.cli import main as export_main  # noqa: E402
-from export.quantize import QuantSettings  # noqa: E402
-from export.vocab_trim import choose_vocabulary, covered_share  # noqa: E402
+from edge.export.bundle import ExportOptions, export_bundle  # noqa: E402
+from edge.export.cli import main as export_main  # noqa: E402
+from edge.export.quantize import QuantSettings  # noqa: E402
+from edge.export.vocab_trim import choose_vocabulary, covered_share  # noqa: E402
 from tests.conftest import build_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -117,7 +117,7 @@ def test_trimmed_drafter_never_drafts_a_dropped_token(llama_dir, drafter_dir, tm
 
 def test_auto_trims_only_a_head_that_outweighs_the_drafter_layers(llama_dir, drafter_dir, tmp_path):
     from edge.sources.loading import load_model
-    from export.bundle import _should_trim
+    from edge.export.bundle import _should_trim
 
     drafter = load_model(drafter_dir)  # 1 layer of width 64 (~41k weights) against a 320 x 64 head (~20k)
     assert not _should_trim("auto", drafter) and _should_trim("on", drafter) and not _should_trim("off", drafter)
@@ -169,7 +169,7 @@ def test_existing_output_is_refused_and_kept(llama_dir, tmp_path, capsys):
 
 
 def test_failed_export_leaves_nothing_behind(llama_dir, tmp_path, monkeypatch):
-    import export.bundle as bundle_module
+    import edge.export.bundle as bundle_module
 
     def broken(*args, **kwargs):
         raise KeyboardInterrupt  # as if the user pressed Ctrl+C while validating
@@ -326,7 +326,7 @@ def test_choose_vocabulary_covers_the_share_with_the_fewest_tokens():
 
 @pytest.fixture(scope="module")
 def vocab_file(llama_dir, tmp_path_factory) -> Path:
-    from export.vocab_trim import main as vocab_main
+    from edge.export.vocab_trim import main as vocab_main
 
     path = tmp_path_factory.mktemp("vocab") / "vocab.json"
     assert vocab_main([str(llama_dir), "-o", str(path), "--coverage", "0.6", "--calibration-tokens", "16"]) == 0
@@ -372,7 +372,7 @@ def test_a_checkpoint_runs_on_onnx_through_the_cache(llama_dir, drafter_dir, tmp
     for prompt in PROMPTS:
         assert greedy(engine, prompt, 48) == greedy(plain, prompt, 48)
 
-    import export.bundle as bundle_module
+    import edge.export.bundle as bundle_module
 
     def no_second_export(*args, **kwargs):
         raise AssertionError("the cached bundle should have been reused")
@@ -383,11 +383,11 @@ def test_a_checkpoint_runs_on_onnx_through_the_cache(llama_dir, drafter_dir, tmp
 
 
 def test_the_vocabulary_file_can_come_from_the_targets_own_replies(llama_dir, tmp_path):
-    """python -m export.vocab_trim --replies FILE --calibration-tokens 0: the tokens of the assistant messages alone."""
+    """python -m edge.export.vocab_trim --replies FILE --calibration-tokens 0: the tokens of the assistant messages alone."""
     import json
 
     from edge.text.tokenizer import Tokenizer
-    from export.vocab_trim import main as vocab_main
+    from edge.export.vocab_trim import main as vocab_main
 
     replies = tmp_path / "replies.jsonl"
     conversation = [{"role": "user", "content": "ignored"}, {"role": "assistant", "content": "hello world hello"}]

@@ -15,12 +15,12 @@ import pytest
 
 pytest.importorskip("onnx")
 
-import export.bundle as bundle_module  # noqa: E402
+import edge.export.bundle as bundle_module  # noqa: E402
 from edge.engine import Engine  # noqa: E402
 from edge.errors import TokenizerError  # noqa: E402
-from export.bundle import ExportOptions, export_bundle  # noqa: E402
-from export.cli import main as export_main  # noqa: E402
-from export.vocab_trim import count_generated  # noqa: E402
+from edge.export.bundle import ExportOptions, export_bundle  # noqa: E402
+from edge.export.cli import main as export_main  # noqa: E402
+from edge.export.vocab_trim import count_generated  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}: {{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant: {% endif %}")
@@ -110,7 +110,7 @@ def test_ctrl_c_in_the_first_seconds_is_one_line_and_exit_130(llama_dir, tmp_pat
     """A real SIGINT while edge-export imports torch (an interrupted import failed in its own ways: a
     KeyboardInterrupt traceback, or a RecursionError inside numpy)."""
     output = tmp_path / "b"
-    child = subprocess.Popen([sys.executable, "-m", "export.cli", str(llama_dir), "-o", str(output), "--quiet"],
+    child = subprocess.Popen([sys.executable, "-m", "edge.export.cli", str(llama_dir), "-o", str(output), "--quiet"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     maps, deadline = Path(f"/proc/{child.pid}/maps"), time.monotonic() + 60

@@ -24,7 +24,7 @@ from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.text.tokenizer import Tokenizer
 from tests.kernels.test_hierarchical_kv_kernel import fused_and_reference
-from kernels.kv_quant import quantize
+from edge.kernels.kv_quant import quantize
 
 FACTOR = 32.0
 PROMPTS = ["How do I read a CSV file in Python?", "Write a function that reverses a list.",

@@ -410,7 +410,7 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
     and with a confidence stop, both stop before the same token."""
     from edge.decoding.drafters.base import DraftSampler
     from edge.decoding.sampling import SamplingParams
-    from kernels.runner import KernelRunner
+    from edge.kernels.runner import KernelRunner
 
     spec = drafter_spec(name.removesuffix("@"), checkpoints)
     kept = None

@@ -1,5 +1,5 @@
 """Token trees: one verify pass over several candidate continuations (edge/decoding/speculative.py,
-kernels/csrc/attention.c). Each row of a tree computes exactly what decode steps along its path compute, the accepted
+edge/kernels/csrc/attention.c). Each row of a tree computes exactly what decode steps along its path compute, the accepted
 path's keys/values are moved into place, and greedy speculation with trees equals plain decoding."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from edge.model.transformer import keep_rows
 from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.decoding.speculative import SpeculativeDecoding, StepCosts
-from kernels import cpu_paths
+from edge.kernels import cpu_paths
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 

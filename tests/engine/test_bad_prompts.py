@@ -80,7 +80,7 @@ def test_an_abandoned_reply_frees_the_engine(engine):
 
 
 def test_an_undecodable_command_line_prompt_is_one_line(llama_dir, capsys):
-    from tui.cli import main
+    from edge.tui.cli import main
 
     undecodable = b"Once \xff upon".decode("utf-8", "surrogateescape")
     assert main([str(llama_dir), "--prompt", undecodable, "--max-new-tokens", "4"]) == 2

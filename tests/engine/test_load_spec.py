@@ -15,8 +15,8 @@ from edge.decoding.registry import KINDS, DrafterSpec
 from edge.errors import CheckpointError, EdgeError, SamplingError
 from edge.load_spec import DraftModelOptions, LoadSpec
 from edge.model.packed_weights import packed_format
-from tui import cli
-from tui.settings import ChatSettings
+from edge.tui import cli
+from edge.tui.settings import ChatSettings
 
 CHOICES = {  # one choice for every option a user can set, as the command line spells it and as the API does
     "--dtype": ("dtype", "bfloat16"),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from edge import EdgeError, Engine
-from tui.cli import ConsoleChat, main as chat_main
+from edge.tui.cli import ConsoleChat, main as chat_main
 
 
 def test_chat_prompt_prints_the_reply(llama_dir, capsys):
@@ -26,7 +26,7 @@ def test_chat_prompt_prints_the_reply(llama_dir, capsys):
 
 @pytest.mark.slow
 def test_chat_reads_the_prompt_from_a_pipe(llama_dir):
-    done = subprocess.run([sys.executable, "-m", "tui.cli", str(llama_dir), "--max-new-tokens", "4", "--raw"],
+    done = subprocess.run([sys.executable, "-m", "edge.tui.cli", str(llama_dir), "--max-new-tokens", "4", "--raw"],
                           input="The quick brown fox", capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith("\n")
@@ -105,7 +105,7 @@ def test_chat_without_the_default_model_runs_the_builtin_model_and_drafter(capsy
 
 
 def test_export_missing_checkpoint_is_one_line(capsys, tmp_path):
-    from export.cli import main as export_main
+    from edge.export.cli import main as export_main
 
     assert export_main([str(tmp_path / "somewhere"), "-o", str(tmp_path / "bundle"), "--quiet"]) == 2
     error = capsys.readouterr().err.strip()
@@ -115,7 +115,7 @@ def test_export_missing_checkpoint_is_one_line(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_bench_ar_compares_with_transformers_and_bundles(llama_dir, tmp_path):
-    from export.cli import main as export_main
+    from edge.export.cli import main as export_main
 
     assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--weights", "fp32", "--quiet"]) == 0
     report_path = tmp_path / "bench.json"
@@ -403,7 +403,7 @@ def test_agreement_bench_compares_quantized_with_float(llama_dir, capsys):
 
 
 def test_kernel_bench_reports_bandwidth_and_row_costs(capsys):
-    from kernels import cpu_bench
+    from edge.kernels import cpu_bench
 
     assert cpu_bench.main(["--shape", "builtin", "--paths", "portable", "--formats", "float16,int4", "--rows", "2",
                            "--repeats", "1", "--bandwidth-megabytes", "32"]) == 0
@@ -428,8 +428,8 @@ def test_step_time_bench_reports_each_method(llama_dir, capsys):
 
 def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(llama_dir, builtin_default):
     from edge.sources.builtin import builtin_feature_drafter_path
-    from frontend.options import default_drafter
-    from tui.cli import build_parser
+    from edge.frontend.options import default_drafter
+    from edge.tui.cli import build_parser
 
     if builtin_feature_drafter_path() is None:
         pytest.skip("this checkout ships no built-in feature drafter")

@@ -1,4 +1,4 @@
-"""llama.cpp's block formats in edge's kernel (kernels/block_formats.py, csrc/matmul_blocks.c): a matrix rearranged
+"""llama.cpp's block formats in edge's kernel (edge/kernels/block_formats.py, csrc/matmul_blocks.c): a matrix rearranged
 into groups holds exactly the values the gguf package dequantizes from the file's bytes; the matmul computes them
 (activations quantized to 8 bits as llama.cpp does) with every row independent of the rest of the call, and every
 CPU path gives the same bits."""
@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from tests.conftest import kernel_for, kernel_path_names
 from gguf import GGMLQuantizationType, quants
 
-from kernels.block_formats import FORMATS, QUANTIZED, QUANTIZERS, BlockMatrix, file_bytes, packed_bytes, quantize_file
-from kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.block_formats import FORMATS, QUANTIZED, QUANTIZERS, BlockMatrix, file_bytes, packed_bytes, quantize_file
+from edge.kernels.cpu_matmul import RowwiseMatmul
 
 pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: the kernel falls back to torch")
 SHAPES = [(48, 256), (37, 512)]  # (N, K); 37 rows: a part-filled group of 16

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.dispatch import MIN_CAPABILITY
+from edge.kernels.dispatch import MIN_CAPABILITY
 
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() < MIN_CAPABILITY:
     pytest.skip("needs a CUDA GPU of compute capability 8.0 or newer", allow_module_level=True)
@@ -22,9 +22,9 @@ pytest.importorskip("triton")
 
 from edge import Engine  # noqa: E402
 from edge.sources.builtin import builtin_model_path  # noqa: E402
-from kernels import triton_kernels as tk  # noqa: E402
-from kernels.kv_quant import PackedVectors, dequantize, quantize  # noqa: E402
-from kernels.quant import quantize_weight  # noqa: E402
+from edge.kernels import triton_kernels as tk  # noqa: E402
+from edge.kernels.kv_quant import PackedVectors, dequantize, quantize  # noqa: E402
+from edge.kernels.quant import quantize_weight  # noqa: E402
 
 CUDA = torch.device("cuda")
 PROMPT = "The quick brown fox"

@@ -1,5 +1,5 @@
-"""QuantSpec's hierarchical KV cache in edge's fused CPU step (kernels/csrc/kv_hierarchical.c): it stores exactly what
-the reference quantizer (kernels/kv_quant.py) stores, reads what the reference reads for the target and for the draft,
+"""QuantSpec's hierarchical KV cache in edge's fused CPU step (edge/kernels/csrc/kv_hierarchical.c): it stores exactly what
+the reference quantizer (edge/kernels/kv_quant.py) stores, reads what the reference reads for the target and for the draft,
 and a verify pass over it reproduces decode steps bit for bit on every path."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from edge.model.kernel_glue import ModelTensors, use_kernel
 from edge.model.packed_weights import packed_format
 from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
-from kernels import cpu_paths
-from kernels.kv_quant import quantize
+from edge.kernels import cpu_paths
+from edge.kernels.kv_quant import quantize
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_paths
-from kernels.block_formats import FORMATS as BLOCK_FORMATS
-from kernels.block_formats import QUANTIZED, QUANTIZERS, BlockMatrix, quantize_file
-from kernels.cpu_matmul import RowwiseMatmul
-from kernels.cpu_packing import pack_int8
-from kernels.kv_quant import dequantize, quantize
+from edge.kernels import cpu_paths
+from edge.kernels.block_formats import FORMATS as BLOCK_FORMATS
+from edge.kernels.block_formats import QUANTIZED, QUANTIZERS, BlockMatrix, quantize_file
+from edge.kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.cpu_packing import pack_int8
+from edge.kernels.kv_quant import dequantize, quantize
 
 CROSS, QEMU, SYSROOT = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64"), "/usr/aarch64-linux-gnu"
 DRIVER = Path(__file__).parent / "csrc" / "kernel_driver.c"

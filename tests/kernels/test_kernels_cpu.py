@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from edge.model.kv_cache import KVCache
 from edge.sources.loading import load_model
-from kernels import cpu_paths
-from kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels import cpu_paths
+from edge.kernels.cpu_matmul import RowwiseMatmul
 
 pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: the kernel falls back to torch")
 

@@ -13,9 +13,9 @@ import torch
 os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton")
 
-from kernels import triton_kernels as tk  # noqa: E402
-from kernels.kv_quant import dequantize, quantize  # noqa: E402
-from kernels.quant import QuantizedLinear, quantize_weight  # noqa: E402
+from edge.kernels import triton_kernels as tk  # noqa: E402
+from edge.kernels.kv_quant import dequantize, quantize  # noqa: E402
+from edge.kernels.quant import QuantizedLinear, quantize_weight  # noqa: E402
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -76,7 +76,7 @@ def test_decode_attention_over_a_quantized_cache(kind, draft, heads, kv_heads, s
 
 
 def test_the_dispatcher_routes_cpu_tensors_only_when_asked(monkeypatch):
-    from kernels.dispatch import use_triton
+    from edge.kernels.dispatch import use_triton
 
     layer = QuantizedLinear(quantize_weight(torch.randn(16, 32), bits=4, group_size=16), bias=torch.ones(16))
     x = torch.randn(2, 32)

@@ -6,9 +6,9 @@ import pytest
 
 from tests.conftest import FAMILIES
 from edge import Engine
-from memory.budget import BudgetError, format_size, parse_size
-from memory.device import probe
-from memory.footprint import footprint
+from edge.memory.budget import BudgetError, format_size, parse_size
+from edge.memory.device import probe
+from edge.memory.footprint import footprint
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -12,8 +12,8 @@ import torch
 
 from edge import Engine
 from edge.model.config import ModelConfig
-from memory.budget import BudgetError
-from memory.plan import PlanRequest, make_plan
+from edge.memory.budget import BudgetError
+from edge.memory.plan import PlanRequest, make_plan
 
 MiB = 2**20
 
@@ -137,12 +137,12 @@ def test_edge_chat_plans_without_weights_and_reports_step_downs(checkpoint_facto
     config_only = tmp_path / "config-only"
     config_only.mkdir()
     shutil.copy(checkpoint_factory("llama3") / "config.json", config_only / "config.json")
-    done = subprocess.run([sys.executable, "-m", "tui.cli", str(config_only), "--plan", "--max-context", "512",
+    done = subprocess.run([sys.executable, "-m", "edge.tui.cli", str(config_only), "--plan", "--max-context", "512",
                            "--memory-budget", "1GiB", "--drafter", "ngram"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["drafter"] == "ngram"
-    bad = subprocess.run([sys.executable, "-m", "tui.cli", str(config_only), "--plan", "--memory-budget", "lots"],
+    bad = subprocess.run([sys.executable, "-m", "edge.tui.cli", str(config_only), "--plan", "--memory-budget", "lots"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "cannot read the memory size 'lots'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
@@ -154,7 +154,7 @@ def test_a_chat_just_above_the_lower_bound_runs_and_says_what_it_gave_up(checkpo
     _, _, draft_dir = shapes
     plan = Engine.load(model_dir, max_context=512, drafter=f"draft:{draft_dir}", memory_budget=1 << 30).plan
     budget = str(plan.lower_bound + 4096)
-    done = subprocess.run([sys.executable, "-m", "tui.cli", str(model_dir), "--max-context", "512", "--drafter",
+    done = subprocess.run([sys.executable, "-m", "edge.tui.cli", str(model_dir), "--max-context", "512", "--drafter",
                            f"draft:{draft_dir}", "--memory-budget", budget, "--prompt", "hello", "--max-new-tokens",
                            "6"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import build_checkpoint
 from edge import Engine
-from memory.budget import BudgetError
-from memory.plan import PlanRequest, make_plan
+from edge.memory.budget import BudgetError
+from edge.memory.plan import PlanRequest, make_plan
 
 
 @pytest.fixture(scope="module")

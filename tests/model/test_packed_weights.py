@@ -18,9 +18,9 @@ from edge.sources.loading import load_model
 from edge.model.block_weights import BlockLinear
 from edge.model.packed_weights import PackedLinear, packed_format, quantize_weights
 from edge.model.transformer import held_bytes
-from kernels.block_formats import BlockMatrix
-from kernels.cpu_matmul import RowwiseMatmul
-from kernels.cpu_packing import int8_packed_size, pack_int8, unpack_int8
+from edge.kernels.block_formats import BlockMatrix
+from edge.kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.cpu_packing import int8_packed_size, pack_int8, unpack_int8
 
 pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: packed weights need the kernel")
 FORMATS = ["int8", "int4"]

@@ -7,8 +7,8 @@ import torch
 
 from edge import EdgeError, Engine
 from edge.model.quantized_kv_cache import QuantizedKVCache
-from kernels.kv_quant import dequantize, quantize
-from kernels.quant import QuantizedLinear, load_quantized, quantize_weight, save_quantized
+from edge.kernels.kv_quant import dequantize, quantize
+from edge.kernels.quant import QuantizedLinear, load_quantized, quantize_weight, save_quantized
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "import os\nfor name in"]
 

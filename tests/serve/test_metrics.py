@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
 from edge.load_spec import LoadSpec
-from serve.app import ServeConfig
-from serve.background import BackgroundServer
+from edge.serve.app import ServeConfig
+from edge.serve.background import BackgroundServer
 
 KEY = "metrics-test-key"
 

@@ -15,10 +15,10 @@ from edge import Engine
 from edge.sources.builtin import builtin_model_path
 from edge.errors import CheckpointError
 from edge.load_spec import LoadSpec
-from serve.app import ServeConfig
-from serve.background import BackgroundServer
-from frontend.options import default_drafter
-from serve.cli import build_parser, is_loopback, main, model_id, serve_config
+from edge.serve.app import ServeConfig
+from edge.serve.background import BackgroundServer
+from edge.frontend.options import default_drafter
+from edge.serve.cli import build_parser, is_loopback, main, model_id, serve_config
 
 QUESTIONS = ["What does the json module do?", "Explain os.path.join", "How do I sort a list?"]
 
@@ -291,9 +291,9 @@ def test_plan_prints_the_memory_plan_without_serving(capsys):
 
 
 def test_without_the_serve_extra_it_says_how_to_install_it(monkeypatch, capsys):
-    import serve.cli
+    import edge.serve.cli
 
-    monkeypatch.setattr(serve.cli, "MISSING_PACKAGE", "uvicorn")
+    monkeypatch.setattr(edge.serve.cli, "MISSING_PACKAGE", "uvicorn")
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "uvicorn is not installed" in err and "edge[serve]" in err

@@ -11,10 +11,10 @@ import pytest
 
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
-from serve.access import AccessGuard, split_host
-from serve.app import ServeConfig
-from serve.background import BackgroundServer
-from serve.cli import build_parser, main, serve_config
+from edge.serve.access import AccessGuard, split_host
+from edge.serve.app import ServeConfig
+from edge.serve.background import BackgroundServer
+from edge.serve.cli import build_parser, main, serve_config
 
 BODY = b'{"prompt": "The json module", "max_tokens": 2}'
 PAGE = "http://localhost:5173"

@@ -12,11 +12,11 @@ from openai import OpenAI
 
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
-from frontend.options import load_spec
-from serve.app import ServeConfig
-from serve.background import BackgroundServer
-from frontend.options import default_drafter
-from serve.cli import build_parser, serve_config
+from edge.frontend.options import load_spec
+from edge.serve.app import ServeConfig
+from edge.serve.background import BackgroundServer
+from edge.frontend.options import default_drafter
+from edge.serve.cli import build_parser, serve_config
 
 CONTEXT = 128  # tokens: a prompt longer than this is refused
 CHAT = "/v1/chat/completions"

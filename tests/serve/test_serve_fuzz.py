@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from edge import Engine, GenerationOptions
 from edge.sources.builtin import builtin_model_path
-from serve.app import ServeConfig
-from serve.background import BackgroundServer
+from edge.serve.app import ServeConfig
+from edge.serve.background import BackgroundServer
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ import pytest
 
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
-from serve.app import ServeConfig
-from serve.background import BackgroundServer
-from serve.cli import build_parser, main, serve_config
+from edge.serve.app import ServeConfig
+from edge.serve.background import BackgroundServer
+from edge.serve.cli import build_parser, main, serve_config
 
 CONTEXT = 128  # tokens; the default prompt limit is 16 characters per token: 2,048
 CHAT = "/v1/chat/completions"

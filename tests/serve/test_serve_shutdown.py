@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("sig, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
 def test_a_signal_ends_open_streams_with_an_error_event_and_exits_at_once(sig, exit_code):
-    server = subprocess.Popen([sys.executable, "-m", "serve.cli", str(builtin_model_path()), "--port", "0",
+    server = subprocess.Popen([sys.executable, "-m", "edge.serve.cli", str(builtin_model_path()), "--port", "0",
                                "--drafter", "none"], stderr=subprocess.PIPE, text=True)
     log: list[str] = []
     reader = threading.Thread(target=lambda: log.extend(iter(server.stderr.readline, "")), daemon=True)

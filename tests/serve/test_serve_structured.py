@@ -13,8 +13,8 @@ from pydantic import BaseModel
 from edge import Engine
 from edge.sources.builtin import builtin_model_path
 from edge.load_spec import LoadSpec
-from serve.app import ServeConfig
-from serve.background import BackgroundServer
+from edge.serve.app import ServeConfig
+from edge.serve.background import BackgroundServer
 # fixtures: an openai client of this module's server, plain decoding
 from tests.serve.test_serve import client, reference  # noqa: F401
 

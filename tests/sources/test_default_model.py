@@ -10,10 +10,10 @@ import pytest
 
 from edge.sources import default_model
 from edge.sources.builtin import builtin_model_path
-from frontend.options import default_drafter
+from edge.frontend.options import default_drafter
 from edge.sources.default_model import DEFAULT_MODEL, PackagedModel, default_model_path, packaged_file
 from edge.errors import CheckpointError
-from tui.cli import main as chat_main
+from edge.tui.cli import main as chat_main
 
 
 def fake_package(root, contents: bytes) -> PackagedModel:

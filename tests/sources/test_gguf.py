@@ -25,7 +25,7 @@ from edge.sources import gguf_checkpoint
 from edge.model.block_weights import BlockEmbedding
 from edge.model.packed_weights import packed_format
 from edge.sources.loading import load_model
-from kernels import cpu_paths
+from edge.kernels import cpu_paths
 from edge.sources.gguf_checkpoint import checkpoint_from_gguf
 from edge.sources.gguf_tokenizer import (
     PRE_TOKENIZERS,
@@ -36,7 +36,7 @@ from edge.sources.gguf_tokenizer import (
     TokenizerFiles,
 )
 from edge.text.tokenizer import Tokenizer
-from kernels.cache import cache_folder
+from edge.kernels.cache import cache_folder
 
 PROMPT = "Speculative decoding drafts several tokens"
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "def main():\n    return sum(range(10))  # 12345",
@@ -243,7 +243,7 @@ def test_the_plan_counts_a_gguf_file_at_its_stored_size(llama_dir, wide_dir, tmp
     """The planner sizes the file's blocks as loading holds them (Q4_K and Q6_K segments, the embedding's blocks),
     for Engine.load's budget and for --plan; --weights int8 plans edge's int8 instead."""
     from edge.planning import plan_for
-    from tui.cli import main as chat_main
+    from edge.tui.cli import main as chat_main
 
     gguf, _ = quantized_file("q4_k_m", llama_dir, wide_dir, tmp_path)
     plan = plan_for(gguf, budget="1GiB")
@@ -384,7 +384,7 @@ def test_a_conversion_is_made_once_and_redone_when_the_file_changes(llama_dir, t
 
 
 def test_edge_chat_runs_a_gguf_file_and_says_it_read_it(llama_dir, tmp_path, capsys):
-    from tui.cli import main as chat_main
+    from edge.tui.cli import main as chat_main
 
     gguf = write_gguf(llama_dir, tmp_path / "tiny.q4_0.gguf", "q4_0")
     assert chat_main([str(gguf), "--prompt", "hi", "--max-new-tokens", "4", "--raw"]) == 0

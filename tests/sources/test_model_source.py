@@ -75,7 +75,7 @@ def test_hf_hub_cache_overrides_hf_home(llama_dir, hub, tmp_path, monkeypatch):
 
 def test_the_commands_take_a_hub_id(llama_dir, hub, capsys):
     from bench.cli import main as bench_main
-    from tui.cli import app_loader, build_parser, main as chat_main
+    from edge.tui.cli import app_loader, build_parser, main as chat_main
 
     cache_repo(hub, "org/tiny", checkpoint_files(llama_dir))
     assert chat_main(["org/tiny", "--prompt", "hi", "--max-new-tokens", "4", "--raw"]) == 0
@@ -87,8 +87,8 @@ def test_the_commands_take_a_hub_id(llama_dir, hub, capsys):
 
 def test_a_missing_hub_id_offline_is_one_line_in_each_command(hub, capsys):
     from bench.cli import main as bench_main
-    from export.cli import main as export_main
-    from tui.cli import main as chat_main
+    from edge.export.cli import main as export_main
+    from edge.tui.cli import main as chat_main
 
     with pytest.raises(CheckpointError) as caught:
         Engine.load("org/missing")

@@ -13,8 +13,8 @@ from tests.conftest import build_checkpoint
 from edge import Engine
 from edge.errors import CheckpointError, EdgeError, TokenizerError
 from edge.text.tokenizer import Tokenizer
-from kernels.quant import quantize_weight
-from tui.cli import main as chat_main
+from edge.kernels.quant import quantize_weight
+from edge.tui.cli import main as chat_main
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 

@@ -14,9 +14,9 @@ from edge import Engine
 from edge.text import chat_template
 from edge.sources.builtin import builtin_model_path
 from edge.text.chat_template import ChatTemplate, TemplateLimitError
-from serve.app import ServeConfig
-from serve.background import BackgroundServer
-from tui.cli import main as chat_main
+from edge.serve.app import ServeConfig
+from edge.serve.background import BackgroundServer
+from edge.tui.cli import main as chat_main
 
 HI = [{"role": "user", "content": "Hi"}]
 ENDLESS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"

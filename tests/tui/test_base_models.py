@@ -15,13 +15,13 @@ import pytest
 from edge.engine import Engine
 from edge.errors import PromptError, TokenizerError
 from tests.conftest import CHATML_TEMPLATE
-from tui.app import EdgeChatApp
-from tui.cli import main as chat_main
-from tui.completion import running_text
-from tui.history import ConversationStore
-from tui.loader import SessionLoader
-from tui.settings import ChatSettings
-from tui.widgets.prompt import PromptInput
+from edge.tui.app import EdgeChatApp
+from edge.tui.cli import main as chat_main
+from edge.tui.completion import running_text
+from edge.tui.history import ConversationStore
+from edge.tui.loader import SessionLoader
+from edge.tui.settings import ChatSettings
+from edge.tui.widgets.prompt import PromptInput
 
 TOKENS = 12
 

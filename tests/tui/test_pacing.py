@@ -1,10 +1,10 @@
-"""The app's update pacing: the UI thread's CPU share while a reply streams stays within its duty (tui/pacing.py).
+"""The app's update pacing: the UI thread's CPU share while a reply streams stays within its duty (edge/tui/pacing.py).
 
 A fake clock and given CPU times: what is checked is the rule, not this machine's speed."""
 
 from __future__ import annotations
 
-from tui.pacing import MAX_INTERVAL_S, MIN_INTERVAL_S, SHARED_CORES_DUTY, SPARE_CORE_DUTY, UpdatePacer, ui_duty
+from edge.tui.pacing import MAX_INTERVAL_S, MIN_INTERVAL_S, SHARED_CORES_DUTY, SPARE_CORE_DUTY, UpdatePacer, ui_duty
 
 
 class Clock:

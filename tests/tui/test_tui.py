@@ -13,17 +13,17 @@ import pytest
 from edge.decoding.drafters import NGramDrafter
 from edge.decoding.drafters.draft_model import DraftModelDrafter
 from edge.engine import Engine
-from tui.app import EdgeChatApp
-from tui.history import Conversation, ConversationStore
-from tui.loader import SessionLoader
-from tui.screens.chat import ChatScreen
-from tui.screens.history import HistoryScreen
-from tui.screens.loading import LoadingScreen
-from tui.screens.settings import SettingsScreen
-from tui.settings import ChatSettings
-from tui.widgets.message import MessageView
-from tui.widgets.prompt import PromptInput
-from tui.widgets.stats import StatsPanel
+from edge.tui.app import EdgeChatApp
+from edge.tui.history import Conversation, ConversationStore
+from edge.tui.loader import SessionLoader
+from edge.tui.screens.chat import ChatScreen
+from edge.tui.screens.history import HistoryScreen
+from edge.tui.screens.loading import LoadingScreen
+from edge.tui.screens.settings import SettingsScreen
+from edge.tui.settings import ChatSettings
+from edge.tui.widgets.message import MessageView
+from edge.tui.widgets.prompt import PromptInput
+from edge.tui.widgets.stats import StatsPanel
 
 RSS = 300 * 2**20  # a fixed "resident memory" so screens do not depend on the test process
 
@@ -392,7 +392,7 @@ def test_conversation_store_writes_atomically(tmp_path, monkeypatch):
 
 
 def test_command_line_options_reach_the_app_settings():
-    from tui.cli import app_settings, build_parser
+    from edge.tui.cli import app_settings, build_parser
 
     args = build_parser().parse_args(["--temperature", "0.7", "--top-k", "20", "--min-p", "0.05", "--seed", "3",
                                       "--stop", "END", "--max-new-tokens", "99", "--drafter", "ngram",
@@ -439,8 +439,8 @@ def test_a_chat_that_fills_the_context_keeps_going_without_its_oldest_turns(tiny
 @pytest.mark.slow
 def test_the_app_chats_on_an_exported_bundle_with_its_drafter(make_app, tiny_model, tmp_path):
     pytest.importorskip("onnx")
-    from export.bundle import ExportOptions, export_bundle
-    from export.quantize import QuantSettings
+    from edge.export.bundle import ExportOptions, export_bundle
+    from edge.export.quantize import QuantSettings
 
     bundle = tmp_path / "tiny.bundle"
     export_bundle(tiny_model, bundle, ExportOptions(quant=QuantSettings("int8"), drafter=str(tiny_model)),

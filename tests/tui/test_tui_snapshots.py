@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.app import EdgeChatApp
-from tui.history import Conversation, ConversationStore
-from tui.loader import SessionLoader
-from tui.settings import ChatSettings
+from edge.tui.app import EdgeChatApp
+from edge.tui.history import Conversation, ConversationStore
+from edge.tui.loader import SessionLoader
+from edge.tui.settings import ChatSettings
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ package: every kind, its text form, its builder and what the memory planner coun
     bundle               the drafter an edge-export bundle carries (when the target runs from that bundle)
     hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
     SPEC@VOCAB.json      any model drafter above with its head trimmed to the token ids in VOCAB.json (VocabTrim;
-                         make one with `python -m export.vocab_trim`)
+                         make one with `python -m edge.export.vocab_trim`)
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 import torch
 
 from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, warp
-from kernels.records import DraftRequest, FeatureRows, KernelDraft, KernelHead
+from edge.kernels.records import DraftRequest, FeatureRows, KernelDraft, KernelHead
 
 
 @dataclass
@@ -50,7 +50,7 @@ class DraftSampler:
 
     def request(self, tokens: list[int], start: int, cache, k: int, head: KernelHead, *,
                 layers: list[int] | None = None, features: FeatureRows | None = None) -> DraftRequest:
-        """A one-call greedy draft of k tokens (kernels/records.py DraftRequest) with this sampler's confidence stop and
+        """A one-call greedy draft of k tokens (edge/kernels/records.py DraftRequest) with this sampler's confidence stop and
         runners-up."""
         return DraftRequest(tokens, start, cache, k, head, layers=layers, features=features,
                             stop_below=self.stop_below, runners_up=self.runners_up)

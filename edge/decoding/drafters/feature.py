@@ -27,7 +27,7 @@ from edge.model.kv_cache import common_prefix
 from edge.model.linears import Linear
 from edge.model.transformer import Transformer, keep_features
 from edge.sources.loading import load_hf_tensors, load_model
-from kernels.records import FeatureRows
+from edge.kernels.records import FeatureRows
 
 
 EMBEDDING = "model.embed_tokens.weight"

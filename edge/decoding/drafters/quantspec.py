@@ -4,7 +4,7 @@
 
 The draft is the target's architecture with every projection of its layers quantized: on the CPU for edge's kernel
 (int4 in groups of 32 as --weights int4 quantizes; quantspec:8 int8 per output channel), elsewhere group-wise
-(kernels/quant.py); the embedding and norms are shared with the target, not copied. The head is shared where the
+(edge/kernels/quant.py); the embedding and norms are shared with the target, not copied. The head is shared where the
 target's is already quantized; a 16-bit or float head, read once per drafted token, gets an 8-bit copy in blocks of
 32 for the int4 draft (on a 135M model the head is a fifth of the weights). It reads the same cache the target
 writes: the target sees 8 bits per value (both nibble planes), the draft only the upper plane, so there is no
@@ -31,9 +31,9 @@ from edge.errors import SamplingError
 from edge.model.linears import Linear, LinearFactory
 from edge.model.packed_weights import PackedLinear, widen_norms
 from edge.model.transformer import Transformer, held_bytes
-from kernels.block_formats import QUANTIZED, BlockMatrix
-from kernels.quant import QuantizedLinear
-from kernels.runner import KernelRunner
+from edge.kernels.block_formats import QUANTIZED, BlockMatrix
+from edge.kernels.quant import QuantizedLinear
+from edge.kernels.runner import KernelRunner
 
 BITS = (4, 8)  # quantspec:B, int4 in groups of 32 or int8 per output channel
 UPPER_PLANE_SHARE = 0.25  # the draft reads 4-bit keys/values once their 8-bit bytes reach this share of its weights

@@ -16,7 +16,7 @@
  *   kernel_driver quantize TYPE N K < w (N*K f32) > edge's own quantization of w in the GGUF tensor layout (TYPE 3:
  *                 Q4_1, 8: Q8_0; csrc/blocks_quantize.c)
  *
- * FORMAT: f32, bf16, f16 (weights N*K of that type), i8 (packed bytes, kernels/cpu_packing.py; their size
+ * FORMAT: f32, bf16, f16 (weights N*K of that type), i8 (packed bytes, edge/kernels/cpu_packing.py; their size
  * follows from N and K). Prints the kernel's path name to stderr.
  */
 #include <math.h>

@@ -1,0 +1,480 @@
+/* The vector primitives of each CPU path, so the kernels are written once.
+ *
+ * edge/kernels/cpu_matmul.py builds one library per path from the same sources, with that path's compiler flags; the
+ * flags alone pick the branch below:
+ *
+ *   path       flags                              float vectors        int8 / block dot products
+ *   avx512     -march=x86-64-v4 [-mavx512vnni]    16 lanes (zmm)       vpdpbusd (VNNI), else the avx2 code
+ *   avx2       -march=haswell (AVX2, FMA, F16C)    8 lanes (ymm)        vpmaddubsw + vpmaddwd
+ *   neon       -march=armv8.2-a+dotprod / armv8-a  4 lanes (q regs)     sdot, else smull + pairwise adds
+ *   portable   the compiler's baseline             4 lanes (GCC vectors, SSE2 on x86-64), multiply then add
+ *
+ * EDGE_EMULATE_AVX512 (tests only) compiles the avx512 branch on any x86-64 CPU with SIMDe's portable AVX-512:
+ * the same code, checked for what it computes, not for speed.
+ *
+ * Every reduction below has one fixed order per path, and the kernels never let the number of rows in a call
+ * change any row's operations: that is what keeps a verify pass equal to decode steps, bit for bit. Paths differ
+ * from each other in float rounding (lane counts differ); the integer kernels give the same bits on every path.
+ */
+#ifndef EDGE_SIMD_H
+#define EDGE_SIMD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(EDGE_EMULATE_AVX512)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#define EDGE_AVX512 1
+#define EDGE_VNNI 1
+#define EDGE_PATH "avx512-emulated"
+static inline float f16_to_f32(uint16_t bits);
+/* the intrinsics the kernels use that SIMDe 0.7 lacks, lane by lane (or its own, where it has no native alias) */
+#undef _mm512_shuffle_f32x4
+#define _mm512_shuffle_f32x4(a, b, imm8) simde_mm512_shuffle_f32x4(a, b, imm8)
+static inline simde__m512 emulated_cvtph_ps(simde__m256i halves) {
+    uint16_t bits[16];
+    float out[16];
+    simde_mm256_storeu_si256((simde__m256i *)bits, halves);
+    for (int i = 0; i < 16; i++) out[i] = f16_to_f32(bits[i]);
+    return simde_mm512_loadu_ps(out);
+}
+static inline simde__m512 emulated_cvtepi32_ps(simde__m512i v) {
+    int32_t values[16];
+    float out[16];
+    simde_mm512_storeu_si512(values, v);
+    for (int i = 0; i < 16; i++) out[i] = (float)values[i];
+    return simde_mm512_loadu_ps(out);
+}
+static inline simde__m256 emulated_extractf32x8_ps(simde__m512 v, int upper) {
+    float lanes[16];
+    simde_mm512_storeu_ps(lanes, v);
+    return simde_mm256_loadu_ps(lanes + 8 * upper);
+}
+static inline simde__m512i emulated_cvtepu16_epi32(simde__m256i halves) {
+    uint16_t bits[16];
+    int32_t out[16];
+    simde_mm256_storeu_si256((simde__m256i *)bits, halves);
+    for (int i = 0; i < 16; i++) out[i] = bits[i];
+    return simde_mm512_loadu_si512(out);
+}
+static inline simde__m512i emulated_cvtepi8_epi32(simde__m128i bytes) {
+    int8_t in[16];
+    int32_t out[16];
+    simde_mm_storeu_si128((simde__m128i *)in, bytes);
+    for (int i = 0; i < 16; i++) out[i] = in[i];
+    return simde_mm512_loadu_si512(out);
+}
+static inline simde__m512i emulated_cvtepu8_epi32(simde__m128i bytes) {
+    uint8_t in[16];
+    int32_t out[16];
+    simde_mm_storeu_si128((simde__m128i *)in, bytes);
+    for (int i = 0; i < 16; i++) out[i] = in[i];
+    return simde_mm512_loadu_si512(out);
+}
+static inline simde__m512i emulated_cvtepu8_epi16(simde__m256i bytes) {
+    uint8_t in[32];
+    int16_t out[32];
+    simde_mm256_storeu_si256((simde__m256i *)in, bytes);
+    for (int i = 0; i < 32; i++) out[i] = in[i];
+    return simde_mm512_loadu_si512(out);
+}
+#define _mm512_cvtph_ps emulated_cvtph_ps
+#define _mm512_cvtepu8_epi16 emulated_cvtepu8_epi16
+#define _mm512_cvtepi8_epi32 emulated_cvtepi8_epi32
+#define _mm512_cvtepu8_epi32 emulated_cvtepu8_epi32
+#define _mm512_cvtepu16_epi32 emulated_cvtepu16_epi32
+#define _mm512_cvtepi32_ps emulated_cvtepi32_ps
+#define _mm512_extractf32x8_ps emulated_extractf32x8_ps
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#define EDGE_AVX512 1
+#if defined(__AVX512VNNI__)
+#define EDGE_VNNI 1
+#define EDGE_PATH "avx512-vnni"
+#else
+#define EDGE_PATH "avx512"
+#endif
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define EDGE_AVX2 1
+#define EDGE_PATH "avx2"
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define EDGE_NEON 1
+#if defined(__ARM_FEATURE_DOTPROD)
+#define EDGE_DOTPROD 1
+#define EDGE_PATH "neon-dotprod"
+#else
+#define EDGE_PATH "neon"
+#endif
+#else
+#define EDGE_PORTABLE 1
+#define EDGE_PATH "portable"
+#endif
+
+/* the 256-bit integer code serves both x86 paths (every AVX-512 CPU has AVX2) */
+#if defined(EDGE_AVX512) || defined(EDGE_AVX2)
+#define EDGE_X86 1
+#endif
+
+/* ---- scalar conversions (tails, embeddings, norms) ---- */
+
+static inline float bf16_to_f32(uint16_t bits) {
+    const uint32_t wide = (uint32_t)bits << 16;  /* bfloat16 bits are the top of a float32 */
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
+/* float16 -> float32 is exact: the hardware conversion where the path has one, else bit arithmetic */
+static inline float f16_to_f32(uint16_t bits) {
+#if defined(EDGE_X86) && !defined(EDGE_EMULATE_AVX512)
+    return _cvtsh_ss(bits);
+#elif defined(EDGE_NEON)
+    __fp16 half;
+    memcpy(&half, &bits, sizeof half);
+    return (float)half;
+#else
+    const uint32_t sign = (uint32_t)(bits & 0x8000) << 16, exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+    uint32_t wide;
+    if (exponent == 0x1f) {
+        wide = sign | 0x7f800000u | (mantissa << 13);  /* inf, nan */
+    } else if (exponent != 0) {
+        wide = sign | ((exponent + 112) << 23) | (mantissa << 13);  /* normal: rebias 15 -> 127 */
+    } else if (mantissa == 0) {
+        wide = sign;  /* zero */
+    } else {  /* subnormal: mantissa * 2^-24, exact in float32 */
+        float value = (float)mantissa * 0x1p-24f;
+        memcpy(&wide, &value, sizeof wide);
+        wide |= sign;
+    }
+    float out;
+    memcpy(&out, &wide, sizeof out);
+    return out;
+#endif
+}
+
+/* float32 -> the bits of the nearest float16 (ties to even), in integer arithmetic: the same on every path */
+static inline uint16_t half_bits(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7FFFFFFFu;
+    uint32_t half;
+    if (magnitude >= 0x47800000u) {  /* beyond float16's range (or inf / nan): inf, nan kept */
+        half = magnitude > 0x7F800000u ? 0x7E00u : 0x7C00u;
+    } else if (magnitude < 0x38800000u) {  /* a float16 subnormal (or zero): units of 2^-24, exact to scale */
+        half = (uint32_t)nearbyintf(fabsf(value) * 0x1p24f);
+    } else {  /* round the 13 dropped mantissa bits to nearest, ties to even (a carry may raise the exponent) */
+        const uint32_t rebased = magnitude - 0x38000000u;  /* exponent 127 -> 15 */
+        half = (rebased >> 13) + (((rebased >> 12) & 1) & (((rebased & 0x0FFFu) != 0) | ((rebased >> 13) & 1)));
+    }
+    return (uint16_t)(half | sign >> 16);
+}
+
+/* ---- float vectors: vf holds VL floats ---- */
+
+#if defined(EDGE_AVX512)
+typedef __m512 vf;
+#define VL 16
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_set(float a) { return _mm512_set1_ps(a); }
+static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vf_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vf vf_load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vf_min(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vf_fma(vf acc, vf a, vf b) { return _mm512_fmadd_ps(a, b, acc); } /* acc + a * b, one rounding */
+/* 2^n from the bits of n + 1.5 * 2^23 (see vf_exp) */
+static inline vf vf_pow2_bits(vf shifted) {
+    const __m512i bits = _mm512_castps_si512(shifted);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(127 - 0x4B400000)), 23));
+}
+static inline float vf_reduce(vf v) { /* upper half onto lower half: 8, 4, 2, 1 lanes */
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+/* out[i] = vf_reduce(acc[i]) for VL vectors, bit for bit (each sum the same tree of additions: lane l + lane l + 8,
+ * then + 4, + 2, + 1), in four transposing steps instead of VL reductions */
+static inline void vf_reduce_many(const vf *acc, float *out) {
+    vf halves[8], quarters[4], pairs[2];
+    for (int i = 0; i < 8; i++)  /* keys 2i, 2i + 1: lanes l + l + 8 in halves */
+        halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++)  /* keys 4i .. 4i + 3: + 4, one 128-bit chunk each */
+        quarters[i] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++)  /* chunk c: keys 8i + c, 8i + 4 + c: + 2 */
+        pairs[i] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const vf sums = _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));  /* + 1 */
+    /* lane 4c + i holds key c + 4i */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, sums));
+}
+#elif defined(EDGE_AVX2)
+typedef __m256 vf;
+#define VL 8
+static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
+static inline vf vf_set(float a) { return _mm256_set1_ps(a); }
+static inline vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vf_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vf vf_load_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf vf_fma(vf acc, vf a, vf b) { return _mm256_fmadd_ps(a, b, acc); }
+static inline vf vf_pow2_bits(vf shifted) {
+    const __m256i bits = _mm256_castps_si256(shifted);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(127 - 0x4B400000)), 23));
+}
+static inline float vf_reduce(vf v) { /* 4, 2, 1 lanes */
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+/* out[i] = vf_reduce(acc[i]) for VL vectors, bit for bit (lane l + lane l + 4, then + 2, + 1), transposing */
+static inline void vf_reduce_many(const vf *acc, float *out) {
+    vf halves[4], pairs[2];
+    for (int i = 0; i < 4; i++)  /* keys 2i, 2i + 1: + 4, one 128-bit half each */
+        halves[i] = _mm256_add_ps(_mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x20),
+                                  _mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)  /* half c: keys 4i + c, 4i + 2 + c: + 2 */
+        pairs[i] = _mm256_add_ps(_mm256_shuffle_ps(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const vf sums = _mm256_add_ps(_mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));  /* + 1 */
+    /* lane 4c + i holds key c + 2i */
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+#elif defined(EDGE_NEON)
+typedef float32x4_t vf;
+#define VL 4
+static inline vf vf_zero(void) { return vdupq_n_f32(0.0f); }
+static inline vf vf_set(float a) { return vdupq_n_f32(a); }
+static inline vf vf_load(const float *p) { return vld1q_f32(p); }
+static inline void vf_store(float *p, vf v) { vst1q_f32(p, v); }
+static inline vf vf_load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+static inline vf vf_load_bf16(const uint16_t *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
+static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
+static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
+static inline vf vf_max(vf a, vf b) { return vmaxq_f32(a, b); }
+static inline vf vf_min(vf a, vf b) { return vminq_f32(a, b); }
+static inline vf vf_div(vf a, vf b) { return vdivq_f32(a, b); }
+static inline vf vf_fma(vf acc, vf a, vf b) { return vfmaq_f32(acc, a, b); }
+static inline vf vf_pow2_bits(vf shifted) {
+    const int32x4_t bits = vreinterpretq_s32_f32(shifted);
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(bits, vdupq_n_s32(127 - 0x4B400000)), 23));
+}
+static inline float vf_reduce(vf v) { /* 2, 1 lanes */
+    const float32x2_t s2 = vadd_f32(vget_low_f32(v), vget_high_f32(v));
+    return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+}
+/* out[i] = vf_reduce(acc[i]) for VL vectors, bit for bit (lane l + lane l + 2, then + 1) */
+static inline void vf_reduce_many(const vf *acc, float *out) {
+    const vf first = vaddq_f32(vcombine_f32(vget_low_f32(acc[0]), vget_low_f32(acc[1])),
+                               vcombine_f32(vget_high_f32(acc[0]), vget_high_f32(acc[1])));  /* keys 0, 1: + 2 */
+    const vf second = vaddq_f32(vcombine_f32(vget_low_f32(acc[2]), vget_low_f32(acc[3])),
+                                vcombine_f32(vget_high_f32(acc[2]), vget_high_f32(acc[3])));  /* keys 2, 3 */
+    vst1q_f32(out, vpaddq_f32(first, second));  /* + 1, keys in order */
+}
+#else
+typedef float vf __attribute__((vector_size(16)));
+typedef int32_t vi_portable __attribute__((vector_size(16)));
+typedef uint32_t vu_portable __attribute__((vector_size(16)));
+#define VL 4
+static inline vf vf_zero(void) { return (vf){0}; }
+static inline vf vf_set(float a) { return (vf){0} + a; }
+static inline vf vf_load(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vf_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+/* float16 -> float32 on 4 lanes, exactly, in integer vector arithmetic: the magnitude bits moved to float32's places
+ * and scaled by 2^112 (exact for normal and subnormal halves alike), infinities and NaNs given float32's top
+ * exponent, the sign put back */
+static inline vf vf_load_f16(const uint16_t *p) {
+    const vu_portable half = {p[0], p[1], p[2], p[3]};
+    const vu_portable magnitude = (half & 0x7fff) << 13, sign = (half & 0x8000) << 16;
+    vf scaled;
+    memcpy(&scaled, &magnitude, sizeof scaled);
+    scaled = scaled * 0x1p112f;
+    vu_portable bits;
+    memcpy(&bits, &scaled, sizeof bits);
+    const vu_portable special = (vu_portable)((half & 0x7c00) == 0x7c00);  /* all ones where inf or NaN */
+    bits = (bits & ~special) | ((magnitude | 0x7f800000u) & special);
+    bits |= sign;
+    vf out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+static inline vf vf_load_bf16(const uint16_t *p) {
+    const vu_portable bits = (vu_portable){p[0], p[1], p[2], p[3]} << 16;
+    vf out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+static inline vf vf_add(vf a, vf b) { return a + b; }
+static inline vf vf_sub(vf a, vf b) { return a - b; }
+static inline vf vf_mul(vf a, vf b) { return a * b; }
+static inline vf vf_max(vf a, vf b) {
+    const vi_portable larger = a > b;  /* lane-wise: -1 where a is the larger */
+    vi_portable bits_a, bits_b;
+    memcpy(&bits_a, &a, sizeof a);
+    memcpy(&bits_b, &b, sizeof b);
+    bits_a = (bits_a & larger) | (bits_b & ~larger);
+    vf out;
+    memcpy(&out, &bits_a, sizeof out);
+    return out;
+}
+static inline vf vf_min(vf a, vf b) { /* -max(-a, -b) */
+    return vf_sub(vf_set(0.0f), vf_max(vf_sub(vf_set(0.0f), a), vf_sub(vf_set(0.0f), b)));
+}
+static inline vf vf_div(vf a, vf b) { return a / b; }
+static inline vf vf_fma(vf acc, vf a, vf b) { return acc + a * b; } /* two roundings: the build never contracts */
+static inline vf vf_pow2_bits(vf shifted) {
+    vi_portable bits;
+    memcpy(&bits, &shifted, sizeof bits);
+    bits = (bits + (127 - 0x4B400000)) << 23;
+    vf out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+static inline float vf_reduce(vf v) { return (v[0] + v[2]) + (v[1] + v[3]); } /* 2, 1 lanes, as the others */
+static inline void vf_reduce_many(const vf *acc, float *out) {
+    for (int i = 0; i < VL; i++) out[i] = vf_reduce(acc[i]);
+}
+#endif
+
+/* Keeps an accumulator in a register at this point of a loop: without it GCC re-associates a chain of integer adds
+ * across unrolled iterations into a tree of partial sums (to shorten the dependency chain) and spills most of them to
+ * the stack; measured twice as slow for 4-bit multi-row tiles. Values are unchanged (integer sums are exact). */
+#if defined(EDGE_X86) && !defined(EDGE_EMULATE_AVX512)
+#define pin_register(v) __asm__("" : "+x"(v))
+#elif defined(EDGE_NEON)
+#define pin_register(v) __asm__("" : "+w"(v))
+#else
+#define pin_register(v) ((void)0)
+#endif
+
+/* Where the hardware prefetcher runs too little ahead of a weight stream, the kernel prefetches it 4 KiB ahead
+ * itself, one line per 64 bytes consumed: calls with several rows (more compute per byte; a 4-row int8 call over
+ * TinyLlama's matrices measured 58 -> 47 ms on an AVX2 server) and the block formats, which read one stream per
+ * thread. One-row int8 and float calls read several streams per thread and are faster without. */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 4096
+#endif
+static inline void prefetch_ahead(const void *p) { __builtin_prefetch((const char *)p + PREFETCH_AHEAD); }
+
+/* exp(x) on VL lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by the Cephes single-precision polynomial (about
+ * 1 ulp), times 2^n through the exponent bits. x is clamped to [-87, 88] (e^-87 is about 1.6e-38: no weight that
+ * small changes a float32 sum; e^88 is near float32's largest). The same operations on every lane and every call. */
+static inline vf vf_exp(vf x) {
+    x = vf_min(vf_max(x, vf_set(-87.0f)), vf_set(88.0f));
+    const vf magic = vf_set(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits */
+    const vf shifted = vf_add(vf_mul(x, vf_set(1.44269504088896341f)), magic);
+    const vf n = vf_sub(shifted, magic);
+    const vf r = vf_fma(vf_fma(x, n, vf_set(-0.693359375f)), n, vf_set(2.12194440e-4f));
+    vf p = vf_set(1.9875691500e-4f);
+    p = vf_fma(vf_set(1.3981999507e-3f), p, r);
+    p = vf_fma(vf_set(8.3334519073e-3f), p, r);
+    p = vf_fma(vf_set(4.1665795894e-2f), p, r);
+    p = vf_fma(vf_set(1.6666665459e-1f), p, r);
+    p = vf_fma(vf_set(5.0000001201e-1f), p, r);
+    const vf e = vf_fma(vf_add(r, vf_set(1.0f)), p, vf_mul(r, r)); /* 1 + r + r^2 p */
+    return vf_mul(e, vf_pow2_bits(shifted));
+}
+
+/* silu(g) * up, lane by lane */
+static inline vf vf_silu_times(vf g, vf up) {
+    return vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(vf_sub(vf_set(0.0f), g)))), up);
+}
+
+/* out[i] = silu(gate[i]) * up[i] for i < count (SwiGLU): VL lanes at a time, the last few in a zero-padded vector.
+ * Every operation is per lane, so an element's result does not depend on how a row is split into spans. out may lie
+ * before gate in the same buffer (each vector is read before it is written). */
+static inline void silu_span(const float *gate, const float *up, float *out, int64_t count) {
+    int64_t i = 0;
+    for (; i + VL <= count; i += VL) vf_store(out + i, vf_silu_times(vf_load(gate + i), vf_load(up + i)));
+    if (i < count) {
+        float gates[VL] = {0}, ups[VL] = {0}, result[VL];
+        memcpy(gates, gate + i, (count - i) * sizeof(float));
+        memcpy(ups, up + i, (count - i) * sizeof(float));
+        vf_store(result, vf_silu_times(vf_load(gates), vf_load(ups)));
+        memcpy(out + i, result, (count - i) * sizeof(float));
+    }
+}
+
+/* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 the matrices are packed
+ * (matmul_int8.c) and the norms float32; with WEIGHTS_BLOCKS a matrix is a BlockMatrix of llama.cpp's block formats
+ * (blocks.h, matmul_blocks.c: a GGUF file's, or edge's int4) and the norms float32. */
+enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_BLOCKS = 5 };
+
+/* Element i of a float matrix or norm in its format, as float32 */
+static inline float weight_at(const void *w, int64_t i, int format) {
+    if (format == WEIGHTS_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    if (format == WEIGHTS_F16) return f16_to_f32(((const uint16_t *)w)[i]);
+    return ((const float *)w)[i];
+}
+
+/* The kernels' shared entry points (each defined in one .c file of csrc/). A *_share function is one thread's part
+ * of the work when a team of `parts` threads runs it (inside one OpenMP parallel region: layers.c runs a whole
+ * decode step in one); packed formats read activations the team prepares together first (*_prepare_share). */
+void float_matmul_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N,
+                        int64_t K, int part, int parts);
+void float_matmul_strided_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t ldy,
+                                int64_t M, int64_t N, int64_t K, int part, int parts);
+int64_t int8_prepared_bytes(int64_t M, int64_t K);
+void int8_prepare_share(const float *x, int64_t M, int64_t K, void *prepared, int part, int parts);
+void int8_matmul_share(const void *prepared, const uint8_t *packed, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int part, int parts);
+void *prepared_alloc(int64_t M, int64_t K);  /* matmul.c: room for M rows' activations in any packed format */
+void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                 int format, void *prepared, int part, int parts);
+void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                        int format, void *prepared, int part, int parts);
+void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                    int format, int threads);
+void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
+                     int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
+                     float scale, const int64_t *parents, int part, int parts);
+void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
+                           int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
+                           int64_t window, float scale, int threads);
+
+/* kv_hierarchical.c: QuantSpec's hierarchical KV cache (edge/kernels/kv_quant.py) as the fused step reads and writes it.
+ * Each of keys/values: two nibble planes (L, Hkv, S_max, Dh / 2) and float16 step and low (L, Hkv, S_max). */
+typedef struct {
+    uint8_t *upper, *lower;
+    uint16_t *step, *low;
+} HierarchicalPlanes;
+typedef struct {
+    HierarchicalPlanes keys, values;
+    int32_t draft;  /* read the upper planes alone (the draft's 4-bit view) */
+    const float *key_scales;  /* (L, Hkv, Dh) powers of two: keys are stored divided by them (outlier channels); or NULL */
+} HierarchicalCache;
+void hierarchical_store(const HierarchicalCache *cache, int64_t layer, const float *keys, const float *values,
+                        int64_t row_stride, int64_t T, int64_t start, int64_t Hkv, int64_t Dh, int64_t S_max);
+void hierarchical_load_share(const HierarchicalCache *cache, int64_t layer, float *keys_out, float *values_out,
+                             int64_t span, int64_t Hkv, int64_t Dh, int64_t S_max, int part, int parts);
+
+#endif

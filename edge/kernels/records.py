@@ -1,0 +1,92 @@
+"""What edge's fused CPU calls are handed and hand back, as plain records: the weight formats' numbers, a head, the ends
+of a whole pass, a feature drafter's rows, a draft request and the draft it returns.
+
+    request = DraftRequest(tokens, start, cache, k, head)     # one greedy draft: what to feed, where, how many
+    drafted = runner.draft(model, request)                    # edge/kernels/runner.py: a KernelDraft, or None
+
+The tensors are plain torch tensors; nothing here knows the model that holds them (this package imports nothing from
+edge).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+# the C side's WEIGHTS_F32 / BF16 / F16 / I8 / BLOCKS (int8: packed matrices; blocks: a BlockMatrix of llama.cpp's
+# block formats, edge/kernels/block_formats.py, a GGUF file's or edge's int4; float32 norms beside both)
+WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "blocks": 5}
+FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def weight_format(dtype: torch.dtype | str) -> int:
+    """The C side's format number of a float dtype or a packed format name ("int8", "blocks")."""
+    return WEIGHT_FORMATS[dtype if isinstance(dtype, str) else FLOAT_FORMATS[dtype]]
+
+
+class KernelHead(NamedTuple):
+    """A head the C calls score rows with: `weight` (rows, D) float, or packed bytes (uint8) in `packed_format`."""
+
+    weight: torch.Tensor
+    rows: int  # tokens it scores
+    token_ids: torch.Tensor | None = None  # (rows,) int64: each row's token (a trimmed head); None: row v is token v
+    packed_format: str | None = None  # "int8" (edge/kernels/cpu_packing.py), "blocks" (a BlockMatrix's table entry)
+
+    @property
+    def format(self) -> str | None:
+        """Its C format name, None where the kernel does not read it."""
+        return self.packed_format or FLOAT_FORMATS.get(self.weight.dtype)
+
+
+class ModelEnds(NamedTuple):
+    """What a whole pass reads beside the layers."""
+
+    embed: torch.Tensor  # (V, D), or a BlockMatrix's table entry (embed_format "blocks")
+    norm: torch.Tensor  # (D,) the final norm's weight
+    head: KernelHead
+    embed_format: str | None = None  # None: the embedding's dtype
+
+    @property
+    def embedding_format(self) -> str | None:
+        """Its C format name, None where the kernel does not read it."""
+        return self.embed_format or FLOAT_FORMATS.get(self.embed.dtype)
+
+
+class FeatureRows(NamedTuple):
+    """A feature drafter's input: each row is fc(cat(feature, embedding)); after the first rows the feature is the
+    previous step's normed output."""
+
+    features: torch.Tensor  # (T0, D) the first rows' features (the target's normed hidden states)
+    fc: torch.Tensor  # (D, 2D) the fusion, stored like the layers' norms
+
+
+@dataclass
+class DraftRequest:
+    """One greedy draft of `k` tokens in one C call: `tokens` run at positions [start, start + len(tokens)) through
+    `layers` (None: every layer; a subset is a self-draft, which leaves the cache's length alone), the final norm and
+    `head` with argmax; each later step runs the token just drafted. With `features` the rows are a feature
+    drafter's. `stop_below` stops before a token (never the first) whose probability is below it, so fewer than k may
+    come back; `runners_up` also asks each step's second most likely token and both tokens' probabilities (what a
+    token tree is built from). `cache` is the drafter's KV cache: anything with `length`, `max_len` and
+    `kernel_cache()` (edge.model.kv_cache.KVCache, the quantized ones)."""
+
+    tokens: list[int]
+    start: int
+    cache: object
+    k: int
+    head: KernelHead
+    layers: list[int] | None = None
+    features: FeatureRows | None = None
+    stop_below: float | None = None
+    runners_up: bool = False
+
+
+class KernelDraft(NamedTuple):
+    """What one-call greedy drafting returns: the tokens, and when asked each step's runner-up token and the
+    probabilities [draft token's, runner-up's]."""
+
+    tokens: list[int]
+    runners_up: list[int] | None = None
+    probabilities: list[list[float]] | None = None

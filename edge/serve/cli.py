@@ -1,0 +1,197 @@
+"""edge-serve: the OpenAI HTTP API on localhost, for any app that speaks it (editors, note apps, chat front-ends).
+
+    edge-serve [MODEL_OR_BUNDLE]                     the default model when MODEL is omitted
+    edge-serve MODEL --port 8080 --api-key KEY       clients send "Authorization: Bearer KEY"
+    edge-serve --cors http://localhost:5173          a web page at that origin may call the API
+
+The model, drafter, weights and memory options are edge-chat's (edge/frontend/options.py, one load spec); the sampling
+flags set the defaults of requests that leave a field out. The server listens at once and loads in the background
+(GET /health answers 503 until the model is ready).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+from pathlib import Path
+
+from edge.frontend.options import (
+    add_model_arguments,
+    add_sampling_arguments,
+    add_speculation_arguments,
+    add_threads_argument,
+    command_spec,
+    generation_options,
+)
+from edge.sources import default_model
+from edge.engine import Engine
+from edge.errors import EdgeError
+
+try:  # the serve extra (FastAPI, uvicorn): without it edge-serve says how to install it
+    import uvicorn
+
+    from edge.serve.access import check_origin
+    from edge.serve.app import ServeConfig, create_app
+    from edge.serve.generation_queue import GenerationQueue
+except ImportError as error:
+    MISSING_PACKAGE: str | None = error.name or str(error)
+else:
+    MISSING_PACKAGE = None
+
+API_KEY_VARIABLE = "EDGE_API_KEY"
+DEFAULT_PORT = 8080  # llama-server's
+GRACEFUL_S = 3  # on Ctrl+C or SIGTERM, how long connections may take to close (open replies end at once)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-serve",
+        description="Serve a local model over the OpenAI HTTP API (POST /v1/chat/completions, /v1/completions; "
+        "GET /v1/models, /health). One model, one reply at a time: requests queue in arrival order.",
+    )
+    add_model_arguments(parser)
+    add_threads_argument(parser)
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1, this machine only); any other address lets "
+                             "other machines in, so set an API key")
+    server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default: {DEFAULT_PORT}")
+    server.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="a name clients may reach the server by (the Host header), besides localhost, "
+                             "127.0.0.1, [::1] and the --host address (any IP address when --host is 0.0.0.0 or ::); "
+                             "other names are refused (421), which keeps web pages out through DNS rebinding; "
+                             "repeatable")
+    server.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                        help="let the web page at ORIGIN (scheme://host[:port]) call the API from a browser: its "
+                             "preflights are answered and replies carry CORS headers; a request from any other page "
+                             "(a browser adds an Origin header) is refused (403); repeatable")
+    server.add_argument("--api-key", default=None, metavar="KEY",
+                        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: the "
+                             f"{API_KEY_VARIABLE} environment variable; neither: no key)")
+    server.add_argument("--queue-size", type=int, default=16, metavar="N",
+                        help="requests that may wait while one is generated; one more is answered 429 with "
+                             "Retry-After (default: 16)")
+    server.add_argument("--max-prompt-chars", type=int, default=None, metavar="N",
+                        help="the longest prompt (a chat's messages, or a completion's text) in characters, checked "
+                             "before it is tokenized; longer ones get 400 (default: 16 per token of the context); "
+                             "a prompt must also fit the context in tokens")
+    server.add_argument("--write-timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="a streamed reply whose client reads nothing for this long is cut off and its "
+                             "generation stopped, so a stalled client cannot hold the one generation slot "
+                             "(default: 5)")
+    server.add_argument("--model-name", default=None, metavar="NAME",
+                        help="the model's id in /v1/models and in replies (default: the folder's name, or "
+                             "edge-builtin); requests may name any model")
+    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                        help="uvicorn's log level (default: info)")
+    add_speculation_arguments(parser)
+    add_sampling_arguments(parser, max_new_tokens=512)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if MISSING_PACKAGE is not None:
+        print(f"edge-serve: error: {MISSING_PACKAGE} is not installed; install the server's packages with pip install "
+              "'edge[serve]' (in a checkout: pip install -e '.[serve]')", file=sys.stderr)
+        return 2
+    try:
+        config = serve_config(args)  # the server's own options first: a bad one is reported before the model is read
+        spec = command_spec(args)
+        if spec is None:  # --plan
+            return 0
+    except (EdgeError, ValueError) as error:
+        print(f"edge-serve: error: {error}", file=sys.stderr)
+        return 2
+    if not is_loopback(args.host):
+        print(f"edge-serve: warning: listening on {args.host}, not only this machine: other machines can reach the "
+              f"server{'' if config.api_key else '; set an API key (--api-key or ' + API_KEY_VARIABLE + ')'}",
+              file=sys.stderr)
+    generations = GenerationQueue(args.queue_size)
+    server = StoppingServer(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
+                                           log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S),
+                            generations)
+
+    def stop_server(error: BaseException) -> None:
+        server.should_exit = True
+
+    generations.start(lambda: loaded(spec), on_load_error=stop_server)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn raises the Ctrl+C it caught again once it has shut down
+        generations.stop()
+        return 130
+    generations.stop()
+    if generations.load_error is not None:
+        print(f"edge-serve: error: {generations.load_error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if MISSING_PACKAGE is None:
+    class StoppingServer(uvicorn.Server):
+        """uvicorn's server, which on SIGINT or SIGTERM first closes the generation queue: open replies end at once
+        with an error event (streams) or a 503, instead of running on until uvicorn's graceful timeout cancels
+        them."""
+
+        def __init__(self, config: uvicorn.Config, generations: GenerationQueue) -> None:
+            super().__init__(config)
+            self.generations = generations
+
+        def handle_exit(self, sig: int, frame) -> None:
+            self.generations.close()
+            super().handle_exit(sig, frame)
+
+
+def loaded(spec) -> Engine:
+    engine = Engine.from_spec(spec)
+    for step in engine.plan.steps if engine.plan else ():
+        logging.getLogger("serve").warning("memory plan: %s", step)
+    return engine
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    if args.queue_size < 1:
+        raise ValueError(f"--queue-size must be at least 1, got {args.queue_size}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if not args.write_timeout > 0:
+        raise ValueError(f"--write-timeout must be above 0 seconds, got {args.write_timeout}")
+    if args.max_prompt_chars is not None and args.max_prompt_chars < 1:
+        raise ValueError(f"--max-prompt-chars must be at least 1, got {args.max_prompt_chars}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
+    name = args.model_name or model_id(args.model)
+    defaults = generation_options(args)
+    defaults.sampling  # noqa: B018 - checks the sampling flags now (SamplingError), not at the first request
+    return ServeConfig(model_id=name, defaults=defaults, api_key=api_key,
+                       speculate_when_sampling=args.drafter is not None, listen_host=args.host,
+                       allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(check_origin(o) for o in args.cors),
+                       max_prompt_chars=args.max_prompt_chars, write_timeout_s=args.write_timeout)
+
+
+def model_id(model: str | None) -> str:
+    """The name /v1/models lists: a folder's or file's name, a Hub id as given; for the default model its file's
+    name, or edge-builtin for the built-in model."""
+    if model is None:
+        default = default_model.packaged_file()
+        return default.stem if default is not None else "edge-builtin"
+    path = Path(model)
+    if path.is_file():
+        return path.stem
+    return path.resolve().name if path.is_dir() else model
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only "localhost" is known to stay on this machine
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Settings: drafter (one of the list, or a draft model named as on the command line), draft length, sampling, max
+tokens, memory budget and system prompt, applied in place."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, TextArea
+
+from edge.errors import EdgeError
+from edge.tui.settings import DRAFTER_CHOICES, ChatSettings, parse_number
+
+
+class SettingsScreen(ModalScreen[ChatSettings | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "apply", "Apply")]
+
+    def __init__(self, settings: ChatSettings, drafters: list[tuple[str, str]] | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        choices = list(drafters or DRAFTER_CHOICES)
+        if settings.drafter not in {value for _, value in choices}:
+            choices.insert(0, (settings.drafter, settings.drafter))
+        self.drafters = choices
+
+    def compose(self) -> ComposeResult:
+        s = self.settings
+        with VerticalScroll(id="settings-box"):
+            yield Label("Settings", id="settings-title")
+            with Grid(id="settings-grid"):
+                yield Label("drafter")
+                yield Select(self.drafters, value=s.drafter, allow_blank=False, id="drafter", compact=True)
+                yield Label("draft model")
+                yield Input("", placeholder="a folder, .gguf file or org/name:Q4_K_M", id="draft_model", compact=True)
+                yield Label("draft length")
+                yield Input(s.draft_length, placeholder="adaptive or a number", id="draft_length", compact=True)
+                yield Label("temperature")
+                yield Input(f"{s.temperature:g}", placeholder="0 = greedy", id="temperature", compact=True)
+                yield Label("top-p")
+                yield Input(f"{s.top_p:g}", placeholder="1 = off", id="top_p", compact=True)
+                yield Label("max tokens")
+                yield Input(str(s.max_tokens), id="max_tokens", compact=True)
+                yield Label("memory budget")
+                yield Input(s.memory_budget, placeholder="e.g. 6GiB (empty: none)", id="memory_budget", compact=True)
+            yield Label("system prompt")
+            yield TextArea(s.system_prompt, id="system_prompt", soft_wrap=True, compact=True)
+            yield Label("", id="settings-error")
+            with Horizontal(id="settings-buttons"):
+                yield Button("Apply (Ctrl+S)", variant="primary", id="apply", compact=True)
+                yield Button("Cancel (Esc)", id="cancel", compact=True)
+
+    def read(self) -> ChatSettings:
+        """The form as settings; raises a one-line error naming the field that is wrong."""
+        value = lambda name: self.query_one(f"#{name}", Input).value  # noqa: E731
+        draft_model = value("draft_model").strip()
+        return self.settings.replace(
+            drafter=f"draft:{draft_model}" if draft_model else str(self.query_one("#drafter", Select).value),
+            draft_length=value("draft_length").strip() or "adaptive",
+            temperature=parse_number(value("temperature"), "temperature"),
+            top_p=parse_number(value("top_p"), "top-p"),
+            max_tokens=parse_number(value("max_tokens"), "max tokens", int),
+            memory_budget=value("memory_budget").strip(),
+            system_prompt=self.query_one("#system_prompt", TextArea).text.strip(),
+        ).check()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_apply() if event.button.id == "apply" else self.action_cancel()
+
+    def action_apply(self) -> None:
+        try:
+            settings = self.read()
+        except EdgeError as error:
+            self.query_one("#settings-error", Label).update(str(error))
+            return
+        self.dismiss(settings)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,9 +1,0 @@
-"""edge-serve's routes, one router a module: `chat` (POST /v1/chat/completions), `completions` (POST
-/v1/completions), `info` (GET /health, /metrics, /v1/models). Every route but /health depends on `require_api_key`
-(serve/state.py)."""
-
-from __future__ import annotations
-
-from serve.routes import chat, completions, info
-
-ROUTERS = (chat.router, completions.router, info.router)

@@ -3,6 +3,9 @@ requests by route and status, refusals included, and the replies' tokens as the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx
 import pytest
 from openai import OpenAI
@@ -103,3 +106,11 @@ def test_each_server_counts_in_its_own_registry():
     first_page, second_page = first.metrics.exposition()[0].decode(), second.metrics.exposition()[0].decode()
     assert 'edge_requests_total{route="other",status="200"} 1.0' in first_page
     assert "edge_requests_total{" not in second_page and "edge_queue_limit 8.0" in second_page
+
+
+def test_without_prometheus_client_edge_serve_says_how_to_install_it():
+    blocked = ("import sys; sys.modules['prometheus_client'] = None; from edge.serve.cli import main; "
+               "sys.exit(main([]))")
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "prometheus_client is not installed" in done.stderr and "edge[serve]" in done.stderr

@@ -25,7 +25,7 @@ from edge.sources.builtin import builtin_model_path  # noqa: E402
 from edge.kernels import triton_kernels as tk  # noqa: E402
 from edge.kernels.kv_quant import PackedVectors, dequantize, quantize  # noqa: E402
 from edge.kernels.quant import quantize_weight  # noqa: E402
-from tests.helpers import greedy
+from tests.helpers import greedy  # noqa: E402
 
 CUDA = torch.device("cuda")
 PROMPT = "The quick brown fox"

@@ -12,11 +12,11 @@ often, greedily); identical greedy output is the stricter, all-or-nothing measur
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
 
+from bench.arguments import CHECKPOINT_HELP, bench_parser
 from bench.prompts import PROMPTS
 from edge.frontend.options import resolve_model_path
 from edge.model.kv_cache import common_prefix
@@ -35,10 +35,8 @@ def next_tokens(model, ids: list[int]) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.agreement", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
-    parser.add_argument("--weights", default="int8,int4", help="comma-separated formats to compare (int8, int4)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser = bench_parser("python -m bench.agreement", __doc__, model=CHECKPOINT_HELP, max_new_tokens=64,
+                          weights={"default": "int8,int4", "help": "comma-separated formats to compare (int8, int4)"})
     args = parser.parse_args(argv)
     from edge.engine import Engine
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.arguments import bench_parser
+
 PROMPTS = {
     "markdown": "Write a README for a command-line tool in Markdown, with sections, nested lists and quotes.",
     "code": "Explain how Python dictionaries work, with examples.",
@@ -89,11 +91,9 @@ def _quote(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.app_speed", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("python -m bench.app_speed", __doc__, repeats=5, max_new_tokens=512)
     parser.add_argument("--sizes", default="80x24,200x50", help="terminal sizes COLSxROWS, comma-separated")
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompts", default=",".join(PROMPTS), help=f"which of {', '.join(PROMPTS)}")
-    parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("options", nargs=argparse.REMAINDER,
                         help="more edge-chat options after --, the same for both (e.g. -- --drafter ngram)")
     args = parser.parse_args(argv)

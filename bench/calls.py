@@ -18,12 +18,12 @@ count so that drift in the machine's speed hits every row count alike.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from bench.arguments import CHECKPOINT_HELP, bench_parser
 from edge.frontend.options import resolve_model_path
 
 ACCEPTANCE = (0.6, 0.8, 0.9)
@@ -63,15 +63,14 @@ def load(path: str, max_context: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.calls", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
+    parser = bench_parser(
+        "python -m bench.calls", __doc__, model=CHECKPOINT_HELP, repeats=50,
+        context={"default": 64, "help": "tokens already in the cache (default 64)"},
+        drafter={"help": "a draft model folder to time one step of (`builtin`: the built-in one)"},
+        weights={"choices": ["checkpoint", "float32", "int8", "int4"], "default": "checkpoint",
+                 "help": "keep the weights as loaded (default: a 16-bit checkpoint stays 16-bit), widen them, or "
+                         "quantize the layers and head to int8 or int4"})
     parser.add_argument("--rows", default="1,2,3,5,8", help="row counts to time (1 is always included)")
-    parser.add_argument("--context", type=int, default=64, help="tokens already in the cache (default 64)")
-    parser.add_argument("--drafter", help="a draft model folder to time one step of (`builtin`: the built-in one)")
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--weights", choices=["checkpoint", "float32", "int8", "int4"], default="checkpoint",
-                        help="keep the weights as loaded (default: a 16-bit checkpoint stays 16-bit), widen them, or "
-                             "quantize the layers and head to int8 or int4")
     args = parser.parse_args(argv)
     rows = sorted({1, *(int(n) for n in args.rows.split(","))})
     if rows[0] < 1 or args.context < 1 or args.repeats < 1:

@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 
 from bench import llama_cpp, llama_server, scaling, suite
+from bench.arguments import bench_parser
 from bench.checkpoints import source_checkpoint
+from bench.process import run_child
 from edge.frontend.options import print_plan, resolve_model_path
 from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.sources.gguf_checkpoint import gguf_index
@@ -46,10 +48,29 @@ DEFAULT_PROMPT = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edge-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="checkpoint folder, edge-export bundle, .gguf file or Hub id "
-                        "(org/name; from the Hugging Face cache, else downloaded); " + DEFAULT_MODEL_HELP + ". With "
-                        "a bundle, the suite runs on ONNX Runtime and peers run its source checkpoint")
+    parser = bench_parser(
+        "edge-bench", __doc__,
+        model="checkpoint folder, edge-export bundle, .gguf file or Hub id (org/name; from the Hugging Face cache, "
+              "else downloaded); " + DEFAULT_MODEL_HELP + ". With a bundle, the suite runs on ONNX Runtime and peers "
+              "run its source checkpoint",
+        methods={"default": "ar,ngram,early-exit,adaptive,builtin",
+                 "help": f"suite: comma-separated methods: ar and drafter specs ({drafter_usage()}; draft:PATH may "
+                         "be a checkpoint or a bundle, bundle is a bundle's own drafter)"},
+        max_new_tokens=128,
+        repeats={"default": 3, "help": "timed repeats (--ar: per backend; suite: passes over every method, each "
+                                       "method in its own process each time, or passes over the prompts with "
+                                       "--interleave); medians are reported"},
+        dtype={"default": "float32", "choices": DTYPES},
+        weights={"choices": WEIGHT_QUANTIZATIONS,
+                 "help": "quantize edge's target (layers and head) to int8 or int4 at load "
+                         "(edge/model/packed_weights.py): in the suite for every edge method, the plain-decoding "
+                         "baseline included (transformers runs the checkpoint as stored); with --ar for edge, and "
+                         "llama.cpp runs q8_0 or q4_0"},
+        kv_cache={"choices": KV_CACHE_CHOICES,
+                  "help": "suite: KV cache format for every edge method, the plain-decoding baseline included "
+                          "(hierarchical: QuantSpec's int4+int4, which the quantspec drafter reads); default: "
+                          "float32, and hierarchical for quantspec, which then runs on a target of its own"},
+        json={"type": Path, "help": "--ar: write the results as JSON here"})
     parser.add_argument("--ar", action="store_true", help="plain decoding throughput on one prompt (not the suite)")
     parser.add_argument("--peers", nargs="?", const="all", default=None, metavar="NAMES",
                         help="also run other runtimes: transformers (generate(), and in the suite its prompt "
@@ -69,40 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--ar: a llama.cpp source tree whose convert_hf_to_gguf.py converts the checkpoint "
                              "(default: $EDGE_LLAMA_CPP_SOURCE, else the installed llama-cpp-python's sdist, "
                              "fetched once into the cache)")
-    parser.add_argument("--methods", default="ar,ngram,early-exit,adaptive,builtin",
-                        help=f"suite: comma-separated methods: ar and drafter specs ({drafter_usage()}; "
-                             "draft:PATH may be a checkpoint or a bundle, bundle is a bundle's own drafter)")
     parser.add_argument("--draft-lengths", default="adaptive",
                         help="suite: comma-separated draft lengths to try for every drafter: adaptive, adaptive:P "
                              "(with a confidence stop at probability P) and/or numbers")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
                         help="suite: folder for suite.json, suite.md and suite.png (default: bench-results)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="--ar: prompt text (encoded with the model's tokenizer)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="timed repeats (--ar: per backend; suite: passes over every method, each method in "
-                             "its own process each time, or passes over the prompts with --interleave); medians "
-                             "are reported")
     parser.add_argument("--interleave", action="store_true",
                         help="suite: run every method, the peers included, in one process, one prompt at a time "
                              "(plain decoding, then each method, on the same prompt), so methods are timed seconds apart and share "
                              "the machine's slow spells; --ar: every backend in one process, taking turns repeat by "
                              "repeat (ratios: the median of per-repeat ratios). Peak memory is then for all "
                              "together")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES)
-    parser.add_argument("--weights", default=None, choices=WEIGHT_QUANTIZATIONS,
-                        help="quantize edge's target (layers and head) to int8 or int4 at load "
-                             "(edge/model/packed_weights.py): in the suite for every edge method, the plain-decoding "
-                             "baseline included (transformers runs the checkpoint as stored); with --ar for edge, "
-                             "and llama.cpp runs q8_0 or q4_0")
     parser.add_argument("--draft-weights", default=None, choices=DRAFT_WEIGHTS,
                         help="suite: how a separate draft model (draft:PATH, builtin) stores its weights; int8 "
                              "quantizes its layers for edge's CPU kernel (default: as its checkpoint)")
-    parser.add_argument("--kv-cache", default=None, choices=KV_CACHE_CHOICES,
-                        help="suite: KV cache format for every edge method, the plain-decoding baseline included "
-                             "(hierarchical: QuantSpec's int4+int4, which the quantspec drafter reads); default: "
-                             "float32, and hierarchical for quantspec, which then runs on a target of its own")
-    parser.add_argument("--json", type=Path, help="--ar: write the results as JSON here")
     parser.add_argument("--bundles", default="", metavar="B1,B2",
                         help="--ar: also run these edge-export bundles of the model (ONNX Runtime), side by side")
     parser.add_argument("--plan", action="store_true",
@@ -339,11 +341,14 @@ def edge_weights(backend: str, model: Path, args: argparse.Namespace) -> str | N
 
 
 def run_worker(backend: str, model: Path, args: argparse.Namespace, prompt_ids: list[int]) -> dict:
-    weights = edge_weights(backend, model, args)
-    return suite.run_child("bench.worker", ["--backend", backend, "--model", str(model), "--dtype", args.dtype,
-                                            "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
-                                            str(args.max_new_tokens), "--repeats", str(args.repeats),
-                                            *(["--weights", weights] if weights else [])], backend)
+    spec = {"backend": backend, "model": str(model), "weights": edge_weights(backend, model, args)}
+    return run_child("bench.worker:measure", worker_request([spec], args, prompt_ids), backend)[0]
+
+
+def worker_request(specs: list[dict], args: argparse.Namespace, prompt_ids: list[int]) -> dict:
+    """What bench.worker.measure runs: `specs` ({"backend", "model", "weights"}) on the prompt, timed in turns."""
+    return {"runs": specs, "prompt_ids": prompt_ids, "dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats}
 
 
 def run_interleaved_workers(runs: list[tuple[str, Path]], args: argparse.Namespace, prompt_ids: list[int]
@@ -352,10 +357,7 @@ def run_interleaved_workers(runs: list[tuple[str, Path]], args: argparse.Namespa
     first backend (`ratio`), the steadiest comparison on a machine whose speed drifts."""
     specs = [{"backend": backend, "model": str(path), "weights": edge_weights(backend, path, args)}
              for backend, path in runs]
-    results = suite.run_child("bench.worker", ["--interleave", json.dumps(specs), "--dtype", args.dtype,
-                                               "--prompt-ids", json.dumps(prompt_ids), "--max-new-tokens",
-                                               str(args.max_new_tokens), "--repeats", str(args.repeats)],
-                              "interleaved run")
+    results = run_child("bench.worker:measure", worker_request(specs, args, prompt_ids), "interleaved run")
     first = results[0]["decode_tokens_per_s_by_repeat"]
     for result in results:
         result["ratio"] = statistics.median(rate / base for rate, base in

@@ -14,14 +14,15 @@ mean number of leading tokens they share.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from itertools import combinations
 from pathlib import Path
+
+from bench.arguments import bench_parser
+from bench.process import run_child
 
 
 def _replies_edge(model: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -51,44 +52,34 @@ def _replies_llama_cpp(model: str, prompts: list[list[int]], max_new_tokens: int
     return replies
 
 
-def _worker(args: argparse.Namespace) -> int:
-    task = json.loads(sys.stdin.read())
-    if args.worker == "edge":
-        replies = _replies_edge(task["model"], task["prompts"], task["max_new_tokens"])
-    else:
-        replies = _replies_llama_cpp(task["model"], task["prompts"], task["max_new_tokens"], task["stop"])
-    print(json.dumps(replies))
-    return 0
+def runtime_replies(task: dict) -> list[list[int]]:
+    """The child's work (bench.process): one runtime's replies ("runtime": edge or llama.cpp) to the task's prompts."""
+    if task["runtime"] == "edge":
+        return _replies_edge(task["model"], task["prompts"], task["max_new_tokens"])
+    return _replies_llama_cpp(task["model"], task["prompts"], task["max_new_tokens"], task["stop"])
 
 
 def run_runtime(spec: str, task: dict) -> list[list[int]]:
     """One runtime's replies, computed in a process of its own."""
-    env = dict(os.environ)
+    env = {}
     kind, _, rest = spec.partition(":")
     if kind == "edge":
         if rest:
             env["EDGE_CPU_KERNEL"] = rest
     elif kind == "llama.cpp":
         _, _, folder = rest.partition("=")
-        env["PYTHONPATH"] = os.pathsep.join([folder, env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
     else:
         raise SystemExit(f"gguf_agreement: runtime {spec!r}: use edge, edge:PATH or llama.cpp:NAME=DIR")
-    done = subprocess.run([sys.executable, "-m", "bench.gguf_agreement", "--worker", kind], input=json.dumps(task),
-                          capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent)
-    if done.returncode != 0:
-        raise SystemExit(f"gguf_agreement: {spec} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
-    return json.loads(done.stdout)
+    return run_child("bench.gguf_agreement:runtime_replies", {**task, "runtime": kind}, spec, prog="gguf_agreement",
+                     env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gguf_agreement", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("python -m bench.gguf_agreement", __doc__, max_new_tokens=64)
     parser.add_argument("files", nargs="*", help=".gguf files")
     parser.add_argument("--runtime", action="append", default=[], help="edge, edge:PATH or llama.cpp:NAME=DIR")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        return _worker(args)
     from bench.prompts import PROMPTS
     from edge.frontend.options import resolve_model_path
     from edge.model.kv_cache import common_prefix

@@ -12,7 +12,6 @@ Needs a CUDA GPU; elsewhere it says so and exits 2.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from bench.arguments import bench_parser
 from bench.prompts import CATEGORIES, PROMPTS
 from edge import Engine
 
@@ -68,10 +68,10 @@ def run(engine: Engine, prompts: list[list[dict]], tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("python -m bench.gpu_check", __doc__,
+                          tokens={"default": 128, "help": "tokens per reply (default: 128)"},
+                          dtype={"default": "float16", "help": "compute dtype (default: float16)"})
     parser.add_argument("checkpoint")
-    parser.add_argument("--tokens", type=int, default=128, help="tokens per reply (default: 128)")
-    parser.add_argument("--dtype", default="float16", help="compute dtype (default: float16)")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here (JSON)")
     parser.add_argument("--profile", action="store_true", help="also print where the time of a plain and a QuantSpec "
                         "reply goes (torch.profiler)")

@@ -24,6 +24,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from bench.process import WorkerError, run_child
 from edge.errors import EdgeError
 from edge.kernels.cache import cache_folder
 
@@ -106,11 +107,12 @@ def converted(checkpoint: Path, gguf_type: str, source: str | Path | None = None
             raise EdgeError(f"llama.cpp could not quantize {full} to q4_0")
     else:
         log(f"edge-bench: converting {checkpoint} to GGUF {gguf_type} with llama.cpp's converter ...")
-        done = subprocess.run([sys.executable, "-m", "bench.gguf_convert", str(converter_source(source)),
-                               str(checkpoint), str(partial), gguf_type], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise EdgeError(f"llama.cpp's converter failed on {checkpoint}: "
-                            f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        request = {"source": str(converter_source(source)), "checkpoint": str(checkpoint), "outfile": str(partial),
+                   "outtype": gguf_type}
+        try:
+            run_child("bench.gguf_convert:convert", request, "llama.cpp's converter")
+        except WorkerError as error:
+            raise EdgeError(f"llama.cpp's converter failed on {checkpoint}: {error.last_line or 'no output'}") from None
     os.replace(partial, target)
     return target
 

@@ -14,22 +14,19 @@ and JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from bench.suite import run_child
+from bench.arguments import CHECKPOINT_HELP, bench_parser
+from bench.process import run_child
 from edge.frontend.options import resolve_model_path
 
 MiB = 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
-    parser.add_argument("--methods", default="ar,ngram,early-exit:3,builtin")
-    parser.add_argument("--max-context", type=int, default=2048)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--json", help="write the measurements here")
+    parser = bench_parser("python -m bench.memory", __doc__, model=CHECKPOINT_HELP,
+                          methods="ar,ngram,early-exit:3,builtin", max_context=2048, max_new_tokens=128,
+                          json={"help": "write the measurements here"})
     parser.add_argument("--naive", default="builtin",
                         help="the method the generation-memory table compares with (SpecMemo's naive allocation: "
                              "a full-precision draft model with a full-context cache and full-vocabulary buffers)")
@@ -38,18 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for method in args.methods.split(","):
         spec, *options = method.split("+")
-        extra = []
+        request = {"model": str(model), "method": spec, "max_context": args.max_context,
+                   "max_new_tokens": args.max_new_tokens}
         for option in options:
             if option.startswith("ctx"):
-                extra += ["--draft-context", option[3:]]
+                request["draft_context"] = int(option[3:])
             elif option == "bf16":
-                extra += ["--draft-weights", "bfloat16"]
+                request["draft_weights"] = "bfloat16"
             else:
                 parser.error(f"unknown method option +{option} in {method}; expected +ctxN or +bf16")
-        rows.append(run_child("bench.memory_worker", ["--model", str(model), "--method", spec,
-                                                      "--max-context", str(args.max_context),
-                                                      "--max-new-tokens", str(args.max_new_tokens), *extra],
-                              method))
+        rows.append(run_child("bench.memory_worker:measure", request, method, prog="python -m bench.memory"))
     print("| method | runtime MiB | plan MiB (weights + KV + speculation) | predicted peak MiB | measured peak MiB "
           "| measured / predicted | resident loaded, over runtime MiB | after answering MiB | after answering / plan "
           "| tokens/s |")

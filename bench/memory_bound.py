@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from bench.arguments import bench_parser
+
 EXTRA_STD = 2e-3  # the extra gate/up rows: |activations| about 1e-4 of the original channels'
 ALIGN = 64  # widths stay a multiple of the kernels' tiles and int4's groups of 32
 
@@ -96,13 +98,13 @@ def widen(source: Path, out: Path, params: int, seed: int = 0) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.memory_bound", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("python -m bench.memory_bound", __doc__,
+                          seed={"default": 0, "help": "seed of the extra channels' small random weights"})
     parser.add_argument("out", type=Path, help="folder to write target/ and draft/ into")
     parser.add_argument("--params", type=parse_count, default=parse_count("500M"),
                         help="the target's weight traffic per step, e.g. 150M, 500M, 1B (default 500M)")
     parser.add_argument("--draft-params", type=parse_count,
                         help="the draft model's (default: a tenth of --params)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the extra channels' small random weights")
     args = parser.parse_args(argv)
     from edge.sources.builtin import builtin_drafter_path, builtin_model_path
 

@@ -12,11 +12,12 @@ first model unless --reference names one).
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 
 import torch
+
+from bench.arguments import bench_parser
 
 
 def evaluation_text() -> str:
@@ -50,11 +51,11 @@ def parameters(config) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.perplexity", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("python -m bench.perplexity", __doc__,
+                          tokens={"default": 16384, "help": "tokens of text to use (default: 16384)"},
+                          context={"default": 512, "help": "tokens per window (default: 512)"})
     parser.add_argument("models", nargs="+", help="MODEL or MODEL@WEIGHTS (int8, int4, float16)")
     parser.add_argument("--reference", help="the model top-1 agreement is measured against (default: the first)")
-    parser.add_argument("--tokens", type=int, default=16384, help="tokens of text to use (default: 16384)")
-    parser.add_argument("--context", type=int, default=512, help="tokens per window (default: 512)")
     args = parser.parse_args(argv)
     from edge.frontend.options import resolve_model_path
     from edge.text.tokenizer import Tokenizer

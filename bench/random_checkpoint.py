@@ -10,9 +10,10 @@ plus a byte-level BPE tokenizer trained on the Python standard library's source.
 
 from __future__ import annotations
 
-import argparse
 import sysconfig
 from pathlib import Path
+
+from bench.arguments import bench_parser
 
 SHAPES = {
     # SmolLM/SmolLM2-135M: 30 layers, GQA 9:3, tied embeddings
@@ -56,12 +57,12 @@ def build_tokenizer(out: Path, vocab_size: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.random_checkpoint", description=__doc__.split("\n\n")[0])
+    parser = bench_parser(
+        "python -m bench.random_checkpoint", __doc__, seed=0,
+        dtype={"choices": ["float32", "float16", "bfloat16"], "default": "float32",
+               "help": "the dtype the weights are saved in (default float32; real checkpoints are mostly 16-bit)"})
     parser.add_argument("out", type=Path)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm-135m")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
-                        help="the dtype the weights are saved in (default float32; real checkpoints are mostly 16-bit)")
     args = parser.parse_args(argv)
 
     import torch

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import httpx
 import psutil
 
+from bench.arguments import bench_parser
 from bench.prompts import PROMPTS
 from edge.sources.default_model import default_model_path
 from edge.engine import Engine
@@ -281,17 +282,16 @@ def summary(outcomes: list[Outcome], duration_s: float, rss_start: float, rss_en
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="what edge-serve runs (default: its default model)")
-    parser.add_argument("--drafter", help="edge-serve's --drafter (default: its own default)")
+    parser = bench_parser(
+        "python -m bench.serve_load", __doc__, model="what edge-serve runs (default: its default model)",
+        drafter={"help": "edge-serve's --drafter (default: its own default)"},
+        threads={"default": 1, "help": "edge-serve's --threads (default: 1, leaving the other cores to the clients)"},
+        json={"help": "also write the figures to this file"})
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (default: 60)")
     parser.add_argument("--queue-size", type=int, default=4,
                         help="edge-serve's --queue-size; below the clients, some requests get 429s (default: 4)")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="edge-serve's --threads (default: 1, leaving the other cores to the clients)")
-    parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--adversaries", action="store_true",
                         help="a quiet run, then one beside a slow reader and a 10 MB message sender (see above)")
     parser.add_argument("--slow-pause", type=float, default=0.2,

@@ -10,9 +10,9 @@ and verify times per step, and tokens per step.
 
 from __future__ import annotations
 
-import argparse
 import time
 
+from bench.arguments import CHECKPOINT_HELP, bench_parser
 from bench.suite_worker import edge_runner
 from edge.frontend.options import resolve_model_path
 
@@ -35,15 +35,12 @@ def measure(model: str, method: str, max_new_tokens: int, weights: str | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.steps", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="checkpoint folder; default: the built-in model")
-    parser.add_argument("--methods", default="ar,ngram:2,builtin:2")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--weights", choices=["int8", "int4"], default=None,
-                        help="quantize the target at load (edge/model/packed_weights.py)")
-    parser.add_argument("--kv-cache", choices=["float32", "int8", "int8-int4", "hierarchical"], default=None,
-                        help="KV cache format for every method (hierarchical: what the quantspec drafter reads); "
-                             "default: float32, hierarchical for quantspec")
+    parser = bench_parser(
+        "python -m bench.steps", __doc__, model=CHECKPOINT_HELP, methods="ar,ngram:2,builtin:2", max_new_tokens=128,
+        weights={"choices": ["int8", "int4"], "help": "quantize the target at load (edge/model/packed_weights.py)"},
+        kv_cache={"choices": ["float32", "int8", "int8-int4", "hierarchical"],
+                  "help": "KV cache format for every method (hierarchical: what the quantspec drafter reads); "
+                          "default: float32, hierarchical for quantspec"})
     args = parser.parse_args(argv)
     model = resolve_model_path(args.model)
     print("| method | tokens/s | ms per step | draft ms | verify ms | tokens per step |")

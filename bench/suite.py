@@ -3,13 +3,11 @@ autoregressive decoding on the same prompts (speedup, mean accepted tokens, acce
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 from bench import llama_server
+from bench.process import run_child
 from bench.prompts import CATEGORIES
 
 SUITE_CONTEXT = 2048  # the context every edge method of the suite loads with (and --plan plans for)
@@ -17,43 +15,22 @@ SUITE_CONTEXT = 2048  # the context every edge method of the suite loads with (a
 SPEC_BENCH_CATEGORIES = [c for c in CATEGORIES if c != "code"]  # Spec-Bench's six; "code" is reported on its own
 
 
-def run_child(module: str, args: list[str], label: str) -> dict:
-    """Run `python -m module args` (a benchmark worker) and return the JSON object it prints."""
-    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"edge-bench: {label} failed:\n{done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout)
-
-
 def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str,
                kv_cache: str | None = None, weights: str | None = None, draft_weights: str | None = None) -> dict:
-    return run_child("bench.suite_worker", ["--model", str(model), "--method", method, "--draft-length",
-                                            draft_length, "--max-new-tokens", str(max_new_tokens),
-                                            "--dtype", dtype, *kv_cache_options(kv_cache),
-                                            *weights_options(weights, draft_weights)],
-                     label(method, draft_length))
+    """One method over the prompt set in a worker process of its own (bench.suite_worker.measure)."""
+    request = {"model": str(model), "method": method, "draft_length": draft_length, "max_new_tokens": max_new_tokens,
+               "dtype": dtype, "kv_cache": kv_cache, "weights": weights, "draft_weights": draft_weights}
+    return run_child("bench.suite_worker:measure", request, label(method, draft_length))
 
 
 def run_interleaved(model: Path, runs: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
                     kv_cache: str | None = None, weights: str | None = None,
                     draft_weights: str | None = None) -> list[dict]:
-    """Every edge method in one worker process, prompt by prompt (bench.suite_worker --interleave)."""
-    return run_child("bench.suite_worker", ["--model", str(model), "--interleave", json.dumps(runs),
-                                            "--passes", str(passes), "--max-new-tokens", str(max_new_tokens),
-                                            "--dtype", dtype, *kv_cache_options(kv_cache),
-                                            *weights_options(weights, draft_weights)],
-                     "interleaved run")["runs"]
-
-
-def kv_cache_options(kv_cache: str | None) -> list[str]:
-    """The worker's --kv-cache argument, or nothing (each method's own: hierarchical for quantspec, else the
-    dtype's)."""
-    return ["--kv-cache", kv_cache] if kv_cache else []
-
-
-def weights_options(weights: str | None, draft_weights: str | None) -> list[str]:
-    """The worker's --weights / --draft-weights arguments (int8, int4: quantize at load), or nothing (as stored)."""
-    return (["--weights", weights] if weights else []) + (["--draft-weights", draft_weights] if draft_weights else [])
+    """Every method (method, draft length) in one worker process, prompt by prompt (bench.suite_worker.measure)."""
+    request = {"model": str(model), "interleave": [list(run) for run in runs], "passes": passes,
+               "max_new_tokens": max_new_tokens, "dtype": dtype, "kv_cache": kv_cache, "weights": weights,
+               "draft_weights": draft_weights}
+    return run_child("bench.suite_worker:measure", request, "interleaved run")["runs"]
 
 
 def median_of_passes(results: list[dict]) -> dict:

@@ -1,10 +1,11 @@
-"""Run the whole prompt set with one decoding method in its own process; print one JSON object.
+"""Run the whole prompt set with one decoding method in its own process: `measure`, which edge-bench's suite runs
+through bench.process (bench/suite.py: run_method, run_interleaved).
 
-    python -m bench.suite_worker --model PATH --method METHOD [--draft-length adaptive|K] [--max-new-tokens N]
-    python -m bench.suite_worker --model PATH --interleave '[["ar", "adaptive"], ["ngram", "2"]]' --passes P
+    {"model": PATH, "method": METHOD, "draft_length": "adaptive" or K, "max_new_tokens": N, ...}  -> one result
+    {"model": PATH, "interleave": [["ar", "adaptive"], ["ngram", "2"]], "passes": P, ...}        -> {"runs": [...]}
 
-With --interleave, one process runs every listed method on each prompt in turn (edge's methods on one loaded target,
-plain decoding first; a peer on its own model), for P passes; it prints {"runs": [one result per method, like the single-method form]}, each
+Interleaved, one process runs every listed method on each prompt in turn (edge's methods on one loaded target, plain
+decoding first; a peer on its own model), for P passes: one result per method, like the single-method form, each
 prompt's time the median over the passes. Methods timed seconds apart share the machine's slow spells, which on a
 shared VM move whole minutes' speeds by a third. Peak memory is then the one process's, for all methods together.
 
@@ -18,9 +19,6 @@ Time per prompt is the wall time of the whole call (prefill included), the same 
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from typing import Callable
 
@@ -214,50 +212,31 @@ def llama_server_runner(model: str, method: str) -> tuple[Runner, list[list[int]
     return run, prompts
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.suite_worker")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--method")
-    parser.add_argument("--interleave", help='JSON [[METHOD, DRAFT_LENGTH], ...]: every edge method in this '
-                        'process, prompt by prompt')
-    parser.add_argument("--passes", type=int, default=1, help="--interleave: passes over the prompt set")
-    parser.add_argument("--draft-length", default="adaptive")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--kv-cache", default=None, help="every method's KV cache (default: each method's own)")
-    parser.add_argument("--weights", default=None,
-                        help="int8 or int4: quantize edge's target at load (edge methods only)")
-    parser.add_argument("--draft-weights", default=None,
-                        help="a separate draft model's weights: bfloat16, int8 or int4")
-    args = parser.parse_args(argv)
-
-    if args.interleave:
-        methods = [(method, length) for method, length in json.loads(args.interleave)]
-        json.dump({"runs": interleaved_runs(args.model, methods, args.passes, args.max_new_tokens, args.dtype,
-                                            args.kv_cache, args.weights, args.draft_weights)}, sys.stdout)
-        return 0
-    if args.method is None:
-        parser.error("give --method or --interleave")
+def measure(request: dict) -> dict:
+    """The child's work (bench.process): one method over the prompt set ("method", "draft_length"), or with
+    "interleave" ([[method, draft length], ...]) every method prompt by prompt for "passes" passes, as {"runs": [...]};
+    both on "model" with "max_new_tokens", "dtype", "kv_cache", "weights" and "draft_weights"."""
+    model, new_tokens, dtype = request["model"], request["max_new_tokens"], request["dtype"]
+    if request.get("interleave"):
+        methods = [(method, length) for method, length in request["interleave"]]
+        return {"runs": interleaved_runs(model, methods, request["passes"], new_tokens, dtype, request["kv_cache"],
+                                         request["weights"], request["draft_weights"])}
+    method, draft_length = request["method"], request["draft_length"]
     weight_bytes = {}
-    if is_peer(args.method):
-        run, prompts = peer_runner(args.model, args.method, args.dtype)
+    if is_peer(method):
+        run, prompts = peer_runner(model, method, dtype)
     else:
-        run, prompts, target_bytes = edge_runner(args.model, args.method, args.draft_length, args.dtype,
-                                                 args.kv_cache, args.weights, args.draft_weights)
+        run, prompts, target_bytes = edge_runner(model, method, draft_length, dtype, request["kv_cache"],
+                                                 request["weights"], request["draft_weights"])
         weight_bytes = {"target_weight_bytes": target_bytes}
     run(prompts[0], 16)  # warm-up
     results = []
     for prompt, ids in zip(PROMPTS, prompts):
         prepare(run)
         t0 = time.perf_counter()
-        out, stats = run(ids, args.max_new_tokens)
+        out, stats = run(ids, new_tokens)
         seconds = time.perf_counter() - t0
         results.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
                         "seconds": seconds, "token_ids": out, **stats})
-    json.dump({"method": args.method, "draft_length": args.draft_length, "prompts": results,
-               "peak_rss_mib": peak_rss_mib(), **weight_bytes}, sys.stdout)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"method": method, "draft_length": draft_length, "prompts": results, "peak_rss_mib": peak_rss_mib(),
+            **weight_bytes}

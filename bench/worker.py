@@ -1,20 +1,16 @@
-"""One benchmark backend in its own process, so its peak memory is its own. Prints one JSON object.
-
-    python -m bench.worker --backend edge|transformers|llama.cpp --model PATH --prompt-ids JSON ...
+"""One benchmark backend in its own process, so its peak memory is its own: `measure`, run by edge-bench --ar
+through bench.process (run_child("bench.worker:measure", request, ...)).
 
 Decode speed uses the same method for every backend: the median wall time of generating N tokens minus the
-median time of generating 1 token (prefill + first token), over N - 1 tokens. With --interleave several backends
-load into this one process and take turns, repeat by repeat, so that drift in the machine's speed (a shared server's
-neighbours) hits them alike; their ratios are then the steadiest figure. Greedy, end-of-sequence ignored,
-so every backend produces exactly N tokens and the outputs can be compared token for token.
+median time of generating 1 token (prefill + first token), over N - 1 tokens. With several runs (edge-bench
+--interleave) the backends load into this one process and take turns, repeat by repeat, so that drift in the
+machine's speed (a shared server's neighbours) hits them alike; their ratios are then the steadiest figure. Greedy,
+end-of-sequence ignored, so every backend produces exactly N tokens and the outputs can be compared token for token.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import time
 from typing import Callable
 
@@ -101,65 +97,50 @@ def backend_label(backend: str, model: str, dtype: str, weights: str | None) -> 
 RUNNERS = {"edge": edge_runner, "transformers": transformers_runner, "llama.cpp": llama_runner}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.worker")
-    parser.add_argument("--backend", choices=sorted(RUNNERS))
-    parser.add_argument("--model")
-    parser.add_argument("--interleave", metavar="JSON",
-                        help='several runs in this one process, timed in turns: [{"backend": ..., "model": ..., '
-                             '"weights": ...}, ...] (instead of --backend and --model)')
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--prompt-ids", required=True, help="JSON list of token ids")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--weights", default=None, help="edge: int8 or int4 (quantize at load)")
-    args = parser.parse_args(argv)
-    prompt_ids = json.loads(args.prompt_ids)
-    specs = (json.loads(args.interleave) if args.interleave
-             else [{"backend": args.backend, "model": args.model, "weights": args.weights}])
-    if any(spec.get("backend") not in RUNNERS or not spec.get("model") for spec in specs):
-        parser.error("each run needs a backend (edge, transformers, llama.cpp) and a model")
-
+def measure(request: dict) -> list[dict]:
+    """The child's work (bench.process): `request` holds "runs" ([{"backend", "model", "weights"}, ...]: one, or
+    several timed in turns), "prompt_ids", "dtype", "max_new_tokens" and "repeats"; one result per run."""
     import torch
 
+    specs, prompt_ids, new_tokens = request["runs"], request["prompt_ids"], request["max_new_tokens"]
     baseline = peak_rss_mib()
     runners, loads = [], []
     for spec in specs:
         t0 = time.perf_counter()
-        runners.append(RUNNERS[spec["backend"]](spec["model"], args.dtype, prompt_ids, args.max_new_tokens,
+        runners.append(RUNNERS[spec["backend"]](spec["model"], request["dtype"], prompt_ids, new_tokens,
                                                 spec.get("weights")))
         loads.append(time.perf_counter() - t0)
         runners[-1](4)  # warm-up
     firsts: list[list[float]] = [[] for _ in specs]
     totals: list[list[float]] = [[] for _ in specs]
     outputs: list[list[int]] = [[] for _ in specs]
-    for _ in range(args.repeats):  # in turns: a slow spell of the machine hits every run alike
+    for _ in range(request["repeats"]):  # in turns: a slow spell of the machine hits every run alike
         for index, run in enumerate(runners):
             first_s, _ = timed(run, 1, 1)
-            total_s, outputs[index] = timed(run, args.max_new_tokens, 1)
+            total_s, outputs[index] = timed(run, new_tokens, 1)
             firsts[index].append(first_s)
             totals[index].append(total_s)
-    results = []
-    for spec, load_s, first, total, ids in zip(specs, loads, firsts, totals, outputs):
-        first_s, total_s = statistics.median(first), statistics.median(total)
-        results.append({
-            "backend": backend_label(spec["backend"], spec["model"], args.dtype, spec.get("weights")),
-            "torch_threads": torch.get_num_threads(),
-            "load_s": load_s,
-            "prompt_tokens": len(prompt_ids),
-            "new_tokens": len(ids),
-            "first_token_s": first_s,
-            "total_s": total_s,
-            "decode_tokens_per_s": (len(ids) - 1) / max(total_s - first_s, 1e-9),
-            "decode_tokens_per_s_by_repeat": [(len(ids) - 1) / max(t - f, 1e-9) for f, t in zip(first, total)],
-            "prefill_tokens_per_s": len(prompt_ids) / first_s,
-            "peak_rss_mib": peak_rss_mib(),  # with --interleave: every run's together
-            "baseline_rss_mib": baseline,
-            "token_ids": ids,
-        })
-    json.dump(results if args.interleave else results[0], sys.stdout)
-    return 0
+    shared = {"torch_threads": torch.get_num_threads(), "prompt_tokens": len(prompt_ids), "baseline_rss_mib": baseline}
+    return [result(spec, request["dtype"], load_s, first, total, ids, shared)
+            for spec, load_s, first, total, ids in zip(specs, loads, firsts, totals, outputs)]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def result(spec: dict, dtype: str, load_s: float, first: list[float], total: list[float], ids: list[int],
+           shared: dict) -> dict:
+    """One run's figures from its per-repeat times."""
+    first_s, total_s = statistics.median(first), statistics.median(total)
+    return {
+        "backend": backend_label(spec["backend"], spec["model"], dtype, spec.get("weights")),
+        "torch_threads": shared["torch_threads"],
+        "load_s": load_s,
+        "prompt_tokens": shared["prompt_tokens"],
+        "new_tokens": len(ids),
+        "first_token_s": first_s,
+        "total_s": total_s,
+        "decode_tokens_per_s": (len(ids) - 1) / max(total_s - first_s, 1e-9),
+        "decode_tokens_per_s_by_repeat": [(len(ids) - 1) / max(t - f, 1e-9) for f, t in zip(first, total)],
+        "prefill_tokens_per_s": shared["prompt_tokens"] / first_s,
+        "peak_rss_mib": peak_rss_mib(),  # several runs in turns: every run's together
+        "baseline_rss_mib": shared["baseline_rss_mib"],
+        "token_ids": ids,
+    }

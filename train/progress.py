@@ -1,37 +1,40 @@
-"""A dependency-free progress bar for long runs: steps, rate, ETA and the latest loss on one line (stderr)."""
+"""The training runs' progress through rich, on stderr: steps, rate, ETA, the latest values (loss) and a note on one
+line. A terminal shows the bar moving; a log or a pipe gets the same line in plain text every 30 s and at the end."""
 
 from __future__ import annotations
 
-import sys
 import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as Bars
+
+LOG_EVERY_S = 30.0  # off a terminal: one line this often
 
 
 class Progress:
-    def __init__(self, total: int, start: int = 0, label: str = "", width: int = 28) -> None:
-        self.total, self.start, self.label, self.width = total, start, label, width
-        self.started = time.perf_counter()
-        self.last_note = ""
-        self.tty = sys.stderr.isatty()
-        self._last_print = 0.0
+    def __init__(self, total: int, start: int = 0, label: str = "", console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.bars = Bars(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                         TextColumn("{task.fields[rate]}"), TextColumn("eta"), TimeRemainingColumn(),
+                         TextColumn("{task.fields[values]} {task.fields[note]}", markup=False),
+                         console=self.console, disable=not self.console.is_terminal)
+        self.task = self.bars.add_task(label, total=total, completed=start, rate="", values="", note="")
+        self._last_line = time.perf_counter()
+        self.bars.start()
 
     def update(self, step: int, **values: float) -> None:
+        self.bars.update(self.task, completed=step,
+                         values=" ".join(f"{name} {value:.4f}" for name, value in values.items()))
+        speed = self.bars.tasks[0].speed
+        self.bars.update(self.task, rate=f"{speed:.2f} it/s" if speed else "")
         now = time.perf_counter()
-        if now - self._last_print < (0.5 if self.tty else 30.0) and step < self.total:
-            return
-        self._last_print = now
-        done = step / self.total
-        rate = (step - self.start) / max(now - self.started, 1e-9)
-        eta = (self.total - step) / rate if rate > 0 else float("inf")
-        bar = "#" * int(done * self.width) + "-" * (self.width - int(done * self.width))
-        fields = " ".join(f"{name} {value:.4f}" for name, value in values.items())
-        line = f"{self.label} [{bar}] {step}/{self.total} {rate:.2f} it/s eta {eta / 60:.1f} min {fields} {self.last_note}"
-        sys.stderr.write(("\r" + line) if self.tty else (line + "\n"))
-        sys.stderr.flush()
+        if self.bars.disable and (now - self._last_line >= LOG_EVERY_S or step >= self.bars.tasks[0].total):
+            self._last_line = now
+            self.console.print(self.bars.make_tasks_table(self.bars.tasks), soft_wrap=True)
 
     def note(self, text: str) -> None:
-        self.last_note = text
+        self.bars.update(self.task, note=text)
 
     def close(self) -> None:
-        if self.tty:
-            sys.stderr.write("\n")
-
+        self.bars.stop()

@@ -82,7 +82,7 @@ class GenerationQueue:
         self._thread: threading.Thread | None = None
         self._running: Job | None = None
         self.closing = threading.Event()  # set by close(): the server is stopping
-        self.metrics = ServerMetrics()  # GET /metrics: requests (counted by the app), replies' tokens (here)
+        self.metrics = ServerMetrics(self)  # GET /metrics: requests (counted by the app), replies' tokens (here)
 
     @property
     def waiting(self) -> int:

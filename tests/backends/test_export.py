@@ -25,6 +25,7 @@ from edge.export.cli import main as export_main  # noqa: E402
 from edge.export.quantize import QuantSettings  # noqa: E402
 from edge.export.vocab_trim import choose_vocabulary, covered_share  # noqa: E402
 from tests.conftest import build_checkpoint  # noqa: E402
+from tests.helpers import greedy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +35,6 @@ PROMPTS = ["The quick brown fox", "import os\nfor name in", "Speculative decodin
 def export(checkpoint: Path, output: Path, weights: str = "fp32", **options) -> dict:
     settings = ExportOptions(quant=QuantSettings(weights), calibration_tokens=16, **options)
     return export_bundle(checkpoint, output, settings, show_progress=False)
-
-
-def greedy(engine: Engine, prompt: str, tokens: int = 40, **options) -> list[int]:
-    engine.reset()
-    list(engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True, **options))
-    return engine.history
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +51,7 @@ def test_fp32_graph_reproduces_eager_edge(family, checkpoint_factory, tmp_path):
     eager = Engine.load(checkpoint, max_context=256)
     bundled = Engine.load(tmp_path / "bundle", max_context=256)
     for prompt in PROMPTS:  # mistral: 40 + prompt tokens cross its 24-token sliding window
-        assert greedy(bundled, prompt) == greedy(eager, prompt)
+        assert greedy(bundled, prompt, 40) == greedy(eager, prompt, 40)
 
 
 @pytest.mark.parametrize("weights", ["fp32", "fp16", "int8", "int4"])
@@ -231,7 +226,7 @@ def test_uncovered_architecture_exports_through_optimum(weights, gpt2_dir, tmp_p
         ids = plain.tokenizer.encode(PROMPTS[0], add_special_tokens=True)
         expected = hf.generate(torch.tensor([ids]), max_new_tokens=40, min_new_tokens=40, do_sample=False,
                                pad_token_id=0)[0].tolist()
-        assert greedy(plain, PROMPTS[0]) == expected
+        assert ids + greedy(plain, PROMPTS[0], 40) == expected  # transformers returns the prompt too
 
 
 def test_bad_options_are_refused(llama_dir, tmp_path, capsys):

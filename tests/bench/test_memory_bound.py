@@ -6,6 +6,7 @@ import json
 
 import pytest
 from tests.conftest import transformers_greedy
+from tests.helpers import greedy
 
 from edge import Engine
 from bench import memory_bound
@@ -22,12 +23,6 @@ def widened(tmp_path_factory):
     return out
 
 
-def greedy(path, weights=None, **options) -> list[int]:
-    engine = Engine.load(path, weights=weights, max_context=256, **options)
-    prompt = engine.tokenizer.encode_chat(PROMPT)
-    return [t for e in engine.generate(prompt, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
-
-
 def test_sizes_follow_the_flags(widened):
     for name, source, params in (("target", builtin_model_path(), 16e6), ("draft", builtin_drafter_path(), 4e6)):
         config = json.loads((widened / name / "config.json").read_text())
@@ -42,16 +37,17 @@ def test_sizes_follow_the_flags(widened):
 
 @pytest.mark.parametrize("weights", [None, "int8", "int4"])
 def test_widened_target_decodes_the_builtin_models_tokens(widened, weights):
-    assert greedy(widened / "target", weights) == greedy(builtin_model_path(), weights)
+    widened_tokens = greedy(widened / "target", PROMPT, 24, weights=weights)
+    assert widened_tokens == greedy(builtin_model_path(), PROMPT, 24, weights=weights)
 
 
 def test_widened_draft_drafts_the_builtin_drafters_tokens(widened):
-    assert greedy(widened / "draft") == greedy(builtin_drafter_path())
+    assert greedy(widened / "draft", PROMPT, 24) == greedy(builtin_drafter_path(), PROMPT, 24)
 
 
 def test_speculation_with_the_widened_pair_is_lossless(widened):
-    plain = greedy(widened / "target", "int8")
-    assert greedy(widened / "target", "int8", drafter=str(widened / "draft")) == plain
+    plain = greedy(widened / "target", PROMPT, 24, weights="int8")
+    assert greedy(widened / "target", PROMPT, 24, weights="int8", drafter=str(widened / "draft")) == plain
 
 
 def test_transformers_loads_the_widened_target_and_agrees(widened):

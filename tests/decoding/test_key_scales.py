@@ -25,6 +25,7 @@ from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.text.tokenizer import Tokenizer
 from tests.kernels.test_hierarchical_kv_kernel import fused_and_reference
 from edge.kernels.kv_quant import quantize
+from tests.helpers import greedy
 
 FACTOR = 32.0
 PROMPTS = ["How do I read a CSV file in Python?", "Write a function that reverses a list.",
@@ -65,11 +66,6 @@ def outlier_target(builtin, tmp_path_factory) -> Path:
     return folder
 
 
-def greedy(engine: Engine, prompt: str, tokens: int = 40) -> list[int]:
-    engine.reset()
-    return [t for e in engine.chat([{"role": "user", "content": prompt}], max_new_tokens=tokens) for t in e.token_ids]
-
-
 def quantspec_acceptance(engine: Engine) -> float:
     accepted = drafted = 0
     for prompt in PROMPTS:
@@ -82,7 +78,8 @@ def quantspec_acceptance(engine: Engine) -> float:
 def test_the_outlier_target_is_the_same_model(builtin, outlier_target):
     plain, outliers = Engine.load(builtin, max_context=256), Engine.load(outlier_target, max_context=256)
     for prompt in PROMPTS[:2]:
-        assert greedy(outliers, prompt) == greedy(plain, prompt)
+        messages = [{"role": "user", "content": prompt}]
+        assert greedy(outliers, messages, 40, ignore_eos=False) == greedy(plain, messages, 40, ignore_eos=False)
 
 
 def test_the_scales_find_the_outlier_pairs_and_nothing_in_an_ordinary_model(builtin, outlier_target):
@@ -127,7 +124,8 @@ def test_speculation_over_scaled_keys_equals_plain_decoding_over_them(outlier_ta
     if drafter == "quantspec":
         fast.drafter.upper_plane_from = 0
     for prompt in PROMPTS:
-        assert greedy(fast, prompt) == greedy(plain, prompt), (drafter, prompt)
+        messages = [{"role": "user", "content": prompt}]
+        assert greedy(fast, messages, 40, ignore_eos=False) == greedy(plain, messages, 40, ignore_eos=False), prompt
 
 
 def test_the_kernel_stores_keys_divided_by_their_scales(kernel):

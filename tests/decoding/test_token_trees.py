@@ -17,6 +17,7 @@ from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.decoding.speculative import SpeculativeDecoding, StepCosts
 from edge.kernels import cpu_paths
+from tests.helpers import greedy
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
@@ -72,20 +73,15 @@ def _forced_trees(monkeypatch) -> list[SpeculativeDecoding]:
     return made
 
 
-def greedy(engine: Engine, prompt: str, tokens: int = 60) -> list[int]:
-    engine.reset()
-    return [t for e in engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True) for t in e.token_ids]
-
-
 @pytest.mark.parametrize("drafter, weights, kv_cache", [("early-exit:1", None, "float32"),
                                                         ("early-exit:1", "int8", "float32"),
                                                         ("quantspec", None, "hierarchical")])
 def test_greedy_speculation_with_token_trees_equals_plain_decoding(llama_dir, monkeypatch, drafter, weights, kv_cache):
     plain = Engine.load(llama_dir, max_context=256, weights=weights, kv_cache=kv_cache)
-    expected = [greedy(plain, prompt) for prompt in (PROMPT, "import os\nfor name in")]
+    expected = [greedy(plain, prompt, 60) for prompt in (PROMPT, "import os\nfor name in")]
     made = _forced_trees(monkeypatch)
     fast = Engine.load(llama_dir, max_context=256, weights=weights, kv_cache=kv_cache, drafter=drafter)
-    assert [greedy(fast, prompt) for prompt in (PROMPT, "import os\nfor name in")] == expected
+    assert [greedy(fast, prompt, 60) for prompt in (PROMPT, "import os\nfor name in")] == expected
     assert made[-1].sampler.runners_up and sum(s.tree_rows for s in made) > 0
 
 

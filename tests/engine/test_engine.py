@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 from edge import Engine, PromptError, SamplingError
 from edge.events import FINISH_CONTEXT, FINISH_EOS, FINISH_MAX_TOKENS, FINISH_STOP_STRING, FINISH_STOPPED
+from tests.helpers import PROMPT, greedy_events
 
-PROMPT = "The quick brown fox"
+generated = partial(greedy_events, reset=False)  # a call's events, on the cache the call before left
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +23,8 @@ def ids_of(events) -> list[int]:
     return [token for event in events for token in event.token_ids]
 
 
-def greedy(engine: Engine, prompt=PROMPT, **options) -> list:
-    return list(engine.generate(prompt, **options))
-
-
 def test_events_stream_text_and_tokens(engine):
-    events = greedy(engine, max_new_tokens=20, ignore_eos=True)
+    events = generated(engine, max_new_tokens=20, ignore_eos=True)
     assert len(events) == 20 and all(len(e.token_ids) == 1 for e in events)
     assert [e.finish_reason for e in events] == [None] * 19 + [FINISH_MAX_TOKENS]
     assert all(e.drafted == (False,) for e in events)
@@ -37,19 +36,19 @@ def test_events_stream_text_and_tokens(engine):
 
 
 def test_generation_is_deterministic_and_matches_a_fresh_engine(engine, llama_dir):
-    first = ids_of(greedy(engine, max_new_tokens=16, ignore_eos=True))
-    again = ids_of(greedy(engine, max_new_tokens=16, ignore_eos=True))  # reuses the cached prompt
+    first = ids_of(generated(engine, max_new_tokens=16, ignore_eos=True))
+    again = ids_of(generated(engine, max_new_tokens=16, ignore_eos=True))  # reuses the cached prompt
     fresh = ids_of(Engine.load(llama_dir, max_context=64).generate(PROMPT, max_new_tokens=16, ignore_eos=True))
     assert first == again == fresh
 
 
 def test_stops_on_any_of_several_eos_ids(engine):
-    reference = ids_of(greedy(engine, max_new_tokens=24, ignore_eos=True))
+    reference = ids_of(generated(engine, max_new_tokens=24, ignore_eos=True))
     first_eos, second_eos = reference[9], reference[5]
     saved = engine.eos_token_ids
     try:
         engine.eos_token_ids = frozenset({first_eos, second_eos})
-        events = greedy(engine, max_new_tokens=24)
+        events = generated(engine, max_new_tokens=24, ignore_eos=False)
     finally:
         engine.eos_token_ids = saved
     stop_at = min(reference.index(first_eos), reference.index(second_eos))
@@ -59,10 +58,10 @@ def test_stops_on_any_of_several_eos_ids(engine):
 
 
 def test_stop_string_cuts_the_text(engine):
-    full = "".join(e.text for e in greedy(engine, max_new_tokens=40, ignore_eos=True))
+    full = "".join(e.text for e in generated(engine, max_new_tokens=40, ignore_eos=True))
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert stop.strip(), "the fixture model should produce visible text"
-    events = greedy(engine, max_new_tokens=40, ignore_eos=True, stop=[stop, "never-produced"])
+    events = generated(engine, max_new_tokens=40, ignore_eos=True, stop=[stop, "never-produced"])
     assert events[-1].finish_reason == FINISH_STOP_STRING
     assert "".join(e.text for e in events) == full[: full.index(stop)]
 
@@ -106,12 +105,12 @@ def test_reused_cache_gives_the_same_answer_as_a_full_prefill(engine, llama_dir)
 
 
 def test_stopping_mid_reply_leaves_the_engine_consistent(engine):
-    expected = ids_of(greedy(engine, max_new_tokens=12, ignore_eos=True))
+    expected = ids_of(generated(engine, max_new_tokens=12, ignore_eos=True))
     stream = engine.generate("Something else entirely", max_new_tokens=50, ignore_eos=True)
     for _ in range(3):
         next(stream)
     stream.close()  # the consumer stops reading
-    assert ids_of(greedy(engine, max_new_tokens=12, ignore_eos=True)) == expected
+    assert ids_of(generated(engine, max_new_tokens=12, ignore_eos=True)) == expected
 
 
 def test_should_stop_ends_with_flushed_text_like_a_token_limit(engine):
@@ -121,9 +120,9 @@ def test_should_stop_ends_with_flushed_text_like_a_token_limit(engine):
         calls.append(1)
         return len(calls) >= 5
 
-    stopped = greedy(engine, max_new_tokens=50, ignore_eos=True, should_stop=stop_after_five)
+    stopped = generated(engine, max_new_tokens=50, ignore_eos=True, should_stop=stop_after_five)
     assert stopped[-1].finish_reason == FINISH_STOPPED and len(ids_of(stopped)) == 5  # checked after every event
-    limited = greedy(engine, max_new_tokens=5, ignore_eos=True)
+    limited = generated(engine, max_new_tokens=5, ignore_eos=True)
     assert ids_of(stopped) == ids_of(limited)
     assert "".join(e.text for e in stopped) == "".join(e.text for e in limited)
 
@@ -138,7 +137,7 @@ def test_events_say_which_characters_came_from_accepted_drafts(llama_dir):
 
 def test_kv_cache_is_allocated_once(engine):
     keys, values = engine.cache.keys.data_ptr(), engine.cache.values.data_ptr()
-    greedy(engine, max_new_tokens=30, ignore_eos=True)
+    generated(engine, max_new_tokens=30, ignore_eos=True)
     list(engine.chat([{"role": "user", "content": "hi"}], max_new_tokens=5))
     assert (engine.cache.keys.data_ptr(), engine.cache.values.data_ptr()) == (keys, values)
     assert engine.cache.keys.shape[3] == 256
@@ -147,23 +146,23 @@ def test_kv_cache_is_allocated_once(engine):
 def test_seeded_sampling_is_reproducible(engine):
     options = dict(max_new_tokens=16, ignore_eos=True, temperature=0.9, top_p=0.95, top_k=50, min_p=0.01,
                    repetition_penalty=1.1)
-    a = ids_of(greedy(engine, seed=7, **options))
-    b = ids_of(greedy(engine, seed=7, **options))
-    c = ids_of(greedy(engine, seed=8, **options))
+    a = ids_of(generated(engine, seed=7, **options))
+    b = ids_of(generated(engine, seed=7, **options))
+    c = ids_of(generated(engine, seed=8, **options))
     assert a == b and a != c
 
 
 def test_bad_input_is_a_one_line_error(engine):
     cases = [
-        (PromptError, lambda: greedy(engine, "")),
-        (PromptError, lambda: greedy(engine, [])),
-        (PromptError, lambda: greedy(engine, "word " * 300)),
-        (PromptError, lambda: greedy(engine, [1, 2, 10_000])),
+        (PromptError, lambda: generated(engine, "")),
+        (PromptError, lambda: generated(engine, [])),
+        (PromptError, lambda: generated(engine, "word " * 300)),
+        (PromptError, lambda: generated(engine, [1, 2, 10_000])),
         (PromptError, lambda: list(engine.chat([]))),
-        (SamplingError, lambda: greedy(engine, temperature=-1)),
-        (SamplingError, lambda: greedy(engine, max_new_tokens=0)),
-        (SamplingError, lambda: greedy(engine, top_p=0)),
-        (SamplingError, lambda: greedy(engine, temprature=0.5)),
+        (SamplingError, lambda: generated(engine, temperature=-1)),
+        (SamplingError, lambda: generated(engine, max_new_tokens=0)),
+        (SamplingError, lambda: generated(engine, top_p=0)),
+        (SamplingError, lambda: generated(engine, temprature=0.5)),
     ]
     for kind, call in cases:
         with pytest.raises(kind) as error:
@@ -173,7 +172,7 @@ def test_bad_input_is_a_one_line_error(engine):
 
 def test_prompt_too_long_names_the_numbers(engine):
     with pytest.raises(PromptError) as error:
-        greedy(engine, "word " * 300)
+        generated(engine, "word " * 300)
     assert "256" in str(error.value) and "the model itself reads at most 512 tokens" in str(error.value)
 
 

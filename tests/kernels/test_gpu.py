@@ -25,6 +25,7 @@ from edge.sources.builtin import builtin_model_path  # noqa: E402
 from edge.kernels import triton_kernels as tk  # noqa: E402
 from edge.kernels.kv_quant import PackedVectors, dequantize, quantize  # noqa: E402
 from edge.kernels.quant import quantize_weight  # noqa: E402
+from tests.helpers import greedy  # noqa: E402
 
 CUDA = torch.device("cuda")
 PROMPT = "The quick brown fox"
@@ -75,12 +76,6 @@ def test_decode_attention_over_a_quantized_cache(kind, draft, heads, kv_heads, s
         weights = torch.softmax((k[:, :seen] @ q[t][:, :, None])[..., 0] * dims ** -0.5, dim=-1)  # (H, S)
         expected = (weights[:, None, :] @ v[:, :seen])[:, 0]  # (H, D)
         assert torch.allclose(got[t], expected, atol=1e-4, rtol=1e-3)
-
-
-def greedy(engine: Engine, tokens: int = 48, **options) -> list[int]:
-    engine.reset()
-    return [t for e in engine.generate(PROMPT, max_new_tokens=tokens, ignore_eos=True, **options)
-            for t in e.token_ids]
 
 
 @pytest.fixture(scope="module")

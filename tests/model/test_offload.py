@@ -11,16 +11,12 @@ from tests.conftest import build_checkpoint
 from edge import Engine
 from edge.memory.budget import BudgetError
 from edge.memory.plan import PlanRequest, make_plan
+from tests.helpers import greedy
 
 
 @pytest.fixture(scope="module")
 def six_layers(tmp_path_factory, tokenizer_dir):
     return build_checkpoint(tmp_path_factory.mktemp("six"), "llama3", tokenizer_dir, num_hidden_layers=6)
-
-
-def greedy(engine: Engine, prompt: str = "The quick brown fox", tokens: int = 48) -> list[int]:
-    engine.reset()
-    return [t for e in engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True) for t in e.token_ids]
 
 
 @pytest.mark.slow

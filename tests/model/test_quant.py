@@ -9,6 +9,7 @@ from edge import EdgeError, Engine
 from edge.model.quantized_kv_cache import QuantizedKVCache
 from edge.kernels.kv_quant import dequantize, quantize
 from edge.kernels.quant import QuantizedLinear, load_quantized, quantize_weight, save_quantized
+from tests.helpers import greedy
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "import os\nfor name in"]
 
@@ -85,11 +86,6 @@ def target(checkpoint_factory):
     return checkpoint_factory("llama3")
 
 
-def greedy(engine: Engine, prompt: str, tokens: int = 96) -> list[int]:
-    engine.reset()
-    return [t for e in engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True) for t in e.token_ids]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kv_cache", ["int8", "int8-int4", "hierarchical"])
 def test_speculation_over_a_quantized_cache_equals_plain_decoding_over_it(kv_cache, target):
@@ -97,7 +93,7 @@ def test_speculation_over_a_quantized_cache_equals_plain_decoding_over_it(kv_cac
     for drafter in ("ngram", "early-exit:1"):
         fast = Engine.load(target, max_context=256, kv_cache=kv_cache, drafter=drafter, draft_length=3)
         for prompt in PROMPTS:
-            assert greedy(fast, prompt) == greedy(plain, prompt), (kv_cache, drafter, prompt)
+            assert greedy(fast, prompt, 96) == greedy(plain, prompt, 96), (kv_cache, drafter, prompt)
 
 
 @pytest.mark.slow
@@ -110,7 +106,7 @@ def test_quantspec_is_lossless(bits, length, view, target):
     assert fast.kv_cache == "hierarchical"  # selected for the QuantSpec draft
     fast.drafter.upper_plane_from = 0 if view == "upper plane" else 10**9  # else chosen by the model's size
     for prompt in PROMPTS:
-        assert greedy(fast, prompt) == greedy(plain, prompt), (bits, length, prompt)
+        assert greedy(fast, prompt, 96) == greedy(plain, prompt, 96), (bits, length, prompt)
     if length == "adaptive":  # it may have paused by now where drafting measured slower (timing-dependent)
         fast.use_drafter(fast.drafter, 2)
     stats = list(fast.generate(PROMPTS[0], max_new_tokens=32, ignore_eos=True))[-1].stats
@@ -157,7 +153,7 @@ def test_quantspec_runs_on_the_cpu_kernel_for_any_target(case, target, half_llam
     plain = Engine.load(path, max_context=256, kv_cache="hierarchical", weights=weights)
     fast = Engine.load(path, max_context=256, drafter="quantspec", draft_length=3, weights=weights)
     for prompt in PROMPTS:
-        assert greedy(fast, prompt) == greedy(plain, prompt), (case, prompt)
+        assert greedy(fast, prompt, 96) == greedy(plain, prompt, 96), (case, prompt)
     projections = [m for m in fast.drafter.model.layers.modules() if isinstance(m, BlockLinear)]
     assert len(projections) == 4 * fast.model.config.num_layers and {m.format for m in projections} == {"q4_1"}
     targets = [m.matrix.segments[0][2] for m in fast.model.layers.modules() if isinstance(m, BlockLinear)]

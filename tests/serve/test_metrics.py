@@ -3,6 +3,9 @@ requests by route and status, refusals included, and the replies' tokens as the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx
 import pytest
 from openai import OpenAI
@@ -72,3 +75,42 @@ def test_metrics_count_requests_tokens_and_speculation(server):
     assert after["edge_queue_waiting", ()] == 0 and after["edge_queue_limit", ()] == 16
     assert after["edge_generating", ()] == 0
     assert after["process_resident_memory_bytes", ()] > 10 * 2**20
+
+
+def test_metrics_keep_their_names_types_and_help(server):
+    response = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    families = {family.name: family for family in text_string_to_metric_families(response.text)}
+    counters = {"edge_requests", "edge_replies", "edge_prompt_tokens", "edge_generated_tokens", "edge_decode_tokens",
+                "edge_decode_steps", "edge_drafted_tokens", "edge_accepted_tokens", "edge_decode_seconds"}
+    gauges = {"edge_queue_waiting", "edge_queue_limit", "edge_generating", "edge_decode_tokens_per_second",
+              "edge_acceptance_ratio", "edge_draft_length", "process_resident_memory_bytes"}
+    assert set(families) == counters | gauges  # no _created series, nothing from the process-wide default registry
+    assert {name for name, family in families.items() if family.type == "counter"} == counters
+    assert families["edge_requests"].documentation == "HTTP requests answered, by route and status."
+    assert families["edge_queue_limit"].documentation == "Requests that may wait (--queue-size)."
+    assert families["process_resident_memory_bytes"].documentation == "Resident memory size in bytes."
+
+
+def test_metrics_speak_openmetrics_to_a_scraper_that_asks(server):
+    response = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}",
+                                                           "Accept": "application/openmetrics-text; version=1.0.0"})
+    assert response.headers["content-type"].startswith("application/openmetrics-text")
+    assert response.text.endswith("# EOF\n") and "# TYPE edge_requests counter" in response.text
+
+
+def test_each_server_counts_in_its_own_registry():
+    from edge.serve.generation_queue import GenerationQueue
+
+    first, second = GenerationQueue(4), GenerationQueue(8)
+    first.metrics.count_request("/health", 200)
+    first_page, second_page = first.metrics.exposition()[0].decode(), second.metrics.exposition()[0].decode()
+    assert 'edge_requests_total{route="other",status="200"} 1.0' in first_page
+    assert "edge_requests_total{" not in second_page and "edge_queue_limit 8.0" in second_page
+
+
+def test_without_prometheus_client_edge_serve_says_how_to_install_it():
+    blocked = ("import sys; sys.modules['prometheus_client'] = None; from edge.serve.cli import main; "
+               "sys.exit(main([]))")
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "prometheus_client is not installed" in done.stderr and "edge[serve]" in done.stderr

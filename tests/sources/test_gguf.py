@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 from tests import gguf_files
@@ -37,8 +38,10 @@ from edge.sources.gguf_tokenizer import (
 )
 from edge.text.tokenizer import Tokenizer
 from edge.kernels.cache import cache_folder
+from tests.helpers import greedy
 
 PROMPT = "Speculative decoding drafts several tokens"
+greedy_24 = partial(greedy, prompt=PROMPT, max_new_tokens=24, max_context=128)  # each model loaded with these
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "def main():\n    return sum(range(10))  # 12345",
          "  leading spaces, trailing  ", "Les modèles tournent. 日本語のテキスト 🙂🚀",
          "<|im_start|>user\nhi<|im_end|>\n", ""]
@@ -48,12 +51,6 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "def main():\n    retur
 def cache(tmp_path, monkeypatch):
     """Conversions go to the test's folder, not ~/.cache (where edge's compiled kernels stay)."""
     monkeypatch.setattr(gguf_checkpoint, "converted_root", lambda: tmp_path / "cache")
-
-
-def greedy(model, drafter: str | None = None, **options) -> list[int]:
-    engine = Engine.load(model, max_context=128, drafter=drafter, **options)
-    return [token for event in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True)
-            for token in event.token_ids]
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +76,11 @@ def test_a_float_gguf_file_decodes_as_its_weights_from_safetensors(llama_dir, tm
     """Llama 3 (rope_freqs, q/k rows permuted by llama.cpp): the file's greedy output equals the checkpoint holding
     the same values, plain and speculative; f32 equals the original checkpoint itself."""
     gguf = write_gguf(llama_dir, tmp_path / f"tiny.{qtype}.gguf", qtype)
-    expected = greedy(reference_folder(llama_dir, tmp_path / "reference", qtype))
-    assert greedy(gguf) == expected
-    assert greedy(gguf, drafter="early-exit:1") == expected
+    expected = greedy_24(reference_folder(llama_dir, tmp_path / "reference", qtype))
+    assert greedy_24(gguf) == expected
+    assert greedy_24(gguf, drafter="early-exit:1") == expected
     if qtype == "f32":
-        assert expected == greedy(llama_dir)
+        assert expected == greedy_24(llama_dir)
 
 
 QUANTIZED = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m"]
@@ -180,8 +177,8 @@ def test_a_quantized_file_runs_in_its_own_types(llama_dir, wide_dir, tmp_path, q
     k_quant = qtype.startswith(("q4_k", "q5_k", "q6_k"))
     assert (got - plain).norm() / plain.norm() < (0.08 if k_quant else 0.03)
     plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
-    assert greedy(gguf, drafter="early-exit:1") == plain
-    assert greedy(gguf, drafter="ngram") == plain
+    assert greedy_24(gguf, drafter="early-exit:1") == plain
+    assert greedy_24(gguf, drafter="ngram") == plain
     emulated = llama_cpp_logits(reference, tokens, "q4_k" if qtype == "q4_k_m" else qtype)
     assert (got - emulated).norm() / emulated.norm() < 0.03
 
@@ -195,7 +192,7 @@ def test_greedy_speculation_equals_plain_decoding_on_every_path(llama_dir, wide_
         plain = Engine.load(gguf, max_context=128)
         assert plain.model.runner.matmul.path.startswith(path)
         expected = [t for e in plain.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
-        assert greedy(gguf, drafter="early-exit:2") == expected, qtype
+        assert greedy_24(gguf, drafter="early-exit:2") == expected, qtype
 
 
 def test_every_drafter_runs_on_a_gguf_target(llama_dir, wide_dir, tmp_path):
@@ -203,23 +200,23 @@ def test_every_drafter_runs_on_a_gguf_target(llama_dir, wide_dir, tmp_path):
     and QuantSpec's int4 copy beside the file's blocks: each equals plain decoding."""
     gguf, _ = quantized_file("q4_k_m", llama_dir, wide_dir, tmp_path)
     draft, _ = quantized_file("q4_0", llama_dir, wide_dir, tmp_path / "draft")
-    plain = greedy(gguf)
+    plain = greedy_24(gguf)
     for drafter in ("ngram", "skip:1", "adaptive", f"draft:{draft}"):
-        assert greedy(gguf, drafter=drafter) == plain, drafter
-    hierarchical = greedy(gguf, kv_cache="hierarchical")
-    assert greedy(gguf, drafter="quantspec", kv_cache="hierarchical") == hierarchical
+        assert greedy_24(gguf, drafter=drafter) == plain, drafter
+    hierarchical = greedy_24(gguf, kv_cache="hierarchical")
+    assert greedy_24(gguf, drafter="quantspec", kv_cache="hierarchical") == hierarchical
 
 
 def test_a_gguf_draft_drafts_for_a_checkpoint_folder_and_the_other_way_round(llama_dir, wide_dir, tmp_path):
     """The tokenizer check compares a GGUF file's tokenizer with a Hugging Face one (the same vocabulary, read from
     the file's metadata); a trimmed head (SPEC@vocab.json) works on a GGUF draft."""
     draft, _ = quantized_file("q8_0", llama_dir, wide_dir, tmp_path)
-    plain = greedy(llama_dir)
-    assert greedy(llama_dir, drafter=f"draft:{draft}") == plain
+    plain = greedy_24(llama_dir)
+    assert greedy_24(llama_dir, drafter=f"draft:{draft}") == plain
     vocabulary = tmp_path / "vocab.json"
     vocabulary.write_text(json.dumps(list(range(0, 300))))
-    assert greedy(llama_dir, drafter=f"draft:{draft}@{vocabulary}") == plain
-    assert greedy(draft, drafter=f"draft:{llama_dir}") == greedy(draft)
+    assert greedy_24(llama_dir, drafter=f"draft:{draft}@{vocabulary}") == plain
+    assert greedy_24(draft, drafter=f"draft:{llama_dir}") == greedy_24(draft)
 
 
 def test_a_matrix_kept_in_f16_beside_quantized_ones_runs_as_stored(llama_dir, wide_dir, tmp_path):
@@ -236,7 +233,7 @@ def test_a_matrix_kept_in_f16_beside_quantized_ones_runs_as_stored(llama_dir, wi
         want = float_model.forward_logits(tokens, 0, float_model.new_cache(64))[0]
     assert (got - want).norm() / want.norm() < 0.03
     plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
-    assert greedy(gguf, drafter="early-exit:1") == plain
+    assert greedy_24(gguf, drafter="early-exit:1") == plain
 
 
 def test_the_plan_counts_a_gguf_file_at_its_stored_size(llama_dir, wide_dir, tmp_path, capsys):
@@ -258,11 +255,11 @@ def test_weights_float16_dequantizes_and_int4_requantizes(llama_dir, tmp_path):
     """--weights float16: the file's values in 16 bits (what earlier versions ran); --weights int4: edge's own
     format, re-quantized from them."""
     gguf = write_gguf(llama_dir, tmp_path / "tiny.q4_0.gguf", "q4_0")
-    assert greedy(gguf, weights="float16") == greedy(reference_folder(llama_dir, tmp_path / "reference", "q4_0"))
+    assert greedy_24(gguf, weights="float16") == greedy_24(reference_folder(llama_dir, tmp_path / "reference", "q4_0"))
     engine = Engine.load(gguf, max_context=128, weights="int4")
     assert {fmt for block in engine.model.layers for fmt in block.attn.wqkv.matrix.formats} == {"q4_1"}
     plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
-    assert greedy(gguf, weights="int4", drafter="early-exit:1") == plain
+    assert greedy_24(gguf, weights="int4", drafter="early-exit:1") == plain
 
 
 def test_a_type_the_kernel_does_not_run_is_one_line_naming_it(wide_dir, tmp_path):
@@ -273,7 +270,7 @@ def test_a_type_the_kernel_does_not_run_is_one_line_naming_it(wide_dir, tmp_path
                                                     r"runs Q4_0, .*Q6_K.*--weights float16") as caught:
         Engine.load(gguf)
     assert "\n" not in str(caught.value)
-    assert len(greedy(gguf, weights="float16")) == 24
+    assert len(greedy_24(gguf, weights="float16")) == 24
 
 
 def damaged(llama_dir, tmp_path, name: str, **changes) -> Path:
@@ -314,7 +311,7 @@ def test_each_gguf_family_decodes_as_the_original(checkpoint_factory, tmp_path, 
     attention and MLP biases with linear rope scaling."""
     original = checkpoint_factory(family)
     gguf = write_gguf(original, tmp_path / f"{family}.gguf", "f32")
-    assert greedy(gguf) == greedy(original)
+    assert greedy_24(gguf) == greedy_24(original)
 
 
 def test_the_tokenizer_from_the_file_encodes_and_decodes_as_tokenizer_json(llama_dir, tmp_path):
@@ -439,7 +436,7 @@ def test_files_from_llama_cpps_own_quantizer(wide_dir, tmp_path, ftype):
         want = dequantized.forward_logits(tokens, 0, dequantized.new_cache(64))[0]
     assert (got - want).norm() / want.norm() < 0.1  # 8-bit activations (measured 0.025-0.046)
     plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
-    assert greedy(out, drafter="early-exit:1") == plain
+    assert greedy_24(out, drafter="early-exit:1") == plain
 
 
 def llama_cpp_source():
@@ -459,6 +456,6 @@ def test_a_file_from_llama_cpps_own_converter_decodes_as_the_original(llama_dir,
     done = subprocess.run([sys.executable, "-m", "bench.gguf_convert", str(llama_cpp_source()), str(llama_dir),
                            str(out), "f32"], capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
-    assert greedy(out) == greedy(llama_dir)
+    assert greedy_24(out) == greedy_24(llama_dir)
     ours, original = Tokenizer.from_dir(checkpoint_from_gguf(out)), Tokenizer.from_dir(llama_dir)
     assert [ours.encode(text) for text in TEXTS] == [original.encode(text) for text in TEXTS]

@@ -16,8 +16,10 @@ from edge import CheckpointError, Engine, LoadSpec
 from edge.sources import gguf_checkpoint
 from edge.sources.model_source import HubName, display_name, resolve_model
 from edge.planning import plan_for
+from tests.helpers import greedy
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+PROMPT = "The KV cache"
 
 
 @pytest.fixture
@@ -52,17 +54,13 @@ def checkpoint_files(folder: Path) -> dict[str, Path]:
     return {item.name: item for item in folder.iterdir()}
 
 
-def greedy(engine: Engine) -> list[int]:
-    return [t for event in engine.generate("The KV cache", max_new_tokens=12, ignore_eos=True) for t in event.token_ids]
-
-
 def test_a_hub_id_loads_from_the_cache_offline(llama_dir, hub):
     snapshot = cache_repo(hub, "org/tiny", checkpoint_files(llama_dir))
     assert resolve_model("org/tiny") == snapshot
     assert resolve_model("org/tiny@main") == snapshot and resolve_model(f"org/tiny@{COMMIT}") == snapshot
     engine = Engine.load("org/tiny", max_context=64)
     assert engine.spec.path == snapshot and display_name(engine.spec.path) == "org/tiny"
-    assert greedy(engine) == greedy(Engine.load(llama_dir, max_context=64))
+    assert greedy(engine, PROMPT, 12) == greedy(llama_dir, PROMPT, 12, max_context=64)
     assert LoadSpec.from_options("org/tiny").path == snapshot
 
 
@@ -153,7 +151,7 @@ def test_a_gguf_in_a_hub_repo_is_picked_by_tag_or_file(llama_dir, hub, tmp_path)
         resolve_model("org/tiny-GGUF")
     with pytest.raises(CheckpointError, match="HF_HUB_OFFLINE"):
         resolve_model("org/tiny-GGUF:Q5_K_M")
-    assert greedy(Engine.load("org/tiny-GGUF:q8_0", max_context=64)) == greedy(Engine.load(by_tag, max_context=64))
+    assert greedy("org/tiny-GGUF:q8_0", PROMPT, 12, max_context=64) == greedy(by_tag, PROMPT, 12, max_context=64)
     plan = plan_for("org/tiny-GGUF:Q4_0", budget="1GiB")  # --plan for a Hub id naming a GGUF: its blocks' size
     assert plan.weight_dtype == "q4_0"
     assert plan.footprint.target_weights == Engine.load("org/tiny-GGUF:Q4_0", max_context=64).model.weight_bytes()
@@ -163,10 +161,10 @@ def test_a_draft_model_is_named_by_hub_id_and_tag_as_a_target_is(llama_dir, hub,
     """--drafter draft:org/name:Q8_0 (and a Hub id of a checkpoint folder) drafts for the target, losslessly."""
     cache_repo(hub, "org/tiny-GGUF", {"tiny.Q8_0.gguf": write_gguf(llama_dir, tmp_path / "a.gguf", "q8_0")})
     cache_repo(hub, "org/tiny", checkpoint_files(llama_dir))
-    plain = greedy(Engine.load(llama_dir, max_context=64))
+    plain = greedy(llama_dir, PROMPT, 12, max_context=64)
     for drafter in ("draft:org/tiny-GGUF:Q8_0", "draft:org/tiny"):
         engine = Engine.load(llama_dir, max_context=64, drafter=drafter, draft_length=2)
-        assert engine.drafter is not None and greedy(engine) == plain, drafter
+        assert engine.drafter is not None and greedy(engine, PROMPT, 12) == plain, drafter
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -15,6 +15,7 @@ import pytest
 from edge.engine import Engine
 from edge.errors import PromptError, TokenizerError
 from tests.conftest import CHATML_TEMPLATE
+from tests.helpers import greedy_text
 from edge.tui.app import EdgeChatApp
 from edge.tui.cli import main as chat_main
 from edge.tui.completion import running_text
@@ -24,10 +25,6 @@ from edge.tui.settings import ChatSettings
 from edge.tui.widgets.prompt import PromptInput
 
 TOKENS = 12
-
-
-def greedy(events) -> str:
-    return "".join(event.text for event in events)
 
 
 @pytest.fixture
@@ -47,7 +44,7 @@ def piped(monkeypatch):
 def test_prompt_on_a_base_model_continues_the_text_and_says_so_once(base_dir, capsys):
     assert chat_main([str(base_dir), "--prompt", "Once upon a time", "--max-new-tokens", str(TOKENS)]) == 0
     captured = capsys.readouterr()
-    expected = greedy(Engine.load(base_dir).generate("Once upon a time", max_new_tokens=TOKENS))
+    expected = greedy_text(Engine.load(base_dir), "Once upon a time", TOKENS, ignore_eos=False)
     assert captured.out == expected + "\n"
     assert captured.err.count("completion model") == 1 and "--chat-template FILE" in captured.err
 
@@ -62,8 +59,8 @@ def test_piped_plain_reads_one_message_per_line_honours_quit_and_saves(base_dir,
     messages = json.loads(saved[0].read_text())["messages"]
     assert [(m["role"], m["content"]) for m in messages[::2]] == [("user", "The fox"), ("user", "The dog")]
     engine = Engine.load(base_dir)  # each message continues the running text, replies included
-    first = greedy(engine.generate("The fox", max_new_tokens=TOKENS))
-    second = greedy(engine.generate(running_text([*messages[:3]]), max_new_tokens=TOKENS))
+    first = greedy_text(engine, "The fox", TOKENS, ignore_eos=False)
+    second = greedy_text(engine, running_text([*messages[:3]]), TOKENS, ignore_eos=False)
     assert [messages[1]["content"], messages[3]["content"]] == [first, second]
     assert capsys.readouterr().out == f"{first}\n{second}\n"
 
@@ -77,9 +74,8 @@ def test_piped_plain_on_a_chat_model_is_a_conversation(llama_dir, piped, capsys,
     engine = Engine.load(llama_dir)
     for path, text in zip(sorted(chats, key=lambda p: json.loads(p.read_text())["created"]), ["hello", "hello again"]):
         messages = json.loads(path.read_text())["messages"]
-        engine.reset()
-        assert messages[1]["content"] == greedy(engine.chat([{"role": "user", "content": text}],
-                                                             max_new_tokens=TOKENS))
+        assert messages[1]["content"] == greedy_text(engine, [{"role": "user", "content": text}], TOKENS,
+                                                     ignore_eos=False)
     assert "completion model" not in capsys.readouterr().err
 
 
@@ -100,11 +96,11 @@ def test_chat_template_file_makes_a_base_model_chat(base_dir, llama_dir, templat
     assert chat_main(argv) == 0
     captured = capsys.readouterr()
     engine = Engine.load(base_dir, chat_template=template_file)
-    expected = greedy(engine.chat([{"role": "user", "content": "hello"}], max_new_tokens=TOKENS))
+    expected = greedy_text(engine, [{"role": "user", "content": "hello"}], TOKENS, ignore_eos=False)
     assert captured.out == expected + "\n" and "completion model" not in captured.err
     # the same weights with the template the checkpoint ships: the same reply
-    assert expected == greedy(Engine.load(llama_dir).chat([{"role": "user", "content": "hello"}],
-                                                          max_new_tokens=TOKENS))
+    assert expected == greedy_text(Engine.load(llama_dir), [{"role": "user", "content": "hello"}], TOKENS,
+                                   ignore_eos=False)
 
 
 @pytest.mark.parametrize("content, needle", [(None, "does not exist"), (b"\xff\xfe{{", "not UTF-8"),
@@ -151,8 +147,8 @@ def test_the_app_chats_with_a_base_model_as_a_completion_model(base_dir, tmp_pat
     messages = asyncio.run(scenario())
     assert [m["role"] for m in messages] == ["user", "assistant"] * 2
     engine = Engine.load(base_dir)
-    assert messages[1]["content"] == greedy(engine.generate("The fox", max_new_tokens=TOKENS))
-    assert messages[3]["content"] == greedy(engine.generate(running_text(messages[:3]), max_new_tokens=TOKENS))
+    assert messages[1]["content"] == greedy_text(engine, "The fox", TOKENS, ignore_eos=False)
+    assert messages[3]["content"] == greedy_text(engine, running_text(messages[:3]), TOKENS, ignore_eos=False)
 
 
 def test_a_reply_cut_by_the_context_says_so_without_stats(llama_dir, capsys):

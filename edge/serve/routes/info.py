@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
 from edge.serve.errors import ApiError
-from edge.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edge.serve.state import ServeConfig, State, require_api_key
 
 router = APIRouter()
@@ -26,10 +25,9 @@ async def health(state: State) -> JSONResponse:
 
 
 @router.get("/metrics", dependencies=[Depends(require_api_key)])
-async def prometheus_metrics(state: State) -> Response:
-    generations = state.generations
-    text = state.metrics.render(generations.waiting, generations.limit, generations.generating, generations.replies())
-    return Response(text, media_type=METRICS_CONTENT_TYPE)
+async def prometheus_metrics(request: Request, state: State) -> Response:
+    page, content_type = state.metrics.exposition(request.headers.get("accept", ""))
+    return Response(page, media_type=content_type)
 
 
 @router.get("/v1/models", dependencies=[Depends(require_api_key)])

@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        options = generation_options(args)  # the sampling flags first: a bad one is reported before anything loads
         spec = command_spec(args)
         if spec is None:  # --plan
             return 0
@@ -73,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompt is None and not (args.plain or args.raw) and sys.stdin.isatty() and sys.stdout.isatty():
         return run_app(args, spec)
     try:
-        options = generation_options(args)
         engine = Engine.from_spec(spec)
         for step in engine.plan.steps if engine.plan else ():
             print(f"edge-chat: memory plan: {step}", file=sys.stderr)

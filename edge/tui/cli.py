@@ -35,7 +35,7 @@ from edge.tui.completion import completion_note, is_completion_model
 from edge.tui.history import Conversation, ConversationStore
 from edge.tui.loader import SessionLoader
 from edge.tui.session import ChatSession
-from edge.tui.settings import DRAFTER_CHOICES, ChatSettings
+from edge.tui.settings import CHAT_MAX_NEW_TOKENS, DRAFTER_CHOICES, ChatSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the short plain-decoding run at start that the app's speedup figure compares to")
     add_speculation_arguments(parser)
-    add_sampling_arguments(parser, max_new_tokens=512)
+    add_sampling_arguments(parser, max_new_tokens=CHAT_MAX_NEW_TOKENS)
     return parser
 
 

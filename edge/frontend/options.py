@@ -146,12 +146,8 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
     group = parser.add_argument_group("sampling")
     for name, limits in OPTIONS.items():
         default = defaults.get(name, DEFAULTS[name])
-        if limits.kind is str:  # a list of strings: the flag repeated
-            group.add_argument(flag(name), action="append", default=[], metavar=limits.metavar,
-                               help=limits.usage(default))
-        else:
-            group.add_argument(flag(name), type=limits.kind, default=default, metavar=limits.metavar,
-                               help=limits.usage(default))
+        taken = dict(action="append", default=[]) if limits.kind is str else dict(type=limits.kind, default=default)
+        group.add_argument(flag(name), metavar=limits.metavar, help=limits.usage(default), **taken)  # str: repeated
 
 
 def flag(name: str) -> str:

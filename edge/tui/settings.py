@@ -89,8 +89,10 @@ def form_value(name: str, text: str) -> int | float | None:
 
 
 def form_text(value: int | float | None) -> str:
-    """A generation option's value as the form shows it (none: empty)."""
-    return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+    """A generation option's value as the form shows it (none: empty), short where that keeps it exactly (1, not 1.0)."""
+    if value is None or isinstance(value, int):
+        return "" if value is None else str(value)
+    return f"{value:g}" if float(f"{value:g}") == value else repr(value)
 
 
 def parse_number(text: str, name: str, kind: type = float):

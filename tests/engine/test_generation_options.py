@@ -18,7 +18,7 @@ from edge.frontend.options import flag, generation_options
 from edge.serve.cli import build_parser as serve_parser
 from edge.serve.schemas import REQUEST_NAMES, ChatCompletionRequest, CompletionRequest, SamplingRequest
 from edge.tui.cli import build_parser as chat_parser
-from edge.tui.settings import CHAT_MAX_NEW_TOKENS, FORM_OPTIONS, ChatSettings, form_value
+from edge.tui.settings import CHAT_MAX_NEW_TOKENS, FORM_OPTIONS, ChatSettings, form_text, form_value
 
 ENGINE_OWN = {"ignore_eos", "speculate", "task", "should_stop", "response_format"}  # the library's alone
 PARSERS = {"edge-chat": chat_parser, "edge-serve": serve_parser}
@@ -87,7 +87,7 @@ def test_the_chat_settings_and_their_form_take_and_refuse_the_same(name, value, 
     message = refused(lambda: ChatSettings().replace(**{name: value}), SamplingError)
     assert (message is None) == taken, message
     if name in FORM_OPTIONS:
-        text = "" if value is None else repr(value)
+        text = form_text(value)  # as the form shows it: read back, it is the same value
         message = refused(lambda: form_value(name, text), SamplingError)
         assert (message is None) == taken, message
         if message is not None:

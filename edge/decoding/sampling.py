@@ -1,4 +1,10 @@
-"""Sampling: validated parameters and the logits transforms shared by plain and speculative decoding.
+"""Sampling: the generation options every front shares, declared once, and the logits transforms shared by plain and
+speculative decoding.
+
+SamplingParams is the options record (as vLLM's): each field carries its limits and help text (`option()`), and
+everything else derives from it: GenerationOptions (edge/engine/options.py) adds the engine's own options and checks
+a reply's; edge-chat's and edge-serve's flags (edge/frontend/options.py), the chat app's settings form (edge/tui) and
+edge-serve's request schema (edge/serve/schemas.py) are built from `OPTIONS`, so every front takes the same values.
 
 Order (the same as transformers): repetition penalty on the raw logits, then temperature, top-k, top-p, min-p.
 `distribution()` gives the final probabilities; speculative verification (verify.py) applies the same function to
@@ -7,6 +13,7 @@ both the draft and the target logits so that rejection sampling keeps the target
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -16,29 +23,103 @@ from edge.errors import SamplingError
 
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+MAX_STOP_STRINGS = 4  # as OpenAI's API
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one option takes and what it does: the one place its fronts read them from."""
+
+    kind: type  # int, float, or str for a list of strings
+    help: str  # what it does: --help, the settings form, the request schema's description
+    metavar: str  # the value in --help
+    note: str = ""  # what a special value means, e.g. "0 = greedy"
+    low: float | None = None
+    high: float | None = None
+    above_low: bool = False  # low itself is refused
+    optional: bool = False  # None is taken too
+    most: int | None = None  # a list of strings: at most this many, none empty
+
+    def bounds(self) -> str:
+        """The range in words: "from 0 to 2", "above 0, at most 1", "at least 1", "at most 4 non-empty strings"."""
+        if self.kind is str:
+            return f"at most {self.most} non-empty strings"
+        if self.low is not None and self.high is not None and not self.above_low:
+            return f"from {_text(self.low)} to {_text(self.high)}"
+        low = None if self.low is None else f"{'above' if self.above_low else 'at least'} {_text(self.low)}"
+        high = None if self.high is None else f"at most {_text(self.high)}"
+        return ", ".join(part for part in (low, high) if part)
+
+    def accepts(self, value: object) -> bool:
+        if value is None:
+            return self.optional
+        if self.kind is str:
+            return (isinstance(value, tuple) and len(value) <= self.most
+                    and all(isinstance(text, str) and text for text in value))
+        numbers = (int, float) if self.kind is float else int
+        if isinstance(value, bool) or not isinstance(value, numbers) or not math.isfinite(value):
+            return False
+        above = self.low is None or (value > self.low if self.above_low else value >= self.low)
+        return above and (self.high is None or value <= self.high)
+
+    def check(self, value: object, label: str) -> None:
+        """Raise SamplingError (one line: the option as `label` names it, its limits, the value) unless taken."""
+        if not self.accepts(value):
+            kind = {int: "an integer", float: "a number", str: "a string or a list of strings"}[self.kind]
+            terms = "; ".join(part for part in (self.bounds(), self.note) if part)
+            raise SamplingError(f"{label} must be {kind} ({terms}), got {value!r}")
+
+    def usage(self, default: object = dataclasses.MISSING) -> str:
+        """Help text: what it does, what special values mean, the range, and for a flag (`default` given) its default,
+        or for a list that it is repeated."""
+        parts = [self.note, self.bounds()]
+        if default is not dataclasses.MISSING:  # a flag's
+            parts.append("repeatable" if self.kind is str else f"default: {_text(default)}")
+        return f"{self.help} ({'; '.join(part for part in parts if part)})"
+
+
+def _text(number: float | None) -> str:
+    return "none" if number is None else f"{number:g}" if isinstance(number, float) else str(number)
+
+
+def option(default: object, limits: Limits) -> dataclasses.Field:
+    return dataclasses.field(default=default, metadata={"limits": limits})
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 means greedy (argmax)
-    top_k: int = 0  # 0 disables
-    top_p: float = 1.0  # 1 disables
-    min_p: float = 0.0  # 0 disables
-    repetition_penalty: float = 1.0  # 1 disables
-    seed: int | None = None
+    """The options of one reply that every front takes (the library, edge-chat's and edge-serve's flags, the chat
+    app's settings, edge-serve's requests), each with its limits; checked when made."""
+
+    max_new_tokens: int = option(256, Limits(int, "the most tokens a reply generates", "N", low=1))
+    # 0 to 2, as OpenAI's API: edge-serve takes every value a client may send, and every front the same ones. Above
+    # 2 a model's distribution is close to uniform over its vocabulary: noise, not a hotter reply
+    temperature: float = option(0.0, Limits(float, "sampling temperature: divides the logits", "T", "0 = greedy",
+                                            low=0, high=2))
+    top_k: int = option(0, Limits(int, "keep the k most likely tokens", "K", "0 = off", low=0))
+    top_p: float = option(1.0, Limits(float, "nucleus sampling: keep the most likely tokens that hold this "
+                                             "much of the probability", "P", "1 = off", low=0, high=1, above_low=True))
+    min_p: float = option(0.0, Limits(float, "drop the tokens less likely than min-p times the top token's "
+                                             "probability", "P", "0 = off", low=0, high=1))
+    # 0.01 to 100 keeps the penalized logits finite
+    repetition_penalty: float = option(1.0, Limits(float, "penalize the tokens already seen, dividing their "
+                                                          "logits by this", "X", "1 = off", low=0.01, high=100))
+    seed: int | None = option(None, Limits(int, "seed for reproducible sampling", "N", "none = random",
+                                           low=SEED_RANGE[0], high=SEED_RANGE[1], optional=True))
+    stop: tuple[str, ...] = option((), Limits(str, "a stop string: the reply is cut before the first one", "TEXT",
+                                              most=MAX_STOP_STRINGS))
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
-            value = getattr(self, name)
-            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
-                     f"{name} must be a number, got {value!r}")
-        _require(self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        _require(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        _require(0 < self.top_p <= 1, f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-        _require(0 <= self.min_p <= 1, f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
-        _require(self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
-        _require(self.seed is None or _is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1],
-                 f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {self.seed!r}")
+        self.check()
+
+    def check(self) -> None:
+        """Raise SamplingError (one line, naming the field, its limits and the value) for a value out of range."""
+        for name, limits in OPTIONS.items():
+            limits.check(getattr(self, name), name)
+
+    def options(self) -> dict:
+        """The shared options' values by name (a GenerationOptions' too, without the engine's own)."""
+        return {name: getattr(self, name) for name in OPTIONS}
 
     @property
     def greedy(self) -> bool:
@@ -53,13 +134,14 @@ class SamplingParams:
         return generator
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+# the record's fields in order, as the fronts walk them: name -> limits, and name -> default
+OPTIONS: dict[str, Limits] = {field.name: field.metadata["limits"] for field in dataclasses.fields(SamplingParams)}
+DEFAULTS: dict[str, object] = {field.name: field.default for field in dataclasses.fields(SamplingParams)}
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise SamplingError(message)
+def label(name: str) -> str:
+    """An option's name as the command line and the settings form write it: top_p -> top-p (the flag: --top-p)."""
+    return name.replace("_", "-")
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:

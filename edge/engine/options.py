@@ -1,5 +1,7 @@
-"""GenerationOptions: the options of one reply (length, sampling, stop strings, speculation, response format),
-checked when made; `Engine.generate` and `Engine.chat` take one, with its fields as keywords overriding it."""
+"""GenerationOptions: the options of one reply, checked when made: the ones every front shares (length, sampling,
+stop strings; SamplingParams in edge/decoding/sampling.py declares them with their limits) and the engine's own
+(speculation, the task label, a stop callback, the response format). `Engine.generate` and `Engine.chat` take one,
+with its fields as keywords overriding it."""
 
 from __future__ import annotations
 
@@ -12,15 +14,7 @@ from edge.errors import SamplingError
 
 
 @dataclass(frozen=True)
-class GenerationOptions:
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()  # stop strings; the text is cut before the first one
+class GenerationOptions(SamplingParams):
     ignore_eos: bool = False  # keep going past end-of-sequence tokens (benchmarks)
     speculate: bool = True  # use the engine's drafter, if it has one (False: plain decoding)
     task: str | None = None  # a label such as "code" or "chat": adaptive drafters remember choices per task
@@ -47,21 +41,17 @@ class GenerationOptions:
             raise SamplingError(f"unknown generation option {unknown[0]!r}; valid options: {', '.join(sorted(names))}")
         if isinstance(options.get("stop"), str):
             options = {**options, "stop": (options["stop"],)}
-        if isinstance(options.get("stop"), (list, tuple)):
+        if isinstance(options.get("stop"), list):
             options = {**options, "stop": tuple(options["stop"])}
-        result = cls(**options)
-        result.check()
-        return result
+        return cls(**options)
 
     def check(self) -> None:
         """Raise SamplingError (one line) for an option of the wrong type or out of range."""
+        super().check()  # the shared options, against their limits
+
         def require(condition: bool, message: str) -> None:
             if not condition:
                 raise SamplingError(message)
-        require(type(self.max_new_tokens) is int and self.max_new_tokens >= 1,
-                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        require(isinstance(self.stop, tuple) and all(isinstance(text, str) for text in self.stop),
-                f"stop must be a string or a list of strings, got {self.stop!r}")
         for name in ("ignore_eos", "speculate"):
             require(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
         require(self.task is None or isinstance(self.task, str), f"task must be a label (text), got {self.task!r}")
@@ -69,8 +59,8 @@ class GenerationOptions:
                 f"should_stop must be a function returning True to stop, got {self.should_stop!r}")
         require(self.response_format is None or isinstance(self.response_format, dict),
                 'response_format must be a dict such as {"type": "json_object"}, got ' + repr(self.response_format))
-        _ = self.sampling  # SamplingParams checks the sampling values
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty, self.seed)
+        """The shared options alone, as decoding takes them."""
+        return SamplingParams(**self.options())

@@ -13,6 +13,7 @@ from edge.sources import default_model
 from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.decoding.registry import usage as drafter_usage
+from edge.decoding.sampling import DEFAULTS, OPTIONS, label
 from edge.engine import GenerationOptions
 from edge.errors import SettingError
 from edge.load_spec import (BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LOAD_WEIGHTS,
@@ -139,31 +140,27 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
                        help="store a separate draft model's own KV cache quantized (default: float32)")
 
 
-def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int = 256) -> None:
+def add_sampling_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
+    """The shared generation options' flags (--max-new-tokens, --temperature, ...), each from its field in
+    SamplingParams (type, default, limits and help); `defaults` overrides a field's default for this command."""
     group = parser.add_argument_group("sampling")
-    group.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"default: {max_new_tokens}")
-    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    group.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    group.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability")
-    group.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off")
-    group.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
-    group.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    for name, limits in OPTIONS.items():
+        default = defaults.get(name, DEFAULTS[name])
+        taken = dict(action="append", default=[]) if limits.kind is str else dict(type=limits.kind, default=default)
+        group.add_argument(flag(name), metavar=limits.metavar, help=limits.usage(default), **taken)  # str: repeated
 
 
-def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptions:
-    options = dict(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop=tuple(args.stop),
-    )
-    options.update(overrides)
-    return GenerationOptions.from_kwargs(options)
+def flag(name: str) -> str:
+    return "--" + label(name)
+
+
+def generation_options(args: argparse.Namespace) -> GenerationOptions:
+    """The sampling flags as options; a value out of its limits is a SamplingError naming the flag."""
+    values = {name: getattr(args, name) for name in OPTIONS}
+    values = {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}  # --stop
+    for name, limits in OPTIONS.items():
+        limits.check(values[name], flag(name))
+    return GenerationOptions(**values)
 
 
 def resolve_model_path(model: str | None) -> Path:

@@ -1,11 +1,13 @@
 """The request bodies edge-serve takes: the OpenAI API's fields, unknown ones refused, every value range-checked.
 
-A field left out (or null) takes the server's default, which `edge-serve --temperature ...` and the other sampling
-flags set. Fields edge cannot honour (n > 1, logprobs, penalties other than the repetition penalty) are refused
-with a message rather than ignored. `top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are edge's (and
-llama-server's) extensions; the openai client sends them through `extra_body`. Chat requests take
-`response_format` (json_object, json_schema) and `tools` / `tool_choice`, with tool calls and tool results in the
-messages (edge/decoding/constrained.py, edge/decoding/tools.py).
+The generation options' fields (types, limits, descriptions) come from SamplingParams (edge/decoding/sampling.py),
+as edge-serve's flags do, under OpenAI's names (`max_tokens` for max_new_tokens). A field left out (or null) takes the
+server's default, which `edge-serve --temperature ...` and the other sampling flags set. Fields edge cannot honour
+(n > 1, logprobs, penalties other than the repetition penalty) are refused with a message rather than ignored.
+`top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are edge's (and llama-server's) extensions; the openai client
+sends them through `extra_body`. Chat requests take `response_format` (json_object, json_schema) and `tools` /
+`tool_choice`, with tool calls and tool results in the messages (edge/decoding/constrained.py,
+edge/decoding/tools.py).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
 from edge.engine import GenerationOptions
-from edge.decoding.sampling import SEED_RANGE
+from edge.decoding.sampling import OPTIONS, Limits
 from edge.decoding.tools import TOOL_CHOICES
 
-MAX_STOP_STRINGS = 4  # as OpenAI's API
+REQUEST_NAMES = {"max_new_tokens": "max_tokens"}  # OpenAI's names of the generation options edge names otherwise
 # text-completion fields edge-serve accepts only at their do-nothing values
 ACCEPTED_COMPLETION_VALUES = {"echo": (False,), "suffix": (None,), "best_of": (None, 1), "logprobs": (None, 0)}
 
@@ -34,15 +37,24 @@ class StreamOptions(Body):
     include_usage: bool = False
 
 
-class SamplingRequest(Body):
-    """The fields chat and text completions share."""
+def request_field(limits: Limits) -> tuple[Any, Any]:
+    """A generation option as a request field: its type, null for the server's default, its limits as constraints."""
+    bounds = {"gt" if limits.above_low else "ge": limits.low, "le": limits.high}
+    kind = tuple[str, ...] if limits.kind is str else limits.kind
+    return kind | None, Field(None, description=limits.usage(),
+                              **{bound: value for bound, value in bounds.items() if value is not None})
+
+
+# every generation option SamplingParams declares, under its OpenAI name
+GenerationFields = create_model("GenerationFields", __base__=Body, **{
+    REQUEST_NAMES.get(name, name): request_field(limits) for name, limits in OPTIONS.items()})
+
+
+class SamplingRequest(GenerationFields):
+    """The fields chat and text completions share: the generation options (top_k, min_p and repetition_penalty are
+    edge's extensions, with the names llama-server takes) and the API's own."""
 
     model: str | None = None  # any name is accepted: edge-serve serves the one model it loaded
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    stop: tuple[str, ...] | None = None
-    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
@@ -50,23 +62,17 @@ class SamplingRequest(Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
-    # extensions (edge's sampling options; llama-server takes the same names)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, ge=0.01, le=100)  # also keeps penalized logits finite
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # an extension, as llama-server's
 
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_strings(cls, value: Any) -> tuple[str, ...] | None:
+        """One string or a list of them, within the limits of SamplingParams' stop."""
         if value is None:
             return None
-        strings = [value] if isinstance(value, str) else value
-        if not isinstance(strings, list) or not all(isinstance(text, str) for text in strings):
-            raise ValueError("stop must be a string or a list of strings")
-        if len(strings) > MAX_STOP_STRINGS or not all(strings):
-            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings")
-        return tuple(strings)
+        strings = tuple(value) if isinstance(value, list) else (value,) if isinstance(value, str) else value
+        OPTIONS["stop"].check(strings, "stop")  # a SamplingError, which is a ValueError: a 400 naming stop
+        return strings
 
     @field_validator("n")
     @classmethod
@@ -96,9 +102,8 @@ class SamplingRequest(Body):
 
     def generation_options(self, defaults: GenerationOptions) -> GenerationOptions:
         """The engine's options: what the request sets, the server's defaults for the rest."""
-        asked = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                     top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
-                     stop=self.stop, ignore_eos=self.ignore_eos or None)
+        asked = {name: getattr(self, REQUEST_NAMES.get(name, name)) for name in OPTIONS}
+        asked.update(max_new_tokens=self.max_new_tokens, ignore_eos=self.ignore_eos or None)
         return dataclasses.replace(defaults, **{name: value for name, value in asked.items() if value is not None})
 
     @property

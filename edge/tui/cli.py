@@ -35,7 +35,7 @@ from edge.tui.completion import completion_note, is_completion_model
 from edge.tui.history import Conversation, ConversationStore
 from edge.tui.loader import SessionLoader
 from edge.tui.session import ChatSession
-from edge.tui.settings import DRAFTER_CHOICES, ChatSettings
+from edge.tui.settings import CHAT_MAX_NEW_TOKENS, DRAFTER_CHOICES, ChatSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,13 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the short plain-decoding run at start that the app's speedup figure compares to")
     add_speculation_arguments(parser)
-    add_sampling_arguments(parser, max_new_tokens=512)
+    add_sampling_arguments(parser, max_new_tokens=CHAT_MAX_NEW_TOKENS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        options = generation_options(args)  # the sampling flags first: a bad one is reported before anything loads
         spec = command_spec(args)
         if spec is None:  # --plan
             return 0
@@ -73,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompt is None and not (args.plain or args.raw) and sys.stdin.isatty() and sys.stdout.isatty():
         return run_app(args, spec)
     try:
-        options = generation_options(args)
         engine = Engine.from_spec(spec)
         for step in engine.plan.steps if engine.plan else ():
             print(f"edge-chat: memory plan: {step}", file=sys.stderr)

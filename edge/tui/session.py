@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from edge.decoding.sampling import label
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError, MemoryBudgetError
 from edge.events import FINISH_STOPPED, Event
@@ -148,9 +149,11 @@ class ChatSession:
         if settings.system_prompt != self.settings.system_prompt:
             self.conversation.system = settings.system_prompt
             changed.append("system prompt")
-        for name in ("temperature", "top_p", "max_tokens", "memory_budget"):
-            if getattr(settings, name) != getattr(self.settings, name):
-                changed.append(f"{name.replace('_', ' ')} {getattr(settings, name) or 'off'}")
+        for name, value in settings.options.options().items():
+            if value != getattr(self.settings.options, name):
+                changed.append(f"{label(name)} {value or 'off'}")
+        if settings.memory_budget != self.settings.memory_budget:
+            changed.append(f"memory budget {settings.memory_budget or 'off'}")
         self.settings = settings
         return changed
 

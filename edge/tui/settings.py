@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from edge.decoding.registry import DrafterSpec
+from edge.decoding.sampling import OPTIONS, SamplingParams, label
 from edge.engine import GenerationOptions
 from edge.errors import MemoryBudgetError, SamplingError
 from edge.load_spec import LoadSpec
@@ -25,39 +26,32 @@ DRAFTER_CHOICES = (
 )
 
 
+CHAT_MAX_NEW_TOKENS = 512  # edge-chat's default reply length (its --max-new-tokens)
+# the generation options the settings form edits; stop strings stay as the command line set them
+FORM_OPTIONS = tuple(name for name, limits in OPTIONS.items() if limits.kind is not str)
+
+
 @dataclass(frozen=True)
 class ChatSettings:
     drafter: str = "none"  # a drafter spec (edge/decoding/registry.py) or "none"
     draft_length: str = "adaptive"  # "adaptive", "adaptive:P" or a whole number
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 512
+    # the generation options every front shares (max_new_tokens, temperature, ..., stop), checked when made
+    options: SamplingParams = SamplingParams(max_new_tokens=CHAT_MAX_NEW_TOKENS)
     memory_budget: str = ""  # e.g. "6GiB"; "" means the device's free memory
     system_prompt: str = ""
-    # sampling options set on the command line (kept as they are by the settings screen)
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
 
     @classmethod
     def from_spec(cls, spec: LoadSpec, options: GenerationOptions, *, system_prompt: str = "") -> "ChatSettings":
-        """The settings a chat starts with: the load spec's drafter and draft length, and these sampling options."""
+        """The settings a chat starts with: the load spec's drafter and draft length, and these generation options."""
         return cls(drafter=str(spec.drafter) if spec.drafter is not None else "none",
-                   draft_length=spec.draft_length, temperature=options.temperature, top_p=options.top_p,
-                   max_tokens=options.max_new_tokens, system_prompt=system_prompt, top_k=options.top_k,
-                   min_p=options.min_p, repetition_penalty=options.repetition_penalty, seed=options.seed,
-                   stop=options.stop).check()
+                   draft_length=spec.draft_length, options=options.sampling, system_prompt=system_prompt).check()
 
     def applied_to(self, spec: LoadSpec) -> LoadSpec:
         """`spec` with these settings' drafter and draft length."""
         return spec.replace(drafter=DrafterSpec.parse(self.drafter), draft_length=self.draft_length)
 
     def generation_options(self) -> GenerationOptions:
-        return GenerationOptions(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                                 top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
-                                 seed=self.seed, stop=self.stop, speculate=self.drafter != "none")
+        return GenerationOptions(**self.options.options(), speculate=self.drafter != "none")
 
     @property
     def budget_bytes(self) -> int | None:
@@ -68,20 +62,37 @@ class ChatSettings:
             raise MemoryBudgetError(str(error)) from None
 
     def replace(self, **changes) -> "ChatSettings":
+        """These settings with `changes`; a generation option (max_new_tokens=..., temperature=...) by its name."""
+        shared = {name: changes.pop(name) for name in OPTIONS if name in changes}
+        if shared:
+            changes["options"] = dataclasses.replace(changes.get("options", self.options), **shared)
         return dataclasses.replace(self, **changes)
 
     def check(self) -> "ChatSettings":
-        """Return self if every value is usable; raise an EdgeError naming the field and the fix."""
+        """Return self if every value is usable; raise an EdgeError naming the field and the fix (the generation
+        options were checked when made)."""
         DrafterSpec.parse(self.drafter)  # the forms edge-chat --drafter takes
         DraftLength.parse(self.draft_length)  # the forms edge-chat --draft-length takes
-        if not 0.0 <= self.temperature <= 5.0:
-            raise SamplingError(f"temperature must be between 0 and 5 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise SamplingError(f"top-p must be in (0, 1] (1 = off), got {self.top_p}")
-        if self.max_tokens < 1:
-            raise SamplingError(f"max tokens must be at least 1, got {self.max_tokens}")
         self.budget_bytes  # noqa: B018 - raises MemoryBudgetError when the text cannot be read
         return self
+
+
+def form_value(name: str, text: str) -> int | float | None:
+    """A generation option's form field as its value, or a one-line SamplingError naming the field as the form labels
+    it (top-p), its limits and the text; empty is none for an option that takes none (seed)."""
+    limits = OPTIONS[name]
+    if limits.optional and not text.strip():
+        return None
+    value = parse_number(text, label(name), limits.kind)
+    limits.check(value, label(name))
+    return value
+
+
+def form_text(value: int | float | None) -> str:
+    """A generation option's value as the form shows it (none: empty), short where that keeps it exactly (1, not 1.0)."""
+    if value is None or isinstance(value, int):
+        return "" if value is None else str(value)
+    return f"{value:g}" if float(f"{value:g}") == value else repr(value)
 
 
 def parse_number(text: str, name: str, kind: type = float):
@@ -93,4 +104,5 @@ def parse_number(text: str, name: str, kind: type = float):
         raise SamplingError(f"{name} must be {expected}, got {text!r}") from None
 
 
-__all__ = ["ChatSettings", "DRAFTER_CHOICES", "parse_number"]
+__all__ = ["CHAT_MAX_NEW_TOKENS", "ChatSettings", "DRAFTER_CHOICES", "FORM_OPTIONS", "form_text", "form_value",
+           "parse_number"]

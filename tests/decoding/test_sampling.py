@@ -76,11 +76,15 @@ def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
     [
         ({"temperature": -1.0}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),  # 0 to 2, as OpenAI's API and every front
         ({"top_k": -3}, "top_k"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"min_p": 2.0}, "min_p"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": 1000.0}, "repetition_penalty"),
+        ({"stop": ("",)}, "stop"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"seed": "abc"}, "seed"),
     ],
 )

@@ -38,8 +38,8 @@ def tiny_model(llama_dir, tmp_path_factory) -> Path:
 @pytest.fixture
 def make_app(tiny_model, tmp_path):
     def make(model: Path | None = None, **settings) -> EdgeChatApp:
-        options = {"max_tokens": 24, **settings}
-        loader = SessionLoader(model or tiny_model, ChatSettings(**options), ConversationStore(tmp_path),
+        options = {"max_new_tokens": 24, **settings}
+        loader = SessionLoader(model or tiny_model, ChatSettings().replace(**options), ConversationStore(tmp_path),
                                measure_baseline=False)
         return EdgeChatApp(loader, memory_probe=lambda: RSS)
     return make
@@ -116,7 +116,7 @@ def test_send_streams_a_reply_renders_it_and_saves_the_chat(make_app, tiny_model
 @pytest.mark.slow
 def test_stop_mid_reply_keeps_a_consistent_chat(make_app, tiny_model):
     async def scenario():
-        app = make_app(max_tokens=400)
+        app = make_app(max_new_tokens=400)
         async with app.run_test() as pilot:
             screen = await ready(app, pilot)
             gate = await start_slow_reply(screen, pilot, "tell me everything")
@@ -129,7 +129,7 @@ def test_stop_mid_reply_keeps_a_consistent_chat(make_app, tiny_model):
             assert 0 < messages[-1]["stats"]["tokens"] < 400
             assert not screen.streaming and "stopped" in list(screen.query(MessageView))[-1].note
             # the next turn continues from the stopped reply exactly as a fresh engine that was not stopped
-            screen.session.settings = screen.session.settings.replace(max_tokens=16)
+            screen.session.settings = screen.session.settings.replace(max_new_tokens=16)
             await send(app, pilot, "and then?")
             assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
             fresh = Engine.load(tiny_model)
@@ -144,7 +144,7 @@ def test_stop_mid_reply_keeps_a_consistent_chat(make_app, tiny_model):
 @pytest.mark.slow
 def test_a_message_sent_while_a_reply_streams_is_queued_visibly_then_sent(make_app, tiny_model):
     async def scenario():
-        app = make_app(max_tokens=400)
+        app = make_app(max_new_tokens=400)
         async with app.run_test() as pilot:
             screen = await ready(app, pilot)
             gate = await start_slow_reply(screen, pilot, "first")
@@ -156,7 +156,7 @@ def test_a_message_sent_while_a_reply_streams_is_queued_visibly_then_sent(make_a
             assert prompt.text == "" and screen.streaming
             assert queued.role == "user" and queued.text == "second" and queued.has_class("queued")
             assert "queued" in queued.note and "1 queued" in str(screen.query_one("#status").render())
-            screen.session.settings = screen.session.settings.replace(max_tokens=12)
+            screen.session.settings = screen.session.settings.replace(max_new_tokens=12)
             await pilot.press("ctrl+c")  # Ctrl+C stops the reply, not the app; the queued message goes next
             gate.set()
             await settle(app, pilot)
@@ -177,7 +177,7 @@ def test_a_message_sent_while_a_reply_streams_is_queued_visibly_then_sent(make_a
 @pytest.mark.slow
 def test_resizing_while_a_reply_streams_keeps_it_whole(make_app, tiny_model):
     async def scenario():
-        app = make_app(max_tokens=40)
+        app = make_app(max_new_tokens=40)
         async with app.run_test(size=(200, 50)) as pilot:
             screen = await ready(app, pilot)
             gate = await start_slow_reply(screen, pilot, "hello there")
@@ -198,7 +198,7 @@ def test_resizing_while_a_reply_streams_keeps_it_whole(make_app, tiny_model):
 @pytest.mark.slow
 def test_provenance_colours_toggle_and_cover_the_reply(make_app):
     async def scenario():
-        app = make_app(drafter="ngram", max_tokens=48)
+        app = make_app(drafter="ngram", max_new_tokens=48)
         async with app.run_test() as pilot:
             screen = await ready(app, pilot)
             await send(app, pilot, "the cat the cat the cat the cat")
@@ -231,13 +231,13 @@ def test_settings_change_the_drafter_in_place_and_reject_bad_values(make_app):
             assert "temperature must be a number" in str(app.screen.query_one("#settings-error").render())
             app.screen.query_one("#temperature").value = "0"
             app.screen.query_one("#drafter").value = "ngram"
-            app.screen.query_one("#max_tokens").value = "12"
+            app.screen.query_one("#max_new_tokens").value = "12"
             await pilot.press("ctrl+s")  # the key applies too
             await pilot.pause()
             assert app.screen is screen, app.screen.query_one("#settings-error").render()
             assert screen.session.engine is engine  # applied without reloading the model
             assert isinstance(engine.drafter, NGramDrafter)
-            assert screen.session.settings.max_tokens == 12
+            assert screen.session.settings.options.max_new_tokens == 12
             assert screen.query_one(StatsPanel).figures.drafter == "ngram"
             await send(app, pilot, "hello")
             assert screen.session.conversation.messages[-1]["stats"]["tokens"] == 12
@@ -362,7 +362,7 @@ def test_a_missing_model_is_a_readable_message_not_a_traceback(make_app, tmp_pat
 @pytest.mark.slow
 def test_the_speedup_is_shown_against_a_measured_baseline(tiny_model, tmp_path):
     async def scenario():
-        loader = SessionLoader(tiny_model, ChatSettings(drafter="ngram", max_tokens=16), ConversationStore(tmp_path))
+        loader = SessionLoader(tiny_model, ChatSettings(drafter="ngram").replace(max_new_tokens=16), ConversationStore(tmp_path))
         app = EdgeChatApp(loader, memory_probe=lambda: RSS)
         async with app.run_test() as pilot:
             screen = await ready(app, pilot)
@@ -401,14 +401,14 @@ def test_command_line_options_reach_the_app_settings():
     options = settings.generation_options()
     assert (options.temperature, options.top_k, options.min_p, options.seed, options.stop) == (0.7, 20, 0.05, 3,
                                                                                              ("END",))
-    assert (settings.max_tokens, settings.drafter, settings.system_prompt) == (99, "ngram", "Be brief.")
+    assert (settings.options.max_new_tokens, settings.drafter, settings.system_prompt) == (99, "ngram", "Be brief.")
 
 
 def test_a_tight_memory_budget_is_planned_and_the_step_downs_are_shown(tiny_model, tmp_path):
     plan = Engine.load(tiny_model, max_context=512, drafter="ngram", memory_budget=1 << 30).plan
 
     async def scenario():
-        loader = SessionLoader(tiny_model, ChatSettings(drafter="ngram", max_tokens=8), ConversationStore(tmp_path),
+        loader = SessionLoader(tiny_model, ChatSettings(drafter="ngram").replace(max_new_tokens=8), ConversationStore(tmp_path),
                                max_context=512, measure_baseline=False, memory_budget=str(plan.lower_bound + 1024))
         app = EdgeChatApp(loader, memory_probe=lambda: RSS)
         async with app.run_test(size=(120, 30)) as pilot:
@@ -423,7 +423,7 @@ def test_a_tight_memory_budget_is_planned_and_the_step_downs_are_shown(tiny_mode
 @pytest.mark.slow
 def test_a_chat_that_fills_the_context_keeps_going_without_its_oldest_turns(tiny_model, tmp_path):
     async def scenario():
-        loader = SessionLoader(tiny_model, ChatSettings(max_tokens=8, system_prompt="Be brief."),
+        loader = SessionLoader(tiny_model, ChatSettings(system_prompt="Be brief.").replace(max_new_tokens=8),
                                ConversationStore(tmp_path), max_context=160, measure_baseline=False)
         app = EdgeChatApp(loader, memory_probe=lambda: RSS)
         async with app.run_test(size=(120, 30)) as pilot:

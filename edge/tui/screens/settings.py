@@ -1,5 +1,6 @@
-"""Settings: drafter (one of the list, or a draft model named as on the command line), draft length, sampling, max
-tokens, memory budget and system prompt, applied in place."""
+"""Settings: drafter (one of the list, or a draft model named as on the command line), draft length, the generation
+options (a field for each number SamplingParams declares, labelled as its flag; stop strings stay as the command line
+set them), memory budget and system prompt, applied in place."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
 
 from edge.errors import EdgeError
-from edge.tui.settings import DRAFTER_CHOICES, ChatSettings, parse_number
+from edge.decoding.sampling import OPTIONS, label
+from edge.tui.settings import DRAFTER_CHOICES, FORM_OPTIONS, ChatSettings, form_text, form_value
 
 
 class SettingsScreen(ModalScreen[ChatSettings | None]):
@@ -35,14 +37,13 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Input("", placeholder="a folder, .gguf file or org/name:Q4_K_M", id="draft_model", compact=True)
                 yield Label("draft length")
                 yield Input(s.draft_length, placeholder="adaptive or a number", id="draft_length", compact=True)
-                yield Label("temperature")
-                yield Input(f"{s.temperature:g}", placeholder="0 = greedy", id="temperature", compact=True)
-                yield Label("top-p")
-                yield Input(f"{s.top_p:g}", placeholder="1 = off", id="top_p", compact=True)
-                yield Label("max tokens")
-                yield Input(str(s.max_tokens), id="max_tokens", compact=True)
                 yield Label("memory budget")
                 yield Input(s.memory_budget, placeholder="e.g. 6GiB (empty: none)", id="memory_budget", compact=True)
+            with Grid(id="options-grid"):
+                for name in FORM_OPTIONS:
+                    yield Label(label(name))
+                    yield Input(form_text(getattr(s.options, name)), placeholder=OPTIONS[name].note, id=name,
+                                tooltip=OPTIONS[name].usage(), compact=True)
             yield Label("system prompt")
             yield TextArea(s.system_prompt, id="system_prompt", soft_wrap=True, compact=True)
             yield Label("", id="settings-error")
@@ -57,9 +58,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         return self.settings.replace(
             drafter=f"draft:{draft_model}" if draft_model else str(self.query_one("#drafter", Select).value),
             draft_length=value("draft_length").strip() or "adaptive",
-            temperature=parse_number(value("temperature"), "temperature"),
-            top_p=parse_number(value("top_p"), "top-p"),
-            max_tokens=parse_number(value("max_tokens"), "max tokens", int),
+            **{name: form_value(name, value(name)) for name in FORM_OPTIONS},
             memory_budget=value("memory_budget").strip(),
             system_prompt=self.query_one("#system_prompt", TextArea).text.strip(),
         ).check()

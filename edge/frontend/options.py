@@ -100,13 +100,13 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
 def command_spec(args: argparse.Namespace) -> LoadSpec | None:
     """What edge-chat and edge-serve load: the command line's spec with their default drafter, and --threads
     applied; None when --plan asked for the plan only (printed here)."""
+    if args.threads is not None and args.threads < 1:  # checked before the model is read
+        raise SettingError(f"--threads must be at least 1, got {args.threads}")
     spec = load_spec(args, default_drafter(args))
     if args.plan:
         print_plan(spec)
         return None
     if args.threads is not None:
-        if args.threads < 1:
-            raise SettingError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     return spec
 

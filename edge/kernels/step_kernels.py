@@ -118,7 +118,8 @@ def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, M, N, SPLITS, RESIDUAL: tl
     tl.store(out_ptr + m * N + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device) -> tuple[int, int, int, int]:
+def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, block_n: int | None = None
+                 ) -> tuple[int, int, int, int]:
     """(block_n, block_k, splits, inputs per split) of a weight: from its shape and format alone, never from the rows
     of x, so every row count adds each row's products in one order."""
     rows, columns = weight.shape
@@ -126,7 +127,7 @@ def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device) -
         block_k = weight.group_size
     else:
         block_k = min(128, max(16, triton.next_power_of_2(columns)))
-    block_n = 64 if rows >= 4096 else 32
+    block_n = block_n or (64 if rows >= 4096 else 32)
     tiles = triton.cdiv(rows, block_n)
     processors = multiprocessors(device.index or 0) if device.type == "cuda" else 4
     blocks = triton.cdiv(columns, block_k)
@@ -145,9 +146,9 @@ def supports(weight: torch.Tensor | QuantizedWeight) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: torch.Tensor | None = None,
-           glu: bool = False, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+           glu: bool = False, block_n: int | None = None, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """x (M, K) 16-bit, M <= 16 (glu: (M, 2K), the projection's input silu(x[:, :K]) * x[:, K:]) @ W.T (+ residual
-    (M, N)) -> (M, N) in x's dtype."""
+    (M, N)) -> (M, N) in x's dtype. `block_n` overrides the tile's weight rows (a benchmark's sweep)."""
     rows, columns = weight.shape
     count = x.shape[0]
     if count > MAX_ROWS:
@@ -158,7 +159,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
     if isinstance(weight, QuantizedWeight):
         fmt = INT4 if weight.bits == 4 else INT8
         codes, scales, group = weight.codes, weight.scales, weight.group_size
-    block_n, block_k, splits, per_split = linear_tiles(weight, x.device)
+    block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n)
     out = torch.empty((count, rows), dtype=x.dtype, device=x.device)
     res = residual if residual is not None else out
     grid = (triton.cdiv(rows, block_n), splits)

@@ -289,23 +289,52 @@ class StepGraphs:
             return self.step.forward(*key)
         held = self.graphs.get(key)
         if held is None:
-            held = self.graphs[key] = self._capture(*key)
+            held = self.graphs[key] = self._capture(lambda: self.step.forward(*key))
         graph, out = held
         graph.replay()
         return out
 
-    def _capture(self, rows: int, layers: tuple[int, ...] | None, draft: bool
-                 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Run the step once on a side stream (the kernels compile; it writes what the replay will write), then
+    def draft_greedy(self, token: int, start: int, k: int, layers: list[int] | None = None, draft: bool = False,
+                     vocab: int | None = None) -> list[int]:
+        """k greedy tokens after `token` at position `start`, each fed back on the device (one graph, one read of
+        the tokens at the end): what k one-row steps and an argmax over the first `vocab` logits after each give."""
+        key = ("chain", k, None if layers is None else tuple(layers), draft, vocab)
+        if self.capture and key not in self.graphs:
+            self._set(token, start)
+            self.graphs[key] = self._capture(lambda: self._chain(*key[1:]))
+        self._set(token, start)
+        if not self.capture:
+            return self._chain(*key[1:]).tolist()
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out.tolist()
+
+    def _set(self, token: int, start: int) -> None:
+        self.step.tokens[:1].fill_(token)
+        self.step.position.fill_(start)
+
+    def _chain(self, k: int, layers: tuple[int, ...] | None, draft: bool, vocab: int | None) -> torch.Tensor:
+        drafted = []
+        for _ in range(k):
+            logits = self.step.forward(1, layers, draft)  # (1, V)
+            best = logits[0, :vocab].argmax().view(1)
+            self.step.tokens[:1].copy_(best)
+            self.step.position.add_(1)
+            drafted.append(best)
+        self.step.position.sub_(k)
+        return torch.cat(drafted)  # (k,)
+
+    def _capture(self, run) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Run `run` once on a side stream (the kernels compile; a step writes what the replay will write), then
         capture it."""
         side = torch.cuda.Stream(self.step.tokens.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.step.forward(rows, layers, draft)
+            run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = self.step.forward(rows, layers, draft)
+            out = run()
         return graph, out
 
 

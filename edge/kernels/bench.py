@@ -112,8 +112,14 @@ def graph_ms(functions: list, repeats: int = 20) -> float:
 
 # (rows, N, K): a decode step and a verify pass on 8192 x 8192, and the widened 1B target's MLP (gate/up, down)
 STEP_SHAPES = ((1, 8192, 8192), (4, 8192, 8192), (1, 216320, 256), (1, 256, 108160))
-STEP_SWEEP = [(32, 4, 3), (64, 4, 3), (128, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 5), (128, 8, 5), (256, 8, 3)]
-SWEPT = {("float16", STEP_SHAPES[0]), ("int4", STEP_SHAPES[0]), ("float16", STEP_SHAPES[2]), ("int4", STEP_SHAPES[2])}
+DENSE_SWEEP = [{"block_n": block_n, "num_warps": warps, "num_stages": stages}
+               for block_n, warps, stages in ((32, 4, 3), (64, 4, 3), (128, 8, 3), (64, 8, 3), (32, 4, 5), (64, 4, 5))]
+QUANTIZED_SWEEP = [{"unpack": unpack, "block_n": block_n, "num_warps": warps}
+                   for unpack in (0, 1, 2) for block_n, warps in ((32, 4), (64, 4), (128, 8))] + \
+                  [{"unpack": 3, "block_n": block_n, "num_warps": warps} for block_n, warps in ((64, 4), (128, 4),
+                                                                                           (256, 8))]
+SWEPT = {("int4", STEP_SHAPES[0]), ("int4", STEP_SHAPES[2]), ("int4", STEP_SHAPES[3]), ("int8", STEP_SHAPES[0]),
+         ("float16", STEP_SHAPES[3])}
 
 
 def step_gemv_report(fmt: str, rows: int, n: int, k: int, bandwidth: float, sweep: bool) -> dict:
@@ -141,8 +147,8 @@ def step_gemv_report(fmt: str, rows: int, n: int, k: int, bandwidth: float, swee
     report = {"format": fmt, "rows": rows, "n": n, "k": k, "group": group if fmt != "float16" else None,
               "default": measure()}
     if sweep:
-        tiles = {f"n{block_n}/w{warps}/s{stages}": measure(block_n=block_n, num_warps=warps, num_stages=stages)
-                 for block_n, warps, stages in STEP_SWEEP}
+        tiles = {"/".join(f"{key}={value}" for key, value in options.items()): measure(**options)
+                 for options in (DENSE_SWEEP if fmt == "float16" else QUANTIZED_SWEEP)}
         best = min(tiles, key=lambda name: tiles[name]["ms"])
         report["best"] = {"tiles": best, **tiles[best]}
         report["sweep"] = tiles

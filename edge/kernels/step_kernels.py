@@ -19,6 +19,7 @@ and reads each cached vector once per step.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import torch
@@ -57,13 +58,41 @@ def _x_block(x_ptr, stride, m, m_ok, k, k_ok, K_HALF, GLU: tl.constexpr):
     return a
 
 
+@triton.jit
+def _codes(w_ptr, n, n_ok, k0, last, K, FORMAT: tl.constexpr, BLOCK_K: tl.constexpr, MAGIC: tl.constexpr,
+           dtype: tl.constexpr):
+    """The codes of weight rows n at inputs [k0, k0 + BLOCK_K) as exact 16-bit values, (BLOCK_N, BLOCK_K). MAGIC
+    (float16): a code c, stored as the unsigned u = c + 8 (int4) or c + 128 (int8), is made as the float16 whose bits
+    are 0x6400 | u, which is 1024 + u, minus 1024 + the offset: integer operations and one subtraction, no
+    integer-to-float conversion. INT4 joins its low (input 2j) and high (2j + 1) nibbles into input order."""
+    if FORMAT == 2:
+        j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        packed = tl.load(w_ptr + n[:, None] * (K // 2) + j[None, :], mask=n_ok[:, None] & (2 * j < last)[None, :],
+                         other=0x88)
+        if MAGIC:
+            low = ((packed & 15).to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - 1032.0
+            high = ((packed >> 4).to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - 1032.0
+        else:
+            low = ((packed & 15).to(tl.int32) - 8).to(dtype)
+            high = ((packed >> 4).to(tl.int32) - 8).to(dtype)
+        return tl.reshape(tl.join(low.to(dtype), high.to(dtype)), (low.shape[0], BLOCK_K))
+    k = k0 + tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_ok[:, None] & (k < last)[None, :], other=0)
+    if FORMAT == 1 and MAGIC:
+        unsigned = (w.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint16)
+        return ((unsigned | 0x6400).to(tl.float16, bitcast=True) - 1152.0).to(dtype)
+    return w.to(dtype)
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: each row computed alike
 def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, M, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
                    FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
-                   SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+                   SPLIT: tl.constexpr, MAGIC: tl.constexpr, SCALE_CODES: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
     """Weight rows [BLOCK_N * i, ...) against every row of x, over inputs [split * K_PER_SPLIT, ...): acc (BLOCK_N,
-    BLOCK_M) float32. DENSE: 16-bit weights, BLOCK_K inputs a dot. INT8/INT4: one group (BLOCK_K == GROUP) a dot,
-    of exact 16-bit codes, then scaled in float32 by the group's scale."""
+    BLOCK_M) float32, BLOCK_K inputs a dot. DENSE: 16-bit weights. INT8/INT4 with BLOCK_K == GROUP: one group a
+    dot of exact codes, scaled in float32 after; SCALE_CODES: several groups a dot, each code multiplied by its
+    group's scale in 16 bits first (one rounding per weight, far fewer, longer dots)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     n_ok = n < N
@@ -74,27 +103,21 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, M, N, K, X_STRIDE, GRO
     first = split * K_PER_SPLIT
     last = tl.minimum(first + K_PER_SPLIT, K)
     for k0 in range(first, last, BLOCK_K):
-        if FORMAT == 2:  # byte j of a row holds inputs 2j (low nibble, + 8) and 2j + 1 (high nibble, + 8)
-            j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            j_ok = 2 * j < last
-            packed = tl.load(w_ptr + n[:, None] * (K // 2) + j[None, :], mask=n_ok[:, None] & j_ok[None, :],
-                             other=0x88)
-            low = ((packed & 15).to(tl.int32) - 8).to(dtype)  # (BN, BK/2), exact
-            high = ((packed >> 4).to(tl.int32) - 8).to(dtype)
-            x_even = _x_block(x_ptr, X_STRIDE, m, m_ok, 2 * j, j_ok, K, GLU).to(dtype)  # (BK/2, BM)
-            x_odd = _x_block(x_ptr, X_STRIDE, m, m_ok, 2 * j + 1, j_ok, K, GLU).to(dtype)
-            part = tl.dot(low, x_even) + tl.dot(high, x_odd)  # (BN, BM) float32
-        else:
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < last
-            w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
-            xs = _x_block(x_ptr, X_STRIDE, m, m_ok, k, k_ok, K, GLU).to(dtype)  # (BK, BM)
-            part = tl.dot(w.to(dtype), xs)  # (BN, BM) float32
+        k = k0 + tl.arange(0, BLOCK_K)
+        w = _codes(w_ptr, n, n_ok, k0, last, K, FORMAT, BLOCK_K, MAGIC, dtype)  # (BN, BK)
+        xs = _x_block(x_ptr, X_STRIDE, m, m_ok, k, k < last, K, GLU).to(dtype)  # (BK, BM)
         if FORMAT == 0:
-            acc += part
+            acc += tl.dot(w, xs)
+        elif SCALE_CODES:
+            g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+            scale = tl.load(s_ptr + n[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & (g < GROUPS)[None, :],
+                            other=0.0).to(dtype)  # (BN, BK / GROUP)
+            w = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // GROUP, GROUP)) * scale[:, :, None],
+                           (BLOCK_N, BLOCK_K))
+            acc += tl.dot(w, xs)
         else:
             scale = tl.load(s_ptr + n * GROUPS + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
-            acc += part * scale[:, None]
+            acc += tl.dot(w, xs) * scale[:, None]
     mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT:
         tl.store(out_ptr + (m[None, :] * tl.num_programs(1) + split) * N + n[:, None], acc, mask=mask)
@@ -102,6 +125,48 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, M, N, K, X_STRIDE, GRO
         if RESIDUAL:
             acc += tl.load(res_ptr + m[None, :] * N + n[:, None], mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + m[None, :] * N + n[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemv_rows_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
+                      FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
+                      SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row m of x against weight rows [BLOCK_N * i, ...), one group of inputs at a time, on the CUDA cores: each
+    thread unpacks whole groups of a weight row in registers (a code c stored as u = c + 8 or c + 128 becomes the
+    float32 whose bits are 0x4B000000 | u, 2^23 + u, minus 2^23 + the offset: exact, no conversion instruction),
+    multiplies by x in float32 and scales each group's sum by its float32 scale. Rows of x are programs of their
+    own, all alike, so each row is computed alone whatever their number."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
+    m = tl.program_id(2)
+    n_ok = n < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    first = split * K_PER_SPLIT
+    last = tl.minimum(first + K_PER_SPLIT, K)
+    for k0 in range(first, last, GROUP):
+        k = k0 + tl.arange(0, GROUP)
+        xs = tl.load(x_ptr + m * X_STRIDE + k).to(tl.float32)  # (G,): whole groups, never past K
+        if GLU:
+            up = tl.load(x_ptr + m * X_STRIDE + K + k).to(tl.float32)
+            xs = xs / (1.0 + tl.exp(-xs)) * up
+        if FORMAT == 2:
+            j = k0 // 2 + tl.arange(0, GROUP // 2)
+            packed = tl.load(w_ptr + n[:, None] * (K // 2) + j[None, :], mask=n_ok[:, None], other=0x88)
+            low = ((packed & 15).to(tl.uint32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+            high = ((packed >> 4).to(tl.uint32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+            w = tl.reshape(tl.join(low, high), (BLOCK_N, GROUP))  # (BN, G), input order
+        else:
+            codes = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_ok[:, None], other=0)
+            unsigned = (codes.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint32)
+            w = (unsigned | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+        scale = tl.load(s_ptr + n * GROUPS + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
+        acc += tl.sum(w * xs[None, :], axis=1) * scale
+    if SPLIT:
+        tl.store(out_ptr + (m * tl.num_programs(1) + split) * N + n, acc, mask=n_ok)
+    else:
+        if RESIDUAL:
+            acc += tl.load(res_ptr + m * N + n, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + m * N + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -118,20 +183,26 @@ def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, M, N, SPLITS, RESIDUAL: tl
     tl.store(out_ptr + m * N + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, block_n: int | None = None
-                 ) -> tuple[int, int, int, int]:
+# how quantized codes are multiplied by default (linear()'s `unpack`); EDGE_STEP_UNPACK picks another (benchmarks)
+UNPACK = int(os.environ.get("EDGE_STEP_UNPACK", "1"))
+
+
+def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, block_n: int | None = None,
+                 unpack: int = UNPACK) -> tuple[int, int, int, int]:
     """(block_n, block_k, splits, inputs per split) of a weight: from its shape and format alone, never from the rows
     of x, so every row count adds each row's products in one order."""
     rows, columns = weight.shape
-    if isinstance(weight, QuantizedWeight):
+    if isinstance(weight, QuantizedWeight) and unpack in (0, 1, 3):
         block_k = weight.group_size
     else:
-        block_k = min(128, max(16, triton.next_power_of_2(columns)))
-    block_n = block_n or (64 if rows >= 4096 else 32)
+        group = weight.group_size if isinstance(weight, QuantizedWeight) else 16
+        block_k = max(group, min(128, triton.next_power_of_2(columns)))
+    rows_kernel = isinstance(weight, QuantizedWeight) and unpack == 3
+    block_n = block_n or (128 if rows_kernel else 64 if rows >= 4096 else 32)
     tiles = triton.cdiv(rows, block_n)
     processors = multiprocessors(device.index or 0) if device.type == "cuda" else 4
     blocks = triton.cdiv(columns, block_k)
-    splits = max(1, min(triton.cdiv(4 * processors, tiles), blocks // 8))  # each split keeps 8 blocks of inputs
+    splits = max(1, min(triton.cdiv(8 * processors, tiles), blocks // 8))  # each split keeps 8 blocks of inputs
     per_split = triton.cdiv(blocks, splits) * block_k
     return block_n, block_k, triton.cdiv(columns, per_split), per_split
 
@@ -146,9 +217,13 @@ def supports(weight: torch.Tensor | QuantizedWeight) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: torch.Tensor | None = None,
-           glu: bool = False, block_n: int | None = None, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+           glu: bool = False, block_n: int | None = None, num_warps: int = 4, num_stages: int = 3,
+           unpack: int | None = None) -> torch.Tensor:
     """x (M, K) 16-bit, M <= 16 (glu: (M, 2K), the projection's input silu(x[:, :K]) * x[:, K:]) @ W.T (+ residual
-    (M, N)) -> (M, N) in x's dtype. `block_n` overrides the tile's weight rows (a benchmark's sweep)."""
+    (M, N)) -> (M, N) in x's dtype. `block_n` overrides the tile's weight rows (a benchmark's sweep); `unpack`, how
+    quantized codes are multiplied: 0 converted integers, one group a tensor-core dot; 1 (float16 activations) the
+    same with the codes made by bit operations; 2 as 1, each code scaled in 16 bits, several groups a dot; 3 on the
+    CUDA cores, a program per row of x (_gemv_rows_kernel)."""
     rows, columns = weight.shape
     count = x.shape[0]
     if count > MAX_ROWS:
@@ -159,20 +234,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
     if isinstance(weight, QuantizedWeight):
         fmt = INT4 if weight.bits == 4 else INT8
         codes, scales, group = weight.codes, weight.scales, weight.group_size
-    block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n)
+    unpack = UNPACK if unpack is None else unpack
+    block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n, unpack)
     out = torch.empty((count, rows), dtype=x.dtype, device=x.device)
     res = residual if residual is not None else out
-    grid = (triton.cdiv(rows, block_n), splits)
     groups = columns // group if fmt != DENSE else 1
-    common = dict(FORMAT=fmt, GROUP=group, GLU=glu, RESIDUAL=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-                  BLOCK_M=MAX_ROWS, num_warps=num_warps, num_stages=num_stages)
+    options = dict(FORMAT=fmt, GROUP=group, GLU=glu, RESIDUAL=residual is not None, BLOCK_N=block_n,
+                   num_warps=num_warps, num_stages=num_stages)
+    tiles = triton.cdiv(rows, block_n)
+    if fmt != DENSE and unpack == 3:
+        def launch(target: torch.Tensor, split: bool) -> None:
+            _gemv_rows_kernel[(tiles, splits, count)](x, codes, scales, res, target, rows, columns, x.stride(0),
+                                                      groups, per_split, SPLIT=split, **options)
+    else:
+        def launch(target: torch.Tensor, split: bool) -> None:
+            _linear_kernel[(tiles, splits)](x, codes, scales, res, target, count, rows, columns, x.stride(0), groups,
+                                            per_split, SPLIT=split, BLOCK_K=block_k, BLOCK_M=MAX_ROWS,
+                                            MAGIC=unpack >= 1 and x.dtype == torch.float16,
+                                            SCALE_CODES=fmt != DENSE and unpack == 2, **options)
     if splits == 1:
-        _linear_kernel[grid](x, codes, scales, res, out, count, rows, columns, x.stride(0), groups, per_split,
-                             SPLIT=False, **common)
+        launch(out, False)
         return out
-    partial = torch.empty((count, splits, rows), dtype=torch.float32, device=x.device)
-    _linear_kernel[grid](x, codes, scales, res, partial, count, rows, columns, x.stride(0), groups, per_split,
-                         SPLIT=True, **common)
+    partial = torch.empty((count, splits, rows), dtype=torch.float32, device=x.device)  # (M, S, N)
+    launch(partial, True)
     _sum_splits_kernel[(count, triton.cdiv(rows, 1024))](partial, res, out, count, rows, splits,
                                                          RESIDUAL=residual is not None, BLOCK=1024)
     return out
@@ -312,8 +396,8 @@ def _attend_kernel(q_ptr, Q_STRIDE, k1, k2, k_scale, k_low, v1, v2, v_scale, v_l
     r_ok = t < T
     d = tl.arange(0, D)
     start = tl.load(pos_ptr)
-    q = tl.load(q_ptr + t[:, None] * Q_STRIDE + head[:, None] * D + d[None, :], mask=r_ok[:, None],
-                other=0.0).to(tl.float32)  # (QB, D)
+    dtype = q_ptr.dtype.element_ty  # the dots' operands: 16 bits, on the tensor cores; float32 sums
+    q = tl.load(q_ptr + t[:, None] * Q_STRIDE + head[:, None] * D + d[None, :], mask=r_ok[:, None], other=0.0)
     last = start + t  # the last position row r sees
     best = tl.full((QB,), -1e30, tl.float32)
     total = tl.zeros((QB,), tl.float32)
@@ -323,14 +407,14 @@ def _attend_kernel(q_ptr, Q_STRIDE, k1, k2, k_scale, k_low, v1, v2, v_scale, v_l
         s = s0 + tl.arange(0, BLOCK_S)
         s_ok = s < end
         keys = _load_block(k1, k2, k_scale, k_low, kv * S_MAX + s, s_ok, D, KIND)  # (BS, D)
-        scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * sm_scale  # (QB, BS)
+        scores = tl.dot(q, tl.trans(keys.to(dtype))) * sm_scale  # (QB, BS)
         seen = s_ok[None, :] & (s[None, :] <= last[:, None])
         scores = tl.where(seen, scores, -float("inf"))
         new_best = tl.maximum(best, tl.max(scores, 1))
         correction = tl.exp(best - new_best)
         weights = tl.exp(scores - new_best[:, None])
         values = _load_block(v1, v2, v_scale, v_low, kv * S_MAX + s, s_ok, D, KIND)
-        acc = acc * correction[:, None] + tl.dot(weights, values, input_precision="ieee")
+        acc = acc * correction[:, None] + tl.dot(weights.to(dtype), values.to(dtype))
         total = total * correction + tl.sum(weights, 1)
         best = new_best
     slot = (t * H + head) * CHUNKS + c
@@ -361,13 +445,16 @@ def _merge_chunks_kernel(best_ptr, total_ptr, acc_ptr, pos_ptr, out_ptr, H, CHUN
 
 
 def attend(q: torch.Tensor, keys: tuple, values: tuple, position: torch.Tensor, heads: int, kv_heads: int,
-           head_dim: int, kind: int, out_dtype: torch.dtype, chunk: int = 256, block_s: int = 32,
+           head_dim: int, kind: int, out_dtype: torch.dtype, chunk: int | None = None, block_s: int = 64,
            num_warps: int = 4) -> torch.Tensor:
-    """q (M, >= heads * head_dim; row stride any): row t's queries at position P + t over the cache's positions
-    [0, P + t] (one layer's planes (Hkv, S_max, ...)) -> (M, heads * head_dim) in out_dtype. The grid covers every
-    chunk of the cache (the position is read on the device); chunks past a row's position do nothing."""
+    """q (M, >= heads * head_dim, 16-bit; row stride any): row t's queries at position P + t over the cache's
+    positions [0, P + t] (one layer's planes (Hkv, S_max, ...)) -> (M, heads * head_dim) in out_dtype. The grid
+    covers every chunk of the cache (the position is read on the device); chunks past a row's position do nothing.
+    Chunks (default) hold at least 64 positions and are at most 64 a cache: many programs side by side, few states
+    to merge."""
     rows = q.shape[0]
     max_len = keys[0].shape[1]
+    chunk = chunk or max(block_s, triton.next_power_of_2(triton.cdiv(max_len, 64)))
     group = heads // kv_heads
     chunks = triton.cdiv(max_len, chunk)
     best = torch.empty((rows, heads, chunks), dtype=torch.float32, device=q.device)

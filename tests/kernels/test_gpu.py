@@ -139,9 +139,11 @@ def test_sampling_on_the_gpu_is_reproducible_with_a_seed(target):
 
 # ---- the static step (edge/model/static_step.py): its kernels, and decoding through its CUDA graphs --------------
 
-@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("bfloat16", 1), ("int8", 0), ("int8", 1), ("int8", 2),
+                                         ("int8", 3), ("int4", 0), ("int4", 1), ("int4", 2),
+                                         ("int4", 3)])
 @pytest.mark.parametrize("rows, n, k", [(1, 4096, 4096), (5, 256, 32768), (3, 33, 128), (16, 11008, 1024)])
-def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, rows, n, k):
+def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, k):
     from edge.kernels import step_kernels as sk
 
     generator = torch.Generator(device=CUDA).manual_seed(rows * n + k)
@@ -152,12 +154,12 @@ def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, rows, n, k):
     matrix = weight.double() if isinstance(weight, torch.Tensor) else weight.dequantize().double()
     x = torch.randn(rows, k, generator=generator, device=CUDA).to(dtype)
     residual = torch.randn(rows, n, generator=generator, device=CUDA).to(dtype)
-    got = sk.linear(x, weight, residual)
+    got = sk.linear(x, weight, residual, unpack=unpack)
     expected = x.double() @ matrix.T + residual.double()
     assert torch.isfinite(got).all()
     assert (got.double() - expected).norm() / expected.norm() < (1e-2 if fmt == "bfloat16" else 2e-3)
     for row in range(rows):  # each row alone: what keeps a verify pass exact
-        assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1])[0], got[row])
+        assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], unpack=unpack)[0], got[row])
 
 
 @pytest.mark.parametrize("kind", ["float16", "int8", "hierarchical", "draft"])
@@ -190,7 +192,7 @@ def test_the_step_attention_matches_the_reference_on_the_gpu(kind, heads, kv_hea
         query = q[t].half().float().view(heads, dims)
         weights = torch.softmax((kk @ query[:, :, None])[..., 0] * dims ** -0.5, dim=-1)  # (H, S)
         expected = (weights[:, None, :] @ vv)[:, 0].reshape(-1)
-        assert torch.allclose(got[t], expected, atol=1e-4, rtol=1e-3), t
+        assert (got[t] - expected).norm() / expected.norm() < 3e-3, t  # float16 operands, float32 sums
     one = sk.attend(q[:1].half().to(CUDA), keys, values, position, heads, kv_heads, dims, code, torch.float32).cpu()
     assert torch.equal(one[0], got[0])
 

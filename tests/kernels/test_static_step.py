@@ -31,23 +31,25 @@ def on_cpu(monkeypatch):
     monkeypatch.setenv("EDGE_STATIC_STEP", "1")
 
 
-@pytest.mark.parametrize("fmt", ["float16", "int8", "int4"])
-def test_the_step_matmul_matches_the_reference_and_each_row_is_computed_alone(on_cpu, fmt):
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 0), ("int8", 1), ("int8", 3), ("int4", 1),
+                                         ("int4", 2), ("int4", 3)])
+def test_the_step_matmul_matches_the_reference_and_each_row_is_computed_alone(on_cpu, fmt, unpack):
     generator = torch.Generator().manual_seed(len(fmt))
     n, k = 40, 512
     dense = torch.randn(n, k, generator=generator) * 0.05
     weight = dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32)
     matrix = dense.half().double() if fmt == "float16" else weight.dequantize().double()
-    if fmt != "float16":  # long enough to be split along its inputs
-        assert sk.linear_tiles(weight, torch.device("cpu"))[2] > 1
+    if fmt != "float16" and unpack != 2:  # long enough to be split along its inputs
+        assert sk.linear_tiles(weight, torch.device("cpu"), unpack=unpack)[2] > 1
     x = torch.randn(3, 2 * k, generator=generator).half()
     residual = torch.randn(3, n, generator=generator).half()
-    got = sk.linear(x, weight, residual, glu=True)  # (3, n): silu(x[:, :k]) * x[:, k:] @ W.T + residual
+    got = sk.linear(x, weight, residual, glu=True, unpack=unpack)  # (3, n): silu(x[:, :k]) * x[:, k:] @ W.T + residual
     inputs = (torch.nn.functional.silu(x[:, :k].double()) * x[:, k:].double()).half().double()
     expected = inputs @ matrix.T + residual.double()
     assert (got.double() - expected).norm() / expected.norm() < 2e-3
     for row in (0, 2):
-        assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], glu=True)[0], got[row])
+        assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], glu=True, unpack=unpack)[0],
+                           got[row])
 
 
 def tiny_model() -> transformer.Transformer:

@@ -48,10 +48,15 @@ def _round_half_even(v):
 
 
 @triton.jit
-def _x_block(x_ptr, stride, m, m_ok, k, k_ok, K_HALF, GLU: tl.constexpr):
-    """x rows m at inputs k as a (len(k), len(m)) block in float32; GLU: silu(x[:, k]) * x[:, K_HALF + k]."""
+def _x_block(x_ptr, stride, m, m_ok, k, k_ok, K_HALF, GLU: tl.constexpr, NORM: tl.constexpr, inv, nw_ptr):
+    """x rows m at inputs k as a (len(k), len(m)) block in float32; GLU: silu(x[:, k]) * x[:, K_HALF + k]; NORM:
+    RMSNorm's output, x * inv (each row's 1 / rms) rounded to x's dtype, times the norm's weight."""
     mask = k_ok[:, None] & m_ok[None, :]
-    a = tl.load(x_ptr + m[None, :] * stride + k[:, None], mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(x_ptr + m[None, :] * stride + k[:, None], mask=mask, other=0.0)
+    if NORM:
+        normed = (a.to(tl.float32) * inv[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
+        return normed * tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[:, None]
+    a = a.to(tl.float32)
     if GLU:
         b = tl.load(x_ptr + m[None, :] * stride + K_HALF + k[:, None], mask=mask, other=0.0).to(tl.float32)
         a = a / (1.0 + tl.exp(-a)) * b
@@ -85,8 +90,9 @@ def _codes(w_ptr, n, n_ok, k0, last, K, FORMAT: tl.constexpr, BLOCK_K: tl.conste
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: each row computed alike
-def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, M, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
-                   FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
+def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, M, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
+                   FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
+                   RESIDUAL: tl.constexpr,
                    SPLIT: tl.constexpr, MAGIC: tl.constexpr, SCALE_CODES: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
     """Weight rows [BLOCK_N * i, ...) against every row of x, over inputs [split * K_PER_SPLIT, ...): acc (BLOCK_N,
@@ -100,12 +106,21 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, M, N, K, X_STRIDE, GRO
     m_ok = m < M
     dtype = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:  # each row's 1 / rms over all its K inputs, then the loop reads the normed rows
+        squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(x_ptr + m[None, :] * X_STRIDE + k[:, None], mask=(k < K)[:, None] & m_ok[None, :],
+                        other=0.0).to(tl.float32)
+            squares += tl.sum(a * a, axis=0)
+        inv = tl.math.rsqrt(squares / K + eps)
     first = split * K_PER_SPLIT
     last = tl.minimum(first + K_PER_SPLIT, K)
     for k0 in range(first, last, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         w = _codes(w_ptr, n, n_ok, k0, last, K, FORMAT, BLOCK_K, MAGIC, dtype)  # (BN, BK)
-        xs = _x_block(x_ptr, X_STRIDE, m, m_ok, k, k < last, K, GLU).to(dtype)  # (BK, BM)
+        xs = _x_block(x_ptr, X_STRIDE, m, m_ok, k, k < last, K, GLU, NORM, inv, nw_ptr).to(dtype)  # (BK, BM)
         if FORMAT == 0:
             acc += tl.dot(w, xs)
         elif SCALE_CODES:
@@ -128,8 +143,9 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, M, N, K, X_STRIDE, GRO
 
 
 @triton.jit
-def _gemv_rows_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
-                      FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
+def _gemv_rows_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
+                      FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
+                      RESIDUAL: tl.constexpr,
                       SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row m of x against weight rows [BLOCK_N * i, ...), one group of inputs at a time, on the CUDA cores: each
     thread unpacks whole groups of a weight row in registers (a code c stored as u = c + 8 or c + 128 becomes the
@@ -141,11 +157,21 @@ def _gemv_rows_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, N, K, X_STRIDE, GRO
     m = tl.program_id(2)
     n_ok = n < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    inv = 0.0
+    if NORM:  # the row's 1 / rms over all its K inputs
+        squares = tl.zeros((GROUP,), dtype=tl.float32)
+        for k0 in range(0, K, GROUP):
+            a = tl.load(x_ptr + m * X_STRIDE + k0 + tl.arange(0, GROUP)).to(tl.float32)
+            squares += a * a
+        inv = tl.math.rsqrt(tl.sum(squares, 0) / K + eps)
     first = split * K_PER_SPLIT
     last = tl.minimum(first + K_PER_SPLIT, K)
     for k0 in range(first, last, GROUP):
         k = k0 + tl.arange(0, GROUP)
         xs = tl.load(x_ptr + m * X_STRIDE + k).to(tl.float32)  # (G,): whole groups, never past K
+        if NORM:
+            xs = (xs * inv).to(x_ptr.dtype.element_ty).to(tl.float32) * tl.load(nw_ptr + k).to(tl.float32)
+            xs = xs.to(x_ptr.dtype.element_ty).to(tl.float32)
         if GLU:
             up = tl.load(x_ptr + m * X_STRIDE + K + k).to(tl.float32)
             xs = xs / (1.0 + tl.exp(-xs)) * up
@@ -170,21 +196,26 @@ def _gemv_rows_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, N, K, X_STRIDE, GRO
 
 
 @triton.jit
-def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, M, N, SPLITS, RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
-    """out[m, n] = (residual +) the splits' partial sums added in split order, in out's dtype."""
+def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, N, SPLITS, RESIDUAL: tl.constexpr, BLOCK_S: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """out[m, n] = (residual +) the splits' partial sums, BLOCK_S splits a tile summed side by side, in out's
+    dtype: one fixed order, whatever the number of rows."""
     m = tl.program_id(0)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = n < N
-    acc = tl.load(partial_ptr + m * SPLITS * N + n, mask=ok, other=0.0)
-    for split in range(1, SPLITS):
-        acc += tl.load(partial_ptr + (m * SPLITS + split) * N + n, mask=ok, other=0.0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s0 in range(0, SPLITS, BLOCK_S):
+        split = s0 + tl.arange(0, BLOCK_S)
+        tile = tl.load(partial_ptr + (m * SPLITS + split[:, None]) * N + n[None, :],
+                       mask=(split < SPLITS)[:, None] & ok[None, :], other=0.0)
+        acc += tl.sum(tile, axis=0)
     if RESIDUAL:
         acc += tl.load(res_ptr + m * N + n, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * N + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 # how quantized codes are multiplied by default (linear()'s `unpack`); EDGE_STEP_UNPACK picks another (benchmarks)
-UNPACK = int(os.environ.get("EDGE_STEP_UNPACK", "1"))
+UNPACK = int(os.environ.get("EDGE_STEP_UNPACK", "3"))
 
 
 def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, block_n: int | None = None,
@@ -198,11 +229,11 @@ def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, b
         group = weight.group_size if isinstance(weight, QuantizedWeight) else 16
         block_k = max(group, min(128, triton.next_power_of_2(columns)))
     rows_kernel = isinstance(weight, QuantizedWeight) and unpack == 3
-    block_n = block_n or (128 if rows_kernel else 64 if rows >= 4096 else 32)
+    block_n = block_n or (64 if rows_kernel or rows >= 4096 else 32)
     tiles = triton.cdiv(rows, block_n)
     processors = multiprocessors(device.index or 0) if device.type == "cuda" else 4
     blocks = triton.cdiv(columns, block_k)
-    splits = max(1, min(triton.cdiv(8 * processors, tiles), blocks // 8))  # each split keeps 8 blocks of inputs
+    splits = max(1, min(triton.cdiv(4 * processors, tiles), blocks // 8))  # each split keeps 8 blocks of inputs
     per_split = triton.cdiv(blocks, splits) * block_k
     return block_n, block_k, triton.cdiv(columns, per_split), per_split
 
@@ -218,12 +249,13 @@ def supports(weight: torch.Tensor | QuantizedWeight) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: torch.Tensor | None = None,
            glu: bool = False, block_n: int | None = None, num_warps: int = 4, num_stages: int = 3,
-           unpack: int | None = None) -> torch.Tensor:
+           unpack: int | None = None, norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """x (M, K) 16-bit, M <= 16 (glu: (M, 2K), the projection's input silu(x[:, :K]) * x[:, K:]) @ W.T (+ residual
     (M, N)) -> (M, N) in x's dtype. `block_n` overrides the tile's weight rows (a benchmark's sweep); `unpack`, how
     quantized codes are multiplied: 0 converted integers, one group a tensor-core dot; 1 (float16 activations) the
     same with the codes made by bit operations; 2 as 1, each code scaled in 16 bits, several groups a dot; 3 on the
-    CUDA cores, a program per row of x (_gemv_rows_kernel)."""
+    CUDA cores, a program per row of x (_gemv_rows_kernel). `norm` (weight, eps): the projection reads
+    RMSNorm(x) (rms_norm()'s arithmetic), computed as it loads x."""
     rows, columns = weight.shape
     count = x.shape[0]
     if count > MAX_ROWS:
@@ -239,17 +271,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
     out = torch.empty((count, rows), dtype=x.dtype, device=x.device)
     res = residual if residual is not None else out
     groups = columns // group if fmt != DENSE else 1
-    options = dict(FORMAT=fmt, GROUP=group, GLU=glu, RESIDUAL=residual is not None, BLOCK_N=block_n,
-                   num_warps=num_warps, num_stages=num_stages)
+    norm_weight, eps = norm if norm is not None else (out, 0.0)
+    options = dict(FORMAT=fmt, GROUP=group, GLU=glu, NORM=norm is not None, RESIDUAL=residual is not None,
+                   BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     tiles = triton.cdiv(rows, block_n)
     if fmt != DENSE and unpack == 3:
         def launch(target: torch.Tensor, split: bool) -> None:
-            _gemv_rows_kernel[(tiles, splits, count)](x, codes, scales, res, target, rows, columns, x.stride(0),
-                                                      groups, per_split, SPLIT=split, **options)
+            _gemv_rows_kernel[(tiles, splits, count)](x, codes, scales, res, target, norm_weight, eps, rows,
+                                                      columns, x.stride(0), groups, per_split, SPLIT=split,
+                                                      **options)
     else:
         def launch(target: torch.Tensor, split: bool) -> None:
-            _linear_kernel[(tiles, splits)](x, codes, scales, res, target, count, rows, columns, x.stride(0), groups,
-                                            per_split, SPLIT=split, BLOCK_K=block_k, BLOCK_M=MAX_ROWS,
+            _linear_kernel[(tiles, splits)](x, codes, scales, res, target, norm_weight, eps, count, rows, columns,
+                                            x.stride(0), groups, per_split, SPLIT=split, BLOCK_K=block_k, BLOCK_M=MAX_ROWS,
                                             MAGIC=unpack >= 1 and x.dtype == torch.float16,
                                             SCALE_CODES=fmt != DENSE and unpack == 2, **options)
     if splits == 1:
@@ -257,8 +291,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
         return out
     partial = torch.empty((count, splits, rows), dtype=torch.float32, device=x.device)  # (M, S, N)
     launch(partial, True)
-    _sum_splits_kernel[(count, triton.cdiv(rows, 1024))](partial, res, out, count, rows, splits,
-                                                         RESIDUAL=residual is not None, BLOCK=1024)
+    _sum_splits_kernel[(count, triton.cdiv(rows, 128))](partial, res, out, rows, splits,
+                                                        RESIDUAL=residual is not None, BLOCK_S=32, BLOCK=128)
     return out
 
 
@@ -308,15 +342,34 @@ def rope_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: tor
 
 
 @triton.jit
+def _rotated(ptr, rows_offset, idx, position, cos_ptr, sin_ptr, D: tl.constexpr, mask):
+    """RoPE of the vectors at ptr + rows_offset (their elements idx) at `position`: x * cos + rotate_half(x) * sin,
+    rounded to the vectors' dtype, in float32."""
+    partner = (idx + D // 2) % D
+    sign = tl.where(idx < D // 2, -1.0, 1.0)
+    x = tl.load(ptr + rows_offset + idx, mask=mask, other=0.0).to(tl.float32)
+    other = tl.load(ptr + rows_offset + partner, mask=mask, other=0.0).to(tl.float32)
+    cos = tl.load(cos_ptr + position * D + idx, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + position * D + idx, mask=mask, other=0.0)
+    return (x * cos + sign * other * sin).to(ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
 def _append_kernel(src_ptr, SRC_STRIDE, k_first, k_second, k_scale, k_low, v_first, v_second, v_scale, v_low,
-                   pos_ptr, KV_SIZE, S_MAX, D: tl.constexpr, KIND: tl.constexpr):
+                   pos_ptr, cos_ptr, sin_ptr, KV_SIZE, S_MAX, D: tl.constexpr, KIND: tl.constexpr,
+                   ROPE: tl.constexpr):
     """Row t, KV head h, keys (0) or values (1): the vector quantized as edge.kernels.kv_quant.quantize does (int8
-    or hierarchical) or stored as it is (FLOAT), at position P + t of the cache."""
+    or hierarchical) or stored as it is (FLOAT), at position P + t of the cache. ROPE: keys are rotated first."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     which = tl.program_id(2)
-    slot = h * S_MAX + tl.load(pos_ptr) + t
+    position = tl.load(pos_ptr) + t
+    slot = h * S_MAX + position
     src = src_ptr + t * SRC_STRIDE + which * KV_SIZE + h * D
+    if ROPE:
+        rotate = which == 0
+    else:
+        rotate = which < 0  # never
     if which == 0:
         first, second, scale_ptr, low_ptr = k_first, k_second, k_scale, k_low
     else:
@@ -324,10 +377,18 @@ def _append_kernel(src_ptr, SRC_STRIDE, k_first, k_second, k_scale, k_low, v_fir
     pair = tl.arange(0, D // 2)
     if KIND == 3:
         d = tl.arange(0, D)
-        tl.store(first + slot * D + d, tl.load(src + d).to(first.dtype.element_ty))
+        if rotate:
+            vector = _rotated(src, 0, d, position, cos_ptr, sin_ptr, D, d < D)
+        else:
+            vector = tl.load(src + d).to(tl.float32)
+        tl.store(first + slot * D + d, vector.to(first.dtype.element_ty))
     else:
-        even = tl.load(src + 2 * pair).to(tl.float32)
-        odd = tl.load(src + 2 * pair + 1).to(tl.float32)
+        if rotate:
+            even = _rotated(src, 0, 2 * pair, position, cos_ptr, sin_ptr, D, pair < D)
+            odd = _rotated(src, 0, 2 * pair + 1, position, cos_ptr, sin_ptr, D, pair < D)
+        else:
+            even = tl.load(src + 2 * pair).to(tl.float32)
+            odd = tl.load(src + 2 * pair + 1).to(tl.float32)
         if KIND == 1:
             low16 = tl.minimum(tl.min(even, 0), tl.min(odd, 0)).to(tl.float16).to(tl.float32)
             high = tl.maximum(tl.max(even, 0), tl.max(odd, 0))
@@ -350,13 +411,15 @@ def _append_kernel(src_ptr, SRC_STRIDE, k_first, k_second, k_scale, k_low, v_fir
 
 
 def append(kv: torch.Tensor, keys: tuple, values: tuple, position: torch.Tensor, kv_heads: int, head_dim: int,
-           kind: int) -> None:
+           kind: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """kv (M, 2 * kv_heads * head_dim): each row's keys then values, stored at positions [P, P + M) of one layer's
-    planes `keys`/`values` (first, second, scale, low; (Hkv, S_max, ...) each)."""
+    planes `keys`/`values` (first, second, scale, low; (Hkv, S_max, ...) each); `rope` (cos, sin (S, Dh) float32):
+    the keys are rotated to their positions first."""
     rows = kv.shape[0]
     max_len = keys[0].shape[1]
-    _append_kernel[(rows, kv_heads, 2)](kv, kv.stride(0), *keys, *values, position, kv_heads * head_dim, max_len,
-                                        D=head_dim, KIND=kind)
+    cos, sin = rope if rope is not None else (kv, kv)
+    _append_kernel[(rows, kv_heads, 2)](kv, kv.stride(0), *keys, *values, position, cos, sin, kv_heads * head_dim,
+                                        max_len, D=head_dim, KIND=kind, ROPE=rope is not None)
 
 
 @triton.jit
@@ -382,9 +445,10 @@ def _load_block(first, second, scale_ptr, low_ptr, slots, ok, D: tl.constexpr, K
 
 
 @triton.jit(do_not_specialize=["T"])
-def _attend_kernel(q_ptr, Q_STRIDE, k1, k2, k_scale, k_low, v1, v2, v_scale, v_low, pos_ptr, best_ptr, total_ptr,
-                   acc_ptr, T, H, S_MAX, CHUNKS, sm_scale, GROUP: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr,
-                   CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, QB: tl.constexpr):
+def _attend_kernel(q_ptr, Q_STRIDE, k1, k2, k_scale, k_low, v1, v2, v_scale, v_low, pos_ptr, cos_ptr, sin_ptr,
+                   best_ptr, total_ptr, acc_ptr, T, H, S_MAX, CHUNKS, sm_scale, GROUP: tl.constexpr, D: tl.constexpr,
+                   KIND: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, QB: tl.constexpr,
+                   ROPE: tl.constexpr):
     """KV head h, chunk c of positions, block b of query rows (row r: step t = r // GROUP, query head
     h * GROUP + r % GROUP): each row's online-softmax state over the positions of the chunk it sees ([0, P + t]).
     The chunk's keys and values are read once for the whole group."""
@@ -397,8 +461,12 @@ def _attend_kernel(q_ptr, Q_STRIDE, k1, k2, k_scale, k_low, v1, v2, v_scale, v_l
     d = tl.arange(0, D)
     start = tl.load(pos_ptr)
     dtype = q_ptr.dtype.element_ty  # the dots' operands: 16 bits, on the tensor cores; float32 sums
-    q = tl.load(q_ptr + t[:, None] * Q_STRIDE + head[:, None] * D + d[None, :], mask=r_ok[:, None], other=0.0)
     last = start + t  # the last position row r sees
+    if ROPE:  # the queries rotated to their positions as they are read
+        q = _rotated(q_ptr, t[:, None] * Q_STRIDE + head[:, None] * D, d[None, :], last[:, None], cos_ptr, sin_ptr,
+                     D, r_ok[:, None]).to(dtype)
+    else:
+        q = tl.load(q_ptr + t[:, None] * Q_STRIDE + head[:, None] * D + d[None, :], mask=r_ok[:, None], other=0.0)
     best = tl.full((QB,), -1e30, tl.float32)
     total = tl.zeros((QB,), tl.float32)
     acc = tl.zeros((QB, D), tl.float32)
@@ -446,12 +514,12 @@ def _merge_chunks_kernel(best_ptr, total_ptr, acc_ptr, pos_ptr, out_ptr, H, CHUN
 
 def attend(q: torch.Tensor, keys: tuple, values: tuple, position: torch.Tensor, heads: int, kv_heads: int,
            head_dim: int, kind: int, out_dtype: torch.dtype, chunk: int | None = None, block_s: int = 64,
-           num_warps: int = 4) -> torch.Tensor:
+           num_warps: int = 4, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q (M, >= heads * head_dim, 16-bit; row stride any): row t's queries at position P + t over the cache's
     positions [0, P + t] (one layer's planes (Hkv, S_max, ...)) -> (M, heads * head_dim) in out_dtype. The grid
     covers every chunk of the cache (the position is read on the device); chunks past a row's position do nothing.
     Chunks (default) hold at least 64 positions and are at most 64 a cache: many programs side by side, few states
-    to merge."""
+    to merge. `rope` (cos, sin (S, Dh) float32): the queries are rotated to their positions as they are read."""
     rows = q.shape[0]
     max_len = keys[0].shape[1]
     chunk = chunk or max(block_s, triton.next_power_of_2(triton.cdiv(max_len, 64)))
@@ -461,10 +529,11 @@ def attend(q: torch.Tensor, keys: tuple, values: tuple, position: torch.Tensor, 
     total = torch.empty_like(best)
     acc = torch.empty((rows, heads, chunks, head_dim), dtype=torch.float32, device=q.device)
     blocks = triton.cdiv(rows * group, MAX_ROWS)
-    _attend_kernel[(kv_heads, chunks, blocks)](q, q.stride(0), *keys, *values, position, best, total, acc, rows,
-                                               heads, max_len, chunks, head_dim ** -0.5, GROUP=group, D=head_dim,
-                                               KIND=kind, CHUNK=chunk, BLOCK_S=block_s, QB=MAX_ROWS,
-                                               num_warps=num_warps)
+    cos, sin = rope if rope is not None else (best, best)
+    _attend_kernel[(kv_heads, chunks, blocks)](q, q.stride(0), *keys, *values, position, cos, sin, best, total, acc,
+                                               rows, heads, max_len, chunks, head_dim ** -0.5, GROUP=group,
+                                               D=head_dim, KIND=kind, CHUNK=chunk, BLOCK_S=block_s, QB=MAX_ROWS,
+                                               ROPE=rope is not None, num_warps=num_warps)
     out = torch.empty((rows, heads * head_dim), dtype=out_dtype, device=q.device)
     _merge_chunks_kernel[(rows, heads)](best, total, acc, position, out, heads, chunks, D=head_dim, CHUNK=chunk)
     return out

@@ -117,20 +117,22 @@ class StaticStep:
         for index in order:
             block = model.layers[index]
             attention = block.attn
-            qkv = self.linear(self.norm(x, block.attn_norm), attention.wqkv)  # (T, (H + 2 Hkv) Dh)
+            qkv = self.linear(x, attention.wqkv, norm=block.attn_norm)  # (T, (H + 2 Hkv) Dh)
             if attention.q_norm is not None:  # Qwen3: the model's own norms over each head (torch)
                 q = qkv[:, :self.q_size].view(rows, self.heads, self.head_dim)
                 k = qkv[:, self.q_size:self.q_size + self.kv_size].view(rows, self.kv_heads, self.head_dim)
                 q.copy_(attention.q_norm(q))
                 k.copy_(attention.k_norm(k))
-            self.rope(qkv)
-            self.scale_keys(qkv, index)
-            self.append(qkv[:, self.q_size:], index)
-            out = self.attend(qkv, index, draft)  # (T, H Dh)
+            fused_rope = self.kernels is not None and getattr(self.cache, "key_scales", None) is None
+            if not fused_rope:  # else the append and attention kernels rotate keys and queries as they read them
+                self.rope(qkv)
+                self.scale_keys(qkv, index)
+            self.append(qkv[:, self.q_size:], index, fused_rope)
+            out = self.attend(qkv, index, draft, fused_rope)  # (T, H Dh)
             x = self.linear(out, attention.wo, residual=x)
-            gate_up = self.linear(self.norm(x, block.ffn_norm), block.ffn.w_gate_up)  # (T, 2 I)
+            gate_up = self.linear(x, block.ffn.w_gate_up, norm=block.ffn_norm)  # (T, 2 I)
             x = self.linear(gate_up, block.ffn.w_down, residual=x, glu=True)
-        return self.linear(self.norm(x, model.norm), self.head)  # (T, V)
+        return self.linear(x, self.head, norm=model.norm)  # (T, V)
 
     # ---- the operations: the Triton kernels, or their torch reference -------------------------------------
 
@@ -140,10 +142,11 @@ class StaticStep:
         x32 = x.float()
         return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
-    def linear(self, x: torch.Tensor, module, residual: torch.Tensor | None = None, glu: bool = False
-               ) -> torch.Tensor:
-        """module(x) (+ residual); glu: module(silu(x[:, :I]) * x[:, I:]). `module` a Linear, a QuantizedLinear or
-        a bare (N, K) weight."""
+    def linear(self, x: torch.Tensor, module, residual: torch.Tensor | None = None, glu: bool = False,
+               norm=None) -> torch.Tensor:
+        """module(x) (+ residual); glu: module(silu(x[:, :I]) * x[:, I:]); norm (an RMSNorm): module(norm(x)), the
+        norm computed inside the matmul where the kernels run. `module` a Linear, a QuantizedLinear or a bare (N, K)
+        weight."""
         weight, bias = (module, None) if isinstance(module, torch.Tensor) else (None, module.bias)
         if isinstance(module, QuantizedLinear):
             weight = module.quantized
@@ -151,14 +154,16 @@ class StaticStep:
             if x.shape[1] != (2 if glu else 1) * padded:  # the weight carries zero columns up to a whole group
                 if glu:
                     x, glu = self._glu(x), False
+                if norm is not None:
+                    x, norm = self.norm(x, norm), None
                 x = F.pad(x, (0, padded - x.shape[1]))
         elif weight is None:
             weight = module.weight
         fused = residual if bias is None else None
         if self.kernels is not None:
-            out = self.kernels.linear(x, weight, fused, glu)
+            out = self.kernels.linear(x, weight, fused, glu, norm=None if norm is None else (norm.weight, self.eps))
         else:
-            inputs = self._glu(x) if glu else x
+            inputs = self._glu(x) if glu else self.norm(x, norm) if norm is not None else x
             matrix = weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
             out = inputs.float() @ matrix.float().T
             out = (out + fused.float() if fused is not None else out).to(x.dtype)
@@ -213,11 +218,13 @@ class StaticStep:
         kind = INT8_CACHE if cache.formats[0] == "int8" else HIERARCHICAL
         return kind, of(cache.keys_store), of(cache.values_store)
 
-    def append(self, kv: torch.Tensor, layer: int) -> None:
-        """kv (T, 2 Hkv Dh): store row t's keys and values at position P + t."""
+    def append(self, kv: torch.Tensor, layer: int, rope: bool = False) -> None:
+        """kv (T, 2 Hkv Dh): store row t's keys (rotated first: `rope`, the kernels only) and values at position
+        P + t."""
         kind, keys, values = self.planes(layer)
         if self.kernels is not None:
-            self.kernels.append(kv, keys, values, self.position, self.kv_heads, self.head_dim, kind)
+            self.kernels.append(kv, keys, values, self.position, self.kv_heads, self.head_dim, kind,
+                                (self.cos, self.sin) if rope else None)
             return
         rows = kv.shape[0]
         slots = self.position.long() + torch.arange(rows, device=kv.device)  # (T,)
@@ -233,14 +240,15 @@ class StaticStep:
                 planes[3].index_copy_(1, slots, packed.low)
             planes[2].index_copy_(1, slots, packed.scale)
 
-    def attend(self, qkv: torch.Tensor, layer: int, draft: bool) -> torch.Tensor:
-        """Row t's queries over cached positions [0, P + t] -> (T, H Dh) in the model's dtype."""
+    def attend(self, qkv: torch.Tensor, layer: int, draft: bool, rope: bool = False) -> torch.Tensor:
+        """Row t's queries (rotated as they are read: `rope`, the kernels only) over cached positions [0, P + t] ->
+        (T, H Dh) in the model's dtype."""
         kind, keys, values = self.planes(layer)
         if kind == HIERARCHICAL and draft:
             kind = HIERARCHICAL_DRAFT
         if self.kernels is not None:
             return self.kernels.attend(qkv, keys, values, self.position, self.heads, self.kv_heads, self.head_dim,
-                                       kind, qkv.dtype)
+                                       kind, qkv.dtype, rope=(self.cos, self.sin) if rope else None)
         rows, group = qkv.shape[0], self.heads // self.kv_heads
         k, v = (self._dequantized(planes, kind).repeat_interleave(group, 0) for planes in (keys, values))  # (H, S, D)
         q = qkv[:, :self.q_size].view(rows, self.heads, self.head_dim).transpose(0, 1).float()  # (H, T, D)

@@ -162,6 +162,22 @@ def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, 
         assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], unpack=unpack)[0], got[row])
 
 
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 3), ("int4", 3), ("int4", 1)])
+def test_the_step_matmul_reads_rms_normed_rows_on_the_gpu(fmt, unpack):
+    from edge.kernels import step_kernels as sk
+
+    generator = torch.Generator(device=CUDA).manual_seed(5)
+    dense = torch.randn(4096, 512, generator=generator, device=CUDA) * 0.05
+    weight = dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32)
+    x = torch.randn(5, 512, generator=generator, device=CUDA).half()
+    norm_weight = (1 + 0.1 * torch.randn(512, generator=generator, device=CUDA)).half()
+    got = sk.linear(x, weight, norm=(norm_weight, 1e-5), unpack=unpack)
+    expected = sk.linear(sk.rms_norm(x, norm_weight, 1e-5), weight, unpack=unpack)
+    assert (got.float() - expected.float()).norm() / expected.float().norm() < 2e-3
+    for row in range(5):
+        assert torch.equal(sk.linear(x[row:row + 1], weight, norm=(norm_weight, 1e-5), unpack=unpack)[0], got[row])
+
+
 @pytest.mark.parametrize("kind", ["float16", "int8", "hierarchical", "draft"])
 @pytest.mark.parametrize("heads, kv_heads, dims, start, steps", [(4, 2, 64, 36, 1), (32, 8, 128, 3000, 5),
                                                                  (8, 1, 64, 700, 4)])

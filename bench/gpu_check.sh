@@ -3,6 +3,8 @@
 # the GPU tests, the static step's kernels (bandwidth, with a tile sweep), and decoding on the built-in model widened
 # to 1B (plain and eager plain, QuantSpec, layer skip and early exit, layer offload under a memory budget).
 #   bash bench/gpu_check.sh OUTDIR        (torch with CUDA and triton installed; edge importable from here)
+# GPU_CHECK_TESTS: a pytest -k expression; GPU_CHECK_SWEEP=0: no tile sweep; GPU_CHECK_TOKENS: tokens a reply;
+# GPU_CHECK_TEST_S, _KERNEL_S, _DECODE_S: each part's time limit in seconds
 set -uo pipefail
 out=${1:-gpu-results}
 tokens=${GPU_CHECK_TOKENS:-48}
@@ -14,10 +16,11 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 git log -1 --format='commit %h %cI' 2>/dev/null | tee -a "$out/device.txt"
 stamp tests
 timeout "${GPU_CHECK_TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpu.py \
-    > "$out/tests.txt" 2>&1
+    ${GPU_CHECK_TESTS:+-k "$GPU_CHECK_TESTS"} > "$out/tests.txt" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|error" "$out/tests.txt" | tail -3; grep -E "^(FAILED|ERROR)" "$out/tests.txt" | head -20
 stamp kernels
-timeout "${GPU_CHECK_KERNEL_S:-120}" python3 -m edge.kernels.bench --step-only --sweep > "$out/kernels.json" \
+sweep=--sweep; [ "${GPU_CHECK_SWEEP:-1}" = 0 ] && sweep=
+timeout "${GPU_CHECK_KERNEL_S:-120}" python3 -m edge.kernels.bench --step-only $sweep > "$out/kernels.json" \
     2> "$out/kernels.err"
 echo "edge.kernels.bench rc=$?"; tail -5 "$out/kernels.err"
 python3 - "$out/kernels.json" <<'PY'
@@ -27,7 +30,7 @@ print(report["device"], "copy", report["copy_bandwidth_gb_s"], "GB/s")
 for row in report["gemv"] + report["step_gemv"] + report["step_attention"]:
     print({k: v for k, v in row.items() if k != "sweep"})
 PY
-# the decoding runs take the int4 unpacking that timed fastest over the 1B target's shapes (EDGE_STEP_UNPACK)
+# after a sweep, the decoding runs take the int4 unpacking that timed fastest over the 1B target's shapes
 unpack=$(python3 - "$out/kernels.json" <<'PY'
 import json, sys
 try:
@@ -43,11 +46,11 @@ try:
             totals[unpack] = totals.get(unpack, 0.0) + ms
     print(min((ms, unpack) for unpack, ms in totals.items())[1])
 except Exception:
-    print(1)
+    pass  # no sweep: the default
 PY
 )
-export EDGE_STEP_UNPACK=$unpack
-echo "EDGE_STEP_UNPACK=$unpack" | tee -a "$out/device.txt"
+[ -n "$unpack" ] && export EDGE_STEP_UNPACK=$unpack
+echo "EDGE_STEP_UNPACK=${EDGE_STEP_UNPACK:-default}" | tee -a "$out/device.txt"
 stamp decoding
 python3 -m bench.memory_bound /tmp/wide --params 1B > /dev/null
 timeout "${GPU_CHECK_DECODE_S:-240}" python3 -m bench.gpu_check /tmp/wide/target --tokens "$tokens" \

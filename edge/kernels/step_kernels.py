@@ -214,15 +214,20 @@ def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, N, SPLITS, RESIDUAL: tl.co
     tl.store(out_ptr + m * N + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-# how quantized codes are multiplied by default (linear()'s `unpack`); EDGE_STEP_UNPACK picks another (benchmarks)
-UNPACK = int(os.environ.get("EDGE_STEP_UNPACK", "3"))
+# how quantized codes are multiplied by default (linear()'s `unpack`), int8 and int4: what timed fastest on an H200
+# for one row (docs/benchmarks.md); EDGE_STEP_UNPACK picks one for both (benchmarks)
+UNPACK = {8: 1, 4: 3}
+if os.environ.get("EDGE_STEP_UNPACK"):
+    UNPACK = dict.fromkeys(UNPACK, int(os.environ["EDGE_STEP_UNPACK"]))
 
 
 def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, block_n: int | None = None,
-                 unpack: int = UNPACK) -> tuple[int, int, int, int]:
+                 unpack: int | None = None) -> tuple[int, int, int, int]:
     """(block_n, block_k, splits, inputs per split) of a weight: from its shape and format alone, never from the rows
     of x, so every row count adds each row's products in one order."""
     rows, columns = weight.shape
+    if unpack is None:
+        unpack = UNPACK[weight.bits] if isinstance(weight, QuantizedWeight) else 1
     if isinstance(weight, QuantizedWeight) and unpack in (0, 1, 3):
         block_k = weight.group_size
     else:
@@ -266,7 +271,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
     if isinstance(weight, QuantizedWeight):
         fmt = INT4 if weight.bits == 4 else INT8
         codes, scales, group = weight.codes, weight.scales, weight.group_size
-    unpack = UNPACK if unpack is None else unpack
+    if unpack is None:
+        unpack = UNPACK[weight.bits] if isinstance(weight, QuantizedWeight) else 1
     block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n, unpack)
     out = torch.empty((count, rows), dtype=x.dtype, device=x.device)
     res = residual if residual is not None else out

@@ -25,6 +25,7 @@ tests do, to check the step's logic where there is no GPU), and then no graph is
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -106,6 +107,8 @@ class StaticStep:
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.eps = config.rms_norm_eps
         self.head = model.lm_head.weight if model.lm_head is not None else model.embed.weight  # (V, D)
+        scales = getattr(cache, "key_scales", None)  # (L, Hkv, Dh) powers of two, on the device before any capture
+        self.key_scales = None if scales is None else scales.to(device)
 
     # ---- the step ------------------------------------------------------------------------------------------
 
@@ -123,7 +126,7 @@ class StaticStep:
                 k = qkv[:, self.q_size:self.q_size + self.kv_size].view(rows, self.kv_heads, self.head_dim)
                 q.copy_(attention.q_norm(q))
                 k.copy_(attention.k_norm(k))
-            fused_rope = self.kernels is not None and getattr(self.cache, "key_scales", None) is None
+            fused_rope = self.kernels is not None and self.key_scales is None
             if not fused_rope:  # else the append and attention kernels rotate keys and queries as they read them
                 self.rope(qkv)
                 self.scale_keys(qkv, index)
@@ -193,11 +196,11 @@ class StaticStep:
 
     def scale_keys(self, qkv: torch.Tensor, layer: int) -> None:
         """A cache with key scales (powers of two) stores keys / scales: queries are multiplied by them instead."""
-        scales = getattr(self.cache, "key_scales", None)
+        scales = self.key_scales
         if scales is None:
             return
         rows, group = qkv.shape[0], self.heads // self.kv_heads
-        layer_scales = scales[layer].to(qkv.device)  # (Hkv, Dh)
+        layer_scales = scales[layer]  # (Hkv, Dh)
         q = qkv[:, :self.q_size].view(rows, self.heads, self.head_dim)
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(rows, self.kv_heads, self.head_dim)
         q.mul_(layer_scales.repeat_interleave(group, 0).to(qkv.dtype))
@@ -334,15 +337,23 @@ class StepGraphs:
 
     def _capture(self, run) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Run `run` once on a side stream (the kernels compile; a step writes what the replay will write), then
-        capture it."""
+        capture it. Python's garbage collector is run first and held off during the capture: collecting an
+        unreachable engine there would destroy its graphs mid-capture, which CUDA forbids."""
         side = torch.cuda.Stream(self.step.tokens.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             run()
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = run()
+        collecting = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = run()
+        finally:
+            if collecting:
+                gc.enable()
         return graph, out
 
 

@@ -1,14 +1,14 @@
 """Kernel benchmark: achieved memory bandwidth of the Triton kernels against the GPU's measured copy bandwidth.
 
-    python -m edge.kernels.bench [--group 128] [--sweep]
+    python -m edge.kernels.bench [--group 128] [--sweep] [--step-only]
 
-Measured bandwidth is a large device-to-device copy (bytes read + written per second). The static decode step's
-kernels (edge/kernels/step_kernels.py: 16-bit activations, tensor-core GEMV of 16-bit, int8 and int4 weights, the
-grouped attention) are timed from CUDA graphs of 20 calls over weight copies larger than the L2 cache. The int4 and int8 GEMVs (a
+Measured bandwidth is a large device-to-device copy (bytes read + written per second). The int4 and int8 GEMVs (a
 decode step's one row of x, a verify pass's four) are bound by reading their codes and scales; their GB/s counts
 those bytes once plus x and y. The hierarchical-KV decode attention is bound by reading the cache's planes (the upper
-plane alone for a draft) and scales. Needs a CUDA GPU of compute
-capability 8.0 or newer; elsewhere it says so and exits 2.
+plane alone for a draft) and scales. The static decode step's kernels (edge/kernels/step_kernels.py: 16-bit
+activations, GEMV of 16-bit, int8 and int4 weights, the grouped attention) are timed from CUDA graphs of 20 calls
+over weight copies larger than the L2 cache. Needs a CUDA GPU of compute capability 8.0 or newer; elsewhere it says
+so and exits 2.
 """
 
 from __future__ import annotations

@@ -289,7 +289,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
     else:
         def launch(target: torch.Tensor, split: bool) -> None:
             _linear_kernel[(tiles, splits)](x, codes, scales, res, target, norm_weight, eps, count, rows, columns,
-                                            x.stride(0), groups, per_split, SPLIT=split, BLOCK_K=block_k, BLOCK_M=MAX_ROWS,
+                                            x.stride(0), groups, per_split, SPLIT=split, BLOCK_K=block_k,
+                                            BLOCK_M=MAX_ROWS,
                                             MAGIC=unpack >= 1 and x.dtype == torch.float16,
                                             SCALE_CODES=fmt != DENSE and unpack == 2, **options)
     if splits == 1:

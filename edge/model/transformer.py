@@ -239,7 +239,7 @@ class Transformer(nn.Module):
         parents[t] (-1: the cache) at position start + its depth and sees only the rows on its path; its keys/values
         go to slot start + t, and keep_rows() then moves the accepted path's into place."""
         if parents is None and (self.inv_freq.device.type != "cpu" or _STATIC_ON_CPU):
-            steps = static_steps(self, cache) if parents is None else None
+            steps = static_steps(self, cache)  # the GPU's graph-captured step (edge/model/static_step.py)
             if steps is not None and tokens.shape[0] == 1 and tokens.shape[1] <= steps.max_rows:
                 if start > cache.length:
                     raise ValueError(f"a full forward at position {start} would leave a gap after cache length "

@@ -31,6 +31,7 @@ from edge.engine.reply import Reply, decoding_strategy
 from edge.errors import EngineBusyError, PromptError
 from edge.events import Event, Stats
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
+from edge.model.static_step import MAX_ROWS, static_steps
 from edge.model.transformer import Transformer
 from edge.text.chat_template import check_messages
 from edge.text.tokenizer import Tokenizer
@@ -121,7 +122,9 @@ class Engine:
         if self.model.runner is not None:
             # a verify pass of k + 1 tokens must take the same batch-invariant path as a 1-token decode step
             self.model.runner.widen(self.draft_length.longest + 1)
-        if drafter is not None and self.model.dtype != torch.float32:
+        exact_step = (isinstance(self.model, Transformer) and self.draft_length.longest < MAX_ROWS
+                      and static_steps(self.model, self.cache) is not None)  # the GPU's batch-invariant step
+        if drafter is not None and self.model.dtype != torch.float32 and not exact_step:
             log.warning("speculative decoding in %s is not guaranteed token-identical to plain decoding: "
                         "half-precision matmuls round differently for k+1 tokens than for 1; use float32 for "
                         "exact output", str(self.model.dtype).removeprefix("torch."))

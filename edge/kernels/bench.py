@@ -1,12 +1,14 @@
 """Kernel benchmark: achieved memory bandwidth of the Triton kernels against the GPU's measured copy bandwidth.
 
-    python -m edge.kernels.bench [--group 128] [--sweep]
+    python -m edge.kernels.bench [--group 128] [--sweep] [--step-only]
 
 Measured bandwidth is a large device-to-device copy (bytes read + written per second). The int4 and int8 GEMVs (a
 decode step's one row of x, a verify pass's four) are bound by reading their codes and scales; their GB/s counts
 those bytes once plus x and y. The hierarchical-KV decode attention is bound by reading the cache's planes (the upper
-plane alone for a draft) and scales. Needs a CUDA GPU of compute
-capability 8.0 or newer; elsewhere it says so and exits 2.
+plane alone for a draft) and scales. The static decode step's kernels (edge/kernels/step_kernels.py: 16-bit
+activations, GEMV of 16-bit, int8 and int4 weights, the grouped attention) are timed from CUDA graphs of 20 calls
+over weight copies larger than the L2 cache. Needs a CUDA GPU of compute capability 8.0 or newer; elsewhere it says
+so and exits 2.
 """
 
 from __future__ import annotations
@@ -93,11 +95,96 @@ def attention_report(heads: int, kv_heads: int, dims: int, cached: int, draft: b
     return report
 
 
+def graph_ms(functions: list, repeats: int = 20) -> float:
+    """Device time of one call, from a CUDA graph of `repeats` calls cycling through `functions` (several copies of
+    the inputs, together larger than the L2 cache, so that every call reads device memory): no launch gaps."""
+    for function in functions:
+        function()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(repeats):
+            functions[i % len(functions)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    return timed_ms(graph.replay, repeats=20) / repeats
+
+
+# (rows, N, K): a decode step and a verify pass on 8192 x 8192, and the widened 1B target's MLP (gate/up, down)
+STEP_SHAPES = ((1, 8192, 8192), (4, 8192, 8192), (1, 216320, 256), (1, 256, 108160))
+DENSE_SWEEP = [{"block_n": block_n, "num_warps": warps, "num_stages": stages}
+               for block_n, warps, stages in ((32, 4, 3), (64, 4, 3), (128, 8, 3), (64, 8, 3), (32, 4, 5), (64, 4, 5))]
+QUANTIZED_SWEEP = [{"unpack": unpack, "block_n": block_n, "num_warps": warps}
+                   for unpack in (0, 1, 2) for block_n, warps in ((32, 4), (64, 4), (128, 8))] + \
+                  [{"unpack": 3, "block_n": block_n, "num_warps": warps} for block_n, warps in ((64, 4), (128, 4),
+                                                                                           (256, 8))]
+SWEPT = {("int4", STEP_SHAPES[0]), ("int4", STEP_SHAPES[2]), ("int4", STEP_SHAPES[3]), ("int8", STEP_SHAPES[0]),
+         ("float16", STEP_SHAPES[3])}
+
+
+def step_gemv_report(fmt: str, rows: int, n: int, k: int, bandwidth: float, sweep: bool) -> dict:
+    """The static step's matmul (edge/kernels/step_kernels.py) on float16 activations: `fmt` float16 weights, or
+    int8 / int4 in groups of 128 (32 for the 256-wide input). GB/s counts the weight bytes (codes and scales) once
+    plus x and y."""
+    from edge.kernels import step_kernels
+    from edge.kernels.quant import quantize_weight
+
+    group = 128 if k % 128 == 0 and k > 256 else 32
+    copies = max(1, -(-(256 << 20) // (n * k * (2 if fmt == "float16" else 1))))  # > 256 MB together: past the L2
+    weights = []
+    for _ in range(min(copies, 8)):
+        dense = torch.randn(n, k, device="cuda") * 0.02
+        weights.append(dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, group))
+    x = torch.randn(rows, k, device="cuda").half()
+    nbytes = weights[0].nbytes if fmt != "float16" else weights[0].numel() * 2
+    moved = nbytes + x.nbytes + rows * n * 2
+
+    def measure(**tiles) -> dict:
+        ms = graph_ms([lambda w=w: step_kernels.linear(x, w, **tiles) for w in weights])
+        return {"ms": round(ms, 4), "gb_s": round(moved / (ms / 1e3) / 1e9, 1),
+                "share_of_bandwidth": round(moved / (ms / 1e3) / 1e9 / bandwidth, 3)}
+
+    report = {"format": fmt, "rows": rows, "n": n, "k": k, "group": group if fmt != "float16" else None,
+              "default": measure()}
+    if sweep:
+        tiles = {"/".join(f"{key}={value}" for key, value in options.items()): measure(**options)
+                 for options in (DENSE_SWEEP if fmt == "float16" else QUANTIZED_SWEEP)}
+        best = min(tiles, key=lambda name: tiles[name]["ms"])
+        report["best"] = {"tiles": best, **tiles[best]}
+        report["sweep"] = tiles
+    return report
+
+
+def step_attention_report(heads: int, kv_heads: int, dims: int, cached: int, draft: bool, bandwidth: float) -> dict:
+    """The static step's attention (one program per KV head and chunk) of one query over a hierarchical cache of
+    `cached` positions: GB/s counting the planes it reads (the upper plane alone for a draft) and their scales."""
+    from edge.kernels import step_kernels
+    from edge.kernels.kv_quant import quantize
+
+    def planes():
+        packed = quantize(torch.randn(kv_heads, cached + 16, dims, device="cuda"), "hierarchical")
+        return (*packed.planes, packed.scale, packed.low)
+
+    keys, values = planes(), planes()
+    q = torch.randn(1, heads * dims, device="cuda").half()
+    position = torch.tensor([cached - 1], dtype=torch.int32, device="cuda")
+    kind = step_kernels.HIERARCHICAL_DRAFT if draft else step_kernels.HIERARCHICAL
+    per_vector = dims // 2 * (1 if draft else 2) + 2 + (0 if draft else 2)
+    moved = 2 * kv_heads * cached * per_vector
+    ms = graph_ms([lambda: step_kernels.attend(q, keys, values, position, heads, kv_heads, dims, kind,
+                                               torch.float16)])
+    return {"heads": heads, "kv_heads": kv_heads, "head_dim": dims, "cached": cached, "draft": draft,
+            "ms": round(ms, 4), "gb_s": round(moved / (ms / 1e3) / 1e9, 1),
+            "share_of_bandwidth": round(moved / (ms / 1e3) / 1e9 / bandwidth, 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m edge.kernels.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--sweep", action="store_true", help="also time every tile size (GEMV_TILES) and report "
                         "the fastest")
+    parser.add_argument("--step-only", action="store_true", help="time the static step's kernels (and one GEMV of "
+                        "the eager path to compare) only")
     args = parser.parse_args(argv)
     from edge.kernels.dispatch import MIN_CAPABILITY
 
@@ -109,11 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     target = torch.empty_like(source)
     copy_ms = timed_ms(lambda: target.copy_(source))
     bandwidth = 2 * source.nbytes / (copy_ms / 1e3) / 1e9
-    report = {"device": torch.cuda.get_device_name(), "copy_bandwidth_gb_s": round(bandwidth, 1),
-              "gemv": [gemv_report(bits, rows, n, k, args.group, bandwidth, args.sweep)
-                       for bits in (4, 8) for rows, n, k in GEMV_SHAPES],
-              "attention": [attention_report(*case, draft, bandwidth, args.sweep)
-                            for case in ATTENTION_CASES for draft in (False, True)]}
+    report = {"device": torch.cuda.get_device_name(), "copy_bandwidth_gb_s": round(bandwidth, 1)}
+    if args.step_only:  # the static step's kernels, and the eager path's int4 GEMV at one shape to compare
+        report["gemv"] = [gemv_report(4, 1, 8192, 8192, args.group, bandwidth, False)]
+    else:
+        report["gemv"] = [gemv_report(bits, rows, n, k, args.group, bandwidth, args.sweep)
+                          for bits in (4, 8) for rows, n, k in GEMV_SHAPES]
+        report["attention"] = [attention_report(*case, draft, bandwidth, args.sweep)
+                               for case in ATTENTION_CASES for draft in (False, True)]
+    report["step_gemv"] = [step_gemv_report(fmt, *shape, bandwidth, args.sweep and (fmt, shape) in SWEPT)
+                           for fmt in ("float16", "int8", "int4") for shape in STEP_SHAPES]
+    report["step_attention"] = [step_attention_report(*case, draft, bandwidth)
+                                for case in ATTENTION_CASES for draft in (False, True)]
     print(json.dumps(report, indent=1))
     return 0
 

@@ -21,6 +21,7 @@ kernel every pass is plain torch.
 
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 import torch
@@ -33,7 +34,11 @@ from edge.model.kernel_glue import ModelTensors, use_kernel
 from edge.model.kv_cache import KVCache, keep_slots
 from edge.model.linears import LinearFactory
 from edge.model.rope import apply_rope, inverse_frequencies
+from edge.model.static_step import static_steps
 from edge.kernels.block_formats import BlockMatrix
+
+
+_STATIC_ON_CPU = os.environ.get("EDGE_STATIC_STEP") == "1"  # the static step on the CPU: tests of its logic
 
 
 class RMSNorm(nn.Module):
@@ -233,6 +238,15 @@ class Transformer(nn.Module):
         `parents` makes the rows a token tree (only where kernel_glue.verifies_trees()): row t continues row
         parents[t] (-1: the cache) at position start + its depth and sees only the rows on its path; its keys/values
         go to slot start + t, and keep_rows() then moves the accepted path's into place."""
+        if parents is None and (self.inv_freq.device.type != "cpu" or _STATIC_ON_CPU):
+            steps = static_steps(self, cache)  # the GPU's graph-captured step (edge/model/static_step.py)
+            if steps is not None and tokens.shape[0] == 1 and tokens.shape[1] <= steps.max_rows:
+                if start > cache.length:
+                    raise ValueError(f"a full forward at position {start} would leave a gap after cache length "
+                                     f"{cache.length}")
+                logits = steps.logits(tokens, start).clone()  # (T, V)
+                cache.length = start + tokens.shape[1]
+                return logits[None]  # (1, T, V)
         stepped = self.runner.step(ModelTensors(self), tokens, start, cache, parents)
         if stepped is None:
             if parents is not None:

@@ -130,3 +130,117 @@ def test_sampling_on_the_gpu_is_reproducible_with_a_seed(target):
     engine = Engine.load(target, max_context=256, device="cuda", drafter="quantspec", draft_length=3)
     first = greedy(engine, temperature=0.8, seed=7)
     assert greedy(engine, temperature=0.8, seed=7) == first
+
+
+# ---- the static step (edge/model/static_step.py): its kernels, and decoding through its CUDA graphs --------------
+
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("bfloat16", 1), ("int8", 0), ("int8", 1), ("int8", 2),
+                                         ("int8", 3), ("int4", 0), ("int4", 1), ("int4", 2),
+                                         ("int4", 3)])
+@pytest.mark.parametrize("rows, n, k", [(1, 4096, 4096), (5, 256, 32768), (3, 33, 128), (16, 11008, 1024)])
+def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, k):
+    from edge.kernels import step_kernels as sk
+
+    generator = torch.Generator(device=CUDA).manual_seed(rows * n + k)
+    dense = torch.randn(n, k, generator=generator, device=CUDA) * 0.05
+    dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float16
+    weight = dense.to(dtype) if fmt in ("float16", "bfloat16") else \
+        quantize_weight(dense, 8 if fmt == "int8" else 4, 128 if k % 128 == 0 else 32)
+    matrix = weight.double() if isinstance(weight, torch.Tensor) else weight.dequantize().double()
+    x = torch.randn(rows, k, generator=generator, device=CUDA).to(dtype)
+    residual = torch.randn(rows, n, generator=generator, device=CUDA).to(dtype)
+    got = sk.linear(x, weight, residual, unpack=unpack)
+    expected = x.double() @ matrix.T + residual.double()
+    assert torch.isfinite(got).all()
+    assert (got.double() - expected).norm() / expected.norm() < (1e-2 if fmt == "bfloat16" else 2e-3)
+    for row in range(rows):  # each row alone: what keeps a verify pass exact
+        assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], unpack=unpack)[0], got[row])
+
+
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 3), ("int4", 3), ("int4", 1)])
+def test_the_step_matmul_reads_rms_normed_rows_on_the_gpu(fmt, unpack):
+    from edge.kernels import step_kernels as sk
+
+    generator = torch.Generator(device=CUDA).manual_seed(5)
+    dense = torch.randn(4096, 512, generator=generator, device=CUDA) * 0.05
+    weight = dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32)
+    x = torch.randn(5, 512, generator=generator, device=CUDA).half()
+    norm_weight = (1 + 0.1 * torch.randn(512, generator=generator, device=CUDA)).half()
+    got = sk.linear(x, weight, norm=(norm_weight, 1e-5), unpack=unpack)
+    expected = sk.linear(sk.rms_norm(x, norm_weight, 1e-5), weight, unpack=unpack)
+    assert (got.float() - expected.float()).norm() / expected.float().norm() < 2e-3
+    for row in range(5):
+        assert torch.equal(sk.linear(x[row:row + 1], weight, norm=(norm_weight, 1e-5), unpack=unpack)[0], got[row])
+
+
+@pytest.mark.parametrize("kind", ["float16", "int8", "hierarchical", "draft"])
+@pytest.mark.parametrize("heads, kv_heads, dims, start, steps", [(4, 2, 64, 36, 1), (32, 8, 128, 3000, 5),
+                                                                 (8, 1, 64, 700, 4)])
+def test_the_step_attention_matches_the_reference_on_the_gpu(kind, heads, kv_heads, dims, start, steps):
+    from edge.kernels import step_kernels as sk
+
+    generator = torch.Generator().manual_seed(heads + start)
+    max_len = start + steps + 40
+    raw_k, raw_v = (torch.randn(kv_heads, max_len, dims, generator=generator) for _ in range(2))
+    if kind == "float16":
+        k, v = raw_k.half().float(), raw_v.half().float()
+        keys, values = ((t.half().to(CUDA),) * 4 for t in (raw_k, raw_v))
+        code = sk.FLOAT_CACHE
+    else:
+        fmt = "int8" if kind == "int8" else "hierarchical"
+        packed = [quantize(t, fmt) for t in (raw_k, raw_v)]
+        k, v = (dequantize(p, draft=kind == "draft") for p in packed)
+        keys, values = ((p.planes[0].to(CUDA), p.planes[-1].to(CUDA), p.scale.to(CUDA),
+                         (p.low if p.low is not None else p.scale).to(CUDA)) for p in packed)
+        code = {"int8": sk.INT8_CACHE, "hierarchical": sk.HIERARCHICAL, "draft": sk.HIERARCHICAL_DRAFT}[kind]
+    q = torch.randn(steps, heads * dims, generator=generator)
+    position = torch.tensor([start], dtype=torch.int32, device=CUDA)
+    got = sk.attend(q.half().to(CUDA), keys, values, position, heads, kv_heads, dims, code, torch.float32).cpu()
+    group = heads // kv_heads
+    for t in range(steps):
+        seen = start + t + 1
+        kk, vv = k[:, :seen].repeat_interleave(group, 0), v[:, :seen].repeat_interleave(group, 0)  # (H, S, D)
+        query = q[t].half().float().view(heads, dims)
+        weights = torch.softmax((kk @ query[:, :, None])[..., 0] * dims ** -0.5, dim=-1)  # (H, S)
+        expected = (weights[:, None, :] @ vv)[:, 0].reshape(-1)
+        assert (got[t] - expected).norm() / expected.norm() < 3e-3, t  # float16 operands, float32 sums
+    one = sk.attend(q[:1].half().to(CUDA), keys, values, position, heads, kv_heads, dims, code, torch.float32).cpu()
+    assert torch.equal(one[0], got[0])
+
+
+@pytest.mark.parametrize("kv_cache", [None, "hierarchical"])
+def test_the_graph_step_replays_what_single_steps_compute(target, kv_cache):
+    from edge.model.static_step import static_steps
+
+    engine = Engine.load(target, max_context=256, device="cuda", dtype="float16", kv_cache=kv_cache)
+    model, cache = engine.model, engine.cache
+    steps = static_steps(model, cache)
+    assert steps is not None and steps.capture
+    prompt = torch.tensor([engine.tokenizer.encode(PROMPT * 8)], device=CUDA)  # longer than a step: eager
+    model.forward_logits(prompt, 0, cache)
+    start = prompt.shape[1]
+    feed = torch.tensor([[5, 17, 33, 2]], device=CUDA)
+    verify = model.forward_logits(feed, start, cache)[0]
+    singles = torch.cat([model.forward_logits(feed[:, i:i + 1], start + i, cache)[0] for i in range(4)])
+    assert torch.equal(verify, singles)
+    assert len(steps.graphs) == 2  # one graph of 4 rows, one of 1 row, each replayed
+    eager = Engine.load(target, max_context=256, device="cuda", dtype="float16", kv_cache=kv_cache)
+    eager.model._static_steps = (eager.cache, None)  # the eager path on the same weights
+    eager.model.forward_logits(prompt, 0, eager.cache)
+    expected = eager.model.forward_logits(feed, start, eager.cache)[0]
+    assert (verify.float() - expected.float()).norm() / expected.float().norm() < 1e-2
+
+
+@pytest.mark.parametrize("drafter", ["quantspec", "quantspec:8", "skip:3", "early-exit:6"])
+def test_speculation_through_the_graph_step_equals_plain_decoding(target, drafter):
+    kv_cache = "hierarchical" if drafter.startswith("quantspec") else None
+    plain = Engine.load(target, max_context=256, device="cuda", dtype="float16", kv_cache=kv_cache)
+    expected = greedy(plain, tokens=64)
+    assert plain.model._static_steps[1] is not None
+    for length in (3, "adaptive"):
+        fast = Engine.load(target, max_context=256, device="cuda", dtype="float16", kv_cache=kv_cache,
+                           drafter=drafter, draft_length=length)
+        fast.reset()
+        events = list(fast.generate(PROMPT, max_new_tokens=64, ignore_eos=True))
+        assert [t for e in events for t in e.token_ids] == expected, (drafter, length)
+        assert events[-1].stats.drafted > 0

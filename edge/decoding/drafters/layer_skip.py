@@ -27,6 +27,7 @@ from edge.model.trimmed_head import TrimmedHead, draft_head
 from edge.errors import SamplingError
 from edge.model.kernel_glue import draft_greedy
 from edge.model.kv_cache import KVCache
+from edge.model.static_step import static_steps
 from edge.model.transformer import Transformer
 
 
@@ -75,9 +76,17 @@ class LayerSkipDrafter:
                                                                layers=self.layers))
             if drafted is not None:
                 return Draft.from_kernel(drafted)
+            steps = static_steps(self.model, self.cache) if self.head is None else None
+            if steps is not None and sampler.stop_below is None and not sampler.runners_up:  # one graph, k tokens
+                return Draft(tokens=steps.draft_greedy(tokens[-1], start, k, self.layers,
+                                                       getattr(self.cache, "draft_view", False), sampler.vocab_size))
         return draft_autoregressively(self._step, tokens, [tokens[-1]], start, k, sampler)
 
     def _step(self, feed: list[int], start: int) -> torch.Tensor:
+        steps = static_steps(self.model, self.cache) if self.head is None else None
+        if steps is not None and len(feed) <= steps.max_rows:  # the graph-captured step of a GPU
+            tokens = torch.tensor([feed], device=self.device)
+            return steps.logits(tokens, start, self.layers, getattr(self.cache, "draft_view", False))[-1].clone()
         hidden = self.model(torch.tensor([feed], device=self.device), start, self.cache, layers=self.layers)
         if self.head is not None:
             return self.head.logits(hidden)  # (V,), dropped tokens -inf

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from edge.kernels.quant_weight import QuantizedWeight
+from edge.kernels.triton_kernels import hierarchical_codes, int8_codes
 
 MAX_ROWS = 16  # rows of x one call takes: a decode step, or a verify pass of up to 15 drafted tokens
 DENSE, INT8, INT4 = 0, 1, 2
@@ -36,15 +37,6 @@ FLOAT_CACHE, INT8_CACHE, HIERARCHICAL, HIERARCHICAL_DRAFT = 3, 0, 1, 2  # (kinds
 @lru_cache(maxsize=None)
 def multiprocessors(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@triton.jit
-def _round_half_even(v):
-    """torch.round's rounding (half to even), so codes match the reference bit for bit."""
-    r = tl.floor(v + 0.5)
-    tie = (r - v) == 0.5
-    odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
-    return tl.where(tie & odd, r - 1.0, r)
 
 
 @triton.jit
@@ -397,23 +389,17 @@ def _append_kernel(src_ptr, SRC_STRIDE, k_first, k_second, k_scale, k_low, v_fir
             even = tl.load(src + 2 * pair).to(tl.float32)
             odd = tl.load(src + 2 * pair + 1).to(tl.float32)
         if KIND == 1:
-            low16 = tl.minimum(tl.min(even, 0), tl.min(odd, 0)).to(tl.float16).to(tl.float32)
-            high = tl.maximum(tl.max(even, 0), tl.max(odd, 0))
-            step16 = tl.maximum(tl.math.div_rn(high - low16, 255.0), 1e-8).to(tl.float16).to(tl.float32)
-            c_even = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(even - low16, step16)), 0.0), 255.0)
-            c_odd = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(odd - low16, step16)), 0.0), 255.0)
-            c_even, c_odd = c_even.to(tl.int32), c_odd.to(tl.int32)
-            tl.store(first + slot * (D // 2) + pair, ((c_even >> 4) | ((c_odd >> 4) << 4)).to(tl.uint8))
-            tl.store(second + slot * (D // 2) + pair, ((c_even & 15) | ((c_odd & 15) << 4)).to(tl.uint8))
+            low, high = tl.minimum(tl.min(even, 0), tl.min(odd, 0)), tl.maximum(tl.max(even, 0), tl.max(odd, 0))
+            upper, lower, step16, low16 = hierarchical_codes(even, odd, low, high)
+            tl.store(first + slot * (D // 2) + pair, upper)
+            tl.store(second + slot * (D // 2) + pair, lower)
             tl.store(scale_ptr + slot, step16.to(tl.float16))
             tl.store(low_ptr + slot, low16.to(tl.float16))
         else:
             top = tl.maximum(tl.max(tl.abs(even), 0), tl.max(tl.abs(odd), 0))
-            scale16 = tl.maximum(tl.math.div_rn(top, 127.0), 1e-8).to(tl.float16).to(tl.float32)
-            c_even = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(even, scale16)), -127.0), 127.0)
-            c_odd = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(odd, scale16)), -127.0), 127.0)
-            tl.store(first + slot * D + 2 * pair, c_even.to(tl.int8))
-            tl.store(first + slot * D + 2 * pair + 1, c_odd.to(tl.int8))
+            c_even, c_odd, scale16 = int8_codes(even, odd, top)
+            tl.store(first + slot * D + 2 * pair, c_even)
+            tl.store(first + slot * D + 2 * pair + 1, c_odd)
             tl.store(scale_ptr + slot, scale16.to(tl.float16))
 
 

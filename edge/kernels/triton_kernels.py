@@ -33,6 +33,32 @@ def _round_half_even(v):
 
 
 @triton.jit
+def hierarchical_codes(even, odd, low, high):
+    """A vector's even and odd elements as QuantSpec's hierarchical codes (edge/kernels/kv_quant.py): 8-bit asymmetric
+    from its min `low` and max `high`, split into the upper and lower nibble planes -> (upper, lower) uint8, and
+    the float16 step and low (as float32). div_rn: IEEE division, as torch divides (Triton's default GPU division is
+    approximate)."""
+    low16 = low.to(tl.float16).to(tl.float32)
+    step16 = tl.maximum(tl.math.div_rn(high - low16, 255.0), 1e-8).to(tl.float16).to(tl.float32)
+    c_even = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(even - low16, step16)), 0.0), 255.0)
+    c_odd = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(odd - low16, step16)), 0.0), 255.0)
+    c_even, c_odd = c_even.to(tl.int32), c_odd.to(tl.int32)
+    upper = ((c_even >> 4) | ((c_odd >> 4) << 4)).to(tl.uint8)
+    lower = ((c_even & 15) | ((c_odd & 15) << 4)).to(tl.uint8)
+    return upper, lower, step16, low16
+
+
+@triton.jit
+def int8_codes(even, odd, top):
+    """A vector's even and odd elements as symmetric int8 codes at the float16 scale of its max |x| `top` ->
+    (even codes, odd codes) int8 and the scale (as float32)."""
+    scale16 = tl.maximum(tl.math.div_rn(top, 127.0), 1e-8).to(tl.float16).to(tl.float32)
+    c_even = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(even, scale16)), -127.0), 127.0).to(tl.int8)
+    c_odd = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(odd, scale16)), -127.0), 127.0).to(tl.int8)
+    return c_even, c_odd, scale16
+
+
+@triton.jit
 def _quantized_matmul_kernel(x_ptr, codes_ptr, scales_ptr, out_ptr, N, K, GROUPS, GROUPS_PER_SPLIT,
                              BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
     """One row m of x against BLOCK_N rows of the weight, over split s of the groups (GROUPS_PER_SPLIT of them),
@@ -132,23 +158,14 @@ def _quantize_kernel(x_ptr, first_ptr, second_ptr, scale_ptr, low_ptr, D,
     if HIERARCHICAL:
         low = tl.minimum(tl.min(tl.where(ok, even, float("inf")), 0), tl.min(tl.where(ok, odd, float("inf")), 0))
         high = tl.maximum(tl.max(tl.where(ok, even, -float("inf")), 0), tl.max(tl.where(ok, odd, -float("inf")), 0))
-        low16 = low.to(tl.float16).to(tl.float32)
-        # div_rn: IEEE division, as torch divides (Triton's default GPU division is approximate)
-        step16 = tl.maximum(tl.math.div_rn(high - low16, 255.0), 1e-8).to(tl.float16).to(tl.float32)
-        c_even = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(even - low16, step16)), 0.0), 255.0)
-        c_odd = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(odd - low16, step16)), 0.0), 255.0)
-        c_even, c_odd = c_even.to(tl.int32), c_odd.to(tl.int32)
-        upper = ((c_even >> 4) | ((c_odd >> 4) << 4)).to(tl.uint8)
-        lower = ((c_even & 15) | ((c_odd & 15) << 4)).to(tl.uint8)
+        upper, lower, step16, low16 = hierarchical_codes(even, odd, low, high)
         tl.store(first_ptr + row * (D // 2) + pair, upper, mask=ok)
         tl.store(second_ptr + row * (D // 2) + pair, lower, mask=ok)
         tl.store(scale_ptr + row, step16.to(tl.float16))
         tl.store(low_ptr + row, low16.to(tl.float16))
     else:
         top = tl.maximum(tl.max(tl.where(ok, tl.abs(even), 0.0), 0), tl.max(tl.where(ok, tl.abs(odd), 0.0), 0))
-        scale16 = tl.maximum(tl.math.div_rn(top, 127.0), 1e-8).to(tl.float16).to(tl.float32)
-        c_even = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(even, scale16)), -127.0), 127.0).to(tl.int8)
-        c_odd = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(odd, scale16)), -127.0), 127.0).to(tl.int8)
+        c_even, c_odd, scale16 = int8_codes(even, odd, top)
         tl.store(first_ptr + row * D + 2 * pair, c_even, mask=ok)
         tl.store(first_ptr + row * D + 2 * pair + 1, c_odd, mask=ok)
         tl.store(scale_ptr + row, scale16.to(tl.float16))

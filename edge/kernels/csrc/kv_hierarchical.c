@@ -70,7 +70,7 @@ void hierarchical_store(const HierarchicalCache *cache, int64_t layer, const flo
                         int64_t row_stride, int64_t T, int64_t start, int64_t Hkv, int64_t Dh, int64_t S_max) {
     const HierarchicalPlanes *stores[2] = {&cache->keys, &cache->values};
     const float *sources[2] = {keys, values};
-    float scaled[512];  /* edge/kernels/fused_model.py MAX_HEAD_DIM: the fused step takes no wider head */
+    float scaled[MAX_HEAD_DIM];  /* interface.h: the fused step takes no wider head */
     for (int which = 0; which < 2; which++) {
         const HierarchicalPlanes *p = stores[which];
         for (int64_t t = 0; t < T; t++)

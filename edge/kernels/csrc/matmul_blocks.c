@@ -82,7 +82,7 @@ ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
 }
 ALWAYS lf lf_zero(void) { return _mm512_setzero_ps(); }
 ALWAYS lf lf_set(float v) { return _mm512_set1_ps(v); }
-ALWAYS lf lf_f16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+ALWAYS lf lf_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 ALWAYS lf lf_of(li v) { return _mm512_cvtepi32_ps(v); }
 ALWAYS lf lf_add(lf a, lf b) { return _mm512_add_ps(a, b); }
 ALWAYS lf lf_sub(lf a, lf b) { return _mm512_sub_ps(a, b); }
@@ -138,7 +138,7 @@ ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
 }
 ALWAYS lf lf_zero(void) { return _mm256_setzero_ps(); }
 ALWAYS lf lf_set(float v) { return _mm256_set1_ps(v); }
-ALWAYS lf lf_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+ALWAYS lf lf_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 ALWAYS lf lf_of(li v) { return _mm256_cvtepi32_ps(v); }
 ALWAYS lf lf_add(lf a, lf b) { return _mm256_add_ps(a, b); }
 ALWAYS lf lf_sub(lf a, lf b) { return _mm256_sub_ps(a, b); }
@@ -211,8 +211,8 @@ ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
 }
 ALWAYS lf lf_zero(void) { return (lf){{vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}}; }
 ALWAYS lf lf_set(float v) { return (lf){{vdupq_n_f32(v), vdupq_n_f32(v)}}; }
-ALWAYS lf lf_f16(const uint8_t *p) {
-    return (lf){{vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))), vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p + 8)))}};
+ALWAYS lf lf_f16(const uint16_t *p) {
+    return (lf){{vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))), vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4)))}};
 }
 ALWAYS lf lf_of(li v) { return (lf){{vcvtq_f32_s32(v.val[0]), vcvtq_f32_s32(v.val[1])}}; }
 ALWAYS lf lf_add(lf a, lf b) { return (lf){{vaddq_f32(a.val[0], b.val[0]), vaddq_f32(a.val[1], b.val[1])}}; }
@@ -275,13 +275,9 @@ ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
 }
 ALWAYS lf lf_zero(void) { return (lf){0}; }
 ALWAYS lf lf_set(float v) { return (lf){0} + v; }
-ALWAYS lf lf_f16(const uint8_t *p) {
+ALWAYS lf lf_f16(const uint16_t *p) {
     lf v;
-    for (int n = 0; n < LANES; n++) {
-        uint16_t bits;
-        memcpy(&bits, p + 2 * n, 2);
-        v[n] = f16_to_f32(bits);
-    }
+    for (int n = 0; n < LANES; n++) v[n] = f16_to_f32(p[n]);
     return v;
 }
 ALWAYS lf lf_of(li v) { return __builtin_convertvector(v, lf); }
@@ -460,17 +456,17 @@ ALWAYS void block_32(const int format, const uint8_t *g, const Row *rows, int64_
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = li_zero(), x[r] = rows[r].codes + 32 * b;
     const int five = format == BLOCKS_Q5_0 || format == BLOCKS_Q5_1;
     const int minned = format == BLOCKS_Q4_1 || format == BLOCKS_Q5_1;
-    const int scales_at = format == BLOCKS_Q8_0 ? 512 : 256 + 64 * five;  /* d, then m */
+    const Fields32 f = fields_32(format, g);  /* blocks.h */
     if (format == BLOCKS_Q8_0) {
         _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
-            const lb w = lb_q8(lb_load(g + 64 * c + STEP * h));
+            const lb w = lb_q8(lb_load(f.codes + 64 * c + STEP * h));
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = li_dot_q8(dots[r], w, x[r] + 4 * c);
         }
     } else {
-        run_dots(g + STEP * h, g + 256 + STEP * h, 4, five, x, dots, li_zero(), 0, NULL, 0, R);
+        run_dots(f.codes + STEP * h, five ? f.plane + STEP * h : NULL, 4, five, x, dots, li_zero(), 0, NULL, 0, R);
     }
-    const lf d = lf_f16(g + scales_at + 2 * LANES * h);
-    const lf m = minned ? lf_f16(g + scales_at + 32 + 2 * LANES * h) : lf_zero();
+    const lf d = lf_f16(f.d + LANES * h);
+    const lf m = minned ? lf_f16(f.m + LANES * h) : lf_zero();
     const int offset = format == BLOCKS_Q8_0 ? 128 * Q8_FLIPPED : format == BLOCKS_Q4_0 ? 8 : format == BLOCKS_Q5_0 ? 16 : 0;
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         const li exact = offset ? li_sub(dots[r], li_set(offset * rows[r].sums[b])) : dots[r];
@@ -486,30 +482,32 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
     const int8_t *x[MAX_ROWS];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = offsets[r] = li_zero();
     const int six = format == BLOCKS_Q6_K, five = format == BLOCKS_Q5_K;
-    const int tail = six ? 3072 : 2048 + 512 * five;  /* the scales (then mins), then d (and dmin) */
+    const FieldsK f = fields_k(format, g);  /* blocks.h */
     if (six) {
         for (int j = 0; j < 16; j++) {  /* runs of 16: dots[r] += sc_j (dot_j - 32 xsum_j) */
-            const li scale = li_multiplier(g + tail + 16 * j + LANES * h, 1);
+            const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 1);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 x[r] = rows[r].codes + 256 * b + 16 * j;
                 if (!WIDE_LW)  /* int16 partial dots are scaled pair by pair: the offset apart, sc_j xsum_j */
                     offsets[r] = li_add(offsets[r], li_times(scale, rows[r].sums[16 * b + j]));
             }
-            run_dots(g + 192 * j + STEP * h, g + 192 * j + 128 + STEP * h, 2, 2, x, dots, scale, 1,
+            run_dots(run_pairs(format, g, j) + STEP * h, run_plane(format, g, j) + STEP * h, 2, 2, x, dots, scale, 1,
                      WIDE_LW ? rows : NULL, 16 * b + j, R);
         }
     } else {
         for (int j = 0; j < 8; j++) {  /* runs of 32: dots[r] += sc_j dot_j */
-            const li scale = li_multiplier(g + tail + 16 * j + LANES * h, 0);
+            const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 0);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) x[r] = rows[r].codes + 256 * b + 32 * j;
-            run_dots(g + 256 * j + STEP * h, g + 2048 + 64 * j + STEP * h, 4, five, x, dots, scale, 1, NULL, 0, R);
+            run_dots(run_pairs(format, g, j) + STEP * h, five ? run_plane(format, g, j) + STEP * h : NULL, 4, five, x,
+                     dots, scale, 1, NULL, 0, R);
         }
         for (int i = 0; i < 4; i++)  /* offsets[r] = sum_j m_j xsum_j, two sub-blocks at a time */
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-                offsets[r] = li_pair_dot(offsets[r], g + tail + 128 + 32 * i + 2 * LANES * h, rows[r].pairs[4 * b + i]);
+                offsets[r] = li_pair_dot(offsets[r], f.mins + 2 * BLOCKS_GROUP * i + 2 * LANES * h,
+                                         rows[r].pairs[4 * b + i]);
     }
-    const lf d = lf_f16(g + tail + 256 + 2 * LANES * h);
-    const lf dmin = six ? lf_zero() : lf_f16(g + tail + 288 + 2 * LANES * h);
+    const lf d = lf_f16(f.d + LANES * h);
+    const lf dmin = six ? lf_zero() : lf_f16(f.dmin + LANES * h);
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         const lf sx = lf_set(rows[r].scales[b]);
         const lf term = six ? lf_mul(lf_of(li_sub(dots[r], li_shl(offsets[r], 5))), lf_mul(d, sx))
@@ -640,7 +638,7 @@ void blocks_matmul_team(const float *x, const BlockMatrix *matrix, const float *
     for (int s = 0; s < matrix->count; n0 += matrix->rows[s], s++) {
         const int format = matrix->formats[s];
         if (blocks_float(format)) {
-            const int kind = format == BLOCKS_F32 ? WEIGHTS_F32 : format == BLOCKS_F16 ? WEIGHTS_F16 : WEIGHTS_BF16;
+            const int kind = format == BLOCKS_F32 ? WEIGHTS_FLOAT32 : format == BLOCKS_F16 ? WEIGHTS_FLOAT16 : WEIGHTS_BFLOAT16;
             float_matmul_strided_share(kind, x, matrix->data[s], bias ? bias + n0 : NULL, y + n0, N, M,
                                        matrix->rows[s], K, part, parts);
             continue;

@@ -1,7 +1,7 @@
 /* int8 weights, activations quantized per row (w8a8): y[m, n] = (dot[m, n] * sw[n]) * sx[m] + bias[n], dot the exact
  * integer sum_k xq[m, k] * wq[n, k].
  *
- * Weights are quantized per output channel (wq = round(w / sw), |wq| <= 127; edge/kernels/cpu_matmul.py pack_int8) and
+ * Weights are quantized per output channel (wq = round(w / sw), |wq| <= 127; edge/kernels/cpu_kernel.py pack_int8) and
  * packed in groups of 16 outputs: for each group, K'/4 chunks of 64 bytes, chunk c holding wq[n, 4c .. 4c+3] for the
  * group's 16 outputs n in turn (N' = N rounded up to 16 and K' = K rounded up to 4, zero codes in the padding).
  * After the N' * K' code bytes come N' float32 scales sw and N' int32 corrections 128 * sum_k wq[n, k].

@@ -1,6 +1,6 @@
 /* The vector primitives of each CPU path, so the kernels are written once.
  *
- * edge/kernels/cpu_matmul.py builds one library per path from the same sources, with that path's compiler flags; the
+ * edge/kernels/cpu_paths.py builds one library per path from the same sources, with that path's compiler flags; the
  * flags alone pick the branch below:
  *
  *   path       flags                              float vectors        int8 / block dot products
@@ -22,6 +22,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "interface.h"
 
 #if defined(EDGE_EMULATE_AVX512)
 #define SIMDE_ENABLE_NATIVE_ALIASES
@@ -424,15 +426,10 @@ static inline void silu_span(const float *gate, const float *up, float *out, int
     }
 }
 
-/* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 the matrices are packed
- * (matmul_int8.c) and the norms float32; with WEIGHTS_BLOCKS a matrix is a BlockMatrix of llama.cpp's block formats
- * (blocks.h, matmul_blocks.c: a GGUF file's, or edge's int4) and the norms float32. */
-enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_BLOCKS = 5 };
-
-/* Element i of a float matrix or norm in its format, as float32 */
+/* Element i of a float matrix or norm in its format (a WeightFormat, interface.h), as float32 */
 static inline float weight_at(const void *w, int64_t i, int format) {
-    if (format == WEIGHTS_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
-    if (format == WEIGHTS_F16) return f16_to_f32(((const uint16_t *)w)[i]);
+    if (format == WEIGHTS_BFLOAT16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    if (format == WEIGHTS_FLOAT16) return f16_to_f32(((const uint16_t *)w)[i]);
     return ((const float *)w)[i];
 }
 
@@ -452,29 +449,5 @@ void team_matmul(const float *x, const void *w, const float *bias, float *y, int
                  int format, void *prepared, int part, int parts);
 void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                         int format, void *prepared, int part, int parts);
-void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                    int format, int threads);
-void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
-                     int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
-                     float scale, const int64_t *parents, int part, int parts);
-void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
-                           int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
-                           int64_t window, float scale, int threads);
-
-/* kv_hierarchical.c: QuantSpec's hierarchical KV cache (edge/kernels/kv_quant.py) as the fused step reads and writes it.
- * Each of keys/values: two nibble planes (L, Hkv, S_max, Dh / 2) and float16 step and low (L, Hkv, S_max). */
-typedef struct {
-    uint8_t *upper, *lower;
-    uint16_t *step, *low;
-} HierarchicalPlanes;
-typedef struct {
-    HierarchicalPlanes keys, values;
-    int32_t draft;  /* read the upper planes alone (the draft's 4-bit view) */
-    const float *key_scales;  /* (L, Hkv, Dh) powers of two: keys are stored divided by them (outlier channels); or NULL */
-} HierarchicalCache;
-void hierarchical_store(const HierarchicalCache *cache, int64_t layer, const float *keys, const float *values,
-                        int64_t row_stride, int64_t T, int64_t start, int64_t Hkv, int64_t Dh, int64_t S_max);
-void hierarchical_load_share(const HierarchicalCache *cache, int64_t layer, float *keys_out, float *values_out,
-                             int64_t span, int64_t Hkv, int64_t Dh, int64_t S_max, int part, int parts);
 
 #endif

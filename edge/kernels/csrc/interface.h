@@ -26,6 +26,11 @@ typedef enum {
     QK_K = 256                  /* weights per block of the k-quants (ggml's QK_K) */
 } BlockLimit;
 
+typedef enum {
+    INT8_GROUP = 16,            /* WEIGHTS_INT8: outputs packed side by side (edge/kernels/cpu_packing.py) */
+    INT8_CHUNK = 4              /* WEIGHTS_INT8: inputs per chunk, what one dot instruction takes per output */
+} Int8Layout;
+
 /* ---- weight formats: how a matrix or norm is stored (biases are float32) ----
  * WEIGHTS_INT8: matrices packed by edge/kernels/cpu_packing.py (matmul_int8.c), norms float32. WEIGHTS_BLOCKS: a
  * matrix is a BlockMatrix of llama.cpp's block formats (blocks.h, matmul_blocks.c: a GGUF file's, or edge's int4),

@@ -19,7 +19,7 @@
 
 #include "quantized.h"
 
-#define GROUP 16
+#define GROUP INT8_GROUP  /* interface.h */
 #define MAX_ROWS 4
 #define MAX_GROUPS 4 /* groups per tile with one row; fewer with more rows (accumulators stay in registers) */
 

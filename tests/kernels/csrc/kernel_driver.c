@@ -52,7 +52,8 @@ static void matmul(const char *format, const float *x, const void *w, const floa
 static size_t weight_bytes(const char *format, int64_t N, int64_t K) {
     if (!strcmp(format, "f32")) return (size_t)(N * K * 4);
     if (!strcmp(format, "bf16") || !strcmp(format, "f16")) return (size_t)(N * K * 2);
-    if (!strcmp(format, "i8")) return (size_t)(round_up(N, 16) * round_up(K, 4) + 8 * round_up(N, 16));
+    if (!strcmp(format, "i8"))  /* codes, then a float32 scale and an int32 correction per output */
+        return (size_t)(round_up(N, INT8_GROUP) * round_up(K, INT8_CHUNK) + 8 * round_up(N, INT8_GROUP));
     fprintf(stderr, "kernel_driver: unknown format %s\n", format);
     exit(2);
 }

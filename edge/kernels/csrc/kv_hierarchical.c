@@ -12,29 +12,6 @@
  */
 #include "simd.h"
 
-/* float32 -> float16 bits, rounded to nearest even (as torch's .half()) */
-static inline uint16_t f32_to_f16(float value) {
-#if defined(EDGE_X86) && !defined(EDGE_EMULATE_AVX512)
-    return _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT);
-#elif defined(EDGE_NEON)
-    const __fp16 half = (__fp16)value;
-    uint16_t bits;
-    memcpy(&bits, &half, sizeof bits);
-    return bits;
-#else
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
-    const uint32_t magnitude = bits & 0x7fffffffu;
-    if (magnitude > 0x7f800000u) return sign | 0x7e00;        /* nan */
-    if (magnitude >= 0x477ff000u) return sign | 0x7c00;       /* 65520 and above round to inf */
-    if (magnitude < 0x38800000u)                              /* below 2^-14: a subnormal, in units of 2^-24 */
-        return sign | (uint16_t)nearbyintf(fabsf(value) * 0x1p24f);
-    const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);  /* half to even on the 13 dropped bits */
-    return sign | (uint16_t)((rounded - 0x38000000u) >> 13);  /* rebias the exponent 127 -> 15 */
-#endif
-}
-
 /* One vector x (Dh) into 8-bit codes c = round((x - low) / step), low = min(x), step = (max(x) - low) / 255, each kept
  * in float16 as the reference does; the codes' upper and lower nibbles into two planes, two values a byte, low nibble
  * first. */

@@ -73,14 +73,21 @@ def slot_kind(slot: str) -> str:
     return slot.rsplit("_", 1)[-1] if slot.endswith(("_norm", "_bias")) else "matrix"
 
 
+# the WeightFormat numbers by name (WEIGHTS_INT8 -> "int8") and by float dtype, looked up on every matmul call
+WEIGHT_FORMATS = {name.removeprefix("WEIGHTS_").lower(): value
+                  for value, name in ffi.typeof("WeightFormat").elements.items()}
+_DTYPE_FORMATS = {dtype: WEIGHT_FORMATS[name] for dtype, name in FLOAT_FORMATS.items()}
+_VOID_P = ffi.typeof("void *")
+
+
 def weight_format(dtype: torch.dtype | str) -> int:
     """The C side's WeightFormat of a float dtype or a format name ("float32", "int8", "blocks", ...)."""
-    return CONSTANTS["WEIGHTS_" + (dtype if isinstance(dtype, str) else FLOAT_FORMATS[dtype]).upper()]
+    return WEIGHT_FORMATS[dtype] if isinstance(dtype, str) else _DTYPE_FORMATS[dtype]
 
 
 def pointer(tensor: torch.Tensor | None):
     """A tensor's address as a C pointer argument or field, NULL for no tensor."""
-    return ffi.NULL if tensor is None else ffi.cast("void *", tensor.data_ptr())
+    return ffi.NULL if tensor is None else ffi.cast(_VOID_P, tensor.data_ptr())
 
 
 class KernelCache:

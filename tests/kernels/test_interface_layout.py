@@ -6,6 +6,7 @@ formats' structs are also held to blocks.h's table and to the gguf package's blo
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from edge.kernels.block_formats import FORMATS, QUANTIZED
 from edge.kernels.cpu_kernel import HEADER, enum_constants, ffi, interface
 
 ROOT = Path(cpu_paths.SOURCE_DIR).parents[2]  # the checkout: edge/kernels/csrc
+CROSS, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+AARCH64 = (CROSS, [QEMU, "-L", "/usr/aarch64-linux-gnu"]) if CROSS and QEMU else None
 
 
 def structs(parsed) -> list[str]:
@@ -47,12 +50,14 @@ def layout_program(parsed) -> str:
     return "\n".join([*lines, "    return 0;", "}", ""])
 
 
-def compiler_layout(parsed, tmp_path: Path) -> dict[str, tuple[int, ...]]:
-    """The layout the system compiler gives the header, for the names `parsed` lists."""
+def compiler_layout(parsed, tmp_path: Path, target: tuple | None = None) -> dict[str, tuple[int, ...]]:
+    """The layout the system compiler (or `target`'s: a cross compiler and the emulator that runs its programs)
+    gives the header, for the names `parsed` lists."""
     source, program = tmp_path / "layout.c", tmp_path / "layout"
     source.write_text(layout_program(parsed))
-    subprocess.run([cpu_paths.compiler(), f"-I{cpu_paths.SOURCE_DIR}", str(source), "-o", str(program)], check=True, timeout=120)
-    output = subprocess.run([str(program)], capture_output=True, text=True, check=True, timeout=60).stdout
+    compiler, runner = target or (cpu_paths.compiler(), [])
+    subprocess.run([compiler, f"-I{cpu_paths.SOURCE_DIR}", str(source), "-o", str(program)], check=True, timeout=120)
+    output = subprocess.run([*runner, str(program)], capture_output=True, text=True, check=True, timeout=60).stdout
     return {name: tuple(map(int, values)) for name, *values in (line.split() for line in output.splitlines())}
 
 
@@ -67,6 +72,12 @@ def test_cffi_reads_every_struct_as_the_compiler_lays_it_out(tmp_path):
     assert {"ModelView", "LayerWeights", "DraftArgs", "HierarchicalPlanes", "HierarchicalCache", "BlockMatrix",
             "block_q4_k", "group_q4_k", "group_q6_k", "run_q6_k"} <= set(structs(ffi))
     assert mismatches(ffi, tmp_path) == []
+
+
+@pytest.mark.skipif(AARCH64 is None, reason="needs gcc-aarch64-linux-gnu and qemu-user")
+def test_aarch64_lays_the_structs_out_as_this_machine_does(tmp_path):
+    """The header means the same bytes on an aarch64 machine (a Raspberry Pi, Apple, Graviton) as here."""
+    assert compiler_layout(ffi, tmp_path, AARCH64) == cffi_layout(ffi)
 
 
 @pytest.mark.parametrize("plant, reported", [

@@ -36,9 +36,9 @@ def measure(request: dict) -> dict:
 
     from edge import Engine
     from bench.prompts import PROMPTS
-    from edge.kernels.cpu_matmul import RowwiseMatmul
+    from edge.kernels.cpu_kernel import CpuKernel
 
-    RowwiseMatmul.load()
+    CpuKernel.load()
     warm_up_libraries()
     import onnxruntime  # noqa: F401 - a runtime dependency of edge: counted in the runtime for every method
     runtime = psutil.Process().memory_info().rss  # interpreter, torch and its math libraries, edge, the kernel

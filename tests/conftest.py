@@ -172,15 +172,13 @@ def kernel_path_names() -> list[str]:
 
 def kernel_for(name: str):
     """The kernel library of one path (or of the emulated avx512 code), built on first use; skips if it cannot be."""
-    import ctypes
-
     from edge.kernels import cpu_paths
-    from edge.kernels.cpu_matmul import RowwiseMatmul
+    from edge.kernels.cpu_kernel import CpuKernel
 
     if name == "avx512-emulated":
         library = cpu_paths.build("avx2", ["-DEDGE_EMULATE_AVX512", "-Wno-psabi"], label="avx512-emulated")
-        return RowwiseMatmul(ctypes.CDLL(str(library)))
-    kernel = RowwiseMatmul.for_path(name)
+        return CpuKernel.open(library)
+    kernel = CpuKernel.for_path(name)
     if kernel is None:
         pytest.skip(f"the {name} kernel cannot be built here (no C compiler with OpenMP)")
     return kernel

@@ -3,7 +3,7 @@ groups of 16 outputs (csrc/blocks.h says how), never re-quantized, and run by cs
 
     matrix = BlockMatrix.from_file("q4_k", data, rows, columns)     # data: the file's bytes (rows, row bytes)
     fused = BlockMatrix.stack([q, k, v])         # q/k/v or gate/up as one matrix (segments may differ in type)
-    y = kernel.blocks(x, fused, bias)            # x (..., K) float32 -> (..., N) float32 (cpu_matmul.RowwiseMatmul)
+    y = kernel.blocks(x, fused, bias)            # x (..., K) float32 -> (..., N) float32 (cpu_kernel.CpuKernel)
     weight = matrix.dequantized()                # (N, K) float32: the values the file's bytes stand for
 
 The types: the 32-weight blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the 256-weight k-quants Q4_K, Q5_K, Q6_K (what
@@ -15,41 +15,41 @@ bits and a row never depends on the rest of the call.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-MAX_SEGMENTS = 4  # csrc/blocks.h BLOCKS_MAX_SEGMENTS
-GROUP = 16  # outputs side by side
+from edge.kernels.cpu_kernel import CONSTANTS, CpuKernel, ffi
+
+MAX_SEGMENTS = CONSTANTS["BLOCKS_MAX_SEGMENTS"]
+GROUP = CONSTANTS["BLOCKS_GROUP"]  # outputs side by side
+FLOAT_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}  # kept in the file's rows
 
 
 @dataclass(frozen=True)
 class BlockFormat:
     name: str  # GGUF's type name, lower case ("q4_k")
-    number: int  # ggml's type number (GGUF's tensor_type): the C side's format
+    number: int  # ggml's type number (GGUF's tensor_type): the C side's BlockType
     weights: int  # per block
     file_bytes: int  # one output's block in the file
-    group_bytes: int  # a group of 16 outputs' block in memory (csrc/blocks.h)
+    group_bytes: int  # a group of 16 outputs' block in memory (csrc/interface.h group_*)
     activations: str  # how a row is quantized against it
 
 
-FORMATS = {f.name: f for f in (
-    BlockFormat("q4_0", 2, 32, 18, 288, "8-bit per 32"),
-    BlockFormat("q4_1", 3, 32, 20, 320, "8-bit per 32"),
-    BlockFormat("q5_0", 6, 32, 22, 352, "8-bit per 32"),
-    BlockFormat("q5_1", 7, 32, 24, 384, "8-bit per 32"),
-    BlockFormat("q8_0", 8, 32, 34, 544, "8-bit per 32"),
-    BlockFormat("q4_k", 12, 256, 144, 2368, "8-bit per 256"),
-    BlockFormat("q5_k", 13, 256, 176, 2880, "8-bit per 256"),
-    BlockFormat("q6_k", 14, 256, 210, 3360, "8-bit per 256"),
-    # a matrix a quantized file keeps in floats: the file's rows as they are, on the float kernel
-    BlockFormat("f32", 0, 1, 4, 0, "float32"),
-    BlockFormat("f16", 1, 1, 2, 0, "float32"),
-    BlockFormat("bf16", 30, 1, 2, 0, "float32"),
-)}
+def _block_format(name: str, number: int) -> BlockFormat:
+    """A BlockType of the C header (BLOCKS_Q4_K -> "q4_k") with its sizes: the header's structs of one output's
+    block in the file (block_q4_k) and of a group's block here (group_q4_k)."""
+    if name in FLOAT_TYPES:  # a matrix a quantized file keeps in floats: the file's rows as they are, float kernel
+        return BlockFormat(name, number, 1, FLOAT_TYPES[name].itemsize, 0, "float32")
+    weights = CONSTANTS["QK_K"] if name.endswith("_k") else CONSTANTS["QK"]
+    return BlockFormat(name, number, weights, ffi.sizeof(f"block_{name}"), ffi.sizeof(f"group_{name}"),
+                       f"8-bit per {weights}")
+
+
+FORMATS = {f.name: f for f in (_block_format(name.removeprefix("BLOCKS_").lower(), number)
+                               for number, name in sorted(ffi.typeof("BlockType").elements.items()))}
 QUANTIZED = tuple(name for name, fmt in FORMATS.items() if fmt.group_bytes)
 QUANTIZERS = ("q4_1", "q8_0")  # what edge itself quantizes float weights into (csrc/blocks_quantize.c)
 
@@ -97,54 +97,25 @@ class PackedArena:
 
 
 
-class BlockMatrixView(ctypes.Structure):
-    """csrc/blocks.h BlockMatrix: up to 4 row segments, each in its own format."""
-
-    _fields_ = [("count", ctypes.c_int32), ("formats", ctypes.c_int32 * MAX_SEGMENTS),
-                ("rows", ctypes.c_int64 * MAX_SEGMENTS), ("data", ctypes.c_void_p * MAX_SEGMENTS)]
-
-
-class _Library:
-    """The layout functions of edge's kernel library (any path's: repacking moves bits the same way on all)."""
-
-    _bound: "_Library | None" = None
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        self.repack = library.blocks_repack
-        self.repack.argtypes = [ctypes.c_int, pointer, size, size, pointer, ctypes.c_int]
-        self.repack.restype = None
-        self.rows = library.blocks_dequantize_rows
-        self.rows.argtypes = [ctypes.c_int, pointer, size, size, size, pointer]
-        self.rows.restype = None
-        self.quantize = library.blocks_quantize
-        self.quantize.argtypes = [ctypes.c_int, pointer, size, size, pointer, ctypes.c_int]
-        self.quantize.restype = None
-
-    @classmethod
-    def get(cls) -> "_Library":
-        if cls._bound is None:
-            from edge.kernels.cpu_matmul import RowwiseMatmul
-
-            kernel = RowwiseMatmul.load()
-            if kernel is None:
-                raise OSError("llama.cpp's block formats run on edge's CPU kernel, which cannot be built here "
-                              "(it needs a C compiler with OpenMP)")
-            cls._bound = cls(kernel.library)
-        return cls._bound
+def _kernel() -> CpuKernel:
+    """This CPU's kernel library (any path's would do: repacking moves bits the same way on all)."""
+    kernel = CpuKernel.load()
+    if kernel is None:
+        raise OSError("llama.cpp's block formats run on edge's CPU kernel, which cannot be built here "
+                      "(it needs a C compiler with OpenMP)")
+    return kernel
 
 
-def quantize_file(name: str, weight: torch.Tensor, threads: int = 0, library: ctypes.CDLL | None = None) -> np.ndarray:
+def quantize_file(name: str, weight: torch.Tensor, threads: int = 0, kernel: CpuKernel | None = None) -> np.ndarray:
     """A float matrix (N, K) quantized by edge into `name` ("q4_1" or "q8_0"), as a GGUF file stores that type: N rows
-    of ceil(K / 32) blocks (csrc/blocks_quantize.c). `library`: one path's kernel library (default: this CPU's)."""
+    of ceil(K / 32) blocks (csrc/blocks_quantize.c). `kernel`: one path's kernel (default: this CPU's)."""
     if name not in QUANTIZERS:
         raise ValueError(f"edge quantizes into {', '.join(QUANTIZERS)}, not {name}")
     rows, columns = weight.shape
     source = weight.detach().to(torch.float32).contiguous()
     data = np.empty(file_bytes(name, rows, columns), dtype=np.uint8)
-    bound = _Library(library) if library is not None else _Library.get()
-    bound.quantize(FORMATS[name].number, source.data_ptr(), rows, columns, data.ctypes.data,
-                   threads or torch.get_num_threads())
+    (kernel or _kernel()).quantize_blocks(FORMATS[name].number, source, torch.from_numpy(data),
+                                          threads or torch.get_num_threads())
     return data
 
 class BlockMatrix:
@@ -156,12 +127,13 @@ class BlockMatrix:
         self.segments, self.columns = segments, columns
         self.rows = sum(rows for _, rows, _ in segments)
         # the C struct lives in a tensor, so that a weights table takes its address as it takes a packed matrix's
-        self.table_entry = torch.zeros(ctypes.sizeof(BlockMatrixView), dtype=torch.uint8)
-        view = BlockMatrixView.from_address(self.table_entry.data_ptr())
+        self.table_entry = torch.zeros(ffi.sizeof("BlockMatrix"), dtype=torch.uint8)
+        view = ffi.cast("BlockMatrix *", self.table_entry.data_ptr())
         view.count = len(segments)
         for i, (name, rows, packed) in enumerate(segments):
-            view.formats[i], view.rows[i], view.data[i] = FORMATS[name].number, rows, packed.data_ptr()
-        self._view = view  # the tensors above must stay alive as long as the struct is used
+            view.formats[i], view.rows[i] = FORMATS[name].number, rows
+            view.data[i] = ffi.cast("void *", packed.data_ptr())
+        # the tensors above must stay alive as long as the struct is used
 
     @classmethod
     def from_file(cls, name: str, data, rows: int, columns: int, threads: int = 0,
@@ -176,8 +148,7 @@ class BlockMatrix:
                              f"got {source.numel()}")
         size = packed_bytes(name, rows, columns)
         packed = arena.take(size) if arena is not None else torch.empty(size, dtype=torch.uint8)
-        _Library.get().repack(fmt.number, source.data_ptr(), rows, columns, packed.data_ptr(),
-                              threads or torch.get_num_threads())
+        _kernel().repack(fmt.number, source, rows, columns, packed, threads or torch.get_num_threads())
         return cls([(name, rows, packed)], columns)
 
     @classmethod
@@ -214,12 +185,12 @@ class BlockMatrix:
         """Rows [first, first + count) (default: all) as float32 (count, K): the values the file's bytes stand for."""
         count = self.rows - first if count is None else count
         out = torch.empty(count, self.columns, dtype=torch.float32)
-        library, done, start = _Library.get(), 0, 0
+        kernel, done, start = _kernel(), 0, 0
         for name, rows, packed in self.segments:
             begin, end = max(first, start), min(first + count, start + rows)
             if begin < end:
-                library.rows(FORMATS[name].number, packed.data_ptr(), self.columns, begin - start, end - begin,
-                             out[done:].data_ptr())
+                kernel.dequantize_rows(FORMATS[name].number, packed, self.columns, begin - start, end - begin,
+                                       out[done:])
                 done += end - begin
             start += rows
         return out

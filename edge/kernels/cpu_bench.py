@@ -3,7 +3,7 @@
     python -m edge.kernels.cpu_bench [--shape tinyllama-1.1b] [--paths avx2,portable] [--formats float32,float16,int8,int4]
                                 [--rows 1,2,4,8] [--repeats 5]
 
-Bandwidth is edge.kernels.cpu_matmul.RowwiseMatmul.read_bandwidth: a 1 GiB buffer summed on the kernel's threads, the best
+Bandwidth is edge.kernels.cpu_kernel.CpuKernel.read_bandwidth: a 1 GiB buffer summed on the kernel's threads, the best
 of several stream counts, probed in turns with the matmuls of each format (a shared VM's memory speed drifts by tens
 of percent over minutes, so a probe taken once, minutes away, is no reference). A token's matmuls are every layer's four matrices and the head of the shape
 (the weights of a real model's size, far larger than the caches, so they come from memory as in decoding), timed
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth-megabytes", type=int, default=1024, help="the bandwidth probe's buffer (MiB)")
     args = parser.parse_args(argv)
     from edge.kernels import cpu_paths
-    from edge.kernels.cpu_matmul import RowwiseMatmul
+    from edge.kernels.cpu_kernel import CpuKernel
 
     rows = sorted({1, *(int(r) for r in args.rows.split(","))})
     paths = args.paths.split(",") if args.paths else cpu_paths.runnable_paths()
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---:|---:|---:|" + "---:|" * (len(rows) - 1))
     probe = torch.ones(args.bandwidth_megabytes * 2**20 // 4, dtype=torch.float32)  # read by every bandwidth probe
     for path in paths:
-        kernel = RowwiseMatmul.for_path(path)
+        kernel = CpuKernel.for_path(path)
         if kernel is None:
             print(f"| {path} | (cannot be built here) |")
             continue

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from edge.kernels.cpu_kernel import CONSTANTS
 
-OUTPUT_GROUP = 16  # outputs packed side by side
-INT8_CHUNK = 4  # inputs per chunk
+OUTPUT_GROUP = CONSTANTS["INT8_GROUP"]  # outputs packed side by side (csrc/interface.h)
+INT8_CHUNK = CONSTANTS["INT8_CHUNK"]  # inputs per chunk
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -1,5 +1,5 @@
-"""What edge's fused CPU calls are handed and hand back, as plain records: the weight formats' numbers, a head, the ends
-of a whole pass, a feature drafter's rows, a draft request and the draft it returns.
+"""What edge's fused CPU calls are handed and hand back, as plain records: the float formats' names, a model's layers, a
+head, the ends of a whole pass, a feature drafter's rows, a draft request and the draft it returns.
 
     request = DraftRequest(tokens, start, cache, k, head)     # one greedy draft: what to feed, where, how many
     drafted = runner.draft(model, request)                    # edge/kernels/runner.py: a KernelDraft, or None
@@ -11,19 +11,23 @@ edge).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 import torch
 
-# the C side's WEIGHTS_F32 / BF16 / F16 / I8 / BLOCKS (int8: packed matrices; blocks: a BlockMatrix of llama.cpp's
-# block formats, edge/kernels/block_formats.py, a GGUF file's or edge's int4; float32 norms beside both)
-WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "int8": 3, "blocks": 5}
+# the weight formats' names: the float dtypes' here, and the packed "int8" (edge/kernels/cpu_packing.py) and "blocks"
+# (a BlockMatrix of llama.cpp's block formats, edge/kernels/block_formats.py); the C side's WEIGHTS_<NAME> numbers
+# come from its header (edge/kernels/cpu_kernel.py weight_format)
 FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def weight_format(dtype: torch.dtype | str) -> int:
-    """The C side's format number of a float dtype or a packed format name ("int8", "blocks")."""
-    return WEIGHT_FORMATS[dtype if isinstance(dtype, str) else FLOAT_FORMATS[dtype]]
+class LayerTable(NamedTuple):
+    """A model's decoder layers as the fused calls take them."""
+
+    tensors: list[dict]  # per layer, its tensors by the C table's slot names (cpu_kernel.SLOTS; None where absent)
+    windows: list[int]  # per layer, its sliding window (0: none)
+    packed_format: str | None  # the matrices' packed format ("int8", "blocks"), None for float ones
+    watch: Iterable[tuple[dict, str]] = ()  # (mapping, key) slots whose contents replaced() checks
 
 
 class KernelHead(NamedTuple):

@@ -1,6 +1,7 @@
-"""One model's passes on edge's CPU kernel: whether a pass runs fused and how, and which matmul each projection takes.
+"""One model's passes on edge's CPU kernel: whether a pass runs fused and how, which matmul each projection takes, and
+the model's weights as the fused calls read them (FusedWeights).
 
-    runner = KernelRunner(RowwiseMatmul.load())       # None: torch's matmul and attention throughout
+    runner = KernelRunner(CpuKernel.load())           # None: torch's matmul and attention throughout
     runner.linear(x, weight, bias)                    a projection: the batch-invariant kernel for up to max_rows rows
                                                       (any number with 16-bit weights), torch otherwise
     runner.attention(q, keys, values, start, window)  the kernel's attention for a short pass, else None (SDPA)
@@ -17,7 +18,7 @@ ModelTensors reads them off a Transformer):
     model.shape             the shape record: hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
                             rms_norm_eps (edge.memory.footprint.ModelShape)
     model.dtype             the dtype of activations and of the KV cache
-    model.layer_table()     the decoder layers' tensors (fused_model.LayerTable), or None where one is not readable
+    model.layer_table()     the decoder layers' tensors (records.LayerTable), or None where one is not readable
     model.ends(head)        the embedding, final norm and `head` (None: its own), records.ModelEnds
     model.rope(start, end)  cos, sin (T, Dh) float32 of positions [start, end)
 
@@ -33,22 +34,24 @@ import torch
 import torch.nn.functional as F
 
 from edge.kernels.block_formats import BlockMatrix
-from edge.kernels.cpu_matmul import ROWWISE_MAX_ROWS, RowwiseMatmul
-from edge.kernels.fused_model import FusedWeights
-from edge.kernels.records import DraftRequest, KernelDraft
+from edge.kernels.cpu_kernel import (CONSTANTS, ROWWISE_MAX_ROWS, SLOTS, CpuKernel, KernelCache, layer_weights,
+                                     model_view, slot_kind)
+from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, LayerTable, ModelEnds
 
 FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
-TREE_ROWS = 64  # the most rows of a token tree's verify pass (csrc/attention.c TREE_ROWS)
+TREE_ROWS = CONSTANTS["TREE_ROWS"]  # the most rows of a token tree's verify pass
+MAX_HEAD_DIM = CONSTANTS["MAX_HEAD_DIM"]  # the widest head the fused calls rotate
+KEPT_VIEWS = 4  # ModelViews kept per FusedWeights: the step's, and a drafter's head or two
 
 
 class KernelRunner:
-    def __init__(self, matmul: RowwiseMatmul | None = None, max_rows: int = ROWWISE_MAX_ROWS) -> None:
+    def __init__(self, matmul: CpuKernel | None = None, max_rows: int = ROWWISE_MAX_ROWS) -> None:
         """`matmul`: the batch-invariant kernel (None: torch throughout). Passes of up to `max_rows` rows take it for
         every projection and the attention, so a (k + 1)-token verify pass reproduces k + 1 decode steps bit for bit."""
         self.matmul, self.max_rows = matmul, max_rows
         self._fused: FusedWeights | bool | None = None  # made at first use; False: the weights are not fusable
 
-    def use(self, matmul: RowwiseMatmul | None, max_rows: int | None = None) -> None:
+    def use(self, matmul: CpuKernel | None, max_rows: int | None = None) -> None:
         """Run on `matmul` from now on (None: torch's matmul throughout), with `max_rows` when given."""
         self.matmul = matmul
         if max_rows is not None:
@@ -187,10 +190,140 @@ class KernelRunner:
             cache.length = start + fed + min(len(drafted.tokens), k - 1)
         return drafted
 
-    def _kernel(self) -> RowwiseMatmul:
+    def _kernel(self) -> CpuKernel:
         if self.matmul is None:
             raise RuntimeError("int8 and block-format weights run only on edge's CPU kernel; keep the model on the CPU")
         return self.matmul
+
+
+class FusedWeights:
+    """A model's layers as the fused C calls read them: the LayerWeights table, sliding windows, layer orders and
+    ModelViews (cpu_kernel.model_view). The model hands over plain tensors (a LayerTable; the ends of a whole pass,
+    records.ModelEnds) and its shape record; the pointers are taken once, so the tensors must stay where they are
+    while the object is used, and `replaced()` tells, from the table's `watch` slots, when they moved.
+
+        fused = FusedWeights.build(kernel, shape, table)  # None: some tensor is in a form the kernel lacks
+        fused.layers(x, order, start, cache, rope)       layers `order` over x (T, D) in place     fused_layers_f32
+        fused.step(ends, tokens, start, cache, rope)     embedding, every layer, norm, head        forward_step_f32
+        fused.draft(ends, request, rope)                 request.k greedy draft tokens            draft_greedy_f32
+    """
+
+    def __init__(self, kernel: CpuKernel, shape, table: LayerTable, layer_format: str,
+                 norm_dtype: torch.dtype) -> None:
+        self.matmul, self.shape, self.format, self.norm_dtype = kernel, shape, layer_format, norm_dtype
+        self._table = layer_weights(table.tensors)  # LayerWeights[L]
+        self._windows = torch.tensor(table.windows, dtype=torch.int64)  # (L,) 0: none
+        self._orders: dict[tuple[int, ...], torch.Tensor] = {}
+        self._every_layer = self._order(range(len(table.tensors)))  # (L,)
+        self._layers_view = model_view(shape, self._table, self._windows, layer_format)
+        self._views: dict[tuple, tuple[object, ModelEnds]] = {}  # the ends stay alive as long as their view
+        self._watched = [(slots, key, slots[key], _address(slots[key])) for slots, key in table.watch]
+
+    @classmethod
+    def build(cls, kernel: CpuKernel, shape, table: LayerTable) -> "FusedWeights | None":
+        """From each layer's tensors by slot name (cpu_kernel.SLOTS): float matrices (float32, or 16-bit widened in
+        registers) with norms alike, or matrices packed in the table's packed_format ("int8", uint8 bytes; "blocks",
+        each a BlockMatrix's table entry) with float32 norms; float32 biases; all contiguous. None where they are not
+        (or heads are wider than the kernel rotates). `shape`: the model's shape record (see cpu_kernel.model_view)."""
+        packed_format, layers = table.packed_format, table.tensors
+        if any(set(row) != set(SLOTS) for row in layers):
+            raise ValueError(f"a layer's tensors are named by the C table's slots {SLOTS}")
+        matrix_dtype = torch.uint8 if packed_format else layers[0]["wqkv"].dtype
+        layer_format = packed_format or FLOAT_FORMATS.get(matrix_dtype)
+        if layer_format is None or shape.head_dim > MAX_HEAD_DIM:
+            return None
+        norm_dtype = torch.float32 if packed_format else matrix_dtype
+        expected = {"norm": norm_dtype, "matrix": matrix_dtype, "bias": torch.float32}
+        if any(t is not None and (t.dtype != expected[slot_kind(slot)] or not t.is_contiguous())
+               for row in layers for slot, t in row.items()):
+            return None
+        return cls(kernel, shape, table, layer_format, norm_dtype)
+
+    def replaced(self) -> bool:
+        """Whether a watched slot now holds another object, or a tensor at another address (a replaced module,
+        load_state_dict(assign=True)): dictionary lookups, cheap enough for every pass."""
+        for slots, key, seen, address in self._watched:
+            current = slots.get(key)
+            if (_address(current) != address) if address is not None else (current is not seen):
+                return True
+        return False
+
+    def fuses(self, rows: int, max_rows: int) -> bool:
+        """Whether a pass of `rows` rows runs here: float32 weights up to `max_rows` rows (a longer prompt is faster in
+        torch's GEMM), 16-bit and packed ones at any length."""
+        return rows <= max_rows or self.format != "float32"
+
+    def layers(self, x: torch.Tensor, order: Iterable[int], start: int, cache: KernelCache,
+               rope: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Layers `order` over x (T, D) float32 at positions [start, start + T), in place, in one C call; rope: cos,
+        sin (T, Dh) of those positions."""
+        cos, sin = rope
+        self.matmul.layers(x, self._layers_view, self._order(order), cos, sin, cache, start)
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        """RMSNorm(x) (T, D) in the same C library, or None where it does not read `weight`'s dtype."""
+        return self.matmul.rms_norm(x, weight, self.shape.rms_norm_eps) if weight.dtype in FLOAT_FORMATS else None
+
+    def reads(self, ends: ModelEnds) -> bool:
+        """Whether a whole pass reads this embedding, final norm and head (else the model runs its parts)."""
+        return self._view(ends) is not None
+
+    def step(self, ends: ModelEnds, tokens: torch.Tensor, start: int, cache: KernelCache,
+             rope: tuple[torch.Tensor, torch.Tensor],
+             parents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """tokens (T,) int64 at positions [start, start + T) through the embedding, every layer, the final norm and the
+        head in one C call -> (hidden (T, D), logits (T, rows)) float32; None where it does not read the ends.
+        rope: cos, sin (T, Dh) of the rows' positions; `parents` (T,) int64 makes the rows a token tree
+        (CpuKernel.forward_step)."""
+        view = self._view(ends)
+        if view is None:
+            return None
+        cos, sin = rope
+        return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents)
+
+    def draft(self, ends: ModelEnds, request: DraftRequest,
+              rope: tuple[torch.Tensor, torch.Tensor]) -> KernelDraft | None:
+        """`request.k` greedy draft tokens in one C call (CpuKernel.draft_greedy): the request's tokens through its
+        layers (None: every layer), the norm and the head of `ends`, then one drafted token a step; rope: whole cos,
+        sin tables from position 0. None where the kernel does not read the ends, or the norm or fc are not stored
+        like the layers' norms (the C draft reads the fc in the layers' format)."""
+        view = self._view(ends)
+        features = request.features
+        if view is None or ends.norm.dtype != self.norm_dtype or (
+                features is not None and features.fc.dtype != self.norm_dtype):
+            return None
+        order = self._every_layer if request.layers is None else self._order(request.layers)
+        return self.matmul.draft_greedy(view, request, order, rope, request.cache.kernel_cache())
+
+    def _order(self, layers: Iterable[int]) -> torch.Tensor:
+        """The int64 tensor (n,) of a layer set for the C calls, made once per set (all, or a self-draft's)."""
+        key = tuple(layers)
+        order = self._orders.get(key)
+        if order is None:
+            order = self._orders[key] = torch.tensor(key, dtype=torch.int64)  # (n,)
+        return order
+
+    def _view(self, ends: ModelEnds):
+        """The ModelView of these layers with `ends`, made once per embedding, norm and head; None where the kernel
+        does not read one of them."""
+        embed, norm, head, _ = ends
+        key = (embed.data_ptr(), norm.data_ptr(), head.weight.data_ptr(), head.rows)  # kept tensors keep addresses
+        kept = self._views.get(key)
+        if kept is not None:
+            return kept[0]
+        if not (ends.embedding_format is not None and norm.dtype in FLOAT_FORMATS and head.format is not None
+                and embed.is_contiguous() and head.weight.is_contiguous()):
+            return None
+        if len(self._views) == KEPT_VIEWS:
+            del self._views[next(iter(self._views))]  # the oldest
+        view = model_view(self.shape, self._table, self._windows, self.format, ends)
+        self._views[key] = (view, ends)
+        return view
+
+
+def _address(value) -> int | None:
+    """A tensor's address, None for anything else."""
+    return value.data_ptr() if isinstance(value, torch.Tensor) else None
 
 
 def _tree_rope(model, start: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

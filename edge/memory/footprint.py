@@ -2,7 +2,7 @@
 
 Every figure is bytes. A `ModelShape` describes a decoder-only transformer with plain numbers (this package imports
 nothing from edge; `edge` builds shapes from its configs, ModelConfig.shape()), and is also the shape record edge's
-CPU kernel reads a model's sizes from (edge/kernels/fused_model.py, by field name). `footprint()` adds up the parts
+CPU kernel reads a model's sizes from (edge/kernels/runner.py, by field name). `footprint()` adds up the parts
 SpecMemo counts:
 
     target weights     parameters x bytes per weight (float32/bfloat16/float16, or int8/int4 with group scales)

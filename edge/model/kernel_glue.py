@@ -1,13 +1,14 @@
 """Where edge's model meets its kernel runner: a Transformer read as the plain tensors edge/kernels/runner.py takes, and
 the model-level calls that go through the runner.
 
-    use_kernel(model, RowwiseMatmul.load())    # bind the model's runner (every projection follows), checked
+    use_kernel(model, CpuKernel.load())        # bind the model's runner (every projection follows), checked
     draft_greedy(model, DraftRequest(...))     # k greedy draft tokens in one C call, or None (draft step by step)
     verifies_trees(model, cache)               # whether a token tree's verify pass runs here
     kernel_head(model, rows)                   # the model's head as the fused calls score with it
 
-The decisions and the C calls live in kernels/ (KernelRunner, FusedWeights), which imports nothing from edge; this
-module only knows where a Transformer keeps its tensors (ModelTensors) and hands them over.
+The decisions live in kernels/runner.py (KernelRunner, FusedWeights) and the C calls in kernels/cpu_kernel.py
+(CpuKernel), which import nothing from edge; this module only knows where a Transformer keeps its tensors
+(ModelTensors) and hands them over.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from edge.model.block_weights import BlockEmbedding, BlockLinear
 from edge.model.linears import Linear
 from edge.model.packed_weights import PackedLinear, packed_format
 from edge.kernels.block_formats import BlockMatrix
-from edge.kernels.cpu_matmul import RowwiseMatmul
-from edge.kernels.fused_model import LayerTable
-from edge.kernels.records import DraftRequest, KernelDraft, KernelHead, ModelEnds
+from edge.kernels.cpu_kernel import CpuKernel
+from edge.kernels.records import DraftRequest, KernelDraft, KernelHead, LayerTable, ModelEnds
 
 
 class ModelTensors:
@@ -67,10 +67,10 @@ class ModelTensors:
         return LayerTable(tensors, windows, fmt, watch=((layers._modules, str(len(layers) - 1)), (slots, matrix)))
 
 
-def _layer_tensors(block: nn.Module, matrix_type: type, matrix: str) -> tuple | None:
-    """A decoder layer's 12 tensors in the fused C table's order (edge.kernels.fused_model.TABLE_KINDS), None where one is
-    absent; the matrices are the tensors named `matrix` of its four `matrix_type` projections. None for a layer that
-    does not hold its projections (an offloaded one) or holds another kind."""
+def _layer_tensors(block: nn.Module, matrix_type: type, matrix: str) -> dict | None:
+    """A decoder layer's tensors by the fused C table's slot names (edge.kernels.cpu_kernel.SLOTS, from the C header),
+    None where one is absent; the matrices are the tensors named `matrix` of its four `matrix_type` projections. None
+    for a layer that does not hold its projections (an offloaded one) or holds another kind."""
     attn, ffn = getattr(block, "attn", None), getattr(block, "ffn", None)
     if attn is None or ffn is None:
         return None
@@ -79,8 +79,9 @@ def _layer_tensors(block: nn.Module, matrix_type: type, matrix: str) -> tuple | 
         return None
     wqkv, wo, gate_up, down = (getattr(m, matrix) for m in projections)
     q_norm, k_norm = (norm.weight if norm is not None else None for norm in (attn.q_norm, attn.k_norm))
-    return (block.attn_norm.weight, wqkv, attn.wqkv.bias, q_norm, k_norm, wo, attn.wo.bias,
-            block.ffn_norm.weight, gate_up, ffn.w_gate_up.bias, down, ffn.w_down.bias)
+    return {"attn_norm": block.attn_norm.weight, "wqkv": wqkv, "qkv_bias": attn.wqkv.bias, "q_norm": q_norm,
+            "k_norm": k_norm, "wo": wo, "o_bias": attn.wo.bias, "ffn_norm": block.ffn_norm.weight,
+            "w_gate_up": gate_up, "gate_up_bias": ffn.w_gate_up.bias, "w_down": down, "down_bias": ffn.w_down.bias}
 
 
 def kernel_head(model: nn.Module, rows: int | None = None) -> KernelHead:
@@ -95,7 +96,7 @@ def kernel_head(model: nn.Module, rows: int | None = None) -> KernelHead:
     return KernelHead(weight, weight.shape[0])
 
 
-def use_kernel(model: nn.Module, matmul: RowwiseMatmul | None, max_rows: int | None = None) -> None:
+def use_kernel(model: nn.Module, matmul: CpuKernel | None, max_rows: int | None = None) -> None:
     """Run `model` on `matmul` (None: torch's matmul throughout), passes of up to `max_rows` rows (default: as now)
     batch-invariant, where the kernel reads every float projection's weights; else on torch. Packed weights run only
     on the kernel: without it they are an error."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from edge.model.config import ModelConfig
-from edge.kernels.cpu_matmul import KernelCache
+from edge.kernels.cpu_kernel import KernelCache
 
 
 class KVCache:

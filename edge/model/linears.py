@@ -1,6 +1,6 @@
 """The model's projections and the factory that makes them, each bound to the model's kernel runner.
 
-    linears = LinearFactory(KernelRunner(RowwiseMatmul.load()))   # or LinearFactory(): torch's matmul until bound
+    linears = LinearFactory(KernelRunner(CpuKernel.load()))       # or LinearFactory(): torch's matmul until bound
     model = Transformer(config, linears=linears)                  # every projection made by linears.linear(...)
     linears.packed(linear, "int8"); linears.int4(linear); linears.blocks(matrix, bias)   # the packed formats
 

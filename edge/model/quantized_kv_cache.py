@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch
 
 from edge.model.kv_cache import KVCache, keep_slots
-from edge.kernels.cpu_matmul import HierarchicalCache, HierarchicalPlanes, KernelCache
+from edge.kernels.cpu_kernel import KernelCache
 from edge.kernels.dispatch import use_triton
 from edge.kernels.kv_quant import KV_FORMATS, PackedVectors, dequantize, quantize
 
@@ -66,10 +66,10 @@ class _Store:
         if self.low is not None:
             self.low[layer, :, :, start:end] = packed.low
 
-    def kernel_planes(self) -> HierarchicalPlanes:
-        """A hierarchical store's planes for the fused CPU step (batch 1, contiguous)."""
+    def kernel_planes(self) -> tuple[torch.Tensor, ...]:
+        """A hierarchical store's planes for the fused CPU step (batch 1, contiguous): upper, lower, step, low."""
         upper, lower = self.planes
-        return HierarchicalPlanes(upper.data_ptr(), lower.data_ptr(), self.scale.data_ptr(), self.low.data_ptr())
+        return upper, lower, self.scale, self.low
 
     def keep_rows(self, start: int, rows: list[int]) -> None:
         """Move slots start + rows[i] to start + i of every layer: codes, scales and lows (KVCache.keep_rows)."""
@@ -154,10 +154,9 @@ class QuantizedKVCache(KVCache):
             return None
         cached = self._kernel_caches.get(self.draft_view)
         if cached is None:
-            view = HierarchicalCache(self.keys_store.kernel_planes(), self.values_store.kernel_planes(),
-                                     int(self.draft_view),
-                                     self._key_scales.data_ptr() if self._key_scales is not None else None)
-            cached = self._kernel_caches[self.draft_view] = KernelCache(None, None, self.max_len, view)
+            cached = self._kernel_caches[self.draft_view] = KernelCache.hierarchical_cache(
+                self.keys_store.kernel_planes(), self.values_store.kernel_planes(), self.draft_view, self._key_scales,
+                self.max_len)
         return cached
 
     def fused_attention(self, layer: int, start: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

@@ -23,7 +23,7 @@ from edge.sources.gguf_checkpoint import gguf_index
 from edge.model.kernel_glue import use_kernel
 from edge.model.transformer import Transformer
 from edge.model.rope import inverse_frequencies
-from edge.kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.cpu_kernel import CpuKernel
 from edge.kernels.cpu_paths import KernelPathError
 
 SAFETENSORS_DTYPES = {
@@ -215,9 +215,9 @@ def storage_dtype(source: torch.dtype | None, dtype: torch.dtype, device: torch.
 
 def cpu_kernel():
     """edge's batch-invariant CPU kernel on this CPU's path (or EDGE_CPU_KERNEL's), or None where it cannot be
-    built (edge/kernels/cpu_matmul.py)."""
+    built (edge/kernels/cpu_kernel.py)."""
     try:
-        return RowwiseMatmul.load()
+        return CpuKernel.load()
     except KernelPathError as error:
         raise SettingError(str(error)) from None
 

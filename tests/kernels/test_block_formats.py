@@ -14,9 +14,9 @@ from tests.conftest import kernel_for, kernel_path_names
 from gguf import GGMLQuantizationType, quants
 
 from edge.kernels.block_formats import FORMATS, QUANTIZED, QUANTIZERS, BlockMatrix, file_bytes, packed_bytes, quantize_file
-from edge.kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.cpu_kernel import CpuKernel
 
-pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: the kernel falls back to torch")
+pytestmark = pytest.mark.skipif(CpuKernel.load() is None, reason="no C compiler: the kernel falls back to torch")
 SHAPES = [(48, 256), (37, 512)]  # (N, K); 37 rows: a part-filled group of 16
 
 
@@ -91,7 +91,7 @@ def test_the_matmul_is_llama_cpps_arithmetic(name):
     mins = block_mins(weight, name) if name in ("q4_1", "q5_1") else None
     for x in (torch.randn(6, columns, generator=generator), torch.randn(6, columns, generator=generator) + 2.0):
         expected = llama_cpp_matmul(x, held, None, FORMATS[name].weights, mins)
-        got = RowwiseMatmul.load().blocks(x, matrix)
+        got = CpuKernel.load().blocks(x, matrix)
         assert ((got - expected).norm(dim=1) / expected.norm(dim=1)).max() < 2e-5
 
 
@@ -124,7 +124,7 @@ def test_every_path_quantizes_into_the_same_bytes(name):
     """edge's own quantizer (csrc/blocks_quantize.c, vectorized across blocks by the compiler) writes the same bytes
     on avx512, avx2 and portable (neon under qemu, in test_kernels_aarch64.py)."""
     weight = awkward_weights()
-    files = {path: quantize_file(name, weight, library=kernel_for(path).library) for path in kernel_path_names()}
+    files = {path: quantize_file(name, weight, kernel=kernel_for(path)) for path in kernel_path_names()}
     first = next(iter(files.values()))
     assert all(np.array_equal(first, other) for other in files.values()), list(files)
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from edge.kernels import cpu_paths
 from edge.kernels.block_formats import FORMATS as BLOCK_FORMATS
 from edge.kernels.block_formats import QUANTIZED, QUANTIZERS, BlockMatrix, quantize_file
-from edge.kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.cpu_kernel import CpuKernel
 from edge.kernels.cpu_packing import pack_int8
 from edge.kernels.kv_quant import dequantize, quantize
 
@@ -40,8 +40,8 @@ def driver(request, tmp_path_factory) -> tuple[str, Path]:
     program = tmp_path_factory.mktemp("aarch64") / f"kernel-driver-{request.param}"
     sources = [str(p) for p in cpu_paths.sources()]
     flags = [flag for flag in cpu_paths.COMMON_FLAGS if flag not in ("-fPIC", "-shared")]  # a program, not a library
-    subprocess.run([CROSS, *flags, FLAGS[request.param], *sources, str(DRIVER), "-o", str(program), "-lm"], check=True,
-                   timeout=600)
+    subprocess.run([CROSS, *flags, FLAGS[request.param], f"-I{cpu_paths.SOURCE_DIR}", *sources, str(DRIVER), "-o",
+                    str(program), "-lm"], check=True, timeout=600)
     return request.param, program
 
 
@@ -75,7 +75,7 @@ def test_matmul_on_aarch64(driver, fmt, shape):
     whole, single = out[: rows * n].view(rows, n), out[rows * n:].view(rows, n)
     assert torch.equal(whole, single), "a row's result depends on the rows beside it"
     if fmt in PACK:  # integer sums and one scalar epilogue: the same bits as this machine's path
-        host = RowwiseMatmul.load().quantized(x, stored, "int8", n, bias)
+        host = CpuKernel.load().quantized(x, stored, "int8", n, bias)
         assert torch.equal(whole, host)
     else:
         torch.testing.assert_close(whole, F.linear(x, stored.float(), bias), rtol=1e-5, atol=1e-4)
@@ -94,7 +94,7 @@ def test_block_formats_on_aarch64(driver, name):
     _, out = run(program, ["blocks", BLOCK_FORMATS[name].number, rows, n, k], [x, torch.from_numpy(data)], rows * n)
     whole, single = out[: rows * n].view(rows, n), out[rows * n:].view(rows, n)
     assert torch.equal(whole, single), "a row's result depends on the rows beside it"
-    assert torch.equal(whole, RowwiseMatmul.load().blocks(x, BlockMatrix.from_file(name, data, n, k)))
+    assert torch.equal(whole, CpuKernel.load().blocks(x, BlockMatrix.from_file(name, data, n, k)))
 
 
 

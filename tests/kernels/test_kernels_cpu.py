@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from edge.model.kv_cache import KVCache
 from edge.sources.loading import load_model
 from edge.kernels import cpu_paths
-from edge.kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.cpu_kernel import CpuKernel
 
-pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: the kernel falls back to torch")
+pytestmark = pytest.mark.skipif(CpuKernel.load() is None, reason="no C compiler: the kernel falls back to torch")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -145,15 +145,15 @@ def test_each_path_can_be_forced_and_a_wrong_one_is_a_clear_error(monkeypatch):
     assert runnable[-1] == "portable" and len(runnable) >= 2 or cpu_paths.machine() not in ("x86_64", "aarch64")
     for path in runnable:
         monkeypatch.setenv("EDGE_CPU_KERNEL", path)
-        assert RowwiseMatmul.load().path.startswith(path)
+        assert CpuKernel.load().path.startswith(path)
     monkeypatch.setenv("EDGE_CPU_KERNEL", "sse9")
     with pytest.raises(cpu_paths.KernelPathError, match="sse9 is not a CPU kernel path; use one of"):
-        RowwiseMatmul.load()
+        CpuKernel.load()
     missing = [name for name in cpu_paths.PATHS if name not in runnable]
     if missing:  # e.g. neon on x86, avx512 on an AVX2 machine
         monkeypatch.setenv("EDGE_CPU_KERNEL", missing[0])
         with pytest.raises(cpu_paths.KernelPathError, match=f"{missing[0]}: this CPU lacks .*; use one of"):
-            RowwiseMatmul.load()
+            CpuKernel.load()
 
 
 def test_a_forced_path_the_cpu_lacks_is_a_one_line_error_at_load(llama_dir, monkeypatch):
@@ -170,9 +170,9 @@ def test_a_forced_path_the_cpu_lacks_is_a_one_line_error_at_load(llama_dir, monk
 def test_without_a_compiler_edge_falls_back_to_torch(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path))
-    assert RowwiseMatmul.for_path.__wrapped__("portable") is None
+    assert CpuKernel.for_path.__wrapped__("portable") is None
     monkeypatch.setenv("EDGE_ROWWISE_MATMUL", "0")
-    assert RowwiseMatmul.load() is None
+    assert CpuKernel.load() is None
 
 
 def test_the_fused_layer_follows_replaced_weights(llama_dir):

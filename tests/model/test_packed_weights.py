@@ -19,10 +19,10 @@ from edge.model.block_weights import BlockLinear
 from edge.model.packed_weights import PackedLinear, packed_format, quantize_weights
 from edge.model.transformer import held_bytes
 from edge.kernels.block_formats import BlockMatrix
-from edge.kernels.cpu_matmul import RowwiseMatmul
+from edge.kernels.cpu_kernel import CpuKernel
 from edge.kernels.cpu_packing import int8_packed_size, pack_int8, unpack_int8
 
-pytestmark = pytest.mark.skipif(RowwiseMatmul.load() is None, reason="no C compiler: packed weights need the kernel")
+pytestmark = pytest.mark.skipif(CpuKernel.load() is None, reason="no C compiler: packed weights need the kernel")
 FORMATS = ["int8", "int4"]
 MODEL_FORMAT = {"int8": "int8", "int4": "blocks"}  # the model's packed_format() after --weights
 

@@ -17,8 +17,6 @@
 
 #include "simd.h"
 
-#define TREE_ROWS 64 /* the most rows a token tree's pass may hold */
-
 /* The dot product of a query and a key over the columns [whole, D) past the last whole vector, in column order */
 static inline float tail_dot(const float *query, const float *key, int64_t whole, int64_t D) {
     float tail = 0.0f;

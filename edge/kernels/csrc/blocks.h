@@ -33,46 +33,38 @@
 #ifndef EDGE_BLOCKS_H
 #define EDGE_BLOCKS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-/* a segment's format: ggml's own type number (GGUF's tensor_type). F32, F16 and BF16 segments (a matrix a quantized
- * file keeps in floats) keep the file's row-major layout and run on the float kernel (matmul_float.c). */
-enum {
-    BLOCKS_F32 = 0, BLOCKS_F16 = 1, BLOCKS_Q4_0 = 2, BLOCKS_Q4_1 = 3, BLOCKS_Q5_0 = 6, BLOCKS_Q5_1 = 7,
-    BLOCKS_Q8_0 = 8, BLOCKS_Q4_K = 12, BLOCKS_Q5_K = 13, BLOCKS_Q6_K = 14, BLOCKS_BF16 = 30,
-};
-#define BLOCKS_GROUP 16
+#include "interface.h"
+
+/* The structs of the table above live in interface.h (group_q4_k: one group's block of Q4_K; block_q4_k: one
+ * output's block in the file), with their sizes checked there; the code below and matmul_blocks.c address their
+ * fields, never raw offsets. */
+
 static inline int blocks_k_quant(int format) { return format >= BLOCKS_Q4_K && format <= BLOCKS_Q6_K; }
 static inline int blocks_float(int format) {
     return format == BLOCKS_F32 || format == BLOCKS_F16 || format == BLOCKS_BF16;
 }
 
-/* A matrix of the fused calls' WEIGHTS_BLOCKS format: up to 4 row segments, each in its own block format (a fused
- * q/k/v projection whose v is Q6_K beside Q4_K q and k), stacked: segment s's outputs follow segment s - 1's. */
-#define BLOCKS_MAX_SEGMENTS 4
-typedef struct {
-    int32_t count;
-    int32_t formats[BLOCKS_MAX_SEGMENTS];
-    int64_t rows[BLOCKS_MAX_SEGMENTS];
-    const uint8_t *data[BLOCKS_MAX_SEGMENTS];
-} BlockMatrix;
-
 /* B: weights per block (1 for the float formats) */
-static inline int64_t block_weights(int format) { return blocks_k_quant(format) ? 256 : blocks_float(format) ? 1 : 32; }
+static inline int64_t block_weights(int format) {
+    return blocks_k_quant(format) ? QK_K : blocks_float(format) ? 1 : QK;
+}
 
-/* one output's block in the file (0: not a block format edge runs) */
+/* one output's block in the file (a float format: one value; 0: not a block format edge runs) */
 static inline int64_t block_file_bytes(int format) {
     switch (format) {
-        case BLOCKS_Q8_0: return 34;
-        case BLOCKS_Q4_0: return 18;
-        case BLOCKS_Q4_1: return 20;
-        case BLOCKS_Q5_0: return 22;
-        case BLOCKS_Q5_1: return 24;
-        case BLOCKS_Q4_K: return 144;
-        case BLOCKS_Q5_K: return 176;
-        case BLOCKS_Q6_K: return 210;
-        case BLOCKS_F32: return 4;
-        case BLOCKS_F16: case BLOCKS_BF16: return 2;
+        case BLOCKS_Q8_0: return sizeof(block_q8_0);
+        case BLOCKS_Q4_0: return sizeof(block_q4_0);
+        case BLOCKS_Q4_1: return sizeof(block_q4_1);
+        case BLOCKS_Q5_0: return sizeof(block_q5_0);
+        case BLOCKS_Q5_1: return sizeof(block_q5_1);
+        case BLOCKS_Q4_K: return sizeof(block_q4_k);
+        case BLOCKS_Q5_K: return sizeof(block_q5_k);
+        case BLOCKS_Q6_K: return sizeof(block_q6_k);
+        case BLOCKS_F32: return sizeof(float);
+        case BLOCKS_F16: case BLOCKS_BF16: return sizeof(uint16_t);
         default: return 0;
     }
 }
@@ -80,23 +72,102 @@ static inline int64_t block_file_bytes(int format) {
 /* one group's block here (the float formats are not grouped: blocks_packed_bytes) */
 static inline int64_t block_group_bytes(int format) {
     switch (format) {
-        case BLOCKS_Q8_0: return 544;
-        case BLOCKS_Q4_0: return 288;
-        case BLOCKS_Q4_1: return 320;
-        case BLOCKS_Q5_0: return 352;
-        case BLOCKS_Q5_1: return 384;
-        case BLOCKS_Q4_K: return 2368;
-        case BLOCKS_Q5_K: return 2880;
-        case BLOCKS_Q6_K: return 3360;
+        case BLOCKS_Q8_0: return sizeof(group_q8_0);
+        case BLOCKS_Q4_0: return sizeof(group_q4_0);
+        case BLOCKS_Q4_1: return sizeof(group_q4_1);
+        case BLOCKS_Q5_0: return sizeof(group_q5_0);
+        case BLOCKS_Q5_1: return sizeof(group_q5_1);
+        case BLOCKS_Q4_K: return sizeof(group_q4_k);
+        case BLOCKS_Q5_K: return sizeof(group_q5_k);
+        case BLOCKS_Q6_K: return sizeof(group_q6_k);
         default: return 0;
     }
 }
 
-int64_t blocks_packed_bytes(int format, int64_t N, int64_t K);
+/* A 32-weight type's group as its fields: the codes (4 pairs; Q8_0: 8 chunks), the plane (5-bit types), the scales
+ * d and mins m (Q4_1, Q5_1); NULL where the type has none. One place says where each field is, for the layout code
+ * (blocks_layout.c, which writes them: the pointers are not const) and the matmul (matmul_blocks.c) alike. */
+typedef struct {
+    uint8_t *codes, *plane;
+    uint16_t *d, *m;
+} Fields32;
 
-/* blocks_layout.c */
-void blocks_repack(int format, const uint8_t *file, int64_t N, int64_t K, uint8_t *packed, int threads);
-void blocks_dequantize_rows(int format, const uint8_t *packed, int64_t K, int64_t first, int64_t count, float *out);
+static inline __attribute__((always_inline)) Fields32 fields_32(int format, const void *block) {
+    void *group = (void *)block;
+    Fields32 f = {NULL, NULL, NULL, NULL};
+    switch (format) {
+        case BLOCKS_Q8_0: {
+            group_q8_0 *g = group;
+            f.codes = (uint8_t *)g->chunks, f.d = g->d;
+            break;
+        }
+        case BLOCKS_Q4_0: {
+            group_q4_0 *g = group;
+            f.codes = g->pairs[0], f.d = g->d;
+            break;
+        }
+        case BLOCKS_Q4_1: {
+            group_q4_1 *g = group;
+            f.codes = g->pairs[0], f.d = g->d, f.m = g->m;
+            break;
+        }
+        case BLOCKS_Q5_0: {
+            group_q5_0 *g = group;
+            f.codes = g->pairs[0], f.plane = g->plane, f.d = g->d;
+            break;
+        }
+        default: {  /* BLOCKS_Q5_1 */
+            group_q5_1 *g = group;
+            f.codes = g->pairs[0], f.plane = g->plane, f.d = g->d, f.m = g->m;
+            break;
+        }
+    }
+    return f;
+}
+
+/* A k-quant's group as its fields: run j's pairs and plane (Q5_K, Q6_K), scales (run j's BLOCKS_GROUP bytes), mins
+ * in pairs of runs (Q4_K, Q5_K), d and dmin. */
+typedef struct {
+    uint8_t *scales, *mins;
+    uint16_t *d, *dmin;
+} FieldsK;
+
+static inline __attribute__((always_inline)) FieldsK fields_k(int format, const void *block) {
+    void *group = (void *)block;
+    FieldsK f = {NULL, NULL, NULL, NULL};
+    switch (format) {
+        case BLOCKS_Q4_K: {
+            group_q4_k *g = group;
+            f.scales = g->scales[0], f.mins = g->mins[0], f.d = g->d, f.dmin = g->dmin;
+            break;
+        }
+        case BLOCKS_Q5_K: {
+            group_q5_k *g = group;
+            f.scales = g->scales[0], f.mins = g->mins[0], f.d = g->d, f.dmin = g->dmin;
+            break;
+        }
+        default: {  /* BLOCKS_Q6_K */
+            group_q6_k *g = group;
+            f.scales = (uint8_t *)g->scales, f.d = g->d;
+            break;
+        }
+    }
+    return f;
+}
+
+/* run j's pairs and plane (NULL for Q4_K) in a k-quant's group */
+static inline __attribute__((always_inline)) uint8_t *run_pairs(int format, const void *group, int j) {
+    if (format == BLOCKS_Q4_K) return ((group_q4_k *)group)->pairs[j][0];
+    if (format == BLOCKS_Q5_K) return ((group_q5_k *)group)->pairs[j][0];
+    return ((group_q6_k *)group)->runs[j].pairs[0];
+}
+static inline __attribute__((always_inline)) uint8_t *run_plane(int format, const void *group, int j) {
+    if (format == BLOCKS_Q4_K) return NULL;
+    if (format == BLOCKS_Q5_K) return ((group_q5_k *)group)->planes[j];
+    return ((group_q6_k *)group)->runs[j].plane;
+}
+
+/* blocks_layout.c: one row of a BlockMatrix as float32 (an embedding's lookup) */
 void block_matrix_row(const BlockMatrix *matrix, int64_t K, int64_t row, float *out);
 
 /* matmul_blocks.c: activations quantized for the types (8-bit, per block of 32 for the 32-weight types and per 256

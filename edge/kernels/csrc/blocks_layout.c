@@ -26,12 +26,6 @@ int64_t blocks_packed_bytes(int format, int64_t N, int64_t K) {
     return (N + BLOCKS_GROUP - 1) / BLOCKS_GROUP * row_blocks(format, K) * block_group_bytes(format);
 }
 
-static uint16_t read16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
 /* the k-quants' 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4) */
 static void unpack_scale_mins(const uint8_t *s, uint8_t *scales, uint8_t *mins) {
     for (int j = 0; j < 4; j++) {
@@ -50,37 +44,48 @@ static void unpack_nibbles32(const uint8_t *qs, uint8_t *q) {
     }
 }
 
-static void unpack_file_block(int format, const uint8_t *b, Unpacked *u) {
+/* One output's block of the file (ggml's block_* structs, interface.h) unpacked */
+static void unpack_file_block(int format, const void *file_block, Unpacked *u) {
     switch (format) {
-        case BLOCKS_Q8_0:
-            u->d = read16(b);
-            memcpy(u->q, b + 2, 32);
+        case BLOCKS_Q8_0: {
+            const block_q8_0 *b = file_block;
+            u->d = b->d;
+            memcpy(u->q, b->qs, QK);
             break;
-        case BLOCKS_Q4_0:
-            u->d = read16(b);
-            unpack_nibbles32(b + 2, u->q);
+        }
+        case BLOCKS_Q4_0: {
+            const block_q4_0 *b = file_block;
+            u->d = b->d;
+            unpack_nibbles32(b->qs, u->q);
             break;
-        case BLOCKS_Q4_1:
-            u->d = read16(b), u->m = read16(b + 2);
-            unpack_nibbles32(b + 4, u->q);
+        }
+        case BLOCKS_Q4_1: {
+            const block_q4_1 *b = file_block;
+            u->d = b->d, u->m = b->m;
+            unpack_nibbles32(b->qs, u->q);
             break;
+        }
         case BLOCKS_Q5_0:
         case BLOCKS_Q5_1: {
+            const block_q5_0 *b0 = file_block;
+            const block_q5_1 *b1 = file_block;
             const int minned = format == BLOCKS_Q5_1;
-            u->d = read16(b);
-            if (minned) u->m = read16(b + 2);
+            u->d = minned ? b1->d : b0->d;
+            if (minned) u->m = b1->m;
             uint32_t high;
-            memcpy(&high, b + 2 + 2 * minned, 4);
-            unpack_nibbles32(b + 6 + 2 * minned, u->q);
+            memcpy(&high, minned ? b1->qh : b0->qh, 4);
+            unpack_nibbles32(minned ? b1->qs : b0->qs, u->q);
             for (int j = 0; j < 32; j++) u->q[j] |= ((high >> j) & 1) << 4;
             break;
         }
         case BLOCKS_Q4_K:
         case BLOCKS_Q5_K: {
-            u->d = read16(b), u->m = read16(b + 2);
-            unpack_scale_mins(b + 4, u->scales, u->mins);
+            const block_q4_k *b4 = file_block;
+            const block_q5_k *b5 = file_block;
             const int five = format == BLOCKS_Q5_K;
-            const uint8_t *qh = b + 16, *qs = b + 16 + 32 * five;
+            u->d = five ? b5->d : b4->d, u->m = five ? b5->dmin : b4->dmin;
+            unpack_scale_mins(five ? b5->scales : b4->scales, u->scales, u->mins);
+            const uint8_t *qh = b5->qh, *qs = five ? b5->qs : b4->qs;
             for (int c = 0; c < 4; c++)  /* 64 weights per 32 bytes: sub-block 2c low nibbles, 2c + 1 high */
                 for (int l = 0; l < 32; l++) {
                     u->q[64 * c + l] = qs[32 * c + l] & 0x0F;
@@ -92,10 +97,11 @@ static void unpack_file_block(int format, const uint8_t *b, Unpacked *u) {
                 }
             break;
         }
-        default: { /* BLOCKS_Q6_K: ql[128], qh[64], scales[16] (int8), d */
-            const uint8_t *ql = b, *qh = b + 128;
-            memcpy(u->scales, b + 192, 16);
-            u->d = read16(b + 208);
+        default: { /* BLOCKS_Q6_K */
+            const block_q6_k *b = file_block;
+            const uint8_t *ql = b->ql, *qh = b->qh;
+            memcpy(u->scales, b->scales, 16);
+            u->d = b->d;
             for (int half = 0; half < 2; half++)
                 for (int l = 0; l < 32; l++) {
                     const int e = 128 * half + l;
@@ -137,87 +143,52 @@ static void read_run(const uint8_t *pairs, const uint8_t *plane, int plane_bits,
             q[4 * c + i] |= ((plane[4 * n + i] >> (plane_bits * c)) & ((1 << plane_bits) - 1)) << 4;
 }
 
-static void write16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-
-/* Output n of a group's block g (group_bytes of it) from / into the unpacked form */
-static void place_block(int format, const Unpacked *u, int n, uint8_t *g) {
-    switch (format) {
-        case BLOCKS_Q8_0:
-            for (int c = 0; c < 8; c++) memcpy(g + 64 * c + 4 * n, u->q + 4 * c, 4);
-            write16(g + 512 + 2 * n, u->d);
-            break;
-        case BLOCKS_Q4_0:
-        case BLOCKS_Q4_1:
-            place_run(u->q, 32, n, g, NULL, 0);
-            write16(g + 256 + 2 * n, u->d);
-            if (format == BLOCKS_Q4_1) write16(g + 288 + 2 * n, u->m);
-            break;
-        case BLOCKS_Q5_0:
-        case BLOCKS_Q5_1:
-            place_run(u->q, 32, n, g, g + 256, 1);
-            write16(g + 320 + 2 * n, u->d);
-            if (format == BLOCKS_Q5_1) write16(g + 352 + 2 * n, u->m);
-            break;
-        case BLOCKS_Q4_K:
-        case BLOCKS_Q5_K: {
-            const int five = format == BLOCKS_Q5_K, tail = 2048 + 512 * five;
-            for (int j = 0; j < 8; j++) {
-                place_run(u->q + 32 * j, 32, n, g + 256 * j, five ? g + 2048 + 64 * j : NULL, five);
-                g[tail + 16 * j + n] = u->scales[j];
-                g[tail + 128 + 32 * (j / 2) + 2 * n + j % 2] = u->mins[j];  /* pairs of sub-blocks */
-            }
-            write16(g + tail + 256 + 2 * n, u->d);
-            write16(g + tail + 288 + 2 * n, u->m);
-            break;
-        }
-        default:  /* BLOCKS_Q6_K */
-            for (int j = 0; j < 16; j++) {
-                place_run(u->q + 16 * j, 16, n, g + 192 * j, g + 192 * j + 128, 2);
-                g[3072 + 16 * j + n] = u->scales[j];
-            }
-            write16(g + 3328 + 2 * n, u->d);
-            break;
+/* Output n of a group's block g (blocks.h's field accessors) from the unpacked form */
+static void place_block(int format, const Unpacked *u, int n, void *g) {
+    if (!blocks_k_quant(format)) {
+        const Fields32 f = fields_32(format, g);
+        if (format == BLOCKS_Q8_0)
+            for (int c = 0; c < 8; c++) memcpy(f.codes + 64 * c + 4 * n, u->q + 4 * c, 4);
+        else
+            place_run(u->q, 32, n, f.codes, f.plane, f.plane != NULL);
+        f.d[n] = u->d;
+        if (f.m) f.m[n] = u->m;
+        return;
     }
+    const FieldsK f = fields_k(format, g);
+    const int six = format == BLOCKS_Q6_K, runs = six ? 16 : 8, length = six ? 16 : 32;
+    const int plane_bits = six ? 2 : format == BLOCKS_Q5_K;
+    for (int j = 0; j < runs; j++) {
+        place_run(u->q + length * j, length, n, run_pairs(format, g, j), run_plane(format, g, j), plane_bits);
+        f.scales[BLOCKS_GROUP * j + n] = u->scales[j];
+        if (f.mins) f.mins[2 * BLOCKS_GROUP * (j / 2) + 2 * n + j % 2] = u->mins[j];  /* pairs of sub-blocks */
+    }
+    f.d[n] = u->d;
+    if (f.dmin) f.dmin[n] = u->m;
 }
 
-static void read_block(int format, const uint8_t *g, int n, Unpacked *u) {
-    switch (format) {
-        case BLOCKS_Q8_0:
-            for (int c = 0; c < 8; c++) memcpy(u->q + 4 * c, g + 64 * c + 4 * n, 4);
-            u->d = read16(g + 512 + 2 * n);
-            break;
-        case BLOCKS_Q4_0:
-        case BLOCKS_Q4_1:
-            read_run(g, NULL, 0, 32, n, u->q);
-            u->d = read16(g + 256 + 2 * n);
-            if (format == BLOCKS_Q4_1) u->m = read16(g + 288 + 2 * n);
-            break;
-        case BLOCKS_Q5_0:
-        case BLOCKS_Q5_1:
-            read_run(g, g + 256, 1, 32, n, u->q);
-            u->d = read16(g + 320 + 2 * n);
-            if (format == BLOCKS_Q5_1) u->m = read16(g + 352 + 2 * n);
-            break;
-        case BLOCKS_Q4_K:
-        case BLOCKS_Q5_K: {
-            const int five = format == BLOCKS_Q5_K, tail = 2048 + 512 * five;
-            for (int j = 0; j < 8; j++) {
-                read_run(g + 256 * j, five ? g + 2048 + 64 * j : NULL, five, 32, n, u->q + 32 * j);
-                u->scales[j] = g[tail + 16 * j + n];
-                u->mins[j] = g[tail + 128 + 32 * (j / 2) + 2 * n + j % 2];
-            }
-            u->d = read16(g + tail + 256 + 2 * n);
-            u->m = read16(g + tail + 288 + 2 * n);
-            break;
-        }
-        default:
-            for (int j = 0; j < 16; j++) {
-                read_run(g + 192 * j, g + 192 * j + 128, 2, 16, n, u->q + 16 * j);
-                u->scales[j] = g[3072 + 16 * j + n];
-            }
-            u->d = read16(g + 3328 + 2 * n);
-            break;
+/* Output n of a group's block g into the unpacked form */
+static void read_block(int format, const void *g, int n, Unpacked *u) {
+    if (!blocks_k_quant(format)) {
+        const Fields32 f = fields_32(format, g);
+        if (format == BLOCKS_Q8_0)
+            for (int c = 0; c < 8; c++) memcpy(u->q + 4 * c, f.codes + 64 * c + 4 * n, 4);
+        else
+            read_run(f.codes, f.plane, f.plane != NULL, 32, n, u->q);
+        u->d = f.d[n];
+        if (f.m) u->m = f.m[n];
+        return;
     }
+    const FieldsK f = fields_k(format, g);
+    const int six = format == BLOCKS_Q6_K, runs = six ? 16 : 8, length = six ? 16 : 32;
+    const int plane_bits = six ? 2 : format == BLOCKS_Q5_K;
+    for (int j = 0; j < runs; j++) {
+        read_run(run_pairs(format, g, j), run_plane(format, g, j), plane_bits, length, n, u->q + length * j);
+        u->scales[j] = f.scales[BLOCKS_GROUP * j + n];
+        if (f.mins) u->mins[j] = f.mins[2 * BLOCKS_GROUP * (j / 2) + 2 * n + j % 2];
+    }
+    u->d = f.d[n];
+    if (f.dmin) u->m = f.dmin[n];
 }
 
 /* The values a block stands for, in the gguf package's order of float32 operations (ggml's dequantize_row_*) */
@@ -278,7 +249,7 @@ void blocks_repack(int format, const uint8_t *file, int64_t N, int64_t K, uint8_
 /* rows [first, first + count) of a packed matrix as float32 (count, K) */
 void blocks_dequantize_rows(int format, const uint8_t *packed, int64_t K, int64_t first, int64_t count, float *out) {
     if (blocks_float(format)) {
-        const int kind = format == BLOCKS_F32 ? WEIGHTS_F32 : format == BLOCKS_F16 ? WEIGHTS_F16 : WEIGHTS_BF16;
+        const int kind = format == BLOCKS_F32 ? WEIGHTS_FLOAT32 : format == BLOCKS_F16 ? WEIGHTS_FLOAT16 : WEIGHTS_BFLOAT16;
         for (int64_t i = 0; i < count * K; i++) out[i] = weight_at(packed, first * K + i, kind);
         return;
     }

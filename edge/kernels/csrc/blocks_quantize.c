@@ -21,8 +21,6 @@
 #define CANDIDATES 7  /* candidate steps (15 + STEP * s) / (max - min) for s in [-CANDIDATES, CANDIDATES] */
 #define STEP 0.15f
 
-static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-
 /* q4_1 quantizes BATCH blocks side by side, each step a loop over the batch: every operation is element-wise (IEEE
  * arithmetic, nearbyintf, comparisons, integer bit steps), so the compiler may vectorize it across blocks and the
  * bytes stay those of the scalar loop; each block's sums run over its weights in order. */
@@ -81,9 +79,9 @@ static void q4_1_error(const float x[32][BATCH], const float *d, const float *m,
         }
 }
 
-/* BATCH blocks of 32 weights (x[i][b]: weight i of block b) -> BATCH * 20 bytes, each: d, m (float16), 16 bytes of
+/* BATCH blocks of 32 weights (x[i][b]: weight i of block b) -> BATCH file blocks, each: d, m (float16), 16 bytes of
  * nibbles (element j low, j + 16 high) */
-static void quantize_q4_1(const float x[32][BATCH], uint8_t *out) {
+static void quantize_q4_1(const float x[32][BATCH], block_q4_1 *out) {
     float lo[BATCH], hi[BATCH], sx[BATCH], sxx[BATCH], range[BATCH], reciprocal_range[BATCH];
     EACH(b) lo[b] = hi[b] = x[0][b], sx[b] = sxx[b] = 0.0f;
     for (int i = 0; i < 32; i++)
@@ -148,20 +146,20 @@ static void quantize_q4_1(const float x[32][BATCH], uint8_t *out) {
     for (int b = 0; b < BATCH; b++) {
         const int take = pick[b] < INFINITY && error1[b] < error0[b];
         const float (*chosen)[BATCH] = take ? picked : codes;
-        uint8_t *block = out + 20 * b;
-        put16(block, (uint16_t)(take ? pick_d[b] : d0_bits[b]));
-        put16(block + 2, (uint16_t)(take ? pick_m[b] : m0_bits[b]));
-        for (int j = 0; j < 16; j++) block[4 + j] = (uint8_t)((uint8_t)chosen[j][b] | (uint8_t)chosen[j + 16][b] << 4);
+        block_q4_1 *block = out + b;
+        block->d = (uint16_t)(take ? pick_d[b] : d0_bits[b]);
+        block->m = (uint16_t)(take ? pick_m[b] : m0_bits[b]);
+        for (int j = 0; j < 16; j++) block->qs[j] = (uint8_t)((uint8_t)chosen[j][b] | (uint8_t)chosen[j + 16][b] << 4);
     }
 }
 
-/* one block of 32 weights -> 34 bytes: d (float16), 32 int8 codes round(w / d), ties away from zero */
-static void quantize_q8_0(const float *x, uint8_t *out) {
+/* one block of 32 weights -> its file block: d (float16), 32 int8 codes round(w / d), ties away from zero */
+static void quantize_q8_0(const float *x, block_q8_0 *out) {
     float top = 0.0f;
     for (int i = 0; i < 32; i++) top = fabsf(x[i]) > top ? fabsf(x[i]) : top;
     const float d = top / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
-    put16(out, half_bits(d));
-    for (int i = 0; i < 32; i++) out[2 + i] = (uint8_t)(int8_t)roundf(x[i] * inverse);
+    out->d = half_bits(d);
+    for (int i = 0; i < 32; i++) out->qs[i] = (int8_t)roundf(x[i] * inverse);
 }
 
 /* block `index` of x (N, K), the rows' blocks one after another; a last partial block padded with zero weights */
@@ -180,7 +178,7 @@ void blocks_quantize(int format, const float *x, int64_t N, int64_t K, uint8_t *
         for (int64_t index = 0; index < total; index++) {
             float block[32];
             load_block(x, K, blocks, index, block);
-            quantize_q8_0(block, file + index * bytes);
+            quantize_q8_0(block, (block_q8_0 *)file + index);
         }
         return;
     }
@@ -188,7 +186,7 @@ void blocks_quantize(int format, const float *x, int64_t N, int64_t K, uint8_t *
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t batch = 0; batch < batches; batch++) {
         float block[32], side_by_side[32][BATCH] __attribute__((aligned(64)));
-        uint8_t out[BATCH * 20];
+        block_q4_1 out[BATCH];
         const int64_t first = batch * BATCH, count = total - first < BATCH ? total - first : BATCH;
         for (int b = 0; b < BATCH; b++) {  /* a last short batch filled with zero blocks, written nowhere */
             if (b < count) load_block(x, K, blocks, first + b, block);

@@ -12,29 +12,6 @@
  */
 #include "simd.h"
 
-/* float32 -> float16 bits, rounded to nearest even (as torch's .half()) */
-static inline uint16_t f32_to_f16(float value) {
-#if defined(EDGE_X86) && !defined(EDGE_EMULATE_AVX512)
-    return _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT);
-#elif defined(EDGE_NEON)
-    const __fp16 half = (__fp16)value;
-    uint16_t bits;
-    memcpy(&bits, &half, sizeof bits);
-    return bits;
-#else
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
-    const uint32_t magnitude = bits & 0x7fffffffu;
-    if (magnitude > 0x7f800000u) return sign | 0x7e00;        /* nan */
-    if (magnitude >= 0x477ff000u) return sign | 0x7c00;       /* 65520 and above round to inf */
-    if (magnitude < 0x38800000u)                              /* below 2^-14: a subnormal, in units of 2^-24 */
-        return sign | (uint16_t)nearbyintf(fabsf(value) * 0x1p24f);
-    const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);  /* half to even on the 13 dropped bits */
-    return sign | (uint16_t)((rounded - 0x38000000u) >> 13);  /* rebias the exponent 127 -> 15 */
-#endif
-}
-
 /* One vector x (Dh) into 8-bit codes c = round((x - low) / step), low = min(x), step = (max(x) - low) / 255, each kept
  * in float16 as the reference does; the codes' upper and lower nibbles into two planes, two values a byte, low nibble
  * first. */
@@ -70,7 +47,7 @@ void hierarchical_store(const HierarchicalCache *cache, int64_t layer, const flo
                         int64_t row_stride, int64_t T, int64_t start, int64_t Hkv, int64_t Dh, int64_t S_max) {
     const HierarchicalPlanes *stores[2] = {&cache->keys, &cache->values};
     const float *sources[2] = {keys, values};
-    float scaled[512];  /* edge/kernels/fused_model.py MAX_HEAD_DIM: the fused step takes no wider head */
+    float scaled[MAX_HEAD_DIM];  /* interface.h: the fused step takes no wider head */
     for (int which = 0; which < 2; which++) {
         const HierarchicalPlanes *p = stores[which];
         for (int64_t t = 0; t < T; t++)

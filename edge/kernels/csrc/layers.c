@@ -42,7 +42,7 @@ static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t 
     const int64_t half = Dh / 2;
     for (int64_t h = 0; h < heads; h++) {
         float *x = v + h * Dh;
-        float rotated[512];
+        float rotated[MAX_HEAD_DIM];  /* interface.h: the fused calls take no wider head */
         for (int64_t d = 0; d < half; d++) {
             rotated[d] = -x[d + half];
             rotated[d + half] = x[d];
@@ -51,30 +51,20 @@ static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t 
     }
 }
 
-/* What a pass through the model's layers needs beside the rows and the cache (edge/kernels/cpu_matmul.py ModelView mirrors
- * it): dimensions, the layers' weight table, and for a whole step or a draft the embedding, final norm and head with
- * their formats. weights holds 12 pointers per model layer (attn_norm, wqkv, qkv_bias, q_norm, k_norm, wo, o_bias,
- * ffn_norm, w_gate_up, gate_up_bias, w_down, down_bias; NULL where absent). Every entry point below takes it. */
-typedef struct {
-    int64_t D, H, Hkv, Dh, I, V;   /* V: the head's rows */
-    float eps, scale;
-    int32_t format, embed_format, norm_format, head_format;
-    const void *const *weights;
-    const int64_t *windows;        /* each layer's sliding window (0: none) */
-    const void *embed, *norm, *head;
-} ModelView;
-
 /* One decoder layer for a few rows, run by a team of threads (this thread is `part` of `parts`): the matmuls and the
  * attention split between them, the small row-wise steps on one thread, barriers between. The same row-by-row
  * operations as a 1-row call, so each row's result does not depend on how many rows share the call. */
 static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
-                       const void *const *w, const float *cos_table, const float *sin_table, float *keys,
+                       const LayerWeights *weights, const float *cos_table, const float *sin_table, float *keys,
                        float *values, const HierarchicalCache *hier, int64_t layer, int64_t S_max, int64_t start,
                        int64_t window, float eps, float scale, const int64_t *parents, float *scratch, void *prepared,
                        int format, int part, int parts) {
-    const void *attn_norm = w[0], *wqkv = w[1], *q_norm = w[3], *k_norm = w[4], *wo = w[5], *ffn_norm = w[7];
-    const void *w_gate_up = w[8], *w_down = w[10];
-    const float *qkv_bias = w[2], *o_bias = w[6], *gate_up_bias = w[9], *down_bias = w[11];
+    const void *const *w = weights->slots;
+    const void *attn_norm = w[SLOT_ATTN_NORM], *wqkv = w[SLOT_WQKV], *q_norm = w[SLOT_Q_NORM];
+    const void *k_norm = w[SLOT_K_NORM], *wo = w[SLOT_WO], *ffn_norm = w[SLOT_FFN_NORM];
+    const void *w_gate_up = w[SLOT_W_GATE_UP], *w_down = w[SLOT_W_DOWN];
+    const float *qkv_bias = w[SLOT_QKV_BIAS], *o_bias = w[SLOT_O_BIAS], *gate_up_bias = w[SLOT_GATE_UP_BIAS];
+    const float *down_bias = w[SLOT_DOWN_BIAS];
     const int64_t Q = H * Dh, KV = Hkv * Dh, N = Q + 2 * KV;
     float *normed = scratch;                /* (T, D) */
     float *qkv = normed + T * D;            /* (T, N) */
@@ -133,7 +123,7 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
 
 /* The scratch floats layer_team carves for T rows attending to `span` positions (start + T): its buffers above, summed.
  * The entry points' *_scratch functions below add their own buffers to it; the Python side asks them before each
- * call (edge/kernels/cpu_matmul.py), so each size is written once, beside the carving it measures. */
+ * call (edge/kernels/cpu_kernel.py), so each size is written once, beside the carving it measures. */
 static int64_t layer_scratch(const ModelView *m, int64_t T, int64_t span, int hierarchical) {
     const int64_t Q = m->H * m->Dh, KV = m->Hkv * m->Dh;
     const int64_t rows = T * (m->D + (Q + 2 * KV) + Q + Q + 2 * m->I);  /* normed, qkv, attended, q_heads, gate_up */
@@ -154,7 +144,7 @@ static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t star
                            const int64_t *parents, float *scratch, void *prepared, int part, int parts) {
     for (int64_t i = 0; i < count; i++) {
         const int64_t l = order[i];
-        layer_team(x, T, m->D, m->H, m->Hkv, m->Dh, m->I, m->weights + 12 * l, cos_table, sin_table,
+        layer_team(x, T, m->D, m->H, m->Hkv, m->Dh, m->I, m->layers + l, cos_table, sin_table,
                    hier ? NULL : keys + l * layer_stride, hier ? NULL : values + l * layer_stride, hier, l, S_max,
                    start, m->windows[l], m->eps, m->scale, parents, scratch, prepared, m->format, part, parts);
     }
@@ -213,30 +203,13 @@ int64_t forward_step_scratch(const ModelView *m, int64_t T, int64_t start, int h
     return T * m->D + layer_scratch(m, T, start + T, hierarchical);  /* x, then the layers' */
 }
 
-/* What one greedy draft asks beside the model (its ModelView) and the cache (edge/kernels/cpu_matmul.py DraftArgs mirrors
- * it): the first step's rows, the layers to run, the rotary tables, how many tokens to draft and when to stop, and
- * where the drafted tokens go. */
-typedef struct {
-    const int64_t *tokens;         /* (T0) the first step's tokens, at positions [start, start + T0) */
-    const float *features;         /* (T0, D) their features (a feature drafter), or NULL */
-    const void *fc;                /* (D, 2D) a feature drafter's fusion, in the layers' format, or NULL */
-    const int64_t *order;          /* the layers run, count of them */
-    const float *cos_table, *sin_table;  /* whole rotary tables: row p is position p */
-    const int64_t *head_ids;       /* (V) the token of each head row (a trimmed head), or NULL: row v is token v */
-    int64_t T0, count, start, k;
-    float stop_below;              /* > 0: stop before a token (never the first) whose probability is below it */
-    int64_t *out;                  /* (k) the drafted tokens */
-    int64_t *runners_up;           /* (k) each step's second most likely token, or NULL */
-    float *probabilities;          /* (k, 2) the draft token's and the runner-up's probabilities, with runners_up */
-} DraftArgs;
-
 /* Greedy drafting, k tokens in one call: a draft model (embed -> layers -> norm -> head -> argmax) or a feature
  * drafter (fc(feature | embed) -> its layer -> norm -> head -> argmax, its normed output becoming the next row's
  * feature). The same per-row operations as the Python path's calls, without a Python round trip per token.
  *
  * The first step runs a->T0 rows at positions [start, start + T0): tokens[t] (and features[t] when fc is set); each
  * later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are written
- * into the drafter's cache as the layers run. The view's embedding and head are read in their own formats (WEIGHTS_I8:
+ * into the drafter's cache as the layers run. The view's embedding and head are read in their own formats (WEIGHTS_INT8:
  * packed, WEIGHTS_BLOCKS: a BlockMatrix), its norm in norm_format, and the layers and fc in its format. The cache is
  * keys/values or `hier`, as in fused_layers_f32. scratch holds draft_greedy_scratch(m, T0, start, k, hier != NULL)
  * floats. out[i] receives draft token i.

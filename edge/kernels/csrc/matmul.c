@@ -1,5 +1,5 @@
 /* The matmul entry point for every weights format, one team matmul: the fused layers (layers.c) call team_matmul
- * inside their parallel region; a lone call (rowwise_matmul, edge/kernels/cpu_matmul.py) opens a region of its own
+ * inside their parallel region; a lone call (rowwise_matmul, edge/kernels/cpu_kernel.py) opens a region of its own
  * around it. Every format takes float32 rows x (M, K) to y (M, N) float32 (+ bias (N), NULL where absent). */
 #include <omp.h>
 #include <stdlib.h>
@@ -19,7 +19,7 @@ void *prepared_alloc(int64_t M, int64_t K) {
  * region (one thread) the pragmas are no-ops and it is a plain matmul. */
 void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                  int format, void *prepared, int part, int parts) {
-    if (format == WEIGHTS_I8) {
+    if (format == WEIGHTS_INT8) {
         int8_prepare_share(x, M, K, prepared, part, parts);
         int8_matmul_share(prepared, w, bias, y, M, N, K, part, parts);
     } else if (format == WEIGHTS_BLOCKS) {
@@ -52,11 +52,11 @@ void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float 
 }
 
 /* One matmul in a parallel region of its own: x (M, K) through w in `format` (WEIGHTS_*; int8 packed as in
- * matmul_int8.c, a BlockMatrix as in matmul_blocks.c) into y (M, N). edge/kernels/cpu_matmul.py calls it for every
+ * matmul_int8.c, a BlockMatrix as in matmul_blocks.c) into y (M, N). edge/kernels/cpu_kernel.py calls it for every
  * format. */
 void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int format, int threads) {
-    void *prepared = format == WEIGHTS_I8 || format == WEIGHTS_BLOCKS ? prepared_alloc(M, K) : NULL;
+    void *prepared = format == WEIGHTS_INT8 || format == WEIGHTS_BLOCKS ? prepared_alloc(M, K) : NULL;
 #pragma omp parallel num_threads(threads)
     team_matmul(x, w, bias, y, M, N, K, format, prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);

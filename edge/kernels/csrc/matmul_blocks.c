@@ -18,7 +18,7 @@
  * never depends on the other rows of the call: a verify pass reproduces decode steps exactly.
  *
  * A path works on LANES outputs at a time (16 with AVX-512 VNNI, 8 with AVX2 and NEON, 4 portable: a group of 16 in
- * several passes over the same bytes, the later ones from cache), with these primitives:
+ * several passes over the same bytes, the later ones from cache), with simd.h's integer lane primitives:
  *   lb   LANES * 4 bytes: a chunk, a pair or a plane's share for the pass
  *   lw   partial integer dots: int16 pairs on AVX2 (vpmaddubsw, widened every few chunks before they could
  *        overflow), int32 elsewhere (vpdpbusd, sdot)
@@ -32,267 +32,6 @@
 
 #define MAX_ROWS 4
 #define SPAN_BYTES 65536  /* a prompt's tiles of rows share this much of the weights at a time (in L2) */
-#define ALWAYS static inline __attribute__((always_inline))
-typedef int32_t unaligned_i32 __attribute__((may_alias, aligned(1)));  /* 4 activation codes, read as one word */
-ALWAYS int32_t quad_at(const int8_t *x) { return *(const unaligned_i32 *)x; }
-
-/* ---- the primitives, per path ---- */
-
-#if defined(EDGE_VNNI)
-#define LANES 16
-typedef __m512i lb;
-typedef __m512i lw;
-typedef __m512i li;
-typedef __m512 lf;
-#define WIDE_LW 1  /* lw holds int32: widen once per run */
-ALWAYS lb lb_load(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
-ALWAYS lb lb_low(lb v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
-ALWAYS lb lb_high(lb v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
-ALWAYS lb lb_or(lb a, lb b) { return _mm512_or_si512(a, b); }
-/* (v << s) or (v >> -s) per byte, then & mask: the shifts are 16-bit, and the mask drops what crossed a byte */
-ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
-    const lb shifted = s > 0 ? _mm512_slli_epi16(v, s) : s < 0 ? _mm512_srli_epi16(v, -s) : v;
-    return _mm512_and_si512(shifted, _mm512_set1_epi8((char)mask));
-}
-/* lo | ((plane << s or >> -s) & mask) in one ternary-logic op after the shift (A | (B & C): 0xF8) */
-ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) {
-    const lb shifted = s > 0 ? _mm512_slli_epi16(plane, s) : s < 0 ? _mm512_srli_epi16(plane, -s) : plane;
-    return _mm512_ternarylogic_epi32(lo, shifted, _mm512_set1_epi8((char)mask), 0xF8);
-}
-ALWAYS lw lw_zero(void) { return _mm512_setzero_si512(); }
-/* the 4 codes at x broadcast from memory: folded into vpdpbusd, no port-5 broadcast from a register */
-ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(quad_at(x))); }
-ALWAYS li li_zero(void) { return _mm512_setzero_si512(); }
-ALWAYS li li_set(int32_t v) { return _mm512_set1_epi32(v); }
-ALWAYS li li_add(li a, li b) { return _mm512_add_epi32(a, b); }
-ALWAYS li li_sub(li a, li b) { return _mm512_sub_epi32(a, b); }
-ALWAYS li li_widen(li acc, lw part) { return _mm512_add_epi32(acc, part); }
-ALWAYS li li_shl(li v, const int s) { return _mm512_slli_epi32(v, s); }
-/* a per-output multiplier (k-quant scales and mins) from LANES bytes, in the form li_widen_by / li_times take */
-ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
-    return is_signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
-}
-ALWAYS li li_widen_by(li acc, lw part, li multiplier) { return _mm512_add_epi32(acc, _mm512_mullo_epi32(part, multiplier)); }
-ALWAYS li li_times(li multiplier, int32_t value) { return _mm512_mullo_epi32(multiplier, _mm512_set1_epi32(value)); }
-/* acc + per output the int16 pair at p (2 bytes, unsigned) dotted with the int16 pair in `pair` */
-ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
-    const __m512i pairs = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_dpwssd_epi32(acc, pairs, _mm512_set1_epi32(pair));
-}
-ALWAYS lf lf_zero(void) { return _mm512_setzero_ps(); }
-ALWAYS lf lf_set(float v) { return _mm512_set1_ps(v); }
-ALWAYS lf lf_f16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-ALWAYS lf lf_of(li v) { return _mm512_cvtepi32_ps(v); }
-ALWAYS lf lf_add(lf a, lf b) { return _mm512_add_ps(a, b); }
-ALWAYS lf lf_sub(lf a, lf b) { return _mm512_sub_ps(a, b); }
-ALWAYS lf lf_mul(lf a, lf b) { return _mm512_mul_ps(a, b); }
-ALWAYS void lf_store(float *p, lf v) { _mm512_storeu_ps(p, v); }
-/* Q8_0: signed weights as unsigned bytes w + 128 (the dot then carries 128 * the row's code sum) */
-#define Q8_FLIPPED 1
-ALWAYS lb lb_q8(lb v) { return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)); }
-ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(quad_at(x))); }
-
-#elif defined(EDGE_X86)
-#define LANES 8
-typedef __m256i lb;
-typedef __m256i lw;
-typedef __m256i li;
-typedef __m256 lf;
-#define WIDE_LW 0
-ALWAYS lb lb_load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
-ALWAYS lb lb_low(lb v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
-ALWAYS lb lb_high(lb v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
-ALWAYS lb lb_or(lb a, lb b) { return _mm256_or_si256(a, b); }
-ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
-    const lb shifted = s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
-    return _mm256_and_si256(shifted, _mm256_set1_epi8((char)mask));
-}
-ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) { return lb_or(lo, lb_shift_mask(plane, s, mask)); }
-ALWAYS lw lw_zero(void) { return _mm256_setzero_si256(); }
-/* int16 pairs: unsigned weight bytes times signed activations, adjacent products summed (no saturation: weights are
- * at most 63, so a pair is at most 2 * 63 * 127) */
-ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) {
-    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, _mm256_set1_epi32(quad_at(x))));
-}
-ALWAYS li li_zero(void) { return _mm256_setzero_si256(); }
-ALWAYS li li_set(int32_t v) { return _mm256_set1_epi32(v); }
-ALWAYS li li_add(li a, li b) { return _mm256_add_epi32(a, b); }
-ALWAYS li li_sub(li a, li b) { return _mm256_sub_epi32(a, b); }
-ALWAYS li li_widen(li acc, lw part) { return _mm256_add_epi32(acc, _mm256_madd_epi16(part, _mm256_set1_epi16(1))); }
-ALWAYS li li_shl(li v, const int s) { return _mm256_slli_epi32(v, s); }
-/* the multiplier as int16 pairs (v, v): vpmaddwd multiplies and widens the partial dots in one step */
-ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
-    const __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
-    const __m256i wide = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
-    return _mm256_or_si256(_mm256_and_si256(wide, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(wide, 16));
-}
-ALWAYS li li_widen_by(li acc, lw part, li multiplier) { return _mm256_add_epi32(acc, _mm256_madd_epi16(part, multiplier)); }
-/* multiplier * value, value within int16 (a run's code sum: at most 32 * 127) */
-ALWAYS li li_times(li multiplier, int32_t value) {
-    return _mm256_madd_epi16(multiplier, _mm256_set1_epi32(value & 0xFFFF));
-}
-ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
-    const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi32(pair)));
-}
-ALWAYS lf lf_zero(void) { return _mm256_setzero_ps(); }
-ALWAYS lf lf_set(float v) { return _mm256_set1_ps(v); }
-ALWAYS lf lf_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-ALWAYS lf lf_of(li v) { return _mm256_cvtepi32_ps(v); }
-ALWAYS lf lf_add(lf a, lf b) { return _mm256_add_ps(a, b); }
-ALWAYS lf lf_sub(lf a, lf b) { return _mm256_sub_ps(a, b); }
-ALWAYS lf lf_mul(lf a, lf b) { return _mm256_mul_ps(a, b); }
-ALWAYS void lf_store(float *p, lf v) { _mm256_storeu_ps(p, v); }
-/* Q8_0: signed x signed through |w| (unsigned: 128 for a code of -128) and x with w's sign, widened chunk by chunk
- * (a pair is at most 2 * 128 * 127) */
-#define Q8_FLIPPED 0
-ALWAYS lb lb_q8(lb v) { return v; }
-ALWAYS li li_dot_q8(li acc, lb w, const int8_t *codes) {
-    const __m256i x = _mm256_set1_epi32(quad_at(codes));
-    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-
-#elif defined(EDGE_NEON)
-#define LANES 8
-typedef uint8x16x2_t lb;
-typedef int32x4x2_t li;
-typedef li lw;
-typedef float32x4x2_t lf;
-#define WIDE_LW 1
-ALWAYS lb lb_load(const uint8_t *p) { return (lb){{vld1q_u8(p), vld1q_u8(p + 16)}}; }
-ALWAYS lb lb_low(lb v) { return (lb){{vandq_u8(v.val[0], vdupq_n_u8(0x0F)), vandq_u8(v.val[1], vdupq_n_u8(0x0F))}}; }
-ALWAYS lb lb_high(lb v) { return (lb){{vshrq_n_u8(v.val[0], 4), vshrq_n_u8(v.val[1], 4)}}; }
-ALWAYS lb lb_or(lb a, lb b) { return (lb){{vorrq_u8(a.val[0], b.val[0]), vorrq_u8(a.val[1], b.val[1])}}; }
-ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
-    const int8x16_t by = vdupq_n_s8((int8_t)s);  /* vshl: left for s > 0, right for s < 0 */
-    return (lb){{vandq_u8(vshlq_u8(v.val[0], by), vdupq_n_u8((uint8_t)mask)),
-                 vandq_u8(vshlq_u8(v.val[1], by), vdupq_n_u8((uint8_t)mask))}};
-}
-ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) { return lb_or(lo, lb_shift_mask(plane, s, mask)); }
-ALWAYS li li_zero(void) { return (li){{vdupq_n_s32(0), vdupq_n_s32(0)}}; }
-ALWAYS lw lw_zero(void) { return li_zero(); }
-/* weights at most 127 are the same bytes signed, so sdot (signed x signed) takes them as they are, Q8_0 too */
-ALWAYS int32x4_t dot4(int32x4_t acc, uint8x16_t w, const int8_t *codes) {
-    const int8x16_t x = vreinterpretq_s8_s32(vld1q_dup_s32((const int32_t *)(const void *)codes));
-#if defined(EDGE_DOTPROD)
-    return vdotq_s32(acc, vreinterpretq_s8_u8(w), x);
-#else
-    const int8x16_t ws = vreinterpretq_s8_u8(w);
-    const int16x8_t pairs = vpaddq_s16(vmull_s8(vget_low_s8(ws), vget_low_s8(x)), vmull_s8(vget_high_s8(ws), vget_high_s8(x)));
-    return vpadalq_s16(acc, pairs);
-#endif
-}
-ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) { return (lw){{dot4(acc.val[0], w.val[0], x), dot4(acc.val[1], w.val[1], x)}}; }
-ALWAYS li li_set(int32_t v) { return (li){{vdupq_n_s32(v), vdupq_n_s32(v)}}; }
-ALWAYS li li_add(li a, li b) { return (li){{vaddq_s32(a.val[0], b.val[0]), vaddq_s32(a.val[1], b.val[1])}}; }
-ALWAYS li li_sub(li a, li b) { return (li){{vsubq_s32(a.val[0], b.val[0]), vsubq_s32(a.val[1], b.val[1])}}; }
-ALWAYS li li_widen(li acc, lw part) { return li_add(acc, part); }
-ALWAYS li li_shl(li v, const int s) { return (li){{vshlq_s32(v.val[0], vdupq_n_s32(s)), vshlq_s32(v.val[1], vdupq_n_s32(s))}}; }
-ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
-    int16x8_t wide;
-    if (is_signed) wide = vmovl_s8(vld1_s8((const int8_t *)p));
-    else wide = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p)));
-    return (li){{vmovl_s16(vget_low_s16(wide)), vmovl_s16(vget_high_s16(wide))}};
-}
-ALWAYS li li_widen_by(li acc, lw part, li m) {
-    return (li){{vmlaq_s32(acc.val[0], part.val[0], m.val[0]), vmlaq_s32(acc.val[1], part.val[1], m.val[1])}};
-}
-ALWAYS li li_times(li m, int32_t value) {
-    return (li){{vmulq_n_s32(m.val[0], value), vmulq_n_s32(m.val[1], value)}};
-}
-ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
-    const int16x4_t x = vreinterpret_s16_s32(vdup_n_s32(pair));  /* (first, second) twice */
-    const int16x8_t low = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p))), high = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p + 8)));
-    const int32x4_t a = vpaddq_s32(vmull_s16(vget_low_s16(low), x), vmull_s16(vget_high_s16(low), x));
-    const int32x4_t b = vpaddq_s32(vmull_s16(vget_low_s16(high), x), vmull_s16(vget_high_s16(high), x));
-    return (li){{vaddq_s32(acc.val[0], a), vaddq_s32(acc.val[1], b)}};
-}
-ALWAYS lf lf_zero(void) { return (lf){{vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}}; }
-ALWAYS lf lf_set(float v) { return (lf){{vdupq_n_f32(v), vdupq_n_f32(v)}}; }
-ALWAYS lf lf_f16(const uint8_t *p) {
-    return (lf){{vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))), vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p + 8)))}};
-}
-ALWAYS lf lf_of(li v) { return (lf){{vcvtq_f32_s32(v.val[0]), vcvtq_f32_s32(v.val[1])}}; }
-ALWAYS lf lf_add(lf a, lf b) { return (lf){{vaddq_f32(a.val[0], b.val[0]), vaddq_f32(a.val[1], b.val[1])}}; }
-ALWAYS lf lf_sub(lf a, lf b) { return (lf){{vsubq_f32(a.val[0], b.val[0]), vsubq_f32(a.val[1], b.val[1])}}; }
-ALWAYS lf lf_mul(lf a, lf b) { return (lf){{vmulq_f32(a.val[0], b.val[0]), vmulq_f32(a.val[1], b.val[1])}}; }
-ALWAYS void lf_store(float *p, lf v) { vst1q_f32(p, v.val[0]), vst1q_f32(p + 4, v.val[1]); }
-#define Q8_FLIPPED 0
-ALWAYS lb lb_q8(lb v) { return v; }
-ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return lw_dot(acc, w, x); }
-
-#else
-/* portable: GCC vectors of 4 lanes (SSE2 on x86-64, scalar elsewhere) */
-#define LANES 4
-typedef uint8_t lb __attribute__((vector_size(16)));
-typedef int32_t li __attribute__((vector_size(16)));
-typedef li lw;
-typedef float lf __attribute__((vector_size(16)));
-typedef int8_t vs8 __attribute__((vector_size(16)));
-typedef int16_t vs16 __attribute__((vector_size(32)));
-#define WIDE_LW 1
-ALWAYS lb lb_load(const uint8_t *p) {
-    lb v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-ALWAYS lb lb_low(lb v) { return v & 0x0F; }
-ALWAYS lb lb_high(lb v) { return v >> 4; }
-ALWAYS lb lb_or(lb a, lb b) { return a | b; }
-ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
-    return (s > 0 ? v << s : s < 0 ? v >> -s : v) & (uint8_t)mask;
-}
-ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) { return lb_or(lo, lb_shift_mask(plane, s, mask)); }
-ALWAYS li li_zero(void) { return (li){0}; }
-ALWAYS lw lw_zero(void) { return li_zero(); }
-/* 16 signed bytes (weights reinterpreted: those at most 127 are unchanged) times x4 repeated, summed per 4 */
-ALWAYS li dot_signed(li acc, vs8 w, const int8_t *x) {
-    const vs16 xs = {x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3]};
-    const vs16 products = __builtin_convertvector(w, vs16) * xs;
-    for (int n = 0; n < LANES; n++)
-        acc[n] += (int32_t)products[4 * n] + products[4 * n + 1] + products[4 * n + 2] + products[4 * n + 3];
-    return acc;
-}
-ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) { return dot_signed(acc, (vs8)w, x); }
-ALWAYS li li_set(int32_t v) { return (li){0} + v; }
-ALWAYS li li_add(li a, li b) { return a + b; }
-ALWAYS li li_sub(li a, li b) { return a - b; }
-ALWAYS li li_widen(li acc, lw part) { return acc + part; }
-ALWAYS li li_shl(li v, const int s) { return v * (1 << s); }
-ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
-    li m;
-    for (int n = 0; n < LANES; n++) m[n] = is_signed ? (int32_t)(int8_t)p[n] : (int32_t)p[n];
-    return m;
-}
-ALWAYS li li_widen_by(li acc, lw part, li m) { return acc + part * m; }
-ALWAYS li li_times(li m, int32_t value) { return m * value; }
-ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
-    const int32_t first = (int16_t)(pair & 0xFFFF), second = (int16_t)((uint32_t)pair >> 16);
-    for (int n = 0; n < LANES; n++) acc[n] += p[2 * n] * first + p[2 * n + 1] * second;
-    return acc;
-}
-ALWAYS lf lf_zero(void) { return (lf){0}; }
-ALWAYS lf lf_set(float v) { return (lf){0} + v; }
-ALWAYS lf lf_f16(const uint8_t *p) {
-    lf v;
-    for (int n = 0; n < LANES; n++) {
-        uint16_t bits;
-        memcpy(&bits, p + 2 * n, 2);
-        v[n] = f16_to_f32(bits);
-    }
-    return v;
-}
-ALWAYS lf lf_of(li v) { return __builtin_convertvector(v, lf); }
-ALWAYS lf lf_add(lf a, lf b) { return a + b; }
-ALWAYS lf lf_sub(lf a, lf b) { return a - b; }
-ALWAYS lf lf_mul(lf a, lf b) { return a * b; }
-ALWAYS void lf_store(float *p, lf v) { memcpy(p, &v, sizeof v); }
-#define Q8_FLIPPED 0
-ALWAYS lb lb_q8(lb v) { return v; }
-ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return dot_signed(acc, (vs8)w, x); }
-#endif
 
 #define STEP (LANES * 4) /* bytes of a 64-byte chunk, pair or plane that one pass reads */
 
@@ -460,17 +199,17 @@ ALWAYS void block_32(const int format, const uint8_t *g, const Row *rows, int64_
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = li_zero(), x[r] = rows[r].codes + 32 * b;
     const int five = format == BLOCKS_Q5_0 || format == BLOCKS_Q5_1;
     const int minned = format == BLOCKS_Q4_1 || format == BLOCKS_Q5_1;
-    const int scales_at = format == BLOCKS_Q8_0 ? 512 : 256 + 64 * five;  /* d, then m */
+    const Fields32 f = fields_32(format, g);  /* blocks.h */
     if (format == BLOCKS_Q8_0) {
         _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
-            const lb w = lb_q8(lb_load(g + 64 * c + STEP * h));
+            const lb w = lb_q8(lb_load(f.codes + 64 * c + STEP * h));
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = li_dot_q8(dots[r], w, x[r] + 4 * c);
         }
     } else {
-        run_dots(g + STEP * h, g + 256 + STEP * h, 4, five, x, dots, li_zero(), 0, NULL, 0, R);
+        run_dots(f.codes + STEP * h, five ? f.plane + STEP * h : NULL, 4, five, x, dots, li_zero(), 0, NULL, 0, R);
     }
-    const lf d = lf_f16(g + scales_at + 2 * LANES * h);
-    const lf m = minned ? lf_f16(g + scales_at + 32 + 2 * LANES * h) : lf_zero();
+    const lf d = lf_f16(f.d + LANES * h);
+    const lf m = minned ? lf_f16(f.m + LANES * h) : lf_zero();
     const int offset = format == BLOCKS_Q8_0 ? 128 * Q8_FLIPPED : format == BLOCKS_Q4_0 ? 8 : format == BLOCKS_Q5_0 ? 16 : 0;
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         const li exact = offset ? li_sub(dots[r], li_set(offset * rows[r].sums[b])) : dots[r];
@@ -486,30 +225,32 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
     const int8_t *x[MAX_ROWS];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = offsets[r] = li_zero();
     const int six = format == BLOCKS_Q6_K, five = format == BLOCKS_Q5_K;
-    const int tail = six ? 3072 : 2048 + 512 * five;  /* the scales (then mins), then d (and dmin) */
+    const FieldsK f = fields_k(format, g);  /* blocks.h */
     if (six) {
         for (int j = 0; j < 16; j++) {  /* runs of 16: dots[r] += sc_j (dot_j - 32 xsum_j) */
-            const li scale = li_multiplier(g + tail + 16 * j + LANES * h, 1);
+            const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 1);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 x[r] = rows[r].codes + 256 * b + 16 * j;
                 if (!WIDE_LW)  /* int16 partial dots are scaled pair by pair: the offset apart, sc_j xsum_j */
                     offsets[r] = li_add(offsets[r], li_times(scale, rows[r].sums[16 * b + j]));
             }
-            run_dots(g + 192 * j + STEP * h, g + 192 * j + 128 + STEP * h, 2, 2, x, dots, scale, 1,
+            run_dots(run_pairs(format, g, j) + STEP * h, run_plane(format, g, j) + STEP * h, 2, 2, x, dots, scale, 1,
                      WIDE_LW ? rows : NULL, 16 * b + j, R);
         }
     } else {
         for (int j = 0; j < 8; j++) {  /* runs of 32: dots[r] += sc_j dot_j */
-            const li scale = li_multiplier(g + tail + 16 * j + LANES * h, 0);
+            const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 0);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) x[r] = rows[r].codes + 256 * b + 32 * j;
-            run_dots(g + 256 * j + STEP * h, g + 2048 + 64 * j + STEP * h, 4, five, x, dots, scale, 1, NULL, 0, R);
+            run_dots(run_pairs(format, g, j) + STEP * h, five ? run_plane(format, g, j) + STEP * h : NULL, 4, five, x,
+                     dots, scale, 1, NULL, 0, R);
         }
         for (int i = 0; i < 4; i++)  /* offsets[r] = sum_j m_j xsum_j, two sub-blocks at a time */
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-                offsets[r] = li_pair_dot(offsets[r], g + tail + 128 + 32 * i + 2 * LANES * h, rows[r].pairs[4 * b + i]);
+                offsets[r] = li_pair_dot(offsets[r], f.mins + 2 * BLOCKS_GROUP * i + 2 * LANES * h,
+                                         rows[r].pairs[4 * b + i]);
     }
-    const lf d = lf_f16(g + tail + 256 + 2 * LANES * h);
-    const lf dmin = six ? lf_zero() : lf_f16(g + tail + 288 + 2 * LANES * h);
+    const lf d = lf_f16(f.d + LANES * h);
+    const lf dmin = six ? lf_zero() : lf_f16(f.dmin + LANES * h);
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         const lf sx = lf_set(rows[r].scales[b]);
         const lf term = six ? lf_mul(lf_of(li_sub(dots[r], li_shl(offsets[r], 5))), lf_mul(d, sx))
@@ -640,7 +381,7 @@ void blocks_matmul_team(const float *x, const BlockMatrix *matrix, const float *
     for (int s = 0; s < matrix->count; n0 += matrix->rows[s], s++) {
         const int format = matrix->formats[s];
         if (blocks_float(format)) {
-            const int kind = format == BLOCKS_F32 ? WEIGHTS_F32 : format == BLOCKS_F16 ? WEIGHTS_F16 : WEIGHTS_BF16;
+            const int kind = format == BLOCKS_F32 ? WEIGHTS_FLOAT32 : format == BLOCKS_F16 ? WEIGHTS_FLOAT16 : WEIGHTS_BFLOAT16;
             float_matmul_strided_share(kind, x, matrix->data[s], bias ? bias + n0 : NULL, y + n0, N, M,
                                        matrix->rows[s], K, part, parts);
             continue;

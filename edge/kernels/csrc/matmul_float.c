@@ -25,8 +25,8 @@
 
 
 static inline __attribute__((always_inline)) vf load_weights(const void *w, int64_t i, const int format) {
-    if (format == WEIGHTS_BF16) return vf_load_bf16((const uint16_t *)w + i);
-    if (format == WEIGHTS_F16) return vf_load_f16((const uint16_t *)w + i);
+    if (format == WEIGHTS_BFLOAT16) return vf_load_bf16((const uint16_t *)w + i);
+    if (format == WEIGHTS_FLOAT16) return vf_load_f16((const uint16_t *)w + i);
     return vf_load((const float *)w + i);
 }
 
@@ -42,7 +42,7 @@ static inline __attribute__((always_inline)) void float_dots(const float *x, con
         _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) acc[r][s] = vf_zero();
     int64_t row[STREAMS];
     _Pragma("GCC unroll 8") for (int s = 0; s < S; s++) row[s] = n[s] * K;
-    const int64_t size = format == WEIGHTS_F32 ? 4 : 2;
+    const int64_t size = format == WEIGHTS_FLOAT32 ? 4 : 2;
     int64_t k = 0;
     for (; k + VL <= K; k += VL) {
         if (ahead && (k * size) % 64 == 0)  /* the first pass of a call with several rows (simd.h: prefetch_ahead) */
@@ -120,9 +120,9 @@ static inline __attribute__((always_inline)) void float_outputs(const float *x, 
 void float_matmul_strided_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t ldy,
                                 int64_t M, int64_t N, int64_t K, int part, int parts) {
     const int64_t first = N * part / parts, end = N * (part + 1) / parts;
-    if (format == WEIGHTS_BF16) float_outputs(x, w, bias, y, first, end, M, ldy, K, WEIGHTS_BF16);
-    else if (format == WEIGHTS_F16) float_outputs(x, w, bias, y, first, end, M, ldy, K, WEIGHTS_F16);
-    else float_outputs(x, w, bias, y, first, end, M, ldy, K, WEIGHTS_F32);
+    if (format == WEIGHTS_BFLOAT16) float_outputs(x, w, bias, y, first, end, M, ldy, K, WEIGHTS_BFLOAT16);
+    else if (format == WEIGHTS_FLOAT16) float_outputs(x, w, bias, y, first, end, M, ldy, K, WEIGHTS_FLOAT16);
+    else float_outputs(x, w, bias, y, first, end, M, ldy, K, WEIGHTS_FLOAT32);
 }
 
 void float_matmul_share(int format, const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N,
@@ -145,7 +145,7 @@ static inline __attribute__((always_inline)) float stream_sum(const float *data,
 }
 
 /* What the machine reads: sums `count` floats, each of `threads` threads a contiguous slice of them read as `streams`
- * (1, 2, 4 or 8) interleaved sequential streams (edge/kernels/cpu_matmul.py read_bandwidth takes the best of several
+ * (1, 2, 4 or 8) interleaved sequential streams (edge/kernels/cpu_kernel.py read_bandwidth takes the best of several
  * stream counts: the reference for the matmuls' GB/s). */
 double read_bandwidth_probe(const float *data, int64_t count, int threads, int streams) {
     double total = 0.0;

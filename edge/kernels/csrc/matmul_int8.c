@@ -1,7 +1,7 @@
 /* int8 weights, activations quantized per row (w8a8): y[m, n] = (dot[m, n] * sw[n]) * sx[m] + bias[n], dot the exact
  * integer sum_k xq[m, k] * wq[n, k].
  *
- * Weights are quantized per output channel (wq = round(w / sw), |wq| <= 127; edge/kernels/cpu_matmul.py pack_int8) and
+ * Weights are quantized per output channel (wq = round(w / sw), |wq| <= 127; edge/kernels/cpu_kernel.py pack_int8) and
  * packed in groups of 16 outputs: for each group, K'/4 chunks of 64 bytes, chunk c holding wq[n, 4c .. 4c+3] for the
  * group's 16 outputs n in turn (N' = N rounded up to 16 and K' = K rounded up to 4, zero codes in the padding).
  * After the N' * K' code bytes come N' float32 scales sw and N' int32 corrections 128 * sum_k wq[n, k].
@@ -19,7 +19,7 @@
 
 #include "quantized.h"
 
-#define GROUP 16
+#define GROUP INT8_GROUP  /* interface.h */
 #define MAX_ROWS 4
 #define MAX_GROUPS 4 /* groups per tile with one row; fewer with more rows (accumulators stay in registers) */
 
@@ -103,16 +103,8 @@ static inline __attribute__((always_inline)) void dot_tile(const int8_t *xq, con
         _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                 const int8x16_t wv = vld1q_s8(rows[g] + c * 64 + q * 16);  /* 4 outputs x 4 codes */
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-#if defined(EDGE_DOTPROD)
-                    acc[r][g][q] = vdotq_s32(acc[r][g][q], wv, vreinterpretq_s8_s32(vdupq_n_s32(quads[r])));
-#else
-                    const int8x8_t x8 = vreinterpret_s8_s32(vdup_n_s32(quads[r]));
-                    /* 4 products per output in int16, pairs added (|sum| <= 2 * 127 * 127), then pairs into int32 */
-                    const int16x8_t pairs = vpaddq_s16(vmull_s8(vget_low_s8(wv), x8), vmull_s8(vget_high_s8(wv), x8));
-                    acc[r][g][q] = vpadalq_s16(acc[r][g][q], pairs);
-#endif
-                }
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)  /* simd.h: sdot, or int16 products */
+                    acc[r][g][q] = dot4_s8(acc[r][g][q], wv, vreinterpretq_s8_s32(vdupq_n_s32(quads[r])));
             }
     }
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)

@@ -27,21 +27,6 @@ static inline float absolute_max(const float *x, int64_t K) {
     return top;
 }
 
-#if defined(EDGE_X86)
-/* 8 lanes of x * inverse as codes: rounded half to even (cvtps, as nearbyintf) and clamped to [-127, 127] */
-static inline __m256i codes_of8(__m256 x, __m256 inverse) {
-    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(x, inverse));
-    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
-}
-
-/* the sum of 8 int32 lanes */
-static inline int32_t sum_of8(__m256i lanes) {
-    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
-    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xB1)));
-}
-#endif
-
 /* x[0, K) -> out[0, K) signed codes at the scale of `top` (max|x| of the whole row or block x belongs to); returns the
  * codes' sum, taken from the registers as they are written (the block formats' offsets need it; reading the bytes back
  * just after their 8-byte stores stalled on store forwarding) */

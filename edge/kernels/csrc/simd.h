@@ -1,6 +1,6 @@
 /* The vector primitives of each CPU path, so the kernels are written once.
  *
- * edge/kernels/cpu_matmul.py builds one library per path from the same sources, with that path's compiler flags; the
+ * edge/kernels/cpu_paths.py builds one library per path from the same sources, with that path's compiler flags; the
  * flags alone pick the branch below:
  *
  *   path       flags                              float vectors        int8 / block dot products
@@ -8,6 +8,10 @@
  *   avx2       -march=haswell (AVX2, FMA, F16C)    8 lanes (ymm)        vpmaddubsw + vpmaddwd
  *   neon       -march=armv8.2-a+dotprod / armv8-a  4 lanes (q regs)     sdot, else smull + pairwise adds
  *   portable   the compiler's baseline             4 lanes (GCC vectors, SSE2 on x86-64), multiply then add
+ *
+ * One helper set per path, here and nowhere else: scalar conversions, float vectors (vf), activation codes and integer
+ * dots (codes_of8, sum_of8, dot4_s8) and the block formats' integer lanes (lb, lw, li, lf); the kernel files only
+ * combine them.
  *
  * EDGE_EMULATE_AVX512 (tests only) compiles the avx512 branch on any x86-64 CPU with SIMDe's portable AVX-512:
  * the same code, checked for what it computes, not for speed.
@@ -22,6 +26,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "interface.h"
 
 #if defined(EDGE_EMULATE_AVX512)
 #define SIMDE_ENABLE_NATIVE_ALIASES
@@ -171,6 +177,30 @@ static inline uint16_t half_bits(float value) {
         half = (rebased >> 13) + (((rebased >> 12) & 1) & (((rebased & 0x0FFFu) != 0) | ((rebased >> 13) & 1)));
     }
     return (uint16_t)(half | sign >> 16);
+}
+
+/* float32 -> float16 bits, rounded to nearest even (as torch's .half()): the hardware conversion where the path has
+ * one (kv_hierarchical.c) */
+static inline uint16_t f32_to_f16(float value) {
+#if defined(EDGE_X86) && !defined(EDGE_EMULATE_AVX512)
+    return _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT);
+#elif defined(EDGE_NEON)
+    const __fp16 half = (__fp16)value;
+    uint16_t bits;
+    memcpy(&bits, &half, sizeof bits);
+    return bits;
+#else
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
+    const uint32_t magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return sign | 0x7e00;        /* nan */
+    if (magnitude >= 0x477ff000u) return sign | 0x7c00;       /* 65520 and above round to inf */
+    if (magnitude < 0x38800000u)                              /* below 2^-14: a subnormal, in units of 2^-24 */
+        return sign | (uint16_t)nearbyintf(fabsf(value) * 0x1p24f);
+    const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);  /* half to even on the 13 dropped bits */
+    return sign | (uint16_t)((rounded - 0x38000000u) >> 13);  /* rebias the exponent 127 -> 15 */
+#endif
 }
 
 /* ---- float vectors: vf holds VL floats ---- */
@@ -365,6 +395,35 @@ static inline void vf_reduce_many(const vf *acc, float *out) {
 }
 #endif
 
+/* ---- integer dot products: each path's own (matmul_int8.c, and the block lanes below) ---- */
+
+#if defined(EDGE_X86)
+/* 8 lanes of x * inverse as codes: rounded half to even (cvtps, as nearbyintf) and clamped to [-127, 127] */
+static inline __m256i codes_of8(__m256 x, __m256 inverse) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(x, inverse));
+    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+}
+
+/* the sum of 8 int32 lanes */
+static inline int32_t sum_of8(__m256i lanes) {
+    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xB1)));
+}
+#elif defined(EDGE_NEON)
+/* acc + per int32 lane the dot of w's 4 signed bytes with x's 4 in that lane: sdot, else int16 products with pairs
+ * added (|sum| <= 2 * 128 * 127) and pairs added into int32 */
+static inline __attribute__((always_inline)) int32x4_t dot4_s8(int32x4_t acc, int8x16_t w, int8x16_t x) {
+#if defined(EDGE_DOTPROD)
+    return vdotq_s32(acc, w, x);
+#else
+    const int16x8_t pairs = vpaddq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)),
+                                       vmull_s8(vget_high_s8(w), vget_high_s8(x)));
+    return vpadalq_s16(acc, pairs);
+#endif
+}
+#endif
+
 /* Keeps an accumulator in a register at this point of a loop: without it GCC re-associates a chain of integer adds
  * across unrolled iterations into a tree of partial sums (to shorten the dependency chain) and spills most of them to
  * the stack; measured twice as slow for 4-bit multi-row tiles. Values are unchanged (integer sums are exact). */
@@ -424,17 +483,272 @@ static inline void silu_span(const float *gate, const float *up, float *out, int
     }
 }
 
-/* The weights' format: matrices and norms alike (biases are float32); with WEIGHTS_I8 the matrices are packed
- * (matmul_int8.c) and the norms float32; with WEIGHTS_BLOCKS a matrix is a BlockMatrix of llama.cpp's block formats
- * (blocks.h, matmul_blocks.c: a GGUF file's, or edge's int4) and the norms float32. */
-enum { WEIGHTS_F32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_F16 = 2, WEIGHTS_I8 = 3, WEIGHTS_BLOCKS = 5 };
-
-/* Element i of a float matrix or norm in its format, as float32 */
+/* Element i of a float matrix or norm in its format (a WeightFormat, interface.h), as float32 */
 static inline float weight_at(const void *w, int64_t i, int format) {
-    if (format == WEIGHTS_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
-    if (format == WEIGHTS_F16) return f16_to_f32(((const uint16_t *)w)[i]);
+    if (format == WEIGHTS_BFLOAT16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    if (format == WEIGHTS_FLOAT16) return f16_to_f32(((const uint16_t *)w)[i]);
     return ((const float *)w)[i];
 }
+
+/* ---- integer lanes: the block formats' primitives (matmul_blocks.c) ----
+ *
+ *   lb   LANES * 4 bytes: a chunk, a pair or a plane's share for the pass
+ *   lw   partial integer dots: int16 pairs on AVX2 (vpmaddubsw, widened every few chunks before they could
+ *        overflow), int32 elsewhere (vpdpbusd, sdot)
+ *   li   LANES int32: exact dots;  lf  LANES float32
+ *
+ * LANES outputs at a time: 16 with AVX-512 VNNI, 8 with AVX2 and NEON, 4 portable. */
+
+#define ALWAYS static inline __attribute__((always_inline))
+typedef int32_t unaligned_i32 __attribute__((may_alias, aligned(1)));  /* 4 activation codes, read as one word */
+ALWAYS int32_t quad_at(const int8_t *x) { return *(const unaligned_i32 *)x; }
+
+/* ---- the primitives, per path ---- */
+
+#if defined(EDGE_VNNI)
+#define LANES 16
+typedef __m512i lb;
+typedef __m512i lw;
+typedef __m512i li;
+typedef __m512 lf;
+#define WIDE_LW 1  /* lw holds int32: widen once per run */
+ALWAYS lb lb_load(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
+ALWAYS lb lb_low(lb v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+ALWAYS lb lb_high(lb v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+ALWAYS lb lb_or(lb a, lb b) { return _mm512_or_si512(a, b); }
+/* (v << s) or (v >> -s) per byte, then & mask: the shifts are 16-bit, and the mask drops what crossed a byte */
+ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
+    const lb shifted = s > 0 ? _mm512_slli_epi16(v, s) : s < 0 ? _mm512_srli_epi16(v, -s) : v;
+    return _mm512_and_si512(shifted, _mm512_set1_epi8((char)mask));
+}
+/* lo | ((plane << s or >> -s) & mask) in one ternary-logic op after the shift (A | (B & C): 0xF8) */
+ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) {
+    const lb shifted = s > 0 ? _mm512_slli_epi16(plane, s) : s < 0 ? _mm512_srli_epi16(plane, -s) : plane;
+    return _mm512_ternarylogic_epi32(lo, shifted, _mm512_set1_epi8((char)mask), 0xF8);
+}
+ALWAYS lw lw_zero(void) { return _mm512_setzero_si512(); }
+/* the 4 codes at x broadcast from memory: folded into vpdpbusd, no port-5 broadcast from a register */
+ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(quad_at(x))); }
+ALWAYS li li_zero(void) { return _mm512_setzero_si512(); }
+ALWAYS li li_set(int32_t v) { return _mm512_set1_epi32(v); }
+ALWAYS li li_add(li a, li b) { return _mm512_add_epi32(a, b); }
+ALWAYS li li_sub(li a, li b) { return _mm512_sub_epi32(a, b); }
+ALWAYS li li_widen(li acc, lw part) { return _mm512_add_epi32(acc, part); }
+ALWAYS li li_shl(li v, const int s) { return _mm512_slli_epi32(v, s); }
+/* a per-output multiplier (k-quant scales and mins) from LANES bytes, in the form li_widen_by / li_times take */
+ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
+    return is_signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
+}
+ALWAYS li li_widen_by(li acc, lw part, li multiplier) { return _mm512_add_epi32(acc, _mm512_mullo_epi32(part, multiplier)); }
+ALWAYS li li_times(li multiplier, int32_t value) { return _mm512_mullo_epi32(multiplier, _mm512_set1_epi32(value)); }
+/* acc + per output the int16 pair at p (2 bytes, unsigned) dotted with the int16 pair in `pair` */
+ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
+    const __m512i pairs = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_dpwssd_epi32(acc, pairs, _mm512_set1_epi32(pair));
+}
+ALWAYS lf lf_zero(void) { return _mm512_setzero_ps(); }
+ALWAYS lf lf_set(float v) { return _mm512_set1_ps(v); }
+ALWAYS lf lf_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+ALWAYS lf lf_of(li v) { return _mm512_cvtepi32_ps(v); }
+ALWAYS lf lf_add(lf a, lf b) { return _mm512_add_ps(a, b); }
+ALWAYS lf lf_sub(lf a, lf b) { return _mm512_sub_ps(a, b); }
+ALWAYS lf lf_mul(lf a, lf b) { return _mm512_mul_ps(a, b); }
+ALWAYS void lf_store(float *p, lf v) { _mm512_storeu_ps(p, v); }
+/* Q8_0: signed weights as unsigned bytes w + 128 (the dot then carries 128 * the row's code sum) */
+#define Q8_FLIPPED 1
+ALWAYS lb lb_q8(lb v) { return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)); }
+ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(quad_at(x))); }
+
+#elif defined(EDGE_X86)
+#define LANES 8
+typedef __m256i lb;
+typedef __m256i lw;
+typedef __m256i li;
+typedef __m256 lf;
+#define WIDE_LW 0
+ALWAYS lb lb_load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+ALWAYS lb lb_low(lb v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+ALWAYS lb lb_high(lb v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+ALWAYS lb lb_or(lb a, lb b) { return _mm256_or_si256(a, b); }
+ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
+    const lb shifted = s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
+    return _mm256_and_si256(shifted, _mm256_set1_epi8((char)mask));
+}
+ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) { return lb_or(lo, lb_shift_mask(plane, s, mask)); }
+ALWAYS lw lw_zero(void) { return _mm256_setzero_si256(); }
+/* int16 pairs: unsigned weight bytes times signed activations, adjacent products summed (no saturation: weights are
+ * at most 63, so a pair is at most 2 * 63 * 127) */
+ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) {
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, _mm256_set1_epi32(quad_at(x))));
+}
+ALWAYS li li_zero(void) { return _mm256_setzero_si256(); }
+ALWAYS li li_set(int32_t v) { return _mm256_set1_epi32(v); }
+ALWAYS li li_add(li a, li b) { return _mm256_add_epi32(a, b); }
+ALWAYS li li_sub(li a, li b) { return _mm256_sub_epi32(a, b); }
+ALWAYS li li_widen(li acc, lw part) { return _mm256_add_epi32(acc, _mm256_madd_epi16(part, _mm256_set1_epi16(1))); }
+ALWAYS li li_shl(li v, const int s) { return _mm256_slli_epi32(v, s); }
+/* the multiplier as int16 pairs (v, v): vpmaddwd multiplies and widens the partial dots in one step */
+ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
+    const __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
+    const __m256i wide = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+    return _mm256_or_si256(_mm256_and_si256(wide, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(wide, 16));
+}
+ALWAYS li li_widen_by(li acc, lw part, li multiplier) { return _mm256_add_epi32(acc, _mm256_madd_epi16(part, multiplier)); }
+/* multiplier * value, value within int16 (a run's code sum: at most 32 * 127) */
+ALWAYS li li_times(li multiplier, int32_t value) {
+    return _mm256_madd_epi16(multiplier, _mm256_set1_epi32(value & 0xFFFF));
+}
+ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
+    const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi32(pair)));
+}
+ALWAYS lf lf_zero(void) { return _mm256_setzero_ps(); }
+ALWAYS lf lf_set(float v) { return _mm256_set1_ps(v); }
+ALWAYS lf lf_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+ALWAYS lf lf_of(li v) { return _mm256_cvtepi32_ps(v); }
+ALWAYS lf lf_add(lf a, lf b) { return _mm256_add_ps(a, b); }
+ALWAYS lf lf_sub(lf a, lf b) { return _mm256_sub_ps(a, b); }
+ALWAYS lf lf_mul(lf a, lf b) { return _mm256_mul_ps(a, b); }
+ALWAYS void lf_store(float *p, lf v) { _mm256_storeu_ps(p, v); }
+/* Q8_0: signed x signed through |w| (unsigned: 128 for a code of -128) and x with w's sign, widened chunk by chunk
+ * (a pair is at most 2 * 128 * 127) */
+#define Q8_FLIPPED 0
+ALWAYS lb lb_q8(lb v) { return v; }
+ALWAYS li li_dot_q8(li acc, lb w, const int8_t *codes) {
+    const __m256i x = _mm256_set1_epi32(quad_at(codes));
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+#elif defined(EDGE_NEON)
+#define LANES 8
+typedef uint8x16x2_t lb;
+typedef int32x4x2_t li;
+typedef li lw;
+typedef float32x4x2_t lf;
+#define WIDE_LW 1
+ALWAYS lb lb_load(const uint8_t *p) { return (lb){{vld1q_u8(p), vld1q_u8(p + 16)}}; }
+ALWAYS lb lb_low(lb v) { return (lb){{vandq_u8(v.val[0], vdupq_n_u8(0x0F)), vandq_u8(v.val[1], vdupq_n_u8(0x0F))}}; }
+ALWAYS lb lb_high(lb v) { return (lb){{vshrq_n_u8(v.val[0], 4), vshrq_n_u8(v.val[1], 4)}}; }
+ALWAYS lb lb_or(lb a, lb b) { return (lb){{vorrq_u8(a.val[0], b.val[0]), vorrq_u8(a.val[1], b.val[1])}}; }
+ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
+    const int8x16_t by = vdupq_n_s8((int8_t)s);  /* vshl: left for s > 0, right for s < 0 */
+    return (lb){{vandq_u8(vshlq_u8(v.val[0], by), vdupq_n_u8((uint8_t)mask)),
+                 vandq_u8(vshlq_u8(v.val[1], by), vdupq_n_u8((uint8_t)mask))}};
+}
+ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) { return lb_or(lo, lb_shift_mask(plane, s, mask)); }
+ALWAYS li li_zero(void) { return (li){{vdupq_n_s32(0), vdupq_n_s32(0)}}; }
+ALWAYS lw lw_zero(void) { return li_zero(); }
+/* weights at most 127 are the same bytes signed, so sdot (signed x signed) takes them as they are, Q8_0 too */
+ALWAYS int32x4_t dot4(int32x4_t acc, uint8x16_t w, const int8_t *codes) {
+    return dot4_s8(acc, vreinterpretq_s8_u8(w), vreinterpretq_s8_s32(vld1q_dup_s32((const int32_t *)(const void *)codes)));
+}
+ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) { return (lw){{dot4(acc.val[0], w.val[0], x), dot4(acc.val[1], w.val[1], x)}}; }
+ALWAYS li li_set(int32_t v) { return (li){{vdupq_n_s32(v), vdupq_n_s32(v)}}; }
+ALWAYS li li_add(li a, li b) { return (li){{vaddq_s32(a.val[0], b.val[0]), vaddq_s32(a.val[1], b.val[1])}}; }
+ALWAYS li li_sub(li a, li b) { return (li){{vsubq_s32(a.val[0], b.val[0]), vsubq_s32(a.val[1], b.val[1])}}; }
+ALWAYS li li_widen(li acc, lw part) { return li_add(acc, part); }
+ALWAYS li li_shl(li v, const int s) { return (li){{vshlq_s32(v.val[0], vdupq_n_s32(s)), vshlq_s32(v.val[1], vdupq_n_s32(s))}}; }
+ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
+    int16x8_t wide;
+    if (is_signed) wide = vmovl_s8(vld1_s8((const int8_t *)p));
+    else wide = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p)));
+    return (li){{vmovl_s16(vget_low_s16(wide)), vmovl_s16(vget_high_s16(wide))}};
+}
+ALWAYS li li_widen_by(li acc, lw part, li m) {
+    return (li){{vmlaq_s32(acc.val[0], part.val[0], m.val[0]), vmlaq_s32(acc.val[1], part.val[1], m.val[1])}};
+}
+ALWAYS li li_times(li m, int32_t value) {
+    return (li){{vmulq_n_s32(m.val[0], value), vmulq_n_s32(m.val[1], value)}};
+}
+ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
+    const int16x4_t x = vreinterpret_s16_s32(vdup_n_s32(pair));  /* (first, second) twice */
+    const int16x8_t low = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p))), high = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p + 8)));
+    const int32x4_t a = vpaddq_s32(vmull_s16(vget_low_s16(low), x), vmull_s16(vget_high_s16(low), x));
+    const int32x4_t b = vpaddq_s32(vmull_s16(vget_low_s16(high), x), vmull_s16(vget_high_s16(high), x));
+    return (li){{vaddq_s32(acc.val[0], a), vaddq_s32(acc.val[1], b)}};
+}
+ALWAYS lf lf_zero(void) { return (lf){{vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}}; }
+ALWAYS lf lf_set(float v) { return (lf){{vdupq_n_f32(v), vdupq_n_f32(v)}}; }
+ALWAYS lf lf_f16(const uint16_t *p) {
+    return (lf){{vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))), vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4)))}};
+}
+ALWAYS lf lf_of(li v) { return (lf){{vcvtq_f32_s32(v.val[0]), vcvtq_f32_s32(v.val[1])}}; }
+ALWAYS lf lf_add(lf a, lf b) { return (lf){{vaddq_f32(a.val[0], b.val[0]), vaddq_f32(a.val[1], b.val[1])}}; }
+ALWAYS lf lf_sub(lf a, lf b) { return (lf){{vsubq_f32(a.val[0], b.val[0]), vsubq_f32(a.val[1], b.val[1])}}; }
+ALWAYS lf lf_mul(lf a, lf b) { return (lf){{vmulq_f32(a.val[0], b.val[0]), vmulq_f32(a.val[1], b.val[1])}}; }
+ALWAYS void lf_store(float *p, lf v) { vst1q_f32(p, v.val[0]), vst1q_f32(p + 4, v.val[1]); }
+#define Q8_FLIPPED 0
+ALWAYS lb lb_q8(lb v) { return v; }
+ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return lw_dot(acc, w, x); }
+
+#else
+/* portable: GCC vectors of 4 lanes (SSE2 on x86-64, scalar elsewhere) */
+#define LANES 4
+typedef uint8_t lb __attribute__((vector_size(16)));
+typedef int32_t li __attribute__((vector_size(16)));
+typedef li lw;
+typedef float lf __attribute__((vector_size(16)));
+typedef int8_t vs8 __attribute__((vector_size(16)));
+typedef int16_t vs16 __attribute__((vector_size(32)));
+#define WIDE_LW 1
+ALWAYS lb lb_load(const uint8_t *p) {
+    lb v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+ALWAYS lb lb_low(lb v) { return v & 0x0F; }
+ALWAYS lb lb_high(lb v) { return v >> 4; }
+ALWAYS lb lb_or(lb a, lb b) { return a | b; }
+ALWAYS lb lb_shift_mask(lb v, const int s, const int mask) {
+    return (s > 0 ? v << s : s < 0 ? v >> -s : v) & (uint8_t)mask;
+}
+ALWAYS lb lb_merge(lb lo, lb plane, const int s, const int mask) { return lb_or(lo, lb_shift_mask(plane, s, mask)); }
+ALWAYS li li_zero(void) { return (li){0}; }
+ALWAYS lw lw_zero(void) { return li_zero(); }
+/* 16 signed bytes (weights reinterpreted: those at most 127 are unchanged) times x4 repeated, summed per 4 */
+ALWAYS li dot_signed(li acc, vs8 w, const int8_t *x) {
+    const vs16 xs = {x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3], x[0], x[1], x[2], x[3]};
+    const vs16 products = __builtin_convertvector(w, vs16) * xs;
+    for (int n = 0; n < LANES; n++)
+        acc[n] += (int32_t)products[4 * n] + products[4 * n + 1] + products[4 * n + 2] + products[4 * n + 3];
+    return acc;
+}
+ALWAYS lw lw_dot(lw acc, lb w, const int8_t *x) { return dot_signed(acc, (vs8)w, x); }
+ALWAYS li li_set(int32_t v) { return (li){0} + v; }
+ALWAYS li li_add(li a, li b) { return a + b; }
+ALWAYS li li_sub(li a, li b) { return a - b; }
+ALWAYS li li_widen(li acc, lw part) { return acc + part; }
+ALWAYS li li_shl(li v, const int s) { return v * (1 << s); }
+ALWAYS li li_multiplier(const uint8_t *p, const int is_signed) {
+    li m;
+    for (int n = 0; n < LANES; n++) m[n] = is_signed ? (int32_t)(int8_t)p[n] : (int32_t)p[n];
+    return m;
+}
+ALWAYS li li_widen_by(li acc, lw part, li m) { return acc + part * m; }
+ALWAYS li li_times(li m, int32_t value) { return m * value; }
+ALWAYS li li_pair_dot(li acc, const uint8_t *p, int32_t pair) {
+    const int32_t first = (int16_t)(pair & 0xFFFF), second = (int16_t)((uint32_t)pair >> 16);
+    for (int n = 0; n < LANES; n++) acc[n] += p[2 * n] * first + p[2 * n + 1] * second;
+    return acc;
+}
+ALWAYS lf lf_zero(void) { return (lf){0}; }
+ALWAYS lf lf_set(float v) { return (lf){0} + v; }
+ALWAYS lf lf_f16(const uint16_t *p) {
+    lf v;
+    for (int n = 0; n < LANES; n++) v[n] = f16_to_f32(p[n]);
+    return v;
+}
+ALWAYS lf lf_of(li v) { return __builtin_convertvector(v, lf); }
+ALWAYS lf lf_add(lf a, lf b) { return a + b; }
+ALWAYS lf lf_sub(lf a, lf b) { return a - b; }
+ALWAYS lf lf_mul(lf a, lf b) { return a * b; }
+ALWAYS void lf_store(float *p, lf v) { memcpy(p, &v, sizeof v); }
+#define Q8_FLIPPED 0
+ALWAYS lb lb_q8(lb v) { return v; }
+ALWAYS li li_dot_q8(li acc, lb w, const int8_t *x) { return dot_signed(acc, (vs8)w, x); }
+#endif
 
 /* The kernels' shared entry points (each defined in one .c file of csrc/). A *_share function is one thread's part
  * of the work when a team of `parts` threads runs it (inside one OpenMP parallel region: layers.c runs a whole
@@ -452,29 +766,5 @@ void team_matmul(const float *x, const void *w, const float *bias, float *y, int
                  int format, void *prepared, int part, int parts);
 void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                         int format, void *prepared, int part, int parts);
-void rowwise_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                    int format, int threads);
-void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
-                     int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
-                     float scale, const int64_t *parents, int part, int parts);
-void rowwise_attention_f32(const float *q, const float *keys, const float *values, float *out, float *scratch,
-                           int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
-                           int64_t window, float scale, int threads);
-
-/* kv_hierarchical.c: QuantSpec's hierarchical KV cache (edge/kernels/kv_quant.py) as the fused step reads and writes it.
- * Each of keys/values: two nibble planes (L, Hkv, S_max, Dh / 2) and float16 step and low (L, Hkv, S_max). */
-typedef struct {
-    uint8_t *upper, *lower;
-    uint16_t *step, *low;
-} HierarchicalPlanes;
-typedef struct {
-    HierarchicalPlanes keys, values;
-    int32_t draft;  /* read the upper planes alone (the draft's 4-bit view) */
-    const float *key_scales;  /* (L, Hkv, Dh) powers of two: keys are stored divided by them (outlier channels); or NULL */
-} HierarchicalCache;
-void hierarchical_store(const HierarchicalCache *cache, int64_t layer, const float *keys, const float *values,
-                        int64_t row_stride, int64_t T, int64_t start, int64_t Hkv, int64_t Dh, int64_t S_max);
-void hierarchical_load_share(const HierarchicalCache *cache, int64_t layer, float *keys_out, float *values_out,
-                             int64_t span, int64_t Hkv, int64_t Dh, int64_t S_max, int part, int parts);
 
 #endif

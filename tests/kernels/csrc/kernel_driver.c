@@ -25,35 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* format numbers: csrc/simd.h WEIGHTS_F32, _BF16, _F16, _I8 */
-void rowwise_matmul(const float *, const void *, const float *, float *, int64_t, int64_t, int64_t, int, int);
-void rowwise_attention_f32(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, float, int);
-const char *kernel_path(void);
-typedef struct {  /* csrc/blocks.h */
-    int32_t count;
-    int32_t formats[4];
-    int64_t rows[4];
-    const uint8_t *data[4];
-} BlockMatrix;
-void blocks_repack(int, const uint8_t *, int64_t, int64_t, uint8_t *, int);
-int64_t blocks_packed_bytes(int, int64_t, int64_t);
-void blocks_quantize(int, const float *, int64_t, int64_t, uint8_t *, int);
-typedef struct {  /* csrc/simd.h */
-    uint8_t *upper, *lower;
-    uint16_t *step, *low;
-} HierarchicalPlanes;
-typedef struct {
-    HierarchicalPlanes keys, values;
-    int32_t draft;
-    const float *key_scales;  /* NULL: no outlier channels scaled */
-} HierarchicalCache;
-void attention_share(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t, int64_t,
-                     int64_t, int64_t, int64_t, float, const int64_t *, int, int);
-void hierarchical_store(const HierarchicalCache *, int64_t, const float *, const float *, int64_t, int64_t, int64_t,
-                        int64_t, int64_t, int64_t);
-void hierarchical_load_share(const HierarchicalCache *, int64_t, float *, float *, int64_t, int64_t, int64_t, int64_t,
-                             int, int);
+#include "interface.h"  /* edge/kernels/csrc: the structs and the exported functions, declared once */
 
 static int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -71,15 +43,17 @@ static void write_floats(const float *values, int64_t count) { fwrite(values, si
 static void matmul(const char *format, const float *x, const void *w, const float *bias, float *y, int64_t M,
                    int64_t N, int64_t K) {
     static const char *const names[] = {"f32", "bf16", "f16", "i8"};
+    static const int formats[] = {WEIGHTS_FLOAT32, WEIGHTS_BFLOAT16, WEIGHTS_FLOAT16, WEIGHTS_INT8};
     int code = 0;
     while (code < 3 && strcmp(format, names[code])) code++;
-    rowwise_matmul(x, w, bias, y, M, N, K, code, 2);
+    rowwise_matmul(x, w, bias, y, M, N, K, formats[code], 2);
 }
 
 static size_t weight_bytes(const char *format, int64_t N, int64_t K) {
     if (!strcmp(format, "f32")) return (size_t)(N * K * 4);
     if (!strcmp(format, "bf16") || !strcmp(format, "f16")) return (size_t)(N * K * 2);
-    if (!strcmp(format, "i8")) return (size_t)(round_up(N, 16) * round_up(K, 4) + 8 * round_up(N, 16));
+    if (!strcmp(format, "i8"))  /* codes, then a float32 scale and an int32 correction per output */
+        return (size_t)(round_up(N, INT8_GROUP) * round_up(K, INT8_CHUNK) + 8 * round_up(N, INT8_GROUP));
     fprintf(stderr, "kernel_driver: unknown format %s\n", format);
     exit(2);
 }
@@ -112,7 +86,7 @@ int main(int argc, char **argv) {
         blocks_repack(type, file, N, K, packed, 2);
         const BlockMatrix matrix = {1, {type}, {N}, {packed}};
         float *y = malloc(M * N * sizeof(float)), *single = malloc(N * sizeof(float));
-        rowwise_matmul(x, &matrix, NULL, y, M, N, K, 5, 2);  /* 5: WEIGHTS_BLOCKS */
+        rowwise_matmul(x, &matrix, NULL, y, M, N, K, WEIGHTS_BLOCKS, 2);
         write_floats(y, M * N);
         for (int64_t m = 0; m < M; m++) {
             rowwise_matmul(x + m * K, &matrix, NULL, single, 1, N, K, 5, 1);

@@ -1,0 +1,95 @@
+"""Gemma 3 and Phi-3 from GGUF files written as llama.cpp's converter writes them (tests/gguf_files.py): Gemma's norms
+stored as 1 + w under its own tensor names, its local layers known from the architecture; Phi-3's fused q/k/v and
+gate/up tensors, rotary dims and LongRoPE factors. Each file's logits equal transformers' on the checkpoint it was
+written from, and greedy decoding, plain and speculative, equals the checkpoint folder's."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import pytest
+import torch
+import transformers
+
+from edge.model.block_weights import BlockLinear
+from edge.model.kv_cache import KVCache
+from edge.sources import gguf_checkpoint
+from edge.sources.gguf_checkpoint import checkpoint_from_gguf
+from edge.sources.loading import load_model
+from tests.gguf_files import reference_folder, write_gguf
+from tests.helpers import greedy
+
+FAMILIES = ["gemma3", "phi3", "phi3_longrope"]
+greedy_24 = partial(greedy, prompt="Speculative decoding drafts several tokens", max_new_tokens=24, max_context=128)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(gguf_checkpoint, "converted_root", lambda: tmp_path / "cache")
+
+
+def transformers_logits(folder, ids: torch.Tensor) -> torch.Tensor:
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return reference(ids).logits  # (1, T, V)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_float_file_computes_the_logits_of_its_checkpoint(checkpoint_factory, tmp_path, family):
+    """Prefill, a decode step and a verify pass past the sliding window, from the file as from the folder."""
+    folder = checkpoint_factory(family)
+    converted = checkpoint_from_gguf(write_gguf(folder, tmp_path / f"{family}.f32.gguf", "f32"))
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(3))  # (1, 40)
+    expected = transformers_logits(folder, ids)
+    for model in (load_model(converted), load_model(folder)):
+        cache = KVCache.for_model(model.config, 64)
+        with torch.no_grad():
+            for start, end in ((0, 20), (20, 21), (21, 40)):
+                logits = model.logits(model(ids[:, start:end], start, cache))
+                assert (logits - expected[:, start:end]).abs().max().item() < 1e-4, (start, end)
+
+
+def test_gemma3s_settings_come_from_the_architecture_where_the_file_is_silent(checkpoint_factory, tmp_path):
+    folder = checkpoint_factory("gemma3")
+    converted = checkpoint_from_gguf(write_gguf(folder, tmp_path / "gemma3.gguf", "f32"))
+    config = json.loads((converted / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert (config["sliding_window"], config["rope_local_base_freq"], config["rope_theta"]) == (8, 10000.0, 1e6)
+    assert config["query_pre_attn_scalar"] == 16 and config["tie_word_embeddings"]
+    model = load_model(converted)  # the file's norms are 1 + w, held as stored
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    torch.testing.assert_close(model.layers[0].post_ffn_norm.weight,
+                               1 + hf.model.layers[0].post_feedforward_layernorm.weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_decoding_of_a_file_equals_its_checkpoint_plain_and_speculative(checkpoint_factory, tmp_path, family):
+    folder = checkpoint_factory(family)
+    gguf = write_gguf(folder, tmp_path / f"{family}.f32.gguf", "f32")
+    plain = greedy_24(folder)
+    assert greedy_24(gguf) == plain
+    for drafter in ("ngram", "early-exit:1"):
+        assert greedy_24(gguf, drafter=drafter) == plain, drafter
+        assert greedy_24(folder, drafter=drafter) == plain, drafter
+
+
+@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+def test_a_quantized_file_runs_in_its_blocks_and_speculation_stays_exact(checkpoint_factory, tmp_path, family):
+    """Q8_0 matrices on edge's kernel (the layers layer by layer, not fused): close to the float checkpoint holding
+    the same values (the kernel quantizes each matmul's input to 8 bits, as llama.cpp does), and speculative decoding
+    equals plain decoding."""
+    folder = checkpoint_factory(family)
+    gguf = write_gguf(folder, tmp_path / f"{family}.q8_0.gguf", "q8_0")
+    model = load_model(checkpoint_from_gguf(gguf))
+    reference = load_model(reference_folder(folder, tmp_path / "reference", "q8_0", torch.float32))
+    ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got = model.logits(model(ids, 0, KVCache.for_model(model.config, 32)))
+        expected = reference.logits(reference(ids, 0, KVCache.for_model(reference.config, 32)))
+    assert (got - expected).abs().max().item() < 0.15
+    if model.runner.matmul is not None:  # edge's kernel is built here: the matrices stay in their blocks
+        assert isinstance(model.layers[0].attn.wqkv, BlockLinear) and model.runner.fused_format is None
+    plain = greedy_24(gguf)
+    assert greedy_24(gguf, drafter="ngram") == plain
+    assert greedy_24(gguf, drafter="early-exit:2") == plain

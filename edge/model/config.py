@@ -66,10 +66,11 @@ class ModelConfig:
         return self.local_rope_theta is not None and self.local_layers is not None and self.local_layers[layer]
 
     @property
-    def fused_layout(self) -> bool:
-        """Whether every layer is one the fused C calls run: pre-norm attention and SwiGLU, one rope for all layers
-        over the whole head, the default scales. Other families run layer by layer (each projection and attention
-        still on the batch-invariant kernel)."""
+    def llama_layout(self) -> bool:
+        """Whether every layer has the Llama family's layout: pre-norm attention and SwiGLU, one rope for all layers
+        over the whole head, the default scales. That is what the fused C calls and edge's own ONNX graphs run;
+        other families (Gemma 3, Phi-3) run layer by layer, each projection and attention still on the batch-invariant
+        kernel, and export through optimum."""
         return (self.local_rope_theta is None and self.rotary_dim in (None, self.head_dim)
                 and self.activation == "silu" and not self.sandwich_norms and self.embedding_scale is None
                 and self.attention_scale is None and self.final_logit_softcapping is None

@@ -20,7 +20,7 @@ and KV cache; computing logits over a subset of the vocabulary is how a trimmed 
 The projections are made by a LinearFactory (edge/model/linears.py) bound to the model's kernel runner
 (edge/kernels/runner.py), which decides per pass whether edge's batch-invariant CPU kernel runs it, one projection at a
 time or the whole pass in fused C calls; edge/model/kernel_glue.py reads the model's tensors for it. Without the
-kernel every pass is plain torch. A family whose layers have parts the fused calls lack (config.fused_layout false)
+kernel every pass is plain torch. A family whose layers have parts the fused calls lack (config.llama_layout false)
 runs layer by layer: its runner never fuses (LayerwiseRunner), each projection and attention still on the kernel.
 """
 
@@ -170,7 +170,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.linears = linears if linears is not None else LinearFactory(
-            None if config.fused_layout else LayerwiseRunner())
+            None if config.llama_layout else LayerwiseRunner())
         self.runner = self.linears.runner  # whether and how each pass runs on edge's CPU kernel (edge/kernels/runner.py)
         meta = torch.device(device).type == "meta" if device is not None else False
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, device=device,  # (no init on meta)
@@ -306,20 +306,14 @@ class Transformer(nn.Module):
             vocab = self.config.vocab_size
             out = self.runner.packed_head(flat, self.packed_head, vocab)  # (B*T, V); None without the kernel
             if out is not None:
-                return self.softcap(out.view(*hidden.shape[:-1], vocab))  # (B, T, V)
+                return softcapped(out.view(*hidden.shape[:-1], vocab), self.config)  # (B, T, V)
         weight = self.head_weight  # (V, D)
         if vocab_subset is not None:
             weight = weight.index_select(0, vocab_subset)  # (V', D)
         # a 2-D matmul: a strided 3-D input (e.g. hidden[:, -1:]) would make torch copy the whole weight
         flat = hidden.reshape(-1, hidden.shape[-1])  # (B*T, D)
         out = self.runner.linear(flat, weight.contiguous(), None)
-        return self.softcap(out.view(*hidden.shape[:-1], weight.shape[0]))  # (B, T, V')
-
-    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
-        """c * tanh(logits / c) where the config caps the logits (Gemma 2's final_logit_softcapping), else as they
-        are."""
-        cap = self.config.final_logit_softcapping
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return softcapped(out.view(*hidden.shape[:-1], weight.shape[0]), self.config)  # (B, T, V')
 
     def rope(self, start: int, end: int, dtype: torch.dtype, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (T, R) for positions [start, end) (R: the rotary dims; `local`: the local layers' base), sliced
@@ -354,6 +348,12 @@ class Transformer(nn.Module):
         if window is not None:
             allowed &= key_pos > query_pos - window
         return allowed
+
+
+def softcapped(logits: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """c * tanh(logits / c) where the config caps the logits (final_logit_softcapping), else the logits as they are."""
+    cap = config.final_logit_softcapping
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def keep_features(model: Transformer, max_len: int) -> torch.Tensor:

@@ -93,3 +93,27 @@ def test_a_quantized_file_runs_in_its_blocks_and_speculation_stays_exact(checkpo
     plain = greedy_24(gguf)
     assert greedy_24(gguf, drafter="ngram") == plain
     assert greedy_24(gguf, drafter="early-exit:2") == plain
+
+
+def test_gemma3s_chat_template_from_the_file_renders_as_transformers_does(checkpoint_factory, tmp_path):
+    """The template a GGUF carries (tokenizer.chat_template) with its bos_token and raise_exception, and a chat on it."""
+    import shutil
+
+    from edge.errors import TokenizerError
+    from edge.text.tokenizer import Tokenizer
+    from tests.text.test_chat_template import GEMMA3
+
+    folder = tmp_path / "gemma3"
+    shutil.copytree(checkpoint_factory("gemma3"), folder)
+    (folder / "chat_template.jinja").write_text(GEMMA3)
+    gguf = write_gguf(folder, tmp_path / "gemma3-chat.gguf", "f32")
+    tokenizer = Tokenizer.from_dir(checkpoint_from_gguf(gguf))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    original = transformers.AutoTokenizer.from_pretrained(folder)
+    original.bos_token = tokenizer.bos_token  # the file's bos: the checkpoint's bos_token_id (this tokenizer names none)
+    expected = original.apply_chat_template(messages, chat_template=GEMMA3, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.apply_chat_template(messages) == expected
+    assert expected.startswith(tokenizer.bos_token) and expected.endswith("<start_of_turn>model\n")
+    with pytest.raises(TokenizerError, match="roles must alternate"):
+        tokenizer.apply_chat_template(messages + [{"role": "user", "content": "again"}])
+    assert len(greedy(gguf, messages, 8, max_context=128)) == 8

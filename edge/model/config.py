@@ -271,6 +271,13 @@ def _check(config: ModelConfig, source: str) -> None:
             raise CheckpointError(f"{source}: {name} must be positive, got {getattr(config, name)}")
     if not math.isfinite(config.rope_theta) or config.rope_theta <= 0:
         raise CheckpointError(f"{source}: rope_theta must be a positive number, got {config.rope_theta}")
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type") == "longrope":
+        rotary = config.rotary_dim or config.head_dim
+        if not scaling.get("original_max_position_embeddings") or any(
+                len(scaling.get(name) or ()) != rotary // 2 for name in ("short_factor", "long_factor")):
+            raise CheckpointError(f"{source}: a longrope rope_scaling needs original_max_position_embeddings and "
+                                  f"{rotary // 2} short and long factors (one per rotary frequency)")
 
 
 def read_config_json(folder: str | Path) -> dict[str, Any]:

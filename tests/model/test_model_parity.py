@@ -96,3 +96,28 @@ def test_half_precision_loads_and_stays_close(checkpoint_factory, dtype):
         b = half.logits(half(ids, 0, cache)).float()
     assert cache.keys.dtype == getattr(torch, dtype)
     assert (a - b).abs().max().item() < 0.1
+
+
+def test_a_longrope_scaling_without_its_factors_is_one_line(checkpoint_factory):
+    from edge.errors import CheckpointError
+    from edge.model.config import ModelConfig, read_config_json
+
+    raw = read_config_json(checkpoint_factory("phi3_longrope"))
+    raw["rope_scaling"] = {**raw["rope_scaling"], "short_factor": [1.0, 1.0]}
+    with pytest.raises(CheckpointError, match="8 short and long factors"):
+        ModelConfig.from_hf(raw)
+
+
+def test_gemma_and_phi3_run_layer_by_layer_on_the_kernel_and_llama_fuses(checkpoint_factory):
+    """The fused C calls read the Llama layout only: Gemma 3's and Phi-3's passes go layer by layer (each projection
+    still on the batch-invariant kernel), while a Llama's decode step fuses wherever the kernel is built."""
+    ids = torch.tensor([[4, 8, 15, 16, 23]])
+    for family, layout in (("gemma3", False), ("phi3", False), ("llama3", True)):
+        model = load_model(checkpoint_factory(family))
+        assert model.config.llama_layout is layout
+        with torch.no_grad():
+            cache = KVCache.for_model(model.config, 8)
+            model.forward_logits(ids[:, :4], 0, cache)
+            model.forward_logits(ids[:, 4:], 4, cache)
+        if model.runner.matmul is not None:
+            assert (model.runner.fused_format is not None) is layout, family

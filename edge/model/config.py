@@ -3,7 +3,7 @@
 Each supported architecture has one small entry in `ARCHITECTURES` that reads its own keys (qkv bias, q/k norm,
 sliding window, Gemma's sandwich norms and local layers, Phi-3's partial rotary...) on top of the fields every family
 shares. Adding a family means adding one function here and,
-if its weights are named differently, one line in `edge/sources/loading.py`.
+if its weights are named differently, one entry in `edge/sources/checkpoint_names.py`.
 """
 
 from __future__ import annotations
@@ -89,9 +89,11 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelConfig":
         architecture = _architecture_of(raw)
+        if architecture in TEXT_MODELS:  # a multimodal checkpoint: its text model
+            architecture, raw = _text_model(raw, architecture)
         reader = ARCHITECTURES.get(architecture)
         if reader is None:
-            supported = ", ".join(sorted(ARCHITECTURES))
+            supported = ", ".join(sorted([*ARCHITECTURES, *TEXT_MODELS]))
             raise UnsupportedModelError(
                 f"unsupported architecture {architecture!r} in {source}; edge supports: {supported}"
             )
@@ -198,6 +200,9 @@ def _read_gemma3(raw: dict[str, Any]) -> dict[str, Any]:
     own rope base, q/k norms, GeGLU, norms before and after each block, norms stored as (1 + w), scaled embedding."""
     if raw.get("attn_logit_softcapping") is not None:
         raise UnsupportedModelError("attn_logit_softcapping (Gemma 2's capped attention scores) is not supported")
+    if raw.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("use_bidirectional_attention (an embedding model, EmbeddingGemma) does not "
+                                    "generate text; edge runs Gemma 3's causal models")
     layers = _size(raw, "num_hidden_layers")
     types = raw.get("layer_types")
     if types is None:
@@ -247,7 +252,7 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "MistralForCausalLM": _read_mistral,
     "Qwen2ForCausalLM": _read_qwen2,  # Qwen2, Qwen2.5
     "Qwen3ForCausalLM": _read_qwen3,
-    "Gemma3ForCausalLM": _read_gemma3,  # Gemma 3 text (270M, 1B; 4B and up as GGUF files)
+    "Gemma3ForCausalLM": _read_gemma3,  # Gemma 3 text (270M, 1B; 4B and up: TEXT_MODELS below)
     "Phi3ForCausalLM": _read_phi3,  # Phi-3, Phi-3.5-mini, Phi-4-mini
 }
 _MODEL_TYPES = {
@@ -258,6 +263,28 @@ _MODEL_TYPES = {
     "Gemma3ForCausalLM": "gemma3_text",
     "Phi3ForCausalLM": "phi3",
 }
+
+
+# multimodal checkpoints whose text model edge runs: architecture -> the text model's architecture, and what its
+# text_config may leave out (transformers' defaults, Gemma3TextConfig's, on which the Hub's config.json files rely)
+TEXT_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "Gemma3ForConditionalGeneration": ("Gemma3ForCausalLM", dict(  # Gemma 3 4B, 12B, 27B
+        vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072,
+        rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=256,
+        sliding_window=4096, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1)),
+}
+_CARRIED = ("bos_token_id", "eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype")  # top-level keys that apply
+
+
+def _text_model(raw: dict[str, Any], architecture: str) -> tuple[str, dict[str, Any]]:
+    """A multimodal config.json's text model: its architecture and config (text_config over the defaults, with the
+    top-level ids and dtype where text_config gives none). The weights are read under their text-model names
+    (edge/sources/checkpoint_names.py TEXT_MODEL_PREFIXES); the vision tower is left in the file."""
+    text_architecture, defaults = TEXT_MODELS[architecture]
+    text = raw.get("text_config") or {}
+    carried = {key: raw[key] for key in _CARRIED if raw.get(key) is not None}
+    return text_architecture, {**defaults, **carried, **text, "architectures": [text_architecture]}
 
 
 def _check(config: ModelConfig, source: str) -> None:

@@ -28,3 +28,9 @@ def layer_names(config: ModelConfig) -> dict[str, list[str]]:
     """The model's layer tensors -> the checkpoint's names they are made of (LAYER_NAMES), for this config's
     family."""
     return LAYER_NAMES.get(config.architecture, LLAMA_LAYER)
+
+
+# a multimodal checkpoint's text model under the names a text-only one uses: Gemma 3 4B and up as transformers saves
+# Gemma3ForConditionalGeneration (language_model.model.*), and as its newer layout names them (model.language_model.*)
+TEXT_MODEL_PREFIXES = {"language_model.model.": "model.", "model.language_model.": "model.",
+                       "language_model.lm_head.": "lm_head."}

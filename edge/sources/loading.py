@@ -19,7 +19,7 @@ import torch
 
 from edge.model.config import ModelConfig, read_config_json
 from edge.errors import CheckpointError, SettingError
-from edge.sources.checkpoint_names import layer_names
+from edge.sources.checkpoint_names import TEXT_MODEL_PREFIXES, layer_names
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.model.kernel_glue import use_kernel
 from edge.model.transformer import Transformer
@@ -128,6 +128,15 @@ class MappedTensors:
         self.tensors[name] = tensor
         if buffer is not None:
             self._spans[name] = (buffer, start, end)
+
+    def rename(self, prefixes: dict[str, str]) -> None:
+        """Name each tensor whose name starts with one of `prefixes` with that prefix replaced by its value."""
+        def renamed(name: str) -> str:
+            old = next((prefix for prefix in prefixes if name.startswith(prefix)), None)
+            return name if old is None else prefixes[old] + name[len(old):]
+
+        self.tensors = {renamed(name): tensor for name, tensor in self.tensors.items()}
+        self._spans = {renamed(name): span for name, span in self._spans.items()}
 
     def release(self, name: str) -> None:
         """Drop the resident pages of a mapped tensor that has been copied (fused or converted).
@@ -386,6 +395,7 @@ def load_model(
         source = mapped.source_dtype
     else:
         mapped = load_hf_tensors(folder)
+        mapped.rename(TEXT_MODEL_PREFIXES)  # a multimodal checkpoint's text model (its vision tower is not read)
         mapped.tensors.update(substitutes or {})
         source = _single_float_dtype({tensor.dtype for tensor in mapped.tensors.values()})
     storage = storage_dtype(source, dtype, device)

@@ -117,3 +117,65 @@ def test_gemma3s_chat_template_from_the_file_renders_as_transformers_does(checkp
     with pytest.raises(TokenizerError, match="roles must alternate"):
         tokenizer.apply_chat_template(messages + [{"role": "user", "content": "again"}])
     assert len(greedy(gguf, messages, 8, max_context=128)) == 8
+
+
+def test_a_gemma_sentencepiece_vocabulary_encodes_as_transformers_converts_it(tmp_path):
+    """Gemma's tokenizer as a GGUF stores it ('llama' pieces and scores, add_space_prefix false) encodes and decodes as
+    the tokenizer.json transformers' GemmaConverter builds from the same SentencePiece model. The model is made here
+    (a BPE vocabulary in merge order, scored by rank) and read without the sentencepiece package."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+    from transformers.convert_slow_tokenizer import GemmaConverter, GemmaSentencePieceExtractor, import_protobuf
+
+    from edge.sources.gguf_tokenizer import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TokenizerFiles
+    from edge.text.tokenizer import Tokenizer
+    from tests.conftest import TRAINING_TEXT
+
+    learner = RawTokenizer(models.BPE())
+    learner.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+    learner.train_from_iterator(TRAINING_TEXT, trainers.BpeTrainer(vocab_size=400, show_progress=False))
+    learned = sorted(learner.get_vocab().items(), key=lambda item: item[1])  # merge order: single characters first
+    pieces = [("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 2), ("<start_of_turn>", 3), ("<end_of_turn>", 3)]
+    pieces += [(f"<0x{byte:02X}>", 6) for byte in range(256)] + [(piece, 1) for piece, _ in learned]
+    proto = import_protobuf().ModelProto()
+    for index, (piece, kind) in enumerate(pieces):
+        proto.pieces.add(piece=piece, score=0.0 if kind != 1 else -float(index), type=kind)
+    proto.trainer_spec.model_type, proto.trainer_spec.byte_fallback, proto.trainer_spec.unk_piece = 2, True, "<unk>"
+    (tmp_path / "tokenizer.model").write_bytes(proto.SerializeToString())
+
+    class Pieces:  # what the converter reads of sentencepiece's processor
+        def __init__(self, model: str) -> None:
+            self.sp = self
+
+        def GetPieceSize(self) -> int:  # noqa: N802 - sentencepiece's name
+            return len(pieces)
+
+        def id_to_piece(self, index: int) -> str:
+            return pieces[index][0]
+
+    class Original:
+        vocab_file, pad_token, eos_token, bos_token = str(tmp_path / "tokenizer.model"), "<pad>", "<eos>", "<bos>"
+
+    extractor = type("Extractor", (GemmaSentencePieceExtractor,), {"__init__": Pieces.__init__, **{
+        name: getattr(Pieces, name) for name in ("GetPieceSize", "id_to_piece")}})
+    converter = GemmaConverter(Original())
+    converter.SpmExtractor = extractor
+    original = converter.converted()
+    kinds = {3: TOKEN_CONTROL, 2: TOKEN_UNKNOWN, 6: TOKEN_BYTE, 1: TOKEN_NORMAL}
+    files = TokenizerFiles.from_metadata({  # what convert_hf_to_gguf.py's Gemma3Model writes
+        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [piece for piece, _ in pieces],
+        "tokenizer.ggml.scores": [p.score for p in proto.pieces],
+        "tokenizer.ggml.token_type": [kinds[kind] for _, kind in pieces], "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.padding_token_id": 0,
+        "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_space_prefix": False})
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / "tokenizer.json").write_text(json.dumps(files.tokenizer_json))
+    (tmp_path / "ours" / "tokenizer_config.json").write_text(json.dumps(files.tokenizer_config))
+    ours = Tokenizer.from_dir(tmp_path / "ours")
+    assert files.eos_token_ids == [1, 5]  # <eos>, then <end_of_turn> ends a reply
+    for text in ["The quick brown fox jumps over the lazy dog.", "def main():\n\treturn sum(range(10))  # 12345",
+                 "  leading spaces, trailing  ", "Les modèles tournent. 日本語 🙂", "<start_of_turn>user\nhi<end_of_turn>"]:
+        ids = original.encode(text).ids
+        assert len(ids) < len(text.encode()) or not text.isascii()  # pieces longer than a byte were used
+        assert ours.encode(text) == [2] + ids, text  # the bos the file asks for, then the same pieces
+        assert ours.decode(ids) == original.decode(ids), text

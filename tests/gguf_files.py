@@ -161,7 +161,7 @@ def write_gguf(folder: Path, out: Path, qtype: str | dict = "f32", *, pre: str =
     for name, tensor in load_file(folder / "model.safetensors").items():
         values = tensor.float().numpy()
         if arch == "gemma3" and name.endswith("norm.weight"):
-            values = values + np.float32(1.0)  # Gemma3Model.modify_tensors: llama.cpp's norms scale by w, Gemma's by 1 + w
+            values = values + np.float32(1.0)  # Gemma3Model.modify_tensors: llama.cpp scales by w, Gemma by 1 + w
         if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             values = permute(values, heads)
         if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):

@@ -96,7 +96,7 @@ def test_a_quantized_file_runs_in_its_blocks_and_speculation_stays_exact(checkpo
 
 
 def test_gemma3s_chat_template_from_the_file_renders_as_transformers_does(checkpoint_factory, tmp_path):
-    """The template a GGUF carries (tokenizer.chat_template) with its bos_token and raise_exception, and a chat on it."""
+    """The template a GGUF carries (tokenizer.chat_template), with its bos_token and raise_exception; a chat on it."""
     import shutil
 
     from edge.errors import TokenizerError
@@ -110,7 +110,7 @@ def test_gemma3s_chat_template_from_the_file_renders_as_transformers_does(checkp
     tokenizer = Tokenizer.from_dir(checkpoint_from_gguf(gguf))
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     original = transformers.AutoTokenizer.from_pretrained(folder)
-    original.bos_token = tokenizer.bos_token  # the file's bos: the checkpoint's bos_token_id (this tokenizer names none)
+    original.bos_token = tokenizer.bos_token  # the file's: the checkpoint's bos_token_id (its tokenizer names none)
     expected = original.apply_chat_template(messages, chat_template=GEMMA3, tokenize=False, add_generation_prompt=True)
     assert tokenizer.apply_chat_template(messages) == expected
     assert expected.startswith(tokenizer.bos_token) and expected.endswith("<start_of_turn>model\n")
@@ -174,7 +174,8 @@ def test_a_gemma_sentencepiece_vocabulary_encodes_as_transformers_converts_it(tm
     ours = Tokenizer.from_dir(tmp_path / "ours")
     assert files.eos_token_ids == [1, 5]  # <eos>, then <end_of_turn> ends a reply
     for text in ["The quick brown fox jumps over the lazy dog.", "def main():\n\treturn sum(range(10))  # 12345",
-                 "  leading spaces, trailing  ", "Les modèles tournent. 日本語 🙂", "<start_of_turn>user\nhi<end_of_turn>"]:
+                 "  leading spaces, trailing  ", "Les modèles tournent. 日本語 🙂",
+                 "<start_of_turn>user\nhi<end_of_turn>"]:
         ids = original.encode(text).ids
         assert len(ids) < len(text.encode()) or not text.isascii()  # pieces longer than a byte were used
         assert ours.encode(text) == [2] + ids, text  # the bos the file asks for, then the same pieces

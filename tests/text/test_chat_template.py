@@ -1,8 +1,8 @@
 """ChatTemplate renders exactly what transformers' apply_chat_template(tokenize=False) renders.
 
 The templates below mimic the real ones of the model families edge targets (Llama 3, Llama 2 / Mistral,
-ChatML as in Qwen2.5 and SmolLM, Qwen3, TinyLlama / Zephyr, Gemma 3, Phi-3 and Phi-4-mini); each is rendered by edge and by transformers for
-several conversations and settings, and the texts must be equal.
+ChatML as in Qwen2.5 and SmolLM, Qwen3, TinyLlama / Zephyr, Gemma 3, Phi-3 and Phi-4-mini); each is rendered by edge
+and by transformers for several conversations and settings, and the texts must be equal.
 """
 
 from __future__ import annotations

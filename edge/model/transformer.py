@@ -249,7 +249,7 @@ class Transformer(nn.Module):
         if inputs is None and self.config.embedding_scale is not None:
             x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)  # Gemma: sqrt(D), rounded to x's dtype
         rope = self.rope(start, end, x.dtype)
-        order = range(self.config.num_layers) if full else layers
+        order = range(self.config.num_layers) if full else list(layers)  # read twice below
         if self.runner.fuses(ModelTensors(self), steps, x.dtype, cache, x.shape[0]):  # decode steps, verify passes
             x = self.runner.layers(x[0], order, start, cache, rope)  # (T, D): the layers in fused C calls
             normed = self.runner.norm(x, self.norm.weight)  # (T, D): the final norm in the same C library, one call

@@ -21,8 +21,8 @@ the error names what is wrong with it.
   computes from it; Phi-3's `rope_factors_short` / `rope_factors_long` become its LongRoPE rope_scaling.
 - Gemma 3: llama.cpp's converter stores every norm weight as 1 + w (Gemma's checkpoints store w for a norm that scales
   by 1 + w), which is what edge's model holds, so they load as stored. llama.cpp knows the rest of Gemma 3 from the
-  architecture alone (a global layer every sixth, the local layers' rope base 10000, scores scaled by head size ** -0.5)
-  unless the file says otherwise (attention.sliding_window_pattern, rope.freq_base_swa, attention.scale); so does
+  architecture alone (a global layer every sixth, the local layers' rope base 10000, scores scaled by head size ** -0.5,
+  by (hidden / heads) ** -0.5 for the 27B) unless the file says otherwise (attention.sliding_window_pattern, rope.freq_base_swa, attention.scale); so does
   this reader.
 - Phi-3: q/k/v are one tensor (attn_qkv) and ffn_up holds gate and up (2 x feed_forward_length rows), as in the
   Hugging Face checkpoint; rope.dimension_count gives the rotary dims (Phi-4-mini rotates 3/4 of each head).
@@ -81,7 +81,8 @@ class Family:
 
 def _gemma3_config(metadata: dict, arch: str, shape: dict, tensors: dict, source_name: str) -> dict:
     """Gemma 3's keys llama.cpp does not write, as llama.cpp assumes them (src/llama-model.cpp): a global layer every
-    sixth, the local layers' rope base 10000, scores scaled by head size ** -0.5; a file's own keys win."""
+    sixth, the local layers' rope base 10000, scores scaled by head size ** -0.5 (27B: _query_scalar); a file's own
+    keys win."""
     layers = shape["layers"]
     pattern = metadata.get(f"{arch}.attention.sliding_window_pattern", 6)
     if isinstance(pattern, list):  # per layer: True where it is windowed
@@ -99,10 +100,16 @@ def _gemma3_config(metadata: dict, arch: str, shape: dict, tensors: dict, source
         "layer_types": ["sliding_attention" if windowed else "full_attention" for windowed in local],
         "rope_local_base_freq": _float32_value(metadata.get(f"{arch}.rope.freq_base_swa", 10000.0)),
         "rope_theta": _float32_value(_number(metadata, arch, "rope.freq_base", source_name, 1_000_000.0)),
-        "query_pre_attn_scalar": shape["head_dim"] if not scale else _float32_value(scale) ** -2,
+        "query_pre_attn_scalar": _float32_value(scale) ** -2 if scale else _query_scalar(shape),
         "final_logit_softcapping": metadata.get(f"{arch}.final_logit_softcapping"),
         "hidden_activation": "gelu_pytorch_tanh",
     }
+
+
+def _query_scalar(shape: dict) -> int:
+    """Gemma 3's query_pre_attn_scalar as llama.cpp assumes it: the head size, but hidden / heads for the 27B model
+    (62 layers: 168, where its heads are 128 wide)."""
+    return shape["hidden"] // shape["heads"] if shape["layers"] == 62 else shape["head_dim"]
 
 
 def _phi3_config(metadata: dict, arch: str, shape: dict, tensors: dict, source_name: str) -> dict:

@@ -63,6 +63,15 @@ def test_gemma3s_settings_come_from_the_architecture_where_the_file_is_silent(ch
                                1 + hf.model.layers[0].post_feedforward_layernorm.weight, rtol=0, atol=0)
 
 
+def test_gemma3_27bs_scores_are_scaled_as_llama_cpp_scales_them():
+    """llama.cpp scales the 27B model's scores by (hidden / heads) ** -0.5 = 168 ** -0.5, its heads being 128 wide."""
+    shape = {"layers": 62, "hidden": 5376, "heads": 32, "head_dim": 128}
+    config = gguf_checkpoint._gemma3_config({"gemma3.attention.sliding_window": 1024}, "gemma3", shape, {}, "27b")
+    assert config["query_pre_attn_scalar"] == 168 and config["layer_types"][5] == "full_attention"
+    assert gguf_checkpoint._gemma3_config({"gemma3.attention.sliding_window": 512}, "gemma3", {**shape, "layers": 26},
+                                          {}, "1b")["query_pre_attn_scalar"] == 128
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_decoding_of_a_file_equals_its_checkpoint_plain_and_speculative(checkpoint_factory, tmp_path, family):
     folder = checkpoint_factory(family)

@@ -40,6 +40,24 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=24, head_dim=24)),
+    # six layers, a global one every sixth (Gemma 3's pattern, which llama.cpp assumes): both kinds of layer run, the
+    # local ones with a window shorter than the tests' sequences
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16, sliding_window=8, rope_theta=1_000_000.0,
+        rope_local_base_freq=10_000.0, pad_token_id=0)),
+    # what a checkpoint folder may also say: scores scaled other than by head size, linear rope scaling on the global
+    # layers (Gemma 3 4B), capped logits
+    "gemma3_scaled": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=24, sliding_window=6, sliding_window_pattern=2,
+        rope_scaling=dict(rope_type="linear", factor=8.0), final_logit_softcapping=30.0, pad_token_id=0)),
+    # Phi-4-mini's partial rotary (half of each head here)
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, pad_token_id=0, num_key_value_heads=2)),
+    # Phi-3.5-mini's LongRoPE: the short factors within the original context (the tests stay within its 128
+    # positions), cos and sin scaled for the longer context
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM", dict(
+        pad_token_id=0, original_max_position_embeddings=128, max_position_embeddings=1024,
+        rope_scaling=dict(type="longrope", short_factor=[1.0 + 0.1 * i for i in range(8)],
+                          long_factor=[2.0 + 0.5 * i for i in range(8)]))),
 }
 # Tiny models gain nothing from threads, and with other work on the machine extra OpenMP threads only spin.
 torch.set_num_threads(1)

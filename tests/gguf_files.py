@@ -1,5 +1,6 @@
 """Small GGUF files written from a Hugging Face checkpoint folder the way llama.cpp's convert_hf_to_gguf.py writes
-them (the metadata keys, the q/k row permutation of Llama layers, Llama 3's rope_freqs, the byte-level BPE
+them (the metadata keys, the q/k row permutation of Llama layers, Llama 3's rope_freqs, Gemma 3's norms stored as
+1 + w and its own tensor names, Phi-3's fused tensors, rotary dims and LongRoPE factors, the byte-level BPE
 vocabulary), in any of the types edge runs, and the reference those files should load as: the same checkpoint
 holding the values the file holds.
 
@@ -28,18 +29,24 @@ FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q
               "q6_k": 18, "bf16": 32}
 # a Q4_K_M-like mixture: llama.cpp's default for that file type keeps v, the down projections and the head in Q6_K
 Q4_K_M = {"default": "q4_k", "attn_v": "q6_k", "ffn_down": "q6_k", "output": "q6_k", "token_embd": "q4_k"}
-ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+         "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3"}
 NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
          "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+         # Gemma 3 (gguf's MODEL_TENSORS[GEMMA3]): its post_attention_layernorm normalizes the attention's output
+         "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+         # Phi-3: fused as the checkpoint stores them; ffn_up holds gate and up
+         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+ARCH_NAMES = {"gemma3": {**NAMES, "post_attention_layernorm": "post_attention_norm"}}
 
 
-def gguf_name(name: str) -> str:
+def gguf_name(name: str, arch: str = "llama") -> str:
     if name.startswith("model.layers."):
         layer, rest = name.removeprefix("model.layers.").split(".", 1)
         module, kind = rest.rsplit(".", 1)
-        return f"blk.{layer}.{NAMES[module]}.{kind}"
+        return f"blk.{layer}.{ARCH_NAMES.get(arch, NAMES)[module]}.{kind}"
     return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}[name]
 
@@ -148,28 +155,60 @@ def write_gguf(folder: Path, out: Path, qtype: str | dict = "f32", *, pre: str =
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(scaling["factor"])
+    extra_tensors = _FAMILY_KEYS.get(arch, lambda writer, config: {})(writer, config)
     _add_vocabulary(writer, folder, config, pre)
 
     for name, tensor in load_file(folder / "model.safetensors").items():
         values = tensor.float().numpy()
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            values = values + np.float32(1.0)  # Gemma3Model.modify_tensors: llama.cpp scales by w, Gemma by 1 + w
         if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             values = permute(values, heads)
         if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             values = permute(values, kv_heads)
         if keep is not None:
-            values = keep(gguf_name(name), values)
+            values = keep(gguf_name(name, arch), values)
             if values is None:
                 continue
-        kind = tensor_type(gguf_name(name), qtype)
+        kind = tensor_type(gguf_name(name, arch), qtype)
         raw_kind = GGMLQuantizationType[kind.upper()] if values.ndim == 2 else GGMLQuantizationType.F32
-        writer.add_tensor(gguf_name(name), quantized(values, kind), raw_dtype=raw_kind)
+        writer.add_tensor(gguf_name(name, arch), quantized(values, kind), raw_dtype=raw_kind)
     if scaling.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_factors(config, head_dim))
+    for name, values in extra_tensors.items():
+        writer.add_tensor(name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def _gemma3_keys(writer: GGUFWriter, config: dict) -> dict:
+    """Gemma3Model.set_gguf_parameters' own key: the sliding window (llama.cpp assumes the rest of Gemma 3: a global
+    layer every sixth, the local layers' rope base 10000, scores scaled by head size ** -0.5)."""
+    writer.add_sliding_window(config["sliding_window"])
+    return {}
+
+
+def _phi3_keys(writer: GGUFWriter, config: dict) -> dict:
+    """Phi3MiniModel.set_gguf_parameters and generate_extra_tensors: the rotary dims, the sliding window (0: none, as
+    Phi-4-mini), the original context and LongRoPE's attention factor and factor tensors."""
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    writer.add_rope_dimension_count(int(config.get("partial_rotary_factor", 1.0) * hidden) // heads)
+    writer.add_sliding_window(config.get("sliding_window") or 0)
+    original = config.get("original_max_position_embeddings", config["max_position_embeddings"])
+    writer.add_rope_scaling_orig_ctx_len(original)
+    scaling = config.get("rope_scaling")
+    if not scaling:
+        return {}
+    scale = config["max_position_embeddings"] / original
+    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+    return {"rope_factors_long.weight": np.array(scaling["long_factor"], dtype=np.float32),
+            "rope_factors_short.weight": np.array(scaling["short_factor"], dtype=np.float32)}
+
+
+_FAMILY_KEYS = {"gemma3": _gemma3_keys, "phi3": _phi3_keys}
 
 
 def reference_folder(folder: Path, out: Path, qtype: str | dict, dtype: torch.dtype | None = None) -> Path:
@@ -180,7 +219,9 @@ def reference_folder(folder: Path, out: Path, qtype: str | dict, dtype: torch.dt
         if item.name != "model.safetensors":
             shutil.copy(item, out / item.name)
     dtype = dtype or {"f32": torch.float32, "bf16": torch.bfloat16}.get(qtype, torch.float16)
-    state = {name: torch.from_numpy(held_values(tensor.float().numpy(), tensor_type(gguf_name(name), qtype))).to(dtype)
+    arch = ARCHS[json.loads((folder / "config.json").read_text())["architectures"][0]]
+    state = {name: torch.from_numpy(held_values(tensor.float().numpy(),
+                                                tensor_type(gguf_name(name, arch), qtype))).to(dtype)
              for name, tensor in load_file(folder / "model.safetensors").items()}
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     return out

@@ -176,9 +176,12 @@ def _unsupported_by_edge(checkpoint: Path) -> UnsupportedModelError | None:
     if not checkpoint.is_dir():
         raise BundleError(f"checkpoint folder {checkpoint} does not exist; pass the folder holding config.json")
     try:
-        ModelConfig.from_dir(checkpoint)
+        config = ModelConfig.from_dir(checkpoint)
     except UnsupportedModelError as error:
         return error
+    if not config.llama_layout:
+        return UnsupportedModelError(f"edge's own graphs cover the Llama layout; {config.architecture} (its sandwich "
+                                     "norms, GeGLU, local layers or partial rotary) exports through optimum")
     return None
 
 

@@ -46,6 +46,7 @@ class ModelShape:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    sandwich_norms: bool = False  # two more norms per layer, on the attention's and feed-forward's outputs (Gemma)
     rms_norm_eps: float = 1e-6  # the RMSNorms' epsilon (what the kernel's fused calls normalize with)
 
     @property
@@ -61,7 +62,7 @@ class ModelShape:
         d, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
         attention = d * (q + 2 * kv) + q * d + (q + 2 * kv if self.qkv_bias else 0) + (d if self.o_bias else 0)
         mlp = 3 * d * i + (2 * i + d if self.mlp_bias else 0)
-        norms = 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        norms = (4 if self.sandwich_norms else 2) * d + (2 * self.head_dim if self.qk_norm else 0)
         return attention + mlp + norms
 
     def parameters(self) -> int:

@@ -1,8 +1,9 @@
-"""ModelConfig: one dataclass for the Llama family, built from a Hugging Face `config.json`.
+"""ModelConfig: one dataclass for the decoder families edge runs, built from a Hugging Face `config.json`.
 
 Each supported architecture has one small entry in `ARCHITECTURES` that reads its own keys (qkv bias, q/k norm,
-sliding window...) on top of the fields every family shares. Adding a family means adding one function here and,
-if its weights are named differently, one line in `edge/sources/loading.py`.
+sliding window, Gemma's sandwich norms and local layers, Phi-3's partial rotary...) on top of the fields every family
+shares. Adding a family means adding one function here and,
+if its weights are named differently, one entry in `edge/sources/checkpoint_names.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any, Callable
 from edge.errors import CheckpointError, UnsupportedModelError
 from edge.memory.footprint import ModelShape
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the feed-forward gate's activation (SwiGLU, GeGLU)
 
 
 @dataclass(frozen=True)
@@ -38,13 +40,41 @@ class ModelConfig:
     o_bias: bool = False  # bias on the output projection (Llama attention_bias)
     mlp_bias: bool = False
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
-    sliding_window: int | None = None  # every layer attends to at most this many positions (Mistral)
+    sliding_window: int | None = None  # a windowed layer attends to at most this many positions (Mistral, Gemma 3)
+    local_layers: tuple[bool, ...] | None = None  # per layer, whether it is windowed (Gemma 3); None: all are
+    local_rope_theta: float | None = None  # the rope base of the windowed layers, unscaled (Gemma 3); None: rope_theta
+    rotary_dim: int | None = None  # leading dims of each head that rotate (Phi-4-mini's partial rotary); None: head_dim
+    activation: str = "silu"  # the gate's activation: silu (SwiGLU) or gelu_pytorch_tanh (Gemma's GeGLU)
+    sandwich_norms: bool = False  # RMSNorm on the attention's and feed-forward's outputs too (Gemma 2/3)
+    norm_shift: float = 0.0  # the checkpoint's norm weights w scale by (shift + w) (Gemma: 1); the model holds the sum
+    embedding_scale: float | None = None  # the embedding is multiplied by this (Gemma: sqrt(hidden_size))
+    attention_scale: float | None = None  # the scores' scale (Gemma: query_pre_attn_scalar ** -0.5); None: Dh ** -0.5
+    final_logit_softcapping: float | None = None  # logits = c * tanh(logits / c) (Gemma 2)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     source_dtype: str | None = None  # dtype the checkpoint was saved in
 
     q_size = ModelShape.q_size  # num_heads * head_dim, read from this config's fields of the same names
     kv_size = ModelShape.kv_size  # num_kv_heads * head_dim
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer` (None: it attends to every position before it)."""
+        return self.sliding_window if self.local_layers is None or self.local_layers[layer] else None
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates with the local rope base (local_rope_theta) rather than the global one."""
+        return self.local_rope_theta is not None and self.local_layers is not None and self.local_layers[layer]
+
+    @property
+    def llama_layout(self) -> bool:
+        """Whether every layer has the Llama family's layout: pre-norm attention and SwiGLU, one rope for all layers
+        over the whole head, the default scales. That is what the fused C calls and edge's own ONNX graphs run;
+        other families (Gemma 3, Phi-3) run layer by layer, each projection and attention still on the batch-invariant
+        kernel, and export through optimum."""
+        return (self.local_rope_theta is None and self.rotary_dim in (None, self.head_dim)
+                and self.activation == "silu" and not self.sandwich_norms and self.embedding_scale is None
+                and self.attention_scale is None and self.final_logit_softcapping is None
+                and (self.rope_scaling or {}).get("rope_type") != "longrope")
 
     def shape(self) -> ModelShape:
         """The model's sizes as one plain record (edge.memory.footprint.ModelShape, each of its fields read from this
@@ -59,9 +89,11 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelConfig":
         architecture = _architecture_of(raw)
+        if architecture in TEXT_MODELS:  # a multimodal checkpoint: its text model
+            architecture, raw = _text_model(raw, architecture)
         reader = ARCHITECTURES.get(architecture)
         if reader is None:
-            supported = ", ".join(sorted(ARCHITECTURES))
+            supported = ", ".join(sorted([*ARCHITECTURES, *TEXT_MODELS]))
             raise UnsupportedModelError(
                 f"unsupported architecture {architecture!r} in {source}; edge supports: {supported}"
             )
@@ -128,6 +160,7 @@ def _rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
     if not scaling:
         return None
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
             f"unsupported rope_scaling type {rope_type!r}; edge supports: {', '.join(SUPPORTED_ROPE_TYPES)}"
@@ -162,19 +195,96 @@ def _read_qwen3(raw: dict[str, Any]) -> dict[str, Any]:
     return dict(qkv_bias=attention_bias, o_bias=attention_bias, qk_norm=True)
 
 
+def _read_gemma3(raw: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3 text: windowed local layers (every sliding_window_pattern-th layer global, or `layer_types`) with their
+    own rope base, q/k norms, GeGLU, norms before and after each block, norms stored as (1 + w), scaled embedding."""
+    if raw.get("attn_logit_softcapping") is not None:
+        raise UnsupportedModelError("attn_logit_softcapping (Gemma 2's capped attention scores) is not supported")
+    if raw.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("use_bidirectional_attention (an embedding model, EmbeddingGemma) does not "
+                                    "generate text; edge runs Gemma 3's causal models")
+    layers = _size(raw, "num_hidden_layers")
+    types = raw.get("layer_types")
+    if types is None:
+        pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    if len(types) != layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise CheckpointError(f"layer_types must name sliding_attention or full_attention for each of the {layers} "
+                              "layers")
+    activation = raw.get("hidden_activation") or "gelu_pytorch_tanh"
+    if activation not in ACTIVATIONS:
+        raise UnsupportedModelError(f"hidden_activation {activation!r} is not supported; edge runs "
+                                    f"{', '.join(ACTIVATIONS)}")
+    return dict(
+        qk_norm=True, qkv_bias=raw.get("attention_bias", False), o_bias=raw.get("attention_bias", False),
+        sliding_window=raw.get("sliding_window"), local_layers=tuple(kind == "sliding_attention" for kind in types),
+        local_rope_theta=float(raw.get("rope_local_base_freq", 10000.0)), activation=activation,
+        sandwich_norms=True, norm_shift=1.0, embedding_scale=math.sqrt(_size(raw, "hidden_size")),
+        attention_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+        final_logit_softcapping=raw.get("final_logit_softcapping"),
+        rope_theta=raw.get("rope_theta", 1_000_000.0), tie_word_embeddings=raw.get("tie_word_embeddings", True),
+    )
+
+
+def _read_phi3(raw: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3 / Phi-3.5 / Phi-4-mini: fused qkv and gate_up projections (loading.py), partial rotary, LongRoPE."""
+    head_dim = _size(raw, "head_dim", _size(raw, "hidden_size") // _size(raw, "num_attention_heads"))
+    rotary_dim = int(head_dim * raw.get("partial_rotary_factor", 1.0))
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise CheckpointError(f"partial_rotary_factor {raw.get('partial_rotary_factor')} does not give an even "
+                              f"number of rotary dims of the head's {head_dim}")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"hidden_act {raw.get('hidden_act')!r} is not supported for Phi-3; edge runs silu")
+    attention_bias = raw.get("attention_bias", False)
+    fields = dict(qkv_bias=attention_bias, o_bias=attention_bias, sliding_window=raw.get("sliding_window"),
+                  rotary_dim=rotary_dim)
+    scaling = _rope_scaling(raw.get("rope_scaling"))
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        original = scaling.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings")
+        fields["rope_scaling"] = {**scaling, "original_max_position_embeddings": original,
+                                  "max_position_embeddings": raw.get("max_position_embeddings", original)}
+    return fields
+
+
 # architecture name in config.json -> reader of its family-specific keys
 ARCHITECTURES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "LlamaForCausalLM": _read_llama,  # Llama 2/3.x, TinyLlama, SmolLM/SmolLM2
     "MistralForCausalLM": _read_mistral,
     "Qwen2ForCausalLM": _read_qwen2,  # Qwen2, Qwen2.5
     "Qwen3ForCausalLM": _read_qwen3,
+    "Gemma3ForCausalLM": _read_gemma3,  # Gemma 3 text (270M, 1B; 4B and up: TEXT_MODELS below)
+    "Phi3ForCausalLM": _read_phi3,  # Phi-3, Phi-3.5-mini, Phi-4-mini
 }
 _MODEL_TYPES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3",
 }
+
+
+# multimodal checkpoints whose text model edge runs: architecture -> the text model's architecture, and what its
+# text_config may leave out (transformers' defaults, Gemma3TextConfig's, on which the Hub's config.json files rely)
+TEXT_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "Gemma3ForConditionalGeneration": ("Gemma3ForCausalLM", dict(  # Gemma 3 4B, 12B, 27B
+        vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072,
+        rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=256,
+        sliding_window=4096, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1)),
+}
+_CARRIED = ("bos_token_id", "eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype")  # top-level keys that apply
+
+
+def _text_model(raw: dict[str, Any], architecture: str) -> tuple[str, dict[str, Any]]:
+    """A multimodal config.json's text model: its architecture and config (text_config over the defaults, with the
+    top-level ids and dtype where text_config gives none). The weights are read under their text-model names
+    (edge/sources/checkpoint_names.py TEXT_MODEL_PREFIXES); the vision tower is left in the file."""
+    text_architecture, defaults = TEXT_MODELS[architecture]
+    text = raw.get("text_config") or {}
+    carried = {key: raw[key] for key in _CARRIED if raw.get(key) is not None}
+    return text_architecture, {**defaults, **carried, **text, "architectures": [text_architecture]}
 
 
 def _check(config: ModelConfig, source: str) -> None:
@@ -188,6 +298,13 @@ def _check(config: ModelConfig, source: str) -> None:
             raise CheckpointError(f"{source}: {name} must be positive, got {getattr(config, name)}")
     if not math.isfinite(config.rope_theta) or config.rope_theta <= 0:
         raise CheckpointError(f"{source}: rope_theta must be a positive number, got {config.rope_theta}")
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type") == "longrope":
+        rotary = config.rotary_dim or config.head_dim
+        if not scaling.get("original_max_position_embeddings") or any(
+                len(scaling.get(name) or ()) != rotary // 2 for name in ("short_factor", "long_factor")):
+            raise CheckpointError(f"{source}: a longrope rope_scaling needs original_max_position_embeddings and "
+                                  f"{rotary // 2} short and long factors (one per rotary frequency)")
 
 
 def read_config_json(folder: str | Path) -> dict[str, Any]:

@@ -1,12 +1,16 @@
-"""The Llama-family transformer in one file: Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM, TinyLlama.
+"""The decoder-only transformer in one file: Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM, TinyLlama, Gemma 3,
+Phi-3/Phi-4-mini.
 
-Family differences are flags of `ModelConfig` (qkv bias, q/k norm, sliding window, tied head), not subclasses.
+Family differences are fields of `ModelConfig` (qkv bias, q/k norm, sliding windows, tied head, Gemma's sandwich
+norms and GeGLU, partial rotary...), not subclasses.
 
     tokens (B, T) at positions [start, start+T)
-      -> embed                                       (B, T, D)
+      -> embed (times embedding_scale: Gemma)        (B, T, D)
       -> for i in layers (all, a range, or any subset):
-           x = x + Attention(RMSNorm(x))             writes K/V of layer i at [start, start+T)
-           x = x + FeedForward(RMSNorm(x))
+           x = x + Attention(RMSNorm(x))             writes K/V of layer i at [start, start+T); layer i's window
+                                                     and rope (Gemma 3's local layers: their own base)
+           x = x + FeedForward(RMSNorm(x))           SwiGLU, or GeGLU (Gemma)
+               (Gemma: each of the two outputs goes through its own RMSNorm before the residual add)
       -> RMSNorm                                     forward() returns this hidden state
       -> lm_head, optionally only rows `vocab_subset` logits() returns (B, T, V) or (B, T, |subset|)
 
@@ -16,7 +20,8 @@ and KV cache; computing logits over a subset of the vocabulary is how a trimmed 
 The projections are made by a LinearFactory (edge/model/linears.py) bound to the model's kernel runner
 (edge/kernels/runner.py), which decides per pass whether edge's batch-invariant CPU kernel runs it, one projection at a
 time or the whole pass in fused C calls; edge/model/kernel_glue.py reads the model's tensors for it. Without the
-kernel every pass is plain torch.
+kernel every pass is plain torch. A family whose layers have parts the fused calls lack (config.llama_layout false)
+runs layer by layer: its runner never fuses (LayerwiseRunner), each projection and attention still on the kernel.
 """
 
 from __future__ import annotations
@@ -33,9 +38,21 @@ from edge.model.config import ModelConfig
 from edge.model.kernel_glue import ModelTensors, use_kernel
 from edge.model.kv_cache import KVCache, keep_slots
 from edge.model.linears import LinearFactory
-from edge.model.rope import apply_rope, inverse_frequencies
+from edge.model.rope import apply_rope, attention_factor, inverse_frequencies
 from edge.model.static_step import static_steps
 from edge.kernels.block_formats import BlockMatrix
+from edge.kernels.runner import KernelRunner
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class LayerwiseRunner(KernelRunner):
+    """A kernel runner that never runs the layers in the fused C calls (a model whose layers have parts those calls
+    do not read: Gemma's sandwich norms, GeGLU, per-layer rope...): each projection and attention still takes the
+    batch-invariant kernel, so verify passes reproduce decode steps bit for bit."""
+
+    def fuses(self, model, rows: int, dtype: torch.dtype, cache, batch: int = 1) -> bool:
+        return False
 
 
 _STATIC_ON_CPU = os.environ.get("EDGE_STATIC_STEP") == "1"  # the static step on the CPU: tests of its logic
@@ -60,12 +77,15 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.sliding_window = config.sliding_window
         self.runner = linears.runner  # the batch-invariant attention of a short pass, where the kernel runs
         self.wqkv = linears.linear(config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, device)
         self.wo = linears.linear(config.q_size, config.hidden_size, config.o_bias, device)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device) if config.qk_norm else None
+        self.window = config.window  # layer -> its sliding window (None: all positions before it)
+        self.sliding_window = config.sliding_window  # the fused calls' window (theirs is the same on every layer)
+        # the scores' scale as a factor on q, so every attention below keeps its default Dh ** -0.5 (Gemma)
+        self.q_scale = None if config.attention_scale is None else config.attention_scale * config.head_dim ** 0.5
 
     def forward(
         self,
@@ -87,13 +107,16 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, T, Dh)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_scale is not None and self.q_scale != 1.0:
+            q = q * self.q_scale
 
         # a quantized cache may append and attend in place with a kernel: (1, H, T, Dh), each query computed alone
         fused = getattr(cache, "fused_attention", None)
-        out = fused(layer, start, q, k, v, self.sliding_window) if fused is not None else None
+        window = self.window(layer)
+        out = fused(layer, start, q, k, v, window) if fused is not None else None
         if out is None:
             keys, values = cache.write(layer, start, k, v)  # (B, Hkv, start+T, Dh) each
-            out = self.runner.attention(q, keys, values, start, self.sliding_window)  # batch-invariant, or None
+            out = self.runner.attention(q, keys, values, start, window)  # batch-invariant, or None
             if out is None:
                 causal_prefill = mask is None and steps > 1  # start == 0, no window: plain causal mask
                 out = F.scaled_dot_product_attention(
@@ -105,30 +128,37 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul; GeGLU (Gemma) with gelu-tanh."""
 
     def __init__(self, config: ModelConfig, linears: LinearFactory, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
+        self.activation = ACTIVATIONS[config.activation]
         self.w_gate_up = linears.linear(config.hidden_size, 2 * config.intermediate_size, config.mlp_bias, device)
         self.w_down = linears.linear(config.intermediate_size, config.hidden_size, config.mlp_bias, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w_gate_up(x).split(self.intermediate_size, dim=-1)  # (B, T, I) each
-        return self.w_down(F.silu(gate) * up)  # (B, T, D)
+        return self.w_down(self.activation(gate) * up)  # (B, T, D)
 
 
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, linears: LinearFactory, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+        norm = lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, device)  # noqa: E731
+        self.attn_norm = norm()
         self.attn = Attention(config, linears, device)
-        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+        self.ffn_norm = norm()
         self.ffn = FeedForward(config, linears, device)
+        # Gemma's norms of the attention's and the feed-forward's outputs, before each residual add
+        self.post_attn_norm = norm() if config.sandwich_norms else None
+        self.post_ffn_norm = norm() if config.sandwich_norms else None
 
     def forward(self, x, layer, start, cache, rope, mask) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), layer, start, cache, rope, mask)
-        return x + self.ffn(self.ffn_norm(x))
+        attended = self.attn(self.attn_norm(x), layer, start, cache, rope, mask)  # (B, T, D)
+        x = x + (attended if self.post_attn_norm is None else self.post_attn_norm(attended))
+        fed = self.ffn(self.ffn_norm(x))  # (B, T, D)
+        return x + (fed if self.post_ffn_norm is None else self.post_ffn_norm(fed))
 
 
 class Transformer(nn.Module):
@@ -139,7 +169,8 @@ class Transformer(nn.Module):
         kernel_glue.use_kernel binds it)."""
         super().__init__()
         self.config = config
-        self.linears = linears if linears is not None else LinearFactory()
+        self.linears = linears if linears is not None else LinearFactory(
+            None if config.llama_layout else LayerwiseRunner())
         self.runner = self.linears.runner  # whether and how each pass runs on edge's CPU kernel (edge/kernels/runner.py)
         meta = torch.device(device).type == "meta" if device is not None else False
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, device=device,  # (no init on meta)
@@ -149,13 +180,16 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
         self.lm_head = (None if config.tie_word_embeddings
                         else self.linears.linear(config.hidden_size, config.vocab_size, False, device))
-        self.register_buffer("inv_freq", inverse_frequencies(config).to(device), persistent=False)  # (Dh/2,)
+        self.register_buffer("inv_freq", inverse_frequencies(config).to(device), persistent=False)  # (R/2,)
+        # Gemma 3's local layers: their own rope base (R/2,); None where every layer shares inv_freq
+        self.register_buffer("inv_freq_local", inverse_frequencies(config, local=True).to(device)
+                             if config.local_rope_theta is not None else None, persistent=False)
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         # the head in a packed format (int8 bytes, or a BlockMatrix): quantize_weights (edge/model/packed_weights.py)
         # or a GGUF file's own types (edge/sources/gguf_weights.py); logits() and the fused calls score with it
         self.packed_head = None
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
-        self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, Dh) each
+        self._rope_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, R) each
 
     @property
     def device(self) -> torch.device:
@@ -212,16 +246,21 @@ class Transformer(nn.Module):
             raise ValueError(f"a full forward at position {start} would leave a gap after cache length {cache.length}")
         # (B, T, D); the layers update x in place, so given inputs are copied
         x = self.embed(tokens).to(self.dtype) if inputs is None else inputs.to(self.dtype, copy=True)
+        if inputs is None and self.config.embedding_scale is not None:
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)  # Gemma: sqrt(D), rounded to x's dtype
         rope = self.rope(start, end, x.dtype)
-        order = range(self.config.num_layers) if full else layers
+        order = range(self.config.num_layers) if full else list(layers)  # read twice below
         if self.runner.fuses(ModelTensors(self), steps, x.dtype, cache, x.shape[0]):  # decode steps, verify passes
             x = self.runner.layers(x[0], order, start, cache, rope)  # (T, D): the layers in fused C calls
             normed = self.runner.norm(x, self.norm.weight)  # (T, D): the final norm in the same C library, one call
             hidden = (normed if normed is not None else self.norm(x))[None]  # (1, T, D)
         else:
-            mask = self.mask(start, steps)
+            config = self.config
+            local_rope = self.rope(start, end, x.dtype, local=True) if self.inv_freq_local is not None else rope
+            masks = {window: self.mask(start, steps, window) for window in {config.window(i) for i in order}}
             for layer in order:
-                x = self.layers[layer](x, layer, start, cache, rope, mask)
+                layer_rope = local_rope if config.local_rope(layer) else rope
+                x = self.layers[layer](x, layer, start, cache, layer_rope, masks[config.window(layer)])
             hidden = self.norm(x)  # (B, T, D)
         if full:
             cache.length = end
@@ -238,7 +277,8 @@ class Transformer(nn.Module):
         `parents` makes the rows a token tree (only where kernel_glue.verifies_trees()): row t continues row
         parents[t] (-1: the cache) at position start + its depth and sees only the rows on its path; its keys/values
         go to slot start + t, and keep_rows() then moves the accepted path's into place."""
-        if parents is None and (self.inv_freq.device.type != "cpu" or _STATIC_ON_CPU):
+        # the static step computes the Llama layout only; other families take their eager passes
+        if parents is None and self.config.llama_layout and (self.inv_freq.device.type != "cpu" or _STATIC_ON_CPU):
             steps = static_steps(self, cache)  # the GPU's graph-captured step (edge/model/static_step.py)
             if steps is not None and tokens.shape[0] == 1 and tokens.shape[1] <= steps.max_rows:
                 if start > cache.length:
@@ -266,31 +306,37 @@ class Transformer(nn.Module):
             vocab = self.config.vocab_size
             out = self.runner.packed_head(flat, self.packed_head, vocab)  # (B*T, V); None without the kernel
             if out is not None:
-                return out.view(*hidden.shape[:-1], vocab)  # (B, T, V)
+                return softcapped(out.view(*hidden.shape[:-1], vocab), self.config)  # (B, T, V)
         weight = self.head_weight  # (V, D)
         if vocab_subset is not None:
             weight = weight.index_select(0, vocab_subset)  # (V', D)
         # a 2-D matmul: a strided 3-D input (e.g. hidden[:, -1:]) would make torch copy the whole weight
         flat = hidden.reshape(-1, hidden.shape[-1])  # (B*T, D)
         out = self.runner.linear(flat, weight.contiguous(), None)
-        return out.view(*hidden.shape[:-1], weight.shape[0])  # (B, T, V')
+        return softcapped(out.view(*hidden.shape[:-1], weight.shape[0]), self.config)  # (B, T, V')
 
-    def rope(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (T, Dh) for positions [start, end), sliced from a table that grows as positions do (the
-        same elementwise float32 math as computing them per call, so the same values, without the small ops)."""
-        table = self._rope_tables.get(dtype)
-        if table is None or table[0].shape[0] < end or table[0].device != self.inv_freq.device:
+    def rope(self, start: int, end: int, dtype: torch.dtype, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (T, R) for positions [start, end) (R: the rotary dims; `local`: the local layers' base), sliced
+        from a table that grows as positions do (the same elementwise float32 math as computing them per call, so
+        the same values, without the small ops)."""
+        inv_freq = self.inv_freq_local if local else self.inv_freq
+        table = self._rope_tables.get((dtype, local))
+        if table is None or table[0].shape[0] < end or table[0].device != inv_freq.device:
             size = max(end, 2 * table[0].shape[0] if table is not None else 256)
-            positions = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)  # (S,)
-            angles = positions[:, None] * self.inv_freq[None, :]  # (S, Dh/2)
-            angles = torch.cat((angles, angles), dim=-1)  # (S, Dh)
-            table = self._rope_tables[dtype] = (angles.cos().to(dtype), angles.sin().to(dtype))
+            positions = torch.arange(size, device=inv_freq.device, dtype=torch.float32)  # (S,)
+            angles = positions[:, None] * inv_freq[None, :]  # (S, R/2)
+            angles = torch.cat((angles, angles), dim=-1)  # (S, R)
+            cos, sin = angles.cos(), angles.sin()
+            factor = 1.0 if local else attention_factor(self.config)
+            if factor != 1.0:  # LongRoPE
+                cos, sin = cos * factor, sin * factor
+            table = self._rope_tables[(dtype, local)] = (cos.to(dtype), sin.to(dtype))
         cos, sin = table
         return cos[start:end], sin[start:end]
 
-    def mask(self, start: int, steps: int) -> torch.Tensor | None:
-        """Boolean (T, start+T) mask, True where a query may attend; None when plain causal attention is exact."""
-        window = self.config.sliding_window
+    def mask(self, start: int, steps: int, window: int | None) -> torch.Tensor | None:
+        """Boolean (T, start+T) mask of a layer with `window`, True where a query may attend; None when plain causal
+        attention is exact."""
         end = start + steps
         if window is None or end <= window:
             if start == 0 or steps == 1:
@@ -302,6 +348,12 @@ class Transformer(nn.Module):
         if window is not None:
             allowed &= key_pos > query_pos - window
         return allowed
+
+
+def softcapped(logits: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """c * tanh(logits / c) where the config caps the logits (final_logit_softcapping), else the logits as they are."""
+    cap = config.final_logit_softcapping
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def keep_features(model: Transformer, max_len: int) -> torch.Tensor:

@@ -7,7 +7,8 @@ The file's header is read once with the `gguf` package and written as a small fo
 `{arch}.*` metadata, tokenizer.json and tokenizer_config.json from the `tokenizer.ggml.*` keys
 (edge/sources/gguf_tokenizer.py), and gguf.json, the file's path and its tensors' names, types, shapes and byte offsets.
 The weights stay in the file: edge/sources/gguf_weights.py maps them from there at each load, in their own quantization.
-Families: llama (Llama 2/3.x, TinyLlama, SmolLM, Mistral), qwen2 and qwen3 (dense models).
+Families: llama (Llama 2/3.x, TinyLlama, SmolLM, Mistral), qwen2 and qwen3 (dense models), gemma3 (Gemma 3 text) and
+phi3 (Phi-3, Phi-3.5-mini, Phi-4-mini).
 
 Before anything is written the file is checked whole: every metadata value a model needs, every tensor of every
 layer with the shape the metadata implies, every byte range inside the file. A file that fails is never cached, and
@@ -17,7 +18,14 @@ the error names what is wrong with it.
   LlamaModel.permute); the index records the head count, and loading puts the rows back in Hugging Face order
   (whole rows: a quantized row keeps its bytes).
 - A Llama 3 `rope_freqs` tensor becomes config.json's llama3 rope_scaling, checked against the frequencies edge
-  computes from it.
+  computes from it; Phi-3's `rope_factors_short` / `rope_factors_long` become its LongRoPE rope_scaling.
+- Gemma 3: llama.cpp's converter stores every norm weight as 1 + w (Gemma's checkpoints store w for a norm that scales
+  by 1 + w), which is what edge's model holds, so they load as stored. llama.cpp knows the rest of Gemma 3 from the
+  architecture alone (a global layer every sixth, the local layers' rope base 10000, scores scaled by head size ** -0.5,
+  by (hidden / heads) ** -0.5 for the 27B) unless the file says otherwise (attention.sliding_window_pattern, rope.freq_base_swa, attention.scale); so does
+  this reader.
+- Phi-3: q/k/v are one tensor (attn_qkv) and ffn_up holds gate and up (2 x feed_forward_length rows), as in the
+  Hugging Face checkpoint; rope.dimension_count gives the rotary dims (Phi-4-mini rotates 3/4 of each head).
 
 The folder lives in ~/.cache/edge/gguf-checkpoints/<key>/<file stem>/ (or under $EDGE_CACHE_DIR), keyed by the
 file's path, size and modification time; it is written to a temporary folder and renamed into place, so an
@@ -35,7 +43,7 @@ import shutil
 import struct
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,18 +59,6 @@ CONVERTER_VERSION = 2  # part of the cache key: a change in what a conversion wr
 INDEX_FILE = "gguf.json"  # the file's path and tensor table, beside config.json and the tokenizer
 
 
-@dataclass(frozen=True)
-class Family:
-    architecture: str  # config.json's "architectures"
-    rotary_permuted: bool  # llama.cpp stores q/k rows permuted for its rotary layout (convert_hf_to_gguf.py)
-
-
-# general.architecture -> the Hugging Face family it was converted from
-FAMILIES = {
-    "llama": Family("LlamaForCausalLM", rotary_permuted=True),
-    "qwen2": Family("Qwen2ForCausalLM", rotary_permuted=False),
-    "qwen3": Family("Qwen3ForCausalLM", rotary_permuted=False),
-}
 GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 BLOCK_TENSORS = {  # blk.N.<name> -> model.layers.N.<name>
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -70,6 +66,89 @@ BLOCK_TENSORS = {  # blk.N.<name> -> model.layers.N.<name>
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+REQUIRED = frozenset({"attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                      "ffn_down"})  # each layer's weights, by GGUF name
+
+
+@dataclass(frozen=True)
+class Family:
+    architecture: str  # config.json's "architectures"
+    rotary_permuted: bool  # llama.cpp stores q/k rows permuted for its rotary layout (convert_hf_to_gguf.py)
+    tensors: dict = field(default_factory=lambda: BLOCK_TENSORS)  # blk.N.<name> -> model.layers.N.<name>
+    required: frozenset = REQUIRED  # the weights every layer has
+    config: Callable[[dict, str, dict, dict, str], dict] | None = None  # the family's own config.json keys
+
+
+def _gemma3_config(metadata: dict, arch: str, shape: dict, tensors: dict, source_name: str) -> dict:
+    """Gemma 3's keys llama.cpp does not write, as llama.cpp assumes them (src/llama-model.cpp): a global layer every
+    sixth, the local layers' rope base 10000, scores scaled by head size ** -0.5 (27B: _query_scalar); a file's own
+    keys win."""
+    layers = shape["layers"]
+    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # per layer: True where it is windowed
+        local = [bool(value) for value in pattern]
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        local = [bool((i + 1) % pattern) for i in range(layers)]
+    else:
+        local = []
+    if len(local) != layers:
+        raise CheckpointError(f"{source_name}: {arch}.attention.sliding_window_pattern is {pattern!r}, which does "
+                              f"not describe {layers} layers; the file is damaged or mis-converted")
+    scale = metadata.get(f"{arch}.attention.scale")
+    return {
+        "sliding_window": _number(metadata, arch, "attention.sliding_window", source_name),
+        "layer_types": ["sliding_attention" if windowed else "full_attention" for windowed in local],
+        "rope_local_base_freq": _float32_value(metadata.get(f"{arch}.rope.freq_base_swa", 10000.0)),
+        "rope_theta": _float32_value(_number(metadata, arch, "rope.freq_base", source_name, 1_000_000.0)),
+        "query_pre_attn_scalar": _float32_value(scale) ** -2 if scale else _query_scalar(shape),
+        "final_logit_softcapping": metadata.get(f"{arch}.final_logit_softcapping"),
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+
+
+def _query_scalar(shape: dict) -> int:
+    """Gemma 3's query_pre_attn_scalar as llama.cpp assumes it: the head size, but hidden / heads for the 27B model
+    (62 layers: 168, where its heads are 128 wide)."""
+    return shape["hidden"] // shape["heads"] if shape["layers"] == 62 else shape["head_dim"]
+
+
+def _phi3_config(metadata: dict, arch: str, shape: dict, tensors: dict, source_name: str) -> dict:
+    """Phi-3's rotary dims and LongRoPE factors (convert_hf_to_gguf.py's Phi3MiniModel; a sliding_window of 0 is
+    Phi-4-mini's none)."""
+    rotary = _number(metadata, arch, "rope.dimension_count", source_name, shape["head_dim"])
+    window = metadata.get(f"{arch}.attention.sliding_window") or None
+    extra = {"partial_rotary_factor": rotary / shape["head_dim"], "sliding_window": window}
+    if "rope_factors_short.weight" in tensors or "rope_factors_long.weight" in tensors:
+        factors = {name: np.array(tensors[f"rope_factors_{name}.weight"].data, dtype=np.float32).tolist()
+                   for name in ("short", "long") if f"rope_factors_{name}.weight" in tensors}
+        if len(factors) != 2 or any(len(values) != rotary // 2 for values in factors.values()):
+            raise CheckpointError(f"{source_name}: its rope_factors_short and rope_factors_long must both hold "
+                                  f"{rotary // 2} factors; the file is damaged or mis-converted")
+        original = _number(metadata, arch, "rope.scaling.original_context_length", source_name)
+        extra["original_max_position_embeddings"] = original
+        extra["rope_scaling"] = {"rope_type": "longrope", "short_factor": factors["short"],
+                                 "long_factor": factors["long"], "original_max_position_embeddings": original}
+        attn_factor = metadata.get(f"{arch}.rope.scaling.attn_factor")
+        if attn_factor is not None:
+            extra["rope_scaling"]["attention_factor"] = _float32_value(attn_factor)
+    return extra
+
+
+# general.architecture -> the Hugging Face family it was converted from
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", rotary_permuted=True),
+    "qwen2": Family("Qwen2ForCausalLM", rotary_permuted=False),
+    "qwen3": Family("Qwen3ForCausalLM", rotary_permuted=False),
+    "gemma3": Family("Gemma3ForCausalLM", rotary_permuted=False, tensors={
+        **BLOCK_TENSORS, "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm"},
+        required=REQUIRED | {"post_attention_norm", "post_ffw_norm", "attn_q_norm", "attn_k_norm"},
+        config=_gemma3_config),
+    "phi3": Family("Phi3ForCausalLM", rotary_permuted=False, tensors={
+        **BLOCK_TENSORS, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+        required=REQUIRED - {"attn_q", "attn_k", "attn_v", "ffn_gate"} | {"attn_qkv"}, config=_phi3_config),
+}
+EXTRA_TENSORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")  # read into config
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -255,17 +334,17 @@ def _shape(metadata: dict, arch: str, tensors: dict, source_name: str) -> dict:
 def _index(tensors: dict, shape: dict, family: Family, file_size: int, source_name: str) -> list[dict]:
     """Every tensor the model reads, under its Hugging Face name, checked: known, where the metadata says it should
     be, of the shape it implies, its bytes inside the file; and every layer complete."""
-    expected, biases, globals_ = _expected_shapes(shape)
+    expected, biases, globals_ = _expected_shapes(shape, family)
     entries, layers_seen = [], {}
     for name, tensor in tensors.items():
         stem, _, suffix = name.rpartition(".")
         block = _BLOCK_NAME.fullmatch(name)
-        if name == "rope_freqs.weight":
+        if name in EXTRA_TENSORS:
             continue  # read into config.json's rope_scaling
         heads = None
         if stem in GLOBAL_TENSORS and suffix == "weight":
             hf_name, wanted = f"{GLOBAL_TENSORS[stem]}.weight", globals_[stem]
-        elif block and block.group(2) in BLOCK_TENSORS:
+        elif block and block.group(2) in family.tensors:
             layer, part, kind = block.groups()
             if int(layer) >= shape["layers"]:
                 raise CheckpointError(f"{source_name} has tensor {name} but block_count is {shape['layers']}; the "
@@ -277,26 +356,31 @@ def _index(tensors: dict, shape: dict, family: Family, file_size: int, source_na
             layers_seen.setdefault(int(layer), set()).add(f"{part}.{kind}")
             if family.rotary_permuted and part in ("attn_q", "attn_k"):
                 heads = shape["heads"] if part == "attn_q" else shape["kv_heads"]
-            hf_name = f"model.layers.{layer}.{BLOCK_TENSORS[part]}.{kind}"
+            hf_name = f"model.layers.{layer}.{family.tensors[part]}.{kind}"
         else:
             raise UnsupportedModelError(f"{source_name} has a tensor {name!r} that a dense model does not (a "
                                         "mixture of experts or another variant?); edge cannot run this file")
         entries.append(_entry(name, tensor, hf_name, wanted, heads, file_size, source_name))
-    _check_complete(tensors, layers_seen, shape["layers"], source_name)
+    _check_complete(tensors, layers_seen, shape["layers"], family, source_name)
     return entries
 
 
-def _expected_shapes(shape: dict) -> tuple[dict, dict, dict]:
+def _expected_shapes(shape: dict, family: Family) -> tuple[dict, dict, dict]:
     """The shapes the metadata implies, by GGUF name part: each layer's weights, each layer's biases, and the
-    model's own tensors (embedding, final norm, head)."""
+    model's own tensors (embedding, final norm, head). A family without ffn_gate (Phi-3) holds gate and up in
+    ffn_up."""
     hidden, q_rows, kv_rows = shape["hidden"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
     weights = {"attn_norm": (hidden,), "ffn_norm": (hidden,), "attn_q": (q_rows, hidden),
                "attn_k": (kv_rows, hidden), "attn_v": (kv_rows, hidden), "attn_output": (hidden, q_rows),
                "attn_q_norm": (shape["head_dim"],), "attn_k_norm": (shape["head_dim"],),
                "ffn_gate": (shape["inner"], hidden), "ffn_up": (shape["inner"], hidden),
-               "ffn_down": (hidden, shape["inner"])}
+               "ffn_down": (hidden, shape["inner"]), "attn_qkv": (q_rows + 2 * kv_rows, hidden),
+               "post_attention_norm": (hidden,), "post_ffw_norm": (hidden,)}
     biases = {"attn_q": (q_rows,), "attn_k": (kv_rows,), "attn_v": (kv_rows,), "attn_output": (hidden,),
-              "ffn_gate": (shape["inner"],), "ffn_up": (shape["inner"],), "ffn_down": (hidden,)}
+              "ffn_gate": (shape["inner"],), "ffn_up": (shape["inner"],), "ffn_down": (hidden,),
+              "attn_qkv": (q_rows + 2 * kv_rows,)}
+    if "ffn_gate" not in family.required:
+        weights["ffn_up"], biases["ffn_up"] = (2 * shape["inner"], hidden), (2 * shape["inner"],)
     model = {"token_embd": (shape["vocab"], hidden), "output_norm": (hidden,), "output": (shape["vocab"], hidden)}
     return weights, biases, model
 
@@ -323,10 +407,11 @@ def _entry(name: str, tensor, hf_name: str, wanted: tuple, heads: int | None, fi
             "heads": heads}
 
 
-def _check_complete(tensors: dict, layers_seen: dict[int, set[str]], layers: int, source_name: str) -> None:
-    """Every one of the `layers` layers has each weight a layer needs, and the file has the final norm."""
-    required = {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
+def _check_complete(tensors: dict, layers_seen: dict[int, set[str]], layers: int, family: Family,
+                    source_name: str) -> None:
+    """Every one of the `layers` layers has each weight a layer of its family needs, and the file has the final
+    norm."""
+    required = {f"{part}.weight" for part in family.required}
     for layer in range(layers):
         missing = sorted(required - layers_seen.get(layer, set()))
         if missing:
@@ -379,13 +464,15 @@ def _config(metadata: dict, arch: str, family: Family, shape: dict, tensors: dic
     if scaling == "linear" or (scaling is None and linear):
         factor = metadata.get(f"{arch}.rope.scaling.factor", linear)
         config["rope_scaling"] = {"rope_type": "linear", "factor": _float32_value(factor)}
-    elif scaling not in (None, "none"):
+    elif scaling not in (None, "none", "longrope"):  # LongRoPE: its factors' tensors (Phi-3's family config)
         raise UnsupportedModelError(f"{source_name} uses {scaling!r} rope scaling; edge supports linear and "
                                     "Llama 3's (rope_freqs)")
     if "rope_freqs.weight" in tensors:
         factors = np.array(tensors["rope_freqs.weight"].data, dtype=np.float32)
         original = metadata.get(f"{arch}.rope.scaling.original_context_length", 8192)
         config["rope_scaling"] = _llama3_scaling(config, factors, original, source_name)
+    if family.config is not None:
+        config.update(family.config(metadata, arch, shape, tensors, source_name))
     ModelConfig.from_hf(config, source=source_name)  # the one reader of config.json says it is complete
     return config
 

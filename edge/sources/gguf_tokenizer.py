@@ -4,7 +4,9 @@
     files.tokenizer_json, files.tokenizer_config         # what edge.text.tokenizer.Tokenizer.from_dir reads
 
 llama.cpp stores a tokenizer as its vocabulary, the token types, and either BPE merges ("gpt2": byte-level BPE, as
-Llama 3, Qwen2 and SmolLM use) or SentencePiece scores ("llama": Llama 2, TinyLlama, Mistral). Both are rebuilt
+Llama 3, Qwen2, SmolLM and Phi-4-mini use) or SentencePiece scores ("llama": Llama 2, TinyLlama, Mistral, Phi-3, and
+Gemma 3's 262k vocabulary, which llama.cpp marks add_space_prefix false: no "▁" before the first word, as
+transformers' GemmaConverter builds it). Both are rebuilt
 here as transformers' own converters build them from the original files, so the ids match the checkpoint the GGUF
 was made from:
 
@@ -36,6 +38,11 @@ _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-4o's o200k split (Phi-4-mini): case-aware words with their contraction as a suffix, as tokenizer.json spells it
+_GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+                r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _byte_level(use_regex: bool) -> dict:
@@ -61,6 +68,7 @@ _DIGITS_THEN_GPT2 = _PreTokenizer({"type": "Sequence", "pretokenizers": [
     {"type": "Digits", "individual_digits": True}, _byte_level(True)]})
 _LLAMA3 = _PreTokenizer(_split_then_bytes(_LLAMA3_REGEX), ignore_merges=True)
 _QWEN2 = _PreTokenizer(_split_then_bytes(_QWEN2_REGEX), normalizer={"type": "NFC"})
+_GPT4O = _PreTokenizer(_split_then_bytes(_GPT4O_REGEX))
 
 # tokenizer.ggml.pre -> its pre-tokenizer (llama.cpp's names; the regexes of src/llama-vocab.cpp)
 PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
@@ -69,6 +77,7 @@ PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     "codeshell": _DIGITS_THEN_GPT2,
     "llama-bpe": _LLAMA3, "llama3": _LLAMA3, "llama-v3": _LLAMA3, "dbrx": _LLAMA3, "smaug-bpe": _LLAMA3,
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+    "gpt-4o": _GPT4O,  # Phi-4-mini
 }
 
 

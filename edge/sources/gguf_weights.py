@@ -31,6 +31,7 @@ from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, UnsupportedModelError
 from edge.model.kernel_glue import use_kernel
 from edge.model.transformer import Transformer
+from edge.sources.checkpoint_names import layer_names
 from edge.model.rope import inverse_frequencies
 from edge.kernels.block_formats import FORMATS as BLOCK_FORMATS
 from edge.kernels.block_formats import QUANTIZED
@@ -201,7 +202,9 @@ def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) ->
     model.norm.weight = blocks.vector("model.norm.weight")
     _fill_embedding_and_head(model, blocks, config, model.runner)
     model.compute_dtype = torch.float32
-    model.inv_freq = inverse_frequencies(config)  # the meta-device buffer held no data
+    model.inv_freq = inverse_frequencies(config)  # the meta-device buffers held no data
+    if config.local_rope_theta is not None:
+        model.inv_freq_local = inverse_frequencies(config, local=True)
     use_kernel(model, rowwise)
     return model.eval().requires_grad_(False)
 
@@ -247,22 +250,23 @@ class _BlockReader:
 
 
 def _fill_layer(block: nn.Module, hf: str, blocks: _BlockReader, config: ModelConfig, runner) -> None:
-    """One transformer layer from the tensors under its Hugging Face prefix `hf` ("model.layers.3.")."""
-    attn, mlp = hf + "self_attn.", hf + "mlp."
-    block.attn_norm.weight = blocks.vector(hf + "input_layernorm.weight")
-    block.ffn_norm.weight = blocks.vector(hf + "post_attention_layernorm.weight")
+    """One transformer layer from the tensors under its Hugging Face prefix `hf` ("model.layers.3."), named as its
+    family names them (edge.sources.loading.layer_names); a GGUF file's norms are stored as the model holds them."""
+    names = layer_names(config)
+
+    def sources(part: str, kind: str = "weight") -> list[str]:
+        return [f"{hf}{name}.{kind}" for name in names[part]]
+
+    norms = ["attn_norm", "ffn_norm"] + (["post_attn_norm", "post_ffn_norm"] if config.sandwich_norms else [])
+    for part in norms:
+        getattr(block, part).weight = blocks.vector(sources(part)[0])
     if config.qk_norm:
-        block.attn.q_norm.weight = blocks.vector(attn + "q_norm.weight")
-        block.attn.k_norm.weight = blocks.vector(attn + "k_norm.weight")
-    qkv = [attn + f"{p}_proj" for p in "qkv"]
-    block.attn.wqkv = BlockLinear(blocks.matrix([n + ".weight" for n in qkv]),
-                                  blocks.biases([n + ".bias" for n in qkv]), runner)
-    block.attn.wo = BlockLinear(blocks.matrix([attn + "o_proj.weight"]), blocks.biases([attn + "o_proj.bias"]), runner)
-    gate_up = [mlp + "gate_proj", mlp + "up_proj"]
-    block.ffn.w_gate_up = BlockLinear(blocks.matrix([n + ".weight" for n in gate_up]),
-                                      blocks.biases([n + ".bias" for n in gate_up]), runner)
-    block.ffn.w_down = BlockLinear(blocks.matrix([mlp + "down_proj.weight"]), blocks.biases([mlp + "down_proj.bias"]),
-                                   runner)
+        block.attn.q_norm.weight = blocks.vector(sources("attn.q_norm")[0])
+        block.attn.k_norm.weight = blocks.vector(sources("attn.k_norm")[0])
+    for owner, attribute, part in ((block.attn, "wqkv", "attn.wqkv"), (block.attn, "wo", "attn.wo"),
+                                   (block.ffn, "w_gate_up", "ffn.w_gate_up"), (block.ffn, "w_down", "ffn.w_down")):
+        setattr(owner, attribute, BlockLinear(blocks.matrix(sources(part)), blocks.biases(sources(part, "bias")),
+                                              runner))
 
 
 def _fill_embedding_and_head(model: Transformer, blocks: _BlockReader, config: ModelConfig, runner) -> None:

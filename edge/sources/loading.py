@@ -19,6 +19,7 @@ import torch
 
 from edge.model.config import ModelConfig, read_config_json
 from edge.errors import CheckpointError, SettingError
+from edge.sources.checkpoint_names import TEXT_MODEL_PREFIXES, layer_names
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.model.kernel_glue import use_kernel
 from edge.model.transformer import Transformer
@@ -127,6 +128,15 @@ class MappedTensors:
         self.tensors[name] = tensor
         if buffer is not None:
             self._spans[name] = (buffer, start, end)
+
+    def rename(self, prefixes: dict[str, str]) -> None:
+        """Name each tensor whose name starts with one of `prefixes` with that prefix replaced by its value."""
+        def renamed(name: str) -> str:
+            old = next((prefix for prefix in prefixes if name.startswith(prefix)), None)
+            return name if old is None else prefixes[old] + name[len(old):]
+
+        self.tensors = {renamed(name): tensor for name, tensor in self.tensors.items()}
+        self._spans = {renamed(name): span for name, span in self._spans.items()}
 
     def release(self, name: str) -> None:
         """Drop the resident pages of a mapped tensor that has been copied (fused or converted).
@@ -270,47 +280,43 @@ def weight_recipe(config: ModelConfig) -> dict[str, list[str]]:
     recipe = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
     if not config.tie_word_embeddings:
         recipe["lm_head.weight"] = ["lm_head.weight"]
+    names = layer_names(config)
+    biased = {"attn.wqkv": config.qkv_bias, "attn.wo": config.o_bias, "ffn.w_gate_up": config.mlp_bias,
+              "ffn.w_down": config.mlp_bias}
+    wanted = ["attn_norm", "attn.wqkv", "attn.wo", "ffn_norm", "ffn.w_gate_up", "ffn.w_down"]
+    wanted += ["attn.q_norm", "attn.k_norm"] if config.qk_norm else []
+    wanted += ["post_attn_norm", "post_ffn_norm"] if config.sandwich_norms else []
     for i in range(config.num_layers):
         hf, ours = f"model.layers.{i}.", f"layers.{i}."
-        attn, mlp = hf + "self_attn.", hf + "mlp."
-        recipe[ours + "attn_norm.weight"] = [hf + "input_layernorm.weight"]
-        recipe[ours + "ffn_norm.weight"] = [hf + "post_attention_layernorm.weight"]
-        recipe[ours + "attn.wqkv.weight"] = [attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"]
-        recipe[ours + "attn.wo.weight"] = [attn + "o_proj.weight"]
-        recipe[ours + "ffn.w_gate_up.weight"] = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
-        recipe[ours + "ffn.w_down.weight"] = [mlp + "down_proj.weight"]
-        if config.qkv_bias:
-            recipe[ours + "attn.wqkv.bias"] = [attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"]
-        if config.o_bias:
-            recipe[ours + "attn.wo.bias"] = [attn + "o_proj.bias"]
-        if config.mlp_bias:
-            recipe[ours + "ffn.w_gate_up.bias"] = [mlp + "gate_proj.bias", mlp + "up_proj.bias"]
-            recipe[ours + "ffn.w_down.bias"] = [mlp + "down_proj.bias"]
-        if config.qk_norm:
-            recipe[ours + "attn.q_norm.weight"] = [attn + "q_norm.weight"]
-            recipe[ours + "attn.k_norm.weight"] = [attn + "k_norm.weight"]
+        for part in wanted:
+            recipe[f"{ours}{part}.weight"] = [f"{hf}{name}.weight" for name in names[part]]
+            if biased.get(part):
+                recipe[f"{ours}{part}.bias"] = [f"{hf}{name}.bias" for name in names[part]]
     return recipe
 
 
-def _source_shapes(config: ModelConfig, name: str, fused: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """The shape config.json implies for each checkpoint tensor that `weight_recipe` fuses into the model's `name`
-    (whose shape is `fused`): q, k and v rows, gate and up rows, or the one tensor itself."""
+def _source_shapes(config: ModelConfig, name: str, fused: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
+    """The shape config.json implies for each of the `count` checkpoint tensors that `weight_recipe` fuses into the
+    model's `name` (whose shape is `fused`): q, k and v rows, gate and up rows, or the one tensor itself (also a
+    projection the checkpoint stores fused)."""
+    if count == 1:
+        return [fused]
     if ".attn.wqkv." in name:
         rows = [config.q_size, config.kv_size, config.kv_size]
-    elif ".ffn.w_gate_up." in name:
-        rows = [config.intermediate_size, config.intermediate_size]
     else:
-        return [fused]
-    return [(count, *fused[1:]) for count in rows]
+        rows = [config.intermediate_size, config.intermediate_size]
+    return [(rows_, *fused[1:]) for rows_ in rows]
 
 
 def build_state(
     mapped, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-    bias_dtype: torch.dtype | None = None,
+    bias_dtype: torch.dtype | None = None, norm_shift: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """The model's state dict from mapped checkpoint tensors (MappedTensors, or a GGUF file's tensors:
     edge.sources.gguf_weights.FloatTensors), one tensor at a time, in `dtype` (biases in
-    `bias_dtype` when given: the compute dtype, when the weights are stored narrower).
+    `bias_dtype` when given: the compute dtype, when the weights are stored narrower). `norm_shift` is added to every
+    norm weight (Gemma's checkpoints store w for a norm that scales by 1 + w; the model holds the sum, computed in
+    float32 as transformers does, and kept in the compute dtype).
 
     A tensor that is already in the right dtype and device stays a view of the map. One that is fused or converted
     becomes a copy, and the pages of its sources are released right away, so peak memory stays near one copy of
@@ -323,15 +329,20 @@ def build_state(
     state = {}
     for name, sources in recipe.items():
         parts = [mapped.tensors[source] for source in sources]
-        for source, part, shape in zip(sources, parts, _source_shapes(config, name, tuple(expected[name].shape))):
+        for source, part, shape in zip(sources, parts,
+                                       _source_shapes(config, name, tuple(expected[name].shape), len(sources))):
             if tuple(part.shape) != shape:  # named as the checkpoint names it, not by edge's fused name
                 raise CheckpointError(
                     f"checkpoint tensor {source!r} has shape {tuple(part.shape)} but config.json implies {shape}; "
                     "the weights and config.json are from different models: use the config.json that came with "
                     "these weights"
                 )
-        wanted = bias_dtype if bias_dtype is not None and name.endswith(".bias") else dtype
-        tensor = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(device=device, dtype=wanted)
+        shifted = norm_shift and name.endswith("norm.weight")
+        wanted = bias_dtype if bias_dtype is not None and (name.endswith(".bias") or shifted) else dtype
+        tensor = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if shifted:
+            tensor = norm_shift + tensor.float()
+        tensor = tensor.to(device=device, dtype=wanted)
         for source, part in zip(sources, parts):
             if tensor.untyped_storage().data_ptr() != part.untyped_storage().data_ptr():
                 mapped.release(source)
@@ -384,14 +395,19 @@ def load_model(
         source = mapped.source_dtype
     else:
         mapped = load_hf_tensors(folder)
+        mapped.rename(TEXT_MODEL_PREFIXES)  # a multimodal checkpoint's text model (its vision tower is not read)
         mapped.tensors.update(substitutes or {})
         source = _single_float_dtype({tensor.dtype for tensor in mapped.tensors.values()})
     storage = storage_dtype(source, dtype, device)
-    state = build_state(mapped, config, storage, device, bias_dtype=dtype if storage != dtype else None)
+    # a GGUF file's norms hold the shifted weights already (llama.cpp's converter adds Gemma's 1)
+    state = build_state(mapped, config, storage, device, bias_dtype=dtype if storage != dtype else None,
+                        norm_shift=config.norm_shift if index is None else 0.0)
     # not `with torch.device("meta")`: that context imports torch._dynamo and sympy (about 70 MiB resident)
     model = Transformer(config, device="meta")
     model.load_state_dict(state, strict=True, assign=True)
-    model.inv_freq = inverse_frequencies(config).to(device)  # the meta-device buffer held no data
+    model.inv_freq = inverse_frequencies(config).to(device)  # the meta-device buffers held no data
+    if config.local_rope_theta is not None:
+        model.inv_freq_local = inverse_frequencies(config, local=True).to(device)
     if storage != dtype:
         model.compute_dtype = dtype  # 16-bit weights, float32 activations and KV cache (see storage_dtype)
     if device.type == "cpu" and dtype == torch.float32:

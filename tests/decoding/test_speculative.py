@@ -173,7 +173,7 @@ def test_adaptive_layer_skip_skips_the_layers_its_model_measures_least_influenti
     rope, cache = model.rope(0, ids.shape[1], x.dtype), KVCache.for_model(model.config, ids.shape[1])
     with torch.no_grad():
         for layer, block in enumerate(model.layers):
-            out = block(x, layer, 0, cache, rope, model.mask(0, ids.shape[1]))
+            out = block(x, layer, 0, cache, rope, model.mask(0, ids.shape[1], model.config.window(layer)))
             expected = 1 - torch.nn.functional.cosine_similarity(x, out, dim=-1).mean().item()
             assert influence[layer] == pytest.approx(expected, abs=1e-4), layer
             x = out

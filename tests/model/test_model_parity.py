@@ -96,3 +96,67 @@ def test_half_precision_loads_and_stays_close(checkpoint_factory, dtype):
         b = half.logits(half(ids, 0, cache)).float()
     assert cache.keys.dtype == getattr(torch, dtype)
     assert (a - b).abs().max().item() < 0.1
+
+
+def test_a_longrope_scaling_without_its_factors_is_one_line(checkpoint_factory):
+    from edge.errors import CheckpointError
+    from edge.model.config import ModelConfig, read_config_json
+
+    raw = read_config_json(checkpoint_factory("phi3_longrope"))
+    raw["rope_scaling"] = {**raw["rope_scaling"], "short_factor": [1.0, 1.0]}
+    with pytest.raises(CheckpointError, match="8 short and long factors"):
+        ModelConfig.from_hf(raw)
+
+
+def test_gemma_and_phi3_run_layer_by_layer_on_the_kernel_and_llama_fuses(checkpoint_factory):
+    """The fused C calls read the Llama layout only: Gemma 3's and Phi-3's passes go layer by layer (each projection
+    still on the batch-invariant kernel), while a Llama's decode step fuses wherever the kernel is built."""
+    ids = torch.tensor([[4, 8, 15, 16, 23]])
+    for family, layout in (("gemma3", False), ("phi3", False), ("llama3", True)):
+        model = load_model(checkpoint_factory(family))
+        assert model.config.llama_layout is layout
+        with torch.no_grad():
+            cache = KVCache.for_model(model.config, 8)
+            model.forward_logits(ids[:, :4], 0, cache)
+            model.forward_logits(ids[:, 4:], 4, cache)
+        if model.runner.matmul is not None:
+            assert (model.runner.fused_format is not None) is layout, family
+
+
+def test_gemma3s_multimodal_checkpoint_runs_its_text_model(tmp_path, tokenizer_dir):
+    """Gemma 3 4B and up ship as Gemma3ForConditionalGeneration: the text model's logits equal transformers' for text
+    alone, from a config.json whose text_config leaves transformers' defaults out (as the Hub's files do)."""
+    import json
+    import shutil
+
+    from tests.conftest import COMMON
+
+    text = transformers.Gemma3TextConfig(**{**COMMON, "vocab_size": 320, "num_hidden_layers": 4, "head_dim": 16,
+                                            "sliding_window": 8, "sliding_window_pattern": 2})
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                       mm_tokens_per_image=4, image_token_index=300, boi_token_index=301,
+                                       eoi_token_index=302)
+    torch.manual_seed(0)
+    transformers.Gemma3ForConditionalGeneration(config).eval().save_pretrained(tmp_path)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy(item, tmp_path / item.name)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    defaults = transformers.Gemma3TextConfig().to_dict()
+    saved["text_config"] = {key: value for key, value in saved["text_config"].items() if defaults.get(key) != value}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert "query_pre_attn_scalar" not in saved["text_config"] and "rope_theta" not in saved["text_config"]
+
+    model = load_model(tmp_path)
+    assert model.config.architecture == "Gemma3ForCausalLM" and model.config.num_layers == 4
+    ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = transformers.Gemma3ForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32)(
+            input_ids=ids).logits
+        got = model.logits(model(ids, 0, KVCache.for_model(model.config, 32)))
+    assert (got - expected).abs().max().item() < TOLERANCE
+    from tests.helpers import greedy
+
+    plain = greedy(tmp_path, "The quick brown fox", 16)
+    assert greedy(tmp_path, "The quick brown fox", 16, drafter="early-exit:1") == plain

@@ -405,7 +405,8 @@ def test_an_architecture_edge_does_not_run_is_one_line(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedModelError, match="'gpt2' model; edge runs the GGUF architectures llama, qwen2"):
+    with pytest.raises(UnsupportedModelError,
+                       match="'gpt2' model; edge runs the GGUF architectures gemma3, llama, phi3, qwen2, qwen3 "):
         checkpoint_from_gguf(tmp_path / "other.gguf")
 
 

@@ -1,8 +1,8 @@
 """ChatTemplate renders exactly what transformers' apply_chat_template(tokenize=False) renders.
 
 The templates below mimic the real ones of the model families edge targets (Llama 3, Llama 2 / Mistral,
-ChatML as in Qwen2.5 and SmolLM, Qwen3, TinyLlama / Zephyr); each is rendered by edge and by transformers for
-several conversations and settings, and the texts must be equal.
+ChatML as in Qwen2.5 and SmolLM, Qwen3, TinyLlama / Zephyr, Gemma 3, Phi-3 and Phi-4-mini); each is rendered by edge
+and by transformers for several conversations and settings, and the texts must be equal.
 """
 
 from __future__ import annotations
@@ -187,8 +187,60 @@ GENERATION_BLOCK = """{% for m in messages %}{% if m.role == 'assistant' %}{% ge
 {% endgeneration %}{% else %}<{{ m.role }}>{{ m.content }}
 {% endif %}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"""
 
+GEMMA3 = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""  # Gemma 3's (raise_exception, bos_token, `is string` / `is iterable` tests, a model role)
+PHI3 = ("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+        "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+        "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}"
+        "{% endif %}")  # Phi-3 / Phi-3.5-mini's
+PHI4_MINI = ("{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
+             "message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + "
+             "message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + "
+             "message['content'] + '<|end|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+             "{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")  # Phi-4-mini's
+
 TEMPLATES = {"llama3": LLAMA3, "llama2": LLAMA2, "chatml": CHATML, "qwen3": QWEN3, "zephyr": ZEPHYR,
-             "generation": GENERATION_BLOCK}
+             "generation": GENERATION_BLOCK, "gemma3": GEMMA3, "phi3": PHI3, "phi4_mini": PHI4_MINI}
 
 CONVERSATIONS = {
     "user": [{"role": "user", "content": "Hello! 👋"}],

@@ -53,7 +53,11 @@ class ModelTensors:
 
     def layer_table(self) -> LayerTable | None:
         """The layers handed to the fused C calls, or None where one is not a block of Linear projections (PackedLinear
-        or BlockLinear ones when packed) or holds weights the kernel does not read (offloaded, QuantizedLinear)."""
+        or BlockLinear ones when packed) or holds weights the kernel does not read (offloaded, QuantizedLinear), and for
+        a family whose layers have parts the fused calls lack (config.llama_layout false: Gemma's sandwich norms and
+        GeGLU, Phi-3's partial rotary), which then runs layer by layer."""
+        if not self.model.config.llama_layout:
+            return None
         layers, fmt = self.model.layers, packed_format(self.model)
         matrix_type, matrix = {"blocks": (BlockLinear, "table_entry"), None: (Linear, "weight")}.get(
             fmt, (PackedLinear, "packed"))

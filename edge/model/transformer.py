@@ -21,7 +21,8 @@ The projections are made by a LinearFactory (edge/model/linears.py) bound to the
 (edge/kernels/runner.py), which decides per pass whether edge's batch-invariant CPU kernel runs it, one projection at a
 time or the whole pass in fused C calls; edge/model/kernel_glue.py reads the model's tensors for it. Without the
 kernel every pass is plain torch. A family whose layers have parts the fused calls lack (config.llama_layout false)
-runs layer by layer: its runner never fuses (LayerwiseRunner), each projection and attention still on the kernel.
+runs layer by layer: it hands the fused calls no layer table (edge/model/kernel_glue.py), so each projection and
+attention still runs on the kernel, one at a time.
 """
 
 from __future__ import annotations
@@ -41,18 +42,8 @@ from edge.model.linears import LinearFactory
 from edge.model.rope import apply_rope, attention_factor, inverse_frequencies
 from edge.model.static_step import static_steps
 from edge.kernels.block_formats import BlockMatrix
-from edge.kernels.runner import KernelRunner
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
-
-
-class LayerwiseRunner(KernelRunner):
-    """A kernel runner that never runs the layers in the fused C calls (a model whose layers have parts those calls
-    do not read: Gemma's sandwich norms, GeGLU, per-layer rope...): each projection and attention still takes the
-    batch-invariant kernel, so verify passes reproduce decode steps bit for bit."""
-
-    def fuses(self, model, rows: int, dtype: torch.dtype, cache, batch: int = 1) -> bool:
-        return False
 
 
 _STATIC_ON_CPU = os.environ.get("EDGE_STATIC_STEP") == "1"  # the static step on the CPU: tests of its logic
@@ -169,8 +160,7 @@ class Transformer(nn.Module):
         kernel_glue.use_kernel binds it)."""
         super().__init__()
         self.config = config
-        self.linears = linears if linears is not None else LinearFactory(
-            None if config.llama_layout else LayerwiseRunner())
+        self.linears = linears if linears is not None else LinearFactory()
         self.runner = self.linears.runner  # whether and how each pass runs on edge's CPU kernel (edge/kernels/runner.py)
         meta = torch.device(device).type == "meta" if device is not None else False
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, device=device,  # (no init on meta)

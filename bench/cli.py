@@ -28,7 +28,7 @@ import torch
 from bench import llama_cpp, llama_server, scaling, suite
 from bench.arguments import bench_parser
 from bench.checkpoints import source_checkpoint
-from bench.process import run_child
+from bench.process import busy_processes, run_child
 from edge.frontend.options import print_plan, resolve_model_path
 from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.sources.gguf_checkpoint import gguf_index
@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "float32, and hierarchical for quantspec, which then runs on a target of its own"},
         json={"type": Path, "help": "--ar: write the results as JSON here"})
     parser.add_argument("--ar", action="store_true", help="plain decoding throughput on one prompt (not the suite)")
+    parser.add_argument("--background-load", type=int, default=0, metavar="N",
+                        help="run N busy processes (one spinning core each) beside every runtime while it is measured, "
+                             "as a laptop's other work does (default: 0, a quiet machine)")
     parser.add_argument("--peers", nargs="?", const="all", default=None, metavar="NAMES",
                         help="also run other runtimes: transformers (generate(), and in the suite its prompt "
                              "lookup and its assisted generation with each draft:PATH among --methods, else the "
@@ -137,6 +140,16 @@ def print_bench_plan(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.background_load < 0:
+        print(f"edge-bench: error: --background-load must be 0 or more, got {args.background_load}", file=sys.stderr)
+        return 2
+    if args.background_load:
+        print(f"edge-bench: {args.background_load} busy process(es) beside the runtimes", file=sys.stderr)
+    with busy_processes(args.background_load):
+        return run(args, argv)
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.plan:
         return print_bench_plan(args)
     if args.scaling:
@@ -177,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
         "command": "edge-bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "interleaved": args.interleave,  # then every run shares one process, so one peak RSS for all
+        "background_load": args.background_load,
         "results": results,
         "greedy_identical": len({tuple(r["token_ids"]) for r in results}) == 1,
         "identical_to_first": [r["token_ids"] == results[0]["token_ids"] for r in results],

@@ -17,9 +17,10 @@ import os
 import resource
 import subprocess
 import sys
+from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # bench/ runs from a checkout: the child imports it from here
 TIMEOUT_S = 6 * 3600  # a stuck child ends the tool instead of hanging it; a suite worker on a large model is hours
@@ -81,3 +82,18 @@ if __name__ == "__main__":
     if len(sys.argv) != 2 or ":" not in sys.argv[1]:
         sys.exit("usage: python -m bench.process package.module:function  (a JSON request on stdin)")
     sys.exit(serve(sys.argv[1]))
+
+
+@contextmanager
+def busy_processes(count: int) -> Iterator[list[subprocess.Popen]]:
+    """`count` processes that keep one core busy each (a spinning Python loop, as a browser tab or a build would) for
+    as long as the block runs: what a laptop's other work does to a runtime's threads (edge-bench --background-load)."""
+    children = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+                for _ in range(count)]
+    try:
+        yield children
+    finally:
+        for child in children:
+            child.kill()
+        for child in children:
+            child.wait()

@@ -28,6 +28,7 @@ cannot read it).
 
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 import torch
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from edge.kernels.block_formats import BlockMatrix
 from edge.kernels.cpu_kernel import (CONSTANTS, ROWWISE_MAX_ROWS, SLOTS, CpuKernel, KernelCache, layer_weights,
                                      model_view, slot_kind)
+from edge.kernels.threads import ThreadGovernor, candidate_counts
 from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, LayerTable, ModelEnds
 
 FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
@@ -218,6 +220,7 @@ class FusedWeights:
         self._layers_view = model_view(shape, self._table, self._windows, layer_format)
         self._views: dict[tuple, tuple[object, ModelEnds]] = {}  # the ends stay alive as long as their view
         self._watched = [(slots, key, slots[key], _address(slots[key])) for slots, key in table.watch]
+        self._governor: ThreadGovernor | None = None  # made for the kernel's thread count (_team)
 
     @classmethod
     def build(cls, kernel: CpuKernel, shape, table: LayerTable) -> "FusedWeights | None":
@@ -258,7 +261,9 @@ class FusedWeights:
         """Layers `order` over x (T, D) float32 at positions [start, start + T), in place, in one C call; rope: cos,
         sin (T, Dh) of those positions."""
         cos, sin = rope
-        self.matmul.layers(x, self._layers_view, self._order(order), cos, sin, cache, start)
+        governor = self._team()  # a prompt's chunks run on the count decode steps measured fastest
+        kernel = self._kernels[governor.current] if governor is not None else self.matmul
+        kernel.layers(x, self._layers_view, self._order(order), cos, sin, cache, start)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         """RMSNorm(x) (T, D) in the same C library, or None where it does not read `weight`'s dtype."""
@@ -279,7 +284,26 @@ class FusedWeights:
         if view is None:
             return None
         cos, sin = rope
-        return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents)
+        rows, governor = tokens.numel(), self._team()
+        if governor is None:
+            return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents)
+        threads = governor.next(rows)
+        started = time.perf_counter()
+        out = self._kernels[threads].forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents)
+        governor.record(threads, rows, time.perf_counter() - started)
+        return out
+
+    def _team(self) -> ThreadGovernor | None:
+        """The governor of whole passes' thread count (threads.py: a busy machine stalls a full team at every
+        barrier), made again when the kernel's count changes (torch's, or --threads); None for one thread or with
+        EDGE_ADAPTIVE_THREADS=0."""
+        most = self.matmul.thread_count()
+        if self._governor is None or self._governor.counts[0] != most:
+            if most == 1 or not ThreadGovernor.enabled():
+                return None
+            self._governor = ThreadGovernor(most)
+            self._kernels = {count: self.matmul.with_threads(count) for count in candidate_counts(most)}
+        return self._governor
 
     def draft(self, ends: ModelEnds, request: DraftRequest,
               rope: tuple[torch.Tensor, torch.Tensor]) -> KernelDraft | None:

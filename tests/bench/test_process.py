@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bench.process import WorkerError, run_child
+from bench.process import WorkerError, busy_processes, run_child
 
 
 def echo(request: dict) -> dict:
@@ -41,3 +41,10 @@ def test_a_child_past_its_timeout_is_stopped():
     with pytest.raises(WorkerError, match="did not finish within 2 s"):
         run_child("tests.bench.test_process:stuck", {}, "stuck", timeout_s=2)
     assert time.perf_counter() - started < 30
+
+
+def test_busy_processes_run_for_the_block_and_end_with_it():
+    with busy_processes(2) as children:
+        time.sleep(0.2)
+        assert [child.poll() for child in children] == [None, None]  # spinning
+    assert all(child.poll() is not None for child in children)

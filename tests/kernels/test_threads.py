@@ -1,0 +1,48 @@
+"""The thread governor of whole passes (edge/kernels/threads.py): it keeps the fastest count, finds a machine that got
+busy within a few passes and a quiet one again at the next probe; and a model decodes the same tokens under it."""
+
+from __future__ import annotations
+
+from edge.kernels.threads import ThreadGovernor, candidate_counts
+
+
+def run(governor: ThreadGovernor, passes: int, cost: dict[int, float], rows: int = 1) -> list[int]:
+    """`passes` passes where a pass on n threads takes cost[n] seconds; the counts they ran on."""
+    used = []
+    for _ in range(passes):
+        threads = governor.next(rows)
+        governor.record(threads, rows, cost[threads])
+        used.append(threads)
+    return used
+
+
+def test_candidate_counts_halve_down_to_one():
+    assert candidate_counts(1) == (1,)
+    assert candidate_counts(2) == (2, 1)
+    assert candidate_counts(8) == (8, 4, 2, 1)
+    assert candidate_counts(6) == (6, 3, 1)
+
+
+def test_a_quiet_machine_keeps_the_full_team_and_probes_rarely():
+    governor = ThreadGovernor(2, probe_every=64)
+    used = run(governor, 256, {2: 0.006, 1: 0.010})
+    assert used.count(1) <= 1 + 256 // 64  # the first try, then one probe per 64 passes
+    assert governor.current == 2
+    steady = ThreadGovernor(2)  # the default intervals: each losing probe doubles the wait, up to 1024 passes
+    assert run(steady, 4000, {2: 0.006, 1: 0.010}).count(1) <= 12
+
+
+def test_a_busy_machine_moves_to_fewer_threads_and_back_when_quiet():
+    governor = ThreadGovernor(2, probe_every=64)
+    run(governor, 100, {2: 0.006, 1: 0.010})
+    busy = run(governor, 10, {2: 0.018, 1: 0.011})  # another process took a core: the full team stalls
+    assert busy[-5:] == [1] * 5
+    quiet = run(governor, 130, {2: 0.006, 1: 0.010})
+    assert quiet[-30:].count(2) >= 28 and governor.current == 2  # a probe found the machine quiet again
+
+
+def test_row_counts_are_measured_apart():
+    governor = ThreadGovernor(2, probe_every=1000)
+    run(governor, 10, {2: 0.006, 1: 0.010}, rows=1)
+    used = run(governor, 10, {2: 0.009, 1: 0.020}, rows=5)
+    assert used[0] == 2 and used[1] == 1 and used[2:] == [2] * 8  # a new row count: a baseline, one try, the best

@@ -190,6 +190,14 @@ ALWAYS void run_dots(const uint8_t *at, const uint8_t *plane_at, const int pairs
     }
 }
 
+/* Run `run` of `runs`' share of the lines of a block's `bytes` at g, asked for PREFETCH_AHEAD bytes early: spread over
+ * the block's runs, so that the requests in flight never outnumber what the core can track (a burst of a block's 36
+ * lines stalls it) */
+ALWAYS void prefetch_share(const uint8_t *g, int64_t bytes, int run, int runs) {
+    const int64_t lines = (bytes + 63) / 64;
+    for (int64_t line = lines * run / runs; line < lines * (run + 1) / runs; line++) prefetch_ahead(g + 64 * line);
+}
+
 /* ---- one block of a group (this pass's LANES outputs of it) against R rows: sums[r] += its terms ---- */
 
 ALWAYS void block_32(const int format, const uint8_t *g, const Row *rows, int64_t b, lf sums[MAX_ROWS], const int R,
@@ -226,8 +234,10 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = offsets[r] = li_zero();
     const int six = format == BLOCKS_Q6_K, five = format == BLOCKS_Q5_K;
     const FieldsK f = fields_k(format, g);  /* blocks.h */
+    const int64_t bytes = block_group_bytes(format), runs = six ? 16 : 8;
     if (six) {
         for (int j = 0; j < 16; j++) {  /* runs of 16: dots[r] += sc_j (dot_j - 32 xsum_j) */
+            if (h == 0) prefetch_share(g, bytes, j, runs);
             const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 1);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 x[r] = rows[r].codes + 256 * b + 16 * j;
@@ -239,6 +249,7 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
         }
     } else {
         for (int j = 0; j < 8; j++) {  /* runs of 32: dots[r] += sc_j dot_j */
+            if (h == 0) prefetch_share(g, bytes, j, runs);
             const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 0);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) x[r] = rows[r].codes + 256 * b + 32 * j;
             run_dots(run_pairs(format, g, j) + STEP * h, five ? run_plane(format, g, j) + STEP * h : NULL, 4, five, x,
@@ -261,22 +272,26 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
 
 /* ---- a group of 16 outputs against R rows, and the matmul ---- */
 
-/* acc[r][0 .. 16) over all blocks of one group (`blocks` blocks of the format at `weights`), R rows */
+/* acc[r][0 .. 16) over all blocks of one group (`blocks` blocks of the format at `weights`), R rows: each block's
+ * bytes read once from memory, every pass over them (LANES outputs each) while they are in the L1 cache, so the
+ * prefetches run ahead through the whole group */
 ALWAYS void group_tile(const int format, const Row *rows, const uint8_t *weights, int64_t blocks,
                        float acc[MAX_ROWS][BLOCKS_GROUP], const int R) {
     const int64_t bytes = block_group_bytes(format);
-    for (int h = 0; h < BLOCKS_GROUP / LANES; h++) {
-        lf sums[MAX_ROWS];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[r] = lf_zero();
-        for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t *g = weights + b * bytes;
-            if (h == 0)
-                for (int64_t line = 0; line < bytes; line += 64) prefetch_ahead(g + line);  /* simd.h */
-            if (blocks_k_quant(format)) block_k(format, g, rows, b, sums, R, h);
-            else block_32(format, g, rows, b, sums, R, h);
+    lf sums[BLOCKS_GROUP / LANES][MAX_ROWS];
+    for (int h = 0; h < BLOCKS_GROUP / LANES; h++)
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[h][r] = lf_zero();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *g = weights + b * bytes;
+        if (!blocks_k_quant(format))  /* a k-quant block asks for its lines run by run (block_k) */
+            for (int64_t line = 0; line < bytes; line += 64) prefetch_ahead(g + line);  /* simd.h */
+        _Pragma("GCC unroll 4") for (int h = 0; h < BLOCKS_GROUP / LANES; h++) {
+            if (blocks_k_quant(format)) block_k(format, g, rows, b, sums[h], R, h);
+            else block_32(format, g, rows, b, sums[h], R, h);
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) lf_store(acc[r] + LANES * h, sums[r]);
     }
+    for (int h = 0; h < BLOCKS_GROUP / LANES; h++)
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) lf_store(acc[r] + LANES * h, sums[h][r]);
 }
 
 /* y[r * ldy + n0 + lane] = acc[r][lane] (+ bias) for the group's outputs below N */

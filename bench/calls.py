@@ -1,7 +1,7 @@
 """What one target call costs as the number of rows grows: the quantity that bounds speculative decoding.
 
     python -m bench.calls [MODEL] [--rows 1,2,3,5,8] [--context 64] [--drafter PATH] [--repeats 50]
-                               [--weights float32|int8|int4]
+                               [--weights float32|int8|int4] [--bandwidth]
 
 A verify pass over k drafted tokens feeds k + 1 rows. If it costs c times a 1-row decode step, a step must emit
 more than c tokens on average to gain anything, and a free drafter whose every token is accepted with probability a
@@ -13,7 +13,10 @@ checkpoint's weights to float32 copies first (what edge did before it kept 16-bi
 different model).
 
 Each call is timed alone (the cache is rolled back after it); medians over `--repeats` calls, interleaved by row
-count so that drift in the machine's speed hits every row count alike.
+count so that drift in the machine's speed hits every row count alike. `--bandwidth` also probes the machine's read
+bandwidth in every round (the kernel's probe: a 1 GiB buffer summed on the same threads) and says what share of it a
+1-row call reaches: the weights one step reads (every matrix and the head; an embedding that is not the head gives
+one row) over the call's time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from bench.arguments import CHECKPOINT_HELP, bench_parser
 from edge.frontend.options import resolve_model_path
 
 ACCEPTANCE = (0.6, 0.8, 0.9)
+PROBE_FLOATS = 2**28  # the bandwidth probe's buffer: 1 GiB of float32, far larger than any CPU cache
 
 
 def expected_tokens(acceptance: float, drafted: int) -> float:
@@ -35,15 +39,21 @@ def expected_tokens(acceptance: float, drafted: int) -> float:
     return sum(acceptance**i for i in range(drafted + 1))
 
 
-def time_calls(model, cache, rows: list[int], context: int, repeats: int) -> dict[int, float]:
-    """Median seconds of one `model(tokens)` + head call over n new rows at position `context`, per n."""
+def time_calls(model, cache, rows: list[int], context: int, repeats: int,
+               probe=None) -> dict[int | str, float]:
+    """Median seconds of one `model(tokens)` + head call over n new rows at position `context`, per n; with `probe`
+    (a function returning GB/s), its median too, under "bandwidth", probed once per round between the calls."""
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (1, context), generator=generator)  # (1, context)
     with torch.inference_mode():
         model.logits(model(prompt, 0, cache))
-        samples: dict[int, list[float]] = {n: [] for n in rows}
+        samples: dict[int | str, list[float]] = {n: [] for n in rows}
+        if probe is not None:
+            samples["bandwidth"] = []
         for repeat in range(repeats + 3):  # the first rounds warm the caches up
+            if probe is not None and repeat >= 3:
+                samples["bandwidth"].append(probe())
             for n in rows:
                 feed = torch.randint(0, vocab, (1, n), generator=generator)  # (1, n)
                 started = time.perf_counter()
@@ -53,6 +63,29 @@ def time_calls(model, cache, rows: list[int], context: int, repeats: int) -> dic
                 if repeat >= 3:
                     samples[n].append(elapsed)
     return {n: statistics.median(values) for n, values in samples.items()}
+
+
+def step_weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every weight held, less the embedding where it is not the head (a
+    step looks up one row of it)."""
+    held = model.weight_bytes()
+    embedding = model.embed
+    tied = model.lm_head is None and model.packed_head is None
+    if tied or (model.packed_head is not None and getattr(embedding, "matrix", None) is model.packed_head):
+        return held
+    from edge.model.transformer import held_bytes
+
+    return held - held_bytes([embedding])
+
+
+def bandwidth_probe(model):
+    """A function returning the read bandwidth (GB/s) on the model's kernel and threads, one pass over a 1 GiB
+    buffer allocated once; None where the model runs without edge's kernel."""
+    kernel = model.runner.matmul
+    if kernel is None:
+        return None
+    buffer = torch.ones(PROBE_FLOATS, dtype=torch.float32)  # (PROBE_FLOATS,)
+    return lambda: kernel.read_bandwidth(data=buffer, repeats=1)
 
 
 def load(path: str, max_context: int):
@@ -71,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                  "help": "keep the weights as loaded (default: a 16-bit checkpoint stays 16-bit), widen them, or "
                          "quantize the layers and head to int8 or int4"})
     parser.add_argument("--rows", default="1,2,3,5,8", help="row counts to time (1 is always included)")
+    parser.add_argument("--bandwidth", action="store_true",
+                        help="probe the read bandwidth in turns with the calls and give the 1-row call's share of it")
     args = parser.parse_args(argv)
     rows = sorted({1, *(int(n) for n in args.rows.split(","))})
     if rows[0] < 1 or args.context < 1 or args.repeats < 1:
@@ -82,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         from edge.model.packed_weights import quantize_weights
 
         quantize_weights(model, args.weights)
-    seconds = time_calls(model, cache, rows, args.context, args.repeats)
+    probe = bandwidth_probe(model) if args.bandwidth else None
+    if args.bandwidth and probe is None:
+        parser.error("--bandwidth needs edge's CPU kernel (EDGE_ROWWISE_MATMUL=0 turns it off)")
+    seconds = time_calls(model, cache, rows, args.context, args.repeats, probe)
     step = seconds[1]
     bounds = " | ".join(f"bound a={a}" for a in ACCEPTANCE)
     print(f"| rows | ms per call | cost c (x 1 row) | {bounds} |")
@@ -91,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         cost = seconds[n] / step
         limits = " | ".join(f"{expected_tokens(a, n - 1) / cost:.2f}x" for a in ACCEPTANCE)
         print(f"| {n} | {seconds[n] * 1e3:.3f} | {cost:.2f} | {limits} |")
+    if probe is not None:
+        weights = step_weight_bytes(model)
+        reached = weights / step / 1e9
+        print(f"\nweights a step reads: {weights / 1e6:.1f} MB; one row: {reached:.1f} GB/s = "
+              f"{reached / seconds['bandwidth']:.0%} of the read bandwidth probed in turns "
+              f"({seconds['bandwidth']:.1f} GB/s, median)")
     if args.drafter:
         from edge.sources.builtin import builtin_drafter_path
 

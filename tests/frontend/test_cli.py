@@ -391,6 +391,19 @@ def test_call_cost_bench_prints_the_cost_per_row_count(llama_dir, capsys):
     assert capsys.readouterr().out.splitlines()[0].startswith("| rows |")
 
 
+def test_call_cost_bench_gives_a_steps_share_of_the_read_bandwidth(llama_dir, capsys, monkeypatch):
+    from bench import calls
+
+    monkeypatch.setattr(calls, "PROBE_FLOATS", 2**20)
+    assert calls.main([str(llama_dir), "--rows", "2", "--context", "4", "--repeats", "2", "--bandwidth"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    model, _ = calls.load(str(llama_dir), 8)
+    untied = model.lm_head is not None
+    expected = model.weight_bytes() - (model.embed.weight.nbytes if untied else 0)
+    assert calls.step_weight_bytes(model) == expected
+    assert last.startswith(f"weights a step reads: {expected / 1e6:.1f} MB; one row: ") and "of the read bandwidth" in last
+
+
 def test_agreement_bench_compares_quantized_with_float(llama_dir, capsys):
     from bench.agreement import main as agreement_main
 

@@ -237,7 +237,7 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
     const int64_t bytes = block_group_bytes(format), runs = six ? 16 : 8;
     if (six) {
         for (int j = 0; j < 16; j++) {  /* runs of 16: dots[r] += sc_j (dot_j - 32 xsum_j) */
-            if (h == 0) prefetch_share(g, bytes, j, runs);
+            prefetch_share(g, bytes, h * runs + j, (BLOCKS_GROUP / LANES) * runs);
             const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 1);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 x[r] = rows[r].codes + 256 * b + 16 * j;
@@ -249,7 +249,7 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
         }
     } else {
         for (int j = 0; j < 8; j++) {  /* runs of 32: dots[r] += sc_j dot_j */
-            if (h == 0) prefetch_share(g, bytes, j, runs);
+            prefetch_share(g, bytes, h * runs + j, (BLOCKS_GROUP / LANES) * runs);
             const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 0);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) x[r] = rows[r].codes + 256 * b + 32 * j;
             run_dots(run_pairs(format, g, j) + STEP * h, five ? run_plane(format, g, j) + STEP * h : NULL, 4, five, x,
@@ -283,11 +283,13 @@ ALWAYS void group_tile(const int format, const Row *rows, const uint8_t *weights
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[h][r] = lf_zero();
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *g = weights + b * bytes;
-        if (!blocks_k_quant(format))  /* a k-quant block asks for its lines run by run (block_k) */
-            for (int64_t line = 0; line < bytes; line += 64) prefetch_ahead(g + line);  /* simd.h */
         _Pragma("GCC unroll 4") for (int h = 0; h < BLOCKS_GROUP / LANES; h++) {
-            if (blocks_k_quant(format)) block_k(format, g, rows, b, sums[h], R, h);
-            else block_32(format, g, rows, b, sums[h], R, h);
+            if (blocks_k_quant(format)) {
+                block_k(format, g, rows, b, sums[h], R, h);  /* asks for its lines run by run */
+            } else {
+                prefetch_share(g, bytes, h, BLOCKS_GROUP / LANES);
+                block_32(format, g, rows, b, sums[h], R, h);
+            }
         }
     }
     for (int h = 0; h < BLOCKS_GROUP / LANES; h++)

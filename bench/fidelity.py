@@ -14,7 +14,9 @@ in one call (a prompt); llama.cpp (llama-cpp-python, its defaults: a float16 KV 
 A runtime is `edge`, `edge:PATH` (EDGE_CPU_KERNEL=PATH), `llama.cpp` (llama_cpp as this Python imports it) or
 `llama.cpp:NAME=DIR`: DIR (a folder list, os.pathsep between) goes first on the child's PYTHONPATH, and where DIR is
 llama-cpp-python's source tree with a build in vendor/llama.cpp/build/bin, LLAMA_CPP_LIB_PATH points there. Default:
-edge and llama.cpp. Every runtime, and the exact model, runs in a process of its own, one after another.
+edge and llama.cpp. Every runtime, and the exact model, runs in a process of its own, one after another. Below the
+table, each edge row's mean KL and top-1 agreement minus each llama.cpp row's on the same positions, with the
+standard error of the KL difference.
 
 --eight-bit also computes the exact model with every matmul's input quantized to 8 bits as both runtimes quantize it
 (per block of 32, per 256 for the k-quants): its row says what the activation blocks alone cost. Compare it with the
@@ -84,7 +86,7 @@ def rows_file(path: str, shape: tuple[int, int], dtype: np.dtype):
         written = [0]
 
         def write(rows: np.ndarray) -> None:
-            handle.write(np.ascontiguousarray(rows, dtype=dtype).tobytes())
+            np.ascontiguousarray(rows, dtype=dtype).tofile(handle)  # no copy of rows already of this type
             written[0] += rows.shape[0]
 
         yield write
@@ -248,9 +250,18 @@ def divergences(reference: np.ndarray, runtime: np.ndarray) -> tuple[np.ndarray,
     return np.concatenate(kl), np.concatenate(agree)
 
 
-def summary(kl: np.ndarray, agree: np.ndarray) -> dict[str, float]:
+def summary(kl: np.ndarray, agree: np.ndarray) -> dict:
+    """The measures of one runtime over all positions (and the per-position KL and agreement, for paired())."""
     return {"positions": int(kl.size), "mean_kl": float(kl.mean()), "p99_kl": float(np.percentile(kl, 99)),
-            "top1": float(agree.mean())}
+            "top1": float(agree.mean()), "kl": kl, "agree": agree}
+
+
+def paired(first: dict, second: dict) -> dict[str, float]:
+    """first's mean KL and top-1 agreement minus second's on the same positions, with the standard error of the KL
+    difference (positions taken as independent; neighbours in a window are not quite)."""
+    difference = first["kl"] - second["kl"]  # (N,)
+    return {"mean_kl": float(difference.mean()), "standard_error": float(difference.std() / np.sqrt(difference.size)),
+            "top1": float(first["agree"].mean() - second["agree"].mean())}
 
 
 def perplexity(reference: np.ndarray, windows: list[list[int]]) -> float:
@@ -279,6 +290,17 @@ def table_row(name: str, label: str, row: dict) -> str:
             f"{row['top1']:.2%} |")
 
 
+def differences(name: str, found: dict[str, dict]) -> list[tuple[str, dict]]:
+    """Each edge row against each llama.cpp row of one file: (what is compared, paired())."""
+    return [(f"{name}: {ours} against {theirs}", paired(found[ours], found[theirs]))
+            for ours in found if ours.startswith("edge") for theirs in found if theirs.startswith("llama.cpp")]
+
+
+def difference_line(label: str, difference: dict) -> str:
+    return (f"{label}: mean KL {difference['mean_kl']:+.5f} (standard error {difference['standard_error']:.5f}), "
+            f"top-1 agreement {100 * difference['top1']:+.2f} points")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(PROG, __doc__, tokens={"default": 2048, "help": "tokens evaluated per file (default 2048)"},
                           context={"default": 512, "help": "tokens per window (default 512)"},
@@ -300,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     files = args.files or [str(default_file())]
     print("| file | runtime | tokens | mean KL (nats) | p99 KL | top-1 agreement |")
     print("|---|---|---:|---:|---:|---:|")
-    report = {}
+    report, compared = {}, []
     for path in files:
         windows = evaluation_windows(path, args.tokens, args.context)
         with tempfile.TemporaryDirectory() as scratch:
@@ -309,11 +331,17 @@ def main(argv: list[str] | None = None) -> int:
             logits = computed_logits(path, windows, folder, args.threads, args.rows, runtimes, args.eight_bit)
             exact_perplexity, found = measures(logits, windows)
         print("\n".join(table_row(Path(path).name, label, row) for label, row in found.items()), flush=True)
+        pairs = differences(Path(path).name, found)
+        compared += pairs
         report[path] = {"windows": len(windows), "context": args.context, "perplexity": exact_perplexity,
-                        "runtimes": found, "runs": {label: {k: v for k, v in run.items() if k != "file"}
-                                                    for label, run in logits.items()}}
+                        "runtimes": {label: {k: v for k, v in row.items() if k not in ("kl", "agree")}
+                                     for label, row in found.items()},
+                        "differences": dict(pairs),
+                        "runs": {label: {k: v for k, v in run.items() if k != "file"} for label, run in logits.items()}}
         print(f"{Path(path).name}: {len(windows)} windows of {args.context} tokens; the exact model's perplexity "
               f"{exact_perplexity:.3f}", file=sys.stderr)
+    if compared:
+        print("\nPaired over the same positions:\n\n" + "\n".join(f"- {difference_line(*pair)}" for pair in compared))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

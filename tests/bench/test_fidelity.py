@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.fidelity import divergences, edge_logits, summary
+from bench.fidelity import divergences, edge_logits, paired, summary
 from bench.gguf_reference import FileModel, eight_bit
 from edge.sources import gguf_checkpoint
 from tests.gguf_files import Q4_K_M, write_gguf
@@ -39,6 +39,12 @@ def test_kl_and_top1_agreement_on_logits_made_by_hand():
     assert measured["mean_kl"] == pytest.approx(sum(expected) / 3, abs=1e-7)
     assert measured["p99_kl"] == pytest.approx(np.percentile(expected, 99), abs=1e-7)
     assert measured["top1"] == pytest.approx(2 / 3) and measured["positions"] == 3
+    other = summary(np.array([0.0, 0.0, 0.3]), np.array([True, True, True]))
+    difference = paired(measured, other)
+    assert difference["mean_kl"] == pytest.approx((expected[1] + expected[2] - 0.3) / 3, abs=1e-7)
+    spread = np.array(expected) - [0.0, 0.0, 0.3]
+    assert difference["standard_error"] == pytest.approx(spread.std() / math.sqrt(3), abs=1e-7)
+    assert difference["top1"] == pytest.approx(-1 / 3)
     with pytest.raises(SystemExit):
         divergences(reference, runtime[:, :1])
 

@@ -1,7 +1,8 @@
 """How close edge and llama.cpp come to the model a GGUF file holds: each runtime's next-token distributions on real
 text against the file's model computed exactly (bench/gguf_reference.py: every tensor dequantized, float64
 activations), as the mean and 99th percentile of KL(exact || runtime) and the share of positions whose most likely
-token agrees.
+token agrees. The mean is also given past each window's first position: there, with no context, a model's
+activations can hold a few values far above the rest, which 8-bit blocks resolve worst.
 
     python -m bench.fidelity [FILE.gguf ...] [--tokens 2048] [--context 512] [--rows 16] \\
         [--runtime edge] [--runtime llama.cpp[:NAME=DIR]] [--eight-bit] [--keep DIR]
@@ -15,8 +16,8 @@ A runtime is `edge`, `edge:PATH` (EDGE_CPU_KERNEL=PATH), `llama.cpp` (llama_cpp 
 `llama.cpp:NAME=DIR`: DIR (a folder list, os.pathsep between) goes first on the child's PYTHONPATH, and where DIR is
 llama-cpp-python's source tree with a build in vendor/llama.cpp/build/bin, LLAMA_CPP_LIB_PATH points there. Default:
 edge and llama.cpp. Every runtime, and the exact model, runs in a process of its own, one after another. Below the
-table, each edge row's mean KL and top-1 agreement minus each llama.cpp row's on the same positions, with the
-standard error of the KL difference.
+table, each edge row's mean KLs and top-1 agreement minus each llama.cpp row's on the same positions, with the
+standard errors of the KL differences.
 
 --eight-bit also computes the exact model with every matmul's input quantized to 8 bits as both runtimes quantize it
 (per block of 32, per 256 for the k-quants): its row says what the activation blocks alone cost. Compare it with the
@@ -250,17 +251,24 @@ def divergences(reference: np.ndarray, runtime: np.ndarray) -> tuple[np.ndarray,
     return np.concatenate(kl), np.concatenate(agree)
 
 
-def summary(kl: np.ndarray, agree: np.ndarray) -> dict:
-    """The measures of one runtime over all positions (and the per-position KL and agreement, for paired())."""
-    return {"positions": int(kl.size), "mean_kl": float(kl.mean()), "p99_kl": float(np.percentile(kl, 99)),
-            "top1": float(agree.mean()), "kl": kl, "agree": agree}
+def summary(kl: np.ndarray, agree: np.ndarray, steps: int | None = None) -> dict:
+    """The measures of one runtime over all positions, and its mean KL past each window's first position (the one
+    with no context; windows of `steps` positions, default one window), and the per-position KL and agreement (for
+    paired())."""
+    later = np.arange(kl.size) % (steps or kl.size) != 0  # (N,)
+    return {"positions": int(kl.size), "mean_kl": float(kl.mean()), "later_mean_kl": float(kl[later].mean()),
+            "p99_kl": float(np.percentile(kl, 99)), "top1": float(agree.mean()), "kl": kl, "agree": agree,
+            "later": later}
 
 
 def paired(first: dict, second: dict) -> dict[str, float]:
-    """first's mean KL and top-1 agreement minus second's on the same positions, with the standard error of the KL
-    difference (positions taken as independent; neighbours in a window are not quite)."""
-    difference = first["kl"] - second["kl"]  # (N,)
-    return {"mean_kl": float(difference.mean()), "standard_error": float(difference.std() / np.sqrt(difference.size)),
+    """first's mean KL (over all positions and past each window's first) and top-1 agreement minus second's on the
+    same positions, with the standard errors of the KL differences (positions taken as independent; neighbours in a
+    window are not quite)."""
+    difference, later = first["kl"] - second["kl"], first["later"]  # (N,), (N,) bool
+    error = lambda values: float(values.std() / np.sqrt(values.size))  # noqa: E731
+    return {"mean_kl": float(difference.mean()), "standard_error": error(difference),
+            "later_mean_kl": float(difference[later].mean()), "later_standard_error": error(difference[later]),
             "top1": float(first["agree"].mean() - second["agree"].mean())}
 
 
@@ -277,7 +285,7 @@ def perplexity(reference: np.ndarray, windows: list[list[int]]) -> float:
 def measures(logits: dict[str, dict], windows: list[list[int]]) -> tuple[float, dict[str, dict]]:
     """(the exact model's perplexity, label -> the summary against it)."""
     exact = np.load(logits["exact model"]["file"], mmap_mode="r")
-    found = {label: summary(*divergences(exact, np.load(run["file"], mmap_mode="r")))
+    found = {label: summary(*divergences(exact, np.load(run["file"], mmap_mode="r")), len(windows[0]))
              for label, run in logits.items() if label != "exact model"}
     return perplexity(exact, windows), found
 
@@ -286,8 +294,8 @@ def measures(logits: dict[str, dict], windows: list[list[int]]) -> tuple[float, 
 
 
 def table_row(name: str, label: str, row: dict) -> str:
-    return (f"| {name} | {label} | {row['positions']} | {row['mean_kl']:.5f} | {row['p99_kl']:.4f} | "
-            f"{row['top1']:.2%} |")
+    return (f"| {name} | {label} | {row['positions']} | {row['mean_kl']:.5f} | {row['later_mean_kl']:.5f} | "
+            f"{row['p99_kl']:.4f} | {row['top1']:.2%} |")
 
 
 def differences(name: str, found: dict[str, dict]) -> list[tuple[str, dict]]:
@@ -298,6 +306,7 @@ def differences(name: str, found: dict[str, dict]) -> list[tuple[str, dict]]:
 
 def difference_line(label: str, difference: dict) -> str:
     return (f"{label}: mean KL {difference['mean_kl']:+.5f} (standard error {difference['standard_error']:.5f}), "
+            f"past the first positions {difference['later_mean_kl']:+.5f} ({difference['later_standard_error']:.5f}), "
             f"top-1 agreement {100 * difference['top1']:+.2f} points")
 
 
@@ -320,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "llama.cpp":
             check_llama_cpp(spec, env)
     files = args.files or [str(default_file())]
-    print("| file | runtime | tokens | mean KL (nats) | p99 KL | top-1 agreement |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| file | runtime | tokens | mean KL (nats) | past each window's first token | p99 KL | top-1 agreement |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     report, compared = {}, []
     for path in files:
         windows = evaluation_windows(path, args.tokens, args.context)
@@ -334,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs = differences(Path(path).name, found)
         compared += pairs
         report[path] = {"windows": len(windows), "context": args.context, "perplexity": exact_perplexity,
-                        "runtimes": {label: {k: v for k, v in row.items() if k not in ("kl", "agree")}
+                        "runtimes": {label: {k: v for k, v in row.items() if k not in ("kl", "agree", "later")}
                                      for label, row in found.items()},
                         "differences": dict(pairs),
                         "runs": {label: {k: v for k, v in run.items() if k != "file"} for label, run in logits.items()}}

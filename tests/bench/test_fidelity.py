@@ -37,6 +37,8 @@ def test_kl_and_top1_agreement_on_logits_made_by_hand():
     assert agree.tolist() == [True, False, True]
     measured = summary(kl, agree)
     assert measured["mean_kl"] == pytest.approx(sum(expected) / 3, abs=1e-7)
+    assert measured["later_mean_kl"] == pytest.approx((expected[1] + expected[2]) / 2, abs=1e-7)
+    assert summary(kl, agree, steps=2)["later_mean_kl"] == pytest.approx(expected[1], abs=1e-7)
     assert measured["p99_kl"] == pytest.approx(np.percentile(expected, 99), abs=1e-7)
     assert measured["top1"] == pytest.approx(2 / 3) and measured["positions"] == 3
     other = summary(np.array([0.0, 0.0, 0.3]), np.array([True, True, True]))
@@ -45,6 +47,7 @@ def test_kl_and_top1_agreement_on_logits_made_by_hand():
     spread = np.array(expected) - [0.0, 0.0, 0.3]
     assert difference["standard_error"] == pytest.approx(spread.std() / math.sqrt(3), abs=1e-7)
     assert difference["top1"] == pytest.approx(-1 / 3)
+    assert difference["later_mean_kl"] == pytest.approx((expected[1] + expected[2] - 0.3) / 2, abs=1e-7)
     with pytest.raises(SystemExit):
         divergences(reference, runtime[:, :1])
 

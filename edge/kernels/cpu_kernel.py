@@ -8,7 +8,7 @@ matmul, which is fast but not batch-invariant.
     y = kernel(x, weight, bias)        # x (..., K) float32, weight (N, K) float32/bfloat16/float16 -> (..., N) float32
     y = kernel.quantized(x, packed, "int8", N, bias)   # packed by edge/kernels/cpu_packing.py
     y = kernel.blocks(x, matrix, bias)                 # llama.cpp's block formats (edge/kernels/block_formats.py)
-    kernel.forward_step(view, tokens, ...)             # a whole pass over a model_view() in one call
+    kernel.forward_step(view, tokens, ...)             # a whole pass over a LayerViews(...).view() in one call
 
 Nothing of the C side is restated here: the structs, enums and constants come from the header (`ffi`, `CONSTANTS`,
 `SLOTS`), and tests/kernels/test_interface_layout.py holds cffi's reading of them to the compiler's.
@@ -30,7 +30,7 @@ import cffi
 import torch
 
 from edge.kernels import cpu_paths
-from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, ModelEnds
+from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, LayerTable, ModelEnds
 
 log = logging.getLogger(__name__)
 HEADER = cpu_paths.SOURCE_DIR / "interface.h"
@@ -78,6 +78,9 @@ WEIGHT_FORMATS = {name.removeprefix("WEIGHTS_").lower(): value
                   for value, name in ffi.typeof("WeightFormat").elements.items()}
 _DTYPE_FORMATS = {dtype: WEIGHT_FORMATS[name] for dtype, name in FLOAT_FORMATS.items()}
 _VOID_P = ffi.typeof("void *")
+# the feed-forward gate's Activation numbers by name (ACTIVATION_GELU_TANH -> "gelu_tanh")
+ACTIVATIONS = {name.removeprefix("ACTIVATION_").lower(): value
+               for value, name in ffi.typeof("Activation").elements.items()}
 
 
 def weight_format(dtype: torch.dtype | str) -> int:
@@ -132,19 +135,39 @@ def layer_weights(rows: list[dict]) -> object:
     return table
 
 
-def model_view(shape, layers, windows: torch.Tensor, layer_format: str, ends: ModelEnds | None = None) -> object:
-    """A ModelView of the layers (a layer_weights() table; windows (L,) int64) in `layer_format`, with the ends of a
-    whole pass when given. `shape`: the model's shape record (hidden_size, num_heads, num_kv_heads, head_dim,
-    intermediate_size, rms_norm_eps). The tables and tensors must outlive the view's use."""
-    fields = {"D": shape.hidden_size, "H": shape.num_heads, "Hkv": shape.num_kv_heads, "Dh": shape.head_dim,
-              "I": shape.intermediate_size, "eps": shape.rms_norm_eps, "scale": shape.head_dim ** -0.5,
-              "format": weight_format(layer_format), "layers": layers, "windows": pointer(windows)}
-    if ends is not None:
-        embed, norm, head, _ = ends
-        fields.update(V=head.rows, head=pointer(head.weight), head_format=weight_format(head.format),
-                      embed=pointer(embed), embed_format=weight_format(ends.embedding_format),
-                      norm=pointer(norm), norm_format=weight_format(norm.dtype))
-    return ffi.new("ModelView *", fields)
+class LayerViews:
+    """A model's layers as ModelViews read them (a LayerTable, records.py): the C table of their weights, each layer's
+    window and rotary offset, and what they compute (the view's rotary dims, scale, activation). view() makes a
+    ModelView of them, with the ends of a whole pass when given. Holds every array the views point at; the tensors
+    of the table and of the ends must outlive the views' use.
+
+    `shape`: the model's shape record (hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
+    rms_norm_eps). A layer reads rotary table rope_tables[l] of a position's row (the tables side by side, each
+    rotary_dim wide: the model's rope(), edge/kernels/runner.py)."""
+
+    def __init__(self, shape, table: LayerTable, layer_format: str) -> None:
+        rotary = table.rotary_dim or shape.head_dim
+        tables = table.rope_tables or [0] * len(table.tensors)
+        self.weights = layer_weights(table.tensors)  # LayerWeights[L]
+        self.windows = torch.tensor(table.windows, dtype=torch.int64)  # (L,) 0: none
+        self.rope_offsets = torch.tensor([kind * rotary for kind in tables], dtype=torch.int64)  # (L,)
+        self._fields = {
+            "D": shape.hidden_size, "H": shape.num_heads, "Hkv": shape.num_kv_heads, "Dh": shape.head_dim,
+            "I": shape.intermediate_size, "R": rotary, "rope_stride": rotary * (max(tables) + 1),
+            "eps": shape.rms_norm_eps, "scale": table.scale or shape.head_dim ** -0.5,
+            "activation": ACTIVATIONS[table.activation], "format": weight_format(layer_format),
+            "layers": self.weights, "windows": pointer(self.windows), "rope_offsets": pointer(self.rope_offsets)}
+
+    def view(self, ends: ModelEnds | None = None) -> object:
+        """A ModelView of the layers, with `ends` (embedding, final norm, head) for a whole pass or a draft."""
+        fields = dict(self._fields)
+        if ends is not None:
+            embed, norm, head = ends.embed, ends.norm, ends.head
+            fields.update(V=head.rows, head=pointer(head.weight), head_format=weight_format(head.format),
+                          embed=pointer(embed), embed_format=weight_format(ends.embedding_format),
+                          norm=pointer(norm), norm_format=weight_format(norm.dtype),
+                          embed_scale=ends.embed_scale or 0.0, softcap=ends.softcap or 0.0)
+        return ffi.new("ModelView *", fields)
 
 
 class CpuKernel:
@@ -262,13 +285,13 @@ class CpuKernel:
                                   weight_format(weight.dtype))
         return out
 
-    # ---- whole passes over a ModelView (model_view()) ------------------------------------------------------
+    # ---- whole passes over a ModelView (LayerViews.view()) ------------------------------------------------------
 
     def layers(self, x: torch.Tensor, view, order: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                cache: KernelCache, start: int) -> None:
         """Layers `order` (int64) of `view` over x (T, D) in place, in one C call (fused_layers_f32): the view's
-        layers, windows and format (its embedding, norm and head are unused); cos/sin (T, Dh) the rows' rotary
-        tables, `cache` the whole KV cache (KernelCache)."""
+        layers and what they compute (its embedding, norm and head are unused); cos/sin (T, rope_stride) the rows'
+        rotary tables (LayerViews), `cache` the whole KV cache (KernelCache)."""
         steps, library = x.shape[0], self.library
         scratch = self._scratch(steps, library.fused_layers_scratch(view, steps, start, cache.quantized))
         library.fused_layers_f32(view, pointer(x), steps, start, pointer(order), order.numel(), pointer(cos),
@@ -279,9 +302,9 @@ class CpuKernel:
                      parents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode step or verify pass through the whole model in one call (forward_step_f32): tokens (T,) int64 at
         positions [start, start + T) through the layers `order`, the final norm and the head -> (hidden (T, D),
-        logits (T, V)) float32. cos/sin (T, Dh) are the rows' rotary tables, `cache` the whole KV cache (KernelCache);
-        the view and its tensors must outlive the call. `parents` (T,) int64 makes the rows a token tree (row t
-        continues row parents[t], -1 the cache; cos/sin then hold each row's depth position)."""
+        logits (T, V)) float32. cos/sin (T, rope_stride) are the rows' rotary tables, `cache` the whole KV cache
+        (KernelCache); the view and its tensors must outlive the call. `parents` (T,) int64 makes the rows a token tree
+        (row t continues row parents[t], -1 the cache; cos/sin then hold each row's depth position)."""
         steps, library = tokens.numel(), self.library
         scratch = self._scratch(steps, library.forward_step_scratch(view, steps, start, cache.quantized))
         hidden = torch.empty(steps, view.D, dtype=torch.float32)  # (T, D)

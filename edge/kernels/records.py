@@ -22,12 +22,17 @@ FLOAT_FORMATS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.flo
 
 
 class LayerTable(NamedTuple):
-    """A model's decoder layers as the fused calls take them."""
+    """A model's decoder layers as the fused calls take them: their tensors, and what they compute beside the Llama
+    layout's defaults (Gemma 3's GeGLU, local layers and scores' scale, Phi-3's partial rotary)."""
 
     tensors: list[dict]  # per layer, its tensors by the C table's slot names (cpu_kernel.SLOTS; None where absent)
     windows: list[int]  # per layer, its sliding window (0: none)
     packed_format: str | None  # the matrices' packed format ("int8", "blocks"), None for float ones
     watch: Iterable[tuple[dict, str]] = ()  # (mapping, key) slots whose contents replaced() checks
+    rope_tables: list[int] | None = None  # per layer, which rotary table it reads (1: Gemma 3's local); None: 0 for all
+    rotary_dim: int | None = None  # the leading dims of a head that rotate; None: all of them
+    activation: str = "silu"  # the feed-forward gate's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    scale: float | None = None  # the attention scores' scale; None: head_dim ** -0.5
 
 
 class KernelHead(NamedTuple):
@@ -51,6 +56,8 @@ class ModelEnds(NamedTuple):
     norm: torch.Tensor  # (D,) the final norm's weight
     head: KernelHead
     embed_format: str | None = None  # None: the embedding's dtype
+    embed_scale: float | None = None  # an embedding row is multiplied by it (Gemma: sqrt(D)); None: not scaled
+    softcap: float | None = None  # the logits are capped to softcap * tanh(logits / softcap); None: not capped
 
     @property
     def embedding_format(self) -> str | None:

@@ -20,7 +20,8 @@ ModelTensors reads them off a Transformer):
     model.dtype             the dtype of activations and of the KV cache
     model.layer_table()     the decoder layers' tensors (records.LayerTable), or None where one is not readable
     model.ends(head)        the embedding, final norm and `head` (None: its own), records.ModelEnds
-    model.rope(start, end)  cos, sin (T, Dh) float32 of positions [start, end)
+    model.rope(start, end)  cos, sin (T, W) float32 of positions [start, end): per position the rotary tables the
+                            layer table names side by side (records.LayerTable rope_tables; each rotary_dim wide)
 
 and a cache is anything with `length`, `max_len` and `kernel_cache()` (a KernelCache, or None where the fused calls
 cannot read it).
@@ -35,8 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from edge.kernels.block_formats import BlockMatrix
-from edge.kernels.cpu_kernel import (CONSTANTS, ROWWISE_MAX_ROWS, SLOTS, CpuKernel, KernelCache, layer_weights,
-                                     model_view, slot_kind)
+from edge.kernels.cpu_kernel import CONSTANTS, ROWWISE_MAX_ROWS, SLOTS, CpuKernel, KernelCache, LayerViews, slot_kind
 from edge.kernels.threads import ThreadGovernor, candidate_counts
 from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, LayerTable, ModelEnds
 
@@ -140,7 +140,8 @@ class KernelRunner:
     def layers(self, x: torch.Tensor, order: Iterable[int], start: int, cache,
                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Layers `order` over x (T, D) at positions [start, start + T) after fuses() said yes, in C calls of up to
-        FUSED_CHUNK rows (a row's operations do not depend on the chunk); rope: cos, sin (T, Dh) -> x (T, D)."""
+        FUSED_CHUNK rows (a row's operations do not depend on the chunk); rope: cos, sin (T, W), the model's rope()
+        of those positions -> x (T, D)."""
         steps = x.shape[0]
         if start + steps > cache.max_len:
             raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {start + steps} does not fit")
@@ -199,10 +200,11 @@ class KernelRunner:
 
 
 class FusedWeights:
-    """A model's layers as the fused C calls read them: the LayerWeights table, sliding windows, layer orders and
-    ModelViews (cpu_kernel.model_view). The model hands over plain tensors (a LayerTable; the ends of a whole pass,
-    records.ModelEnds) and its shape record; the pointers are taken once, so the tensors must stay where they are
-    while the object is used, and `replaced()` tells, from the table's `watch` slots, when they moved.
+    """A model's layers as the fused C calls read them: the LayerWeights table with each layer's window and rotary
+    table (cpu_kernel.LayerViews), layer orders and ModelViews. The model hands over plain tensors (a LayerTable; the
+    ends of a whole pass, records.ModelEnds) and its shape record; the pointers are taken once, so the tensors must
+    stay where they are while the object is used, and `replaced()` tells, from the table's `watch` slots, when they
+    moved.
 
         fused = FusedWeights.build(kernel, shape, table)  # None: some tensor is in a form the kernel lacks
         fused.layers(x, order, start, cache, rope)       layers `order` over x (T, D) in place     fused_layers_f32
@@ -213,11 +215,10 @@ class FusedWeights:
     def __init__(self, kernel: CpuKernel, shape, table: LayerTable, layer_format: str,
                  norm_dtype: torch.dtype) -> None:
         self.matmul, self.shape, self.format, self.norm_dtype = kernel, shape, layer_format, norm_dtype
-        self._table = layer_weights(table.tensors)  # LayerWeights[L]
-        self._windows = torch.tensor(table.windows, dtype=torch.int64)  # (L,) 0: none
+        self._layer_views = LayerViews(shape, table, layer_format)
         self._orders: dict[tuple[int, ...], torch.Tensor] = {}
         self._every_layer = self._order(range(len(table.tensors)))  # (L,)
-        self._layers_view = model_view(shape, self._table, self._windows, layer_format)
+        self._layers_view = self._layer_views.view()
         self._views: dict[tuple, tuple[object, ModelEnds]] = {}  # the ends stay alive as long as their view
         self._watched = [(slots, key, slots[key], _address(slots[key])) for slots, key in table.watch]
         self._governor: ThreadGovernor | None = None  # made for the kernel's thread count (_team)
@@ -259,7 +260,7 @@ class FusedWeights:
     def layers(self, x: torch.Tensor, order: Iterable[int], start: int, cache: KernelCache,
                rope: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Layers `order` over x (T, D) float32 at positions [start, start + T), in place, in one C call; rope: cos,
-        sin (T, Dh) of those positions."""
+        sin (T, W) of those positions."""
         cos, sin = rope
         governor = self._team()  # a prompt's chunks run on the count decode steps measured fastest
         kernel = self._kernels[governor.current] if governor is not None else self.matmul
@@ -278,7 +279,7 @@ class FusedWeights:
              parents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """tokens (T,) int64 at positions [start, start + T) through the embedding, every layer, the final norm and the
         head in one C call -> (hidden (T, D), logits (T, rows)) float32; None where it does not read the ends.
-        rope: cos, sin (T, Dh) of the rows' positions; `parents` (T,) int64 makes the rows a token tree
+        rope: cos, sin (T, W) of the rows' positions; `parents` (T,) int64 makes the rows a token tree
         (CpuKernel.forward_step)."""
         view = self._view(ends)
         if view is None:
@@ -330,7 +331,7 @@ class FusedWeights:
     def _view(self, ends: ModelEnds):
         """The ModelView of these layers with `ends`, made once per embedding, norm and head; None where the kernel
         does not read one of them."""
-        embed, norm, head, _ = ends
+        embed, norm, head = ends.embed, ends.norm, ends.head
         key = (embed.data_ptr(), norm.data_ptr(), head.weight.data_ptr(), head.rows)  # kept tensors keep addresses
         kept = self._views.get(key)
         if kept is not None:
@@ -340,7 +341,7 @@ class FusedWeights:
             return None
         if len(self._views) == KEPT_VIEWS:
             del self._views[next(iter(self._views))]  # the oldest
-        view = model_view(self.shape, self._table, self._windows, self.format, ends)
+        view = self._layer_views.view(ends)
         self._views[key] = (view, ends)
         return view
 
@@ -351,11 +352,11 @@ def _address(value) -> int | None:
 
 
 def _tree_rope(model, start: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (T, Dh) of a token tree's rows: row t is at position start + its depth (parents[t] is the row it
+    """cos and sin (T, W) of a token tree's rows: row t is at position start + its depth (parents[t] is the row it
     continues, an earlier one, or -1)."""
     depths: list[int] = []
     for parent in parents:
         depths.append(depths[parent] + 1 if parent >= 0 else 0)
-    cos, sin = model.rope(0, start + max(depths) + 1)  # (S, Dh) each
+    cos, sin = model.rope(0, start + max(depths) + 1)  # (S, W) each
     rows = torch.tensor(depths) + start  # (T,) each row's position
-    return cos[rows], sin[rows]  # (T, Dh) each
+    return cos[rows], sin[rows]  # (T, W) each

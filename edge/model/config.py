@@ -66,11 +66,16 @@ class ModelConfig:
         return self.local_rope_theta is not None and self.local_layers is not None and self.local_layers[layer]
 
     @property
+    def local_rope_layers(self) -> bool:
+        """Whether some layer rotates with the local rope base (then the model keeps a second rope table)."""
+        return any(self.local_rope(layer) for layer in range(self.num_layers))
+
+    @property
     def llama_layout(self) -> bool:
         """Whether every layer has the Llama family's layout: pre-norm attention and SwiGLU, one rope for all layers
-        over the whole head, the default scales. That is what the fused C calls and edge's own ONNX graphs run;
-        other families (Gemma 3, Phi-3) run layer by layer, each projection and attention still on the batch-invariant
-        kernel, and export through optimum."""
+        over the whole head, the default scales. That is what edge's own ONNX graphs (edge/export) and the GPU's static
+        step (static_step.py) compute; other families (Gemma 3, Phi-3) export through optimum and take the GPU's eager
+        passes. The CPU kernel's fused calls run every family (edge/model/kernel_glue.py)."""
         return (self.local_rope_theta is None and self.rotary_dim in (None, self.head_dim)
                 and self.activation == "silu" and not self.sandwich_norms and self.embedding_scale is None
                 and self.attention_scale is None and self.final_logit_softcapping is None

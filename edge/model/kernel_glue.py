@@ -24,6 +24,9 @@ from edge.kernels.block_formats import BlockMatrix
 from edge.kernels.cpu_kernel import CpuKernel
 from edge.kernels.records import DraftRequest, KernelDraft, KernelHead, LayerTable, ModelEnds
 
+# the config's gate activations by the fused calls' names (cpu_kernel.ACTIVATIONS, from the C header)
+KERNEL_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
 
 class ModelTensors:
     """A Transformer as its kernel runner reads it (the members edge/kernels/runner.py lists), made per call: nothing is
@@ -41,34 +44,37 @@ class ModelTensors:
         return self.model.dtype
 
     def rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.rope(start, end, torch.float32)  # cos, sin (T, Dh) each
+        return self.model.rope(start, end, torch.float32, local=None)  # cos, sin (T, W) each: every kind's tables
 
     def ends(self, head: KernelHead | None = None) -> ModelEnds:
         """The embedding, final norm and `head` (default: the model's) as a whole pass in one C call reads them."""
-        model = self.model
+        model, config = self.model, self.model.config
         head = head if head is not None else kernel_head(model)
+        scales = dict(embed_scale=config.embedding_scale, softcap=config.final_logit_softcapping)
         if isinstance(model.embed, BlockEmbedding):
-            return ModelEnds(model.embed.table_entry, model.norm.weight, head, embed_format="blocks")
-        return ModelEnds(model.embed.weight, model.norm.weight, head)
+            return ModelEnds(model.embed.table_entry, model.norm.weight, head, embed_format="blocks", **scales)
+        return ModelEnds(model.embed.weight, model.norm.weight, head, **scales)
 
     def layer_table(self) -> LayerTable | None:
         """The layers handed to the fused C calls, or None where one is not a block of Linear projections (PackedLinear
-        or BlockLinear ones when packed) or holds weights the kernel does not read (offloaded, QuantizedLinear), and for
-        a family whose layers have parts the fused calls lack (config.llama_layout false: Gemma's sandwich norms and
-        GeGLU, Phi-3's partial rotary), which then runs layer by layer."""
-        if not self.model.config.llama_layout:
-            return None
+        or BlockLinear ones when packed) or holds weights the kernel does not read (offloaded, QuantizedLinear). Every
+        family's layers are read: beside the Llama layout's, Gemma 3's (sandwich norms, GeGLU, local layers with their
+        own window and rotary table, the scores' scale) and Phi-3's (partial rotary; LongRoPE is in the tables)."""
+        config = self.model.config
         layers, fmt = self.model.layers, packed_format(self.model)
         matrix_type, matrix = {"blocks": (BlockLinear, "table_entry"), None: (Linear, "weight")}.get(
             fmt, (PackedLinear, "packed"))
         tensors = [_layer_tensors(block, matrix_type, matrix) for block in layers]
         if None in tensors:
             return None
-        windows = [block.attn.sliding_window or 0 for block in layers]
+        every = range(config.num_layers)
         # replaced when the last layer, or its first matrix, is not the one the pointers were taken from
         wqkv = layers[-1].attn.wqkv
         slots = wqkv._buffers if matrix == "table_entry" else wqkv._parameters
-        return LayerTable(tensors, windows, fmt, watch=((layers._modules, str(len(layers) - 1)), (slots, matrix)))
+        return LayerTable(tensors, [config.window(i) or 0 for i in every], fmt,
+                          watch=((layers._modules, str(len(layers) - 1)), (slots, matrix)),
+                          rope_tables=[int(config.local_rope(i)) for i in every], rotary_dim=config.rotary_dim,
+                          activation=KERNEL_ACTIVATIONS[config.activation], scale=config.attention_scale)
 
 
 def _layer_tensors(block: nn.Module, matrix_type: type, matrix: str) -> dict | None:
@@ -82,10 +88,13 @@ def _layer_tensors(block: nn.Module, matrix_type: type, matrix: str) -> dict | N
     if not all(isinstance(m, matrix_type) for m in projections):
         return None
     wqkv, wo, gate_up, down = (getattr(m, matrix) for m in projections)
-    q_norm, k_norm = (norm.weight if norm is not None else None for norm in (attn.q_norm, attn.k_norm))
+    q_norm, k_norm, post_attn_norm, post_ffn_norm = (
+        norm.weight if norm is not None else None
+        for norm in (attn.q_norm, attn.k_norm, block.post_attn_norm, block.post_ffn_norm))
     return {"attn_norm": block.attn_norm.weight, "wqkv": wqkv, "qkv_bias": attn.wqkv.bias, "q_norm": q_norm,
-            "k_norm": k_norm, "wo": wo, "o_bias": attn.wo.bias, "ffn_norm": block.ffn_norm.weight,
-            "w_gate_up": gate_up, "gate_up_bias": ffn.w_gate_up.bias, "w_down": down, "down_bias": ffn.w_down.bias}
+            "k_norm": k_norm, "wo": wo, "o_bias": attn.wo.bias, "post_attn_norm": post_attn_norm,
+            "ffn_norm": block.ffn_norm.weight, "w_gate_up": gate_up, "gate_up_bias": ffn.w_gate_up.bias,
+            "w_down": down, "down_bias": ffn.w_down.bias, "post_ffn_norm": post_ffn_norm}
 
 
 def kernel_head(model: nn.Module, rows: int | None = None) -> KernelHead:

@@ -20,9 +20,9 @@ and KV cache; computing logits over a subset of the vocabulary is how a trimmed 
 The projections are made by a LinearFactory (edge/model/linears.py) bound to the model's kernel runner
 (edge/kernels/runner.py), which decides per pass whether edge's batch-invariant CPU kernel runs it, one projection at a
 time or the whole pass in fused C calls; edge/model/kernel_glue.py reads the model's tensors for it. Without the
-kernel every pass is plain torch. A family whose layers have parts the fused calls lack (config.llama_layout false)
-runs layer by layer: it hands the fused calls no layer table (edge/model/kernel_glue.py), so each projection and
-attention still runs on the kernel, one at a time.
+kernel every pass is plain torch. The fused calls compute every family's layers (Gemma's sandwich norms, GeGLU and
+local layers with their own rope table, Phi-3's partial rotary) from the same fields; what they read is in
+kernel_glue.ModelTensors.
 """
 
 from __future__ import annotations
@@ -74,7 +74,6 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device) if config.qk_norm else None
         self.window = config.window  # layer -> its sliding window (None: all positions before it)
-        self.sliding_window = config.sliding_window  # the fused calls' window (theirs is the same on every layer)
         # the scores' scale as a factor on q, so every attention below keeps its default Dh ** -0.5 (Gemma)
         self.q_scale = None if config.attention_scale is None else config.attention_scale * config.head_dim ** 0.5
 
@@ -173,13 +172,13 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", inverse_frequencies(config).to(device), persistent=False)  # (R/2,)
         # Gemma 3's local layers: their own rope base (R/2,); None where every layer shares inv_freq
         self.register_buffer("inv_freq_local", inverse_frequencies(config, local=True).to(device)
-                             if config.local_rope_theta is not None else None, persistent=False)
+                             if config.local_rope_layers else None, persistent=False)
         self.compute_dtype: torch.dtype | None = None  # set by store_weights(): activations wider than the weights
         # the head in a packed format (int8 bytes, or a BlockMatrix): quantize_weights (edge/model/packed_weights.py)
         # or a GGUF file's own types (edge/sources/gguf_weights.py); logits() and the fused calls score with it
         self.packed_head = None
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
-        self._rope_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, R) each
+        self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, R or 2R) each
 
     @property
     def device(self) -> torch.device:
@@ -238,14 +237,15 @@ class Transformer(nn.Module):
         x = self.embed(tokens).to(self.dtype) if inputs is None else inputs.to(self.dtype, copy=True)
         if inputs is None and self.config.embedding_scale is not None:
             x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)  # Gemma: sqrt(D), rounded to x's dtype
-        rope = self.rope(start, end, x.dtype)
         order = range(self.config.num_layers) if full else list(layers)  # read twice below
         if self.runner.fuses(ModelTensors(self), steps, x.dtype, cache, x.shape[0]):  # decode steps, verify passes
+            rope = self.rope(start, end, x.dtype, local=None)  # (T, W) each: every kind of layer's rotary table
             x = self.runner.layers(x[0], order, start, cache, rope)  # (T, D): the layers in fused C calls
             normed = self.runner.norm(x, self.norm.weight)  # (T, D): the final norm in the same C library, one call
             hidden = (normed if normed is not None else self.norm(x))[None]  # (1, T, D)
         else:
             config = self.config
+            rope = self.rope(start, end, x.dtype)
             local_rope = self.rope(start, end, x.dtype, local=True) if self.inv_freq_local is not None else rope
             masks = {window: self.mask(start, steps, window) for window in {config.window(i) for i in order}}
             for layer in order:
@@ -305,24 +305,31 @@ class Transformer(nn.Module):
         out = self.runner.linear(flat, weight.contiguous(), None)
         return softcapped(out.view(*hidden.shape[:-1], weight.shape[0]), self.config)  # (B, T, V')
 
-    def rope(self, start: int, end: int, dtype: torch.dtype, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (T, R) for positions [start, end) (R: the rotary dims; `local`: the local layers' base), sliced
-        from a table that grows as positions do (the same elementwise float32 math as computing them per call, so
-        the same values, without the small ops)."""
-        inv_freq = self.inv_freq_local if local else self.inv_freq
-        table = self._rope_tables.get((dtype, local))
-        if table is None or table[0].shape[0] < end or table[0].device != inv_freq.device:
+    def rope(self, start: int, end: int, dtype: torch.dtype,
+             local: bool | None = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (T, R) for positions [start, end) (R: the rotary dims; `local`: the local layers' base), or with
+        local=None every kind side by side as the fused C calls read them: the global layers' R, then the local
+        layers' R (Gemma 3). Sliced from one table per dtype that grows as positions do (the same elementwise float32
+        math as computing them per call, so the same values, without the small ops)."""
+        table = self._rope_tables.get(dtype)
+        if table is None or table[0].shape[0] < end or table[0].device != self.inv_freq.device:
             size = max(end, 2 * table[0].shape[0] if table is not None else 256)
-            positions = torch.arange(size, device=inv_freq.device, dtype=torch.float32)  # (S,)
-            angles = positions[:, None] * inv_freq[None, :]  # (S, R/2)
-            angles = torch.cat((angles, angles), dim=-1)  # (S, R)
-            cos, sin = angles.cos(), angles.sin()
-            factor = 1.0 if local else attention_factor(self.config)
-            if factor != 1.0:  # LongRoPE
-                cos, sin = cos * factor, sin * factor
-            table = self._rope_tables[(dtype, local)] = (cos.to(dtype), sin.to(dtype))
+            positions = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)  # (S,)
+            kinds = [(self.inv_freq, attention_factor(self.config))]  # LongRoPE's factor on the global layers'
+            if self.inv_freq_local is not None:
+                kinds.append((self.inv_freq_local, 1.0))
+            tables = []
+            for inv_freq, factor in kinds:
+                angles = positions[:, None] * inv_freq[None, :]  # (S, R/2)
+                angles = torch.cat((angles, angles), dim=-1)  # (S, R)
+                cos, sin = angles.cos(), angles.sin()
+                tables.append((cos * factor, sin * factor) if factor != 1.0 else (cos, sin))
+            table = self._rope_tables[dtype] = tuple(torch.cat(parts, dim=-1).to(dtype)
+                                                     for parts in zip(*tables))  # cos, sin (S, R or 2R)
+        rotary = 2 * self.inv_freq.shape[0]
+        columns = slice(None) if local is None else slice(rotary, None) if local else slice(0, rotary)
         cos, sin = table
-        return cos[start:end], sin[start:end]
+        return cos[start:end, columns], sin[start:end, columns]
 
     def mask(self, start: int, steps: int, window: int | None) -> torch.Tensor | None:
         """Boolean (T, start+T) mask of a layer with `window`, True where a query may attend; None when plain causal

@@ -203,7 +203,7 @@ def _block_model(config: ModelConfig, file: GGUFFile, entries: dict, rowwise) ->
     _fill_embedding_and_head(model, blocks, config, model.runner)
     model.compute_dtype = torch.float32
     model.inv_freq = inverse_frequencies(config)  # the meta-device buffers held no data
-    if config.local_rope_theta is not None:
+    if config.local_rope_layers:
         model.inv_freq_local = inverse_frequencies(config, local=True)
     use_kernel(model, rowwise)
     return model.eval().requires_grad_(False)

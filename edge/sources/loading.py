@@ -406,7 +406,7 @@ def load_model(
     model = Transformer(config, device="meta")
     model.load_state_dict(state, strict=True, assign=True)
     model.inv_freq = inverse_frequencies(config).to(device)  # the meta-device buffers held no data
-    if config.local_rope_theta is not None:
+    if config.local_rope_layers:
         model.inv_freq_local = inverse_frequencies(config, local=True).to(device)
     if storage != dtype:
         model.compute_dtype = dtype  # 16-bit weights, float32 activations and KV cache (see storage_dtype)

@@ -87,6 +87,9 @@ def test_aarch64_lays_the_structs_out_as_this_machine_does(tmp_path):
     (("uint16_t d[BLOCKS_GROUP], dmin[BLOCKS_GROUP];\n} group_q4_k;", "uint16_t d[BLOCKS_GROUP];\n} group_q4_k;"),
      "group_q4_k"),
     (("WEIGHTS_BLOCKS = 5", "WEIGHTS_BLOCKS = 4"), "WEIGHTS_BLOCKS"),
+    (("int64_t R, rope_stride;", "int64_t R;"), "ModelView.rope_stride"),  # a field dropped there only
+    (("    SLOT_POST_ATTN_NORM,  /* (D) */\n", ""), "SLOT_POST_FFN_NORM"),  # a slot dropped: the later ones move
+    (("ACTIVATION_GELU_TANH = 1", "ACTIVATION_GELU_TANH = 2"), "ACTIVATION_GELU_TANH"),
 ])
 def test_a_mismatch_planted_on_one_side_is_reported(tmp_path, plant, reported):
     """cffi reads a header changed in one place; the compiler reads the real one: the comparison names the change."""

@@ -8,10 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from edge.model.kernel_glue import draft_greedy, kernel_head, use_kernel
 from edge.model.kv_cache import KVCache
 from edge.sources.loading import load_model
 from edge.kernels import cpu_paths
 from edge.kernels.cpu_kernel import CpuKernel
+from edge.kernels.records import DraftRequest
+from tests.conftest import kernel_for, kernel_path_names
 
 pytestmark = pytest.mark.skipif(CpuKernel.load() is None, reason="no C compiler: the kernel falls back to torch")
 
@@ -116,6 +119,45 @@ def test_the_fused_step_matches_transformers_on_widths_that_are_no_lane_multiple
             three = model.logits(model(tokens[:, 12:15], 12, cache))[0]  # (3, V)
         assert model.runner.fused_format, path  # the fused step ran
         torch.testing.assert_close(torch.cat((one, three)), reference[11:], rtol=1e-4, atol=1e-4, msg=path)
+
+
+@pytest.mark.parametrize("path", [pytest.param(name, marks=[pytest.mark.slow] if name == "avx512-emulated" else [])
+                                  for name in kernel_path_names()])
+def test_gemma3_and_phi3_layers_run_in_the_fused_calls_on_every_path(checkpoint_factory, path):
+    """Gemma 3's sandwich norms, GeGLU, local layers (their window and rope base), scaled embedding and scores and
+    capped logits; Phi-3's partial rotary and LongRoPE's tables: in the fused calls on each path (the avx512 code
+    emulated), the step and the layers compute transformers' logits, a verify pass and a token tree reproduce the
+    decode steps bit for bit, and one-call greedy drafting picks what the decode steps pick."""
+    import transformers
+
+    tokens = torch.randint(0, 300, (1, 19), generator=torch.Generator().manual_seed(8))
+    for family in ("gemma3_scaled", "phi3", "phi3_longrope"):
+        folder = checkpoint_factory(family)
+        with torch.no_grad():
+            reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(tokens)
+        model = load_model(folder)
+        use_kernel(model, kernel_for(path))
+        cache = model.new_cache(32)
+        with torch.inference_mode():
+            model.forward_logits(tokens[:, :12], 0, cache)  # past gemma3_scaled's window of 6
+            tree = model.forward_logits(tokens[:, [12, 13, 14, 17]], 12, cache, parents=[-1, 0, 1, 0])[0]  # (4, V)
+            cache.rollback(13)
+            branch = model.forward_logits(tokens[:, 17:18], 13, cache)[0]  # the tree's last row: 17 after 12
+            cache.rollback(12)
+            verify = model.forward_logits(tokens[:, 12:16], 12, cache)[0]  # (4, V)
+            cache.rollback(12)
+            steps = torch.cat([model.forward_logits(tokens[:, i:i + 1], i, cache)[0] for i in range(12, 16)])
+            layers = model.logits(model(tokens[:, 16:18], 16, cache))[0]  # fused_layers, the head in torch
+            drafted = draft_greedy(model, DraftRequest([int(tokens[0, 18])], 18, cache, 3, kernel_head(model)))
+            cache.rollback(18)
+            picked = [int(tokens[0, 18])]
+            for position in range(18, 21):
+                picked.append(int(model.forward_logits(torch.tensor([picked[-1:]]), position, cache)[0, -1].argmax()))
+        assert model.runner.fused_format == "float32", family
+        assert torch.equal(verify, steps) and torch.equal(tree, torch.cat((steps[:3], branch))), family
+        torch.testing.assert_close(torch.cat((steps, layers)), reference.logits[0, 12:18], rtol=1e-4, atol=1e-4,
+                                   msg=family)
+        assert drafted.tokens == picked[1:], family
 
 
 @pytest.mark.parametrize("path", cpu_paths.runnable_paths())

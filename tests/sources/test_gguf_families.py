@@ -81,13 +81,15 @@ def test_greedy_decoding_of_a_file_equals_its_checkpoint_plain_and_speculative(c
     for drafter in ("ngram", "early-exit:1"):
         assert greedy_24(gguf, drafter=drafter) == plain, drafter
         assert greedy_24(folder, drafter=drafter) == plain, drafter
+    hierarchical = greedy_24(gguf, kv_cache="hierarchical")  # QuantSpec's cache, and its draft sharing the tensors
+    assert greedy_24(gguf, kv_cache="hierarchical", drafter="quantspec") == hierarchical
 
 
 @pytest.mark.parametrize("family", ["gemma3", "phi3"])
 def test_a_quantized_file_runs_in_its_blocks_and_speculation_stays_exact(checkpoint_factory, tmp_path, family):
-    """Q8_0 matrices on edge's kernel (the layers layer by layer, not fused): close to the float checkpoint holding
-    the same values (the kernel quantizes each matmul's input to 8 bits, as llama.cpp does), and speculative decoding
-    equals plain decoding."""
+    """Q8_0 matrices on edge's kernel, the layers in the fused calls: close to the float checkpoint holding the same
+    values (the kernel quantizes each matmul's input to 8 bits, as llama.cpp does), and speculative decoding equals
+    plain decoding."""
     folder = checkpoint_factory(family)
     gguf = write_gguf(folder, tmp_path / f"{family}.q8_0.gguf", "q8_0")
     model = load_model(checkpoint_from_gguf(gguf))
@@ -98,7 +100,7 @@ def test_a_quantized_file_runs_in_its_blocks_and_speculation_stays_exact(checkpo
         expected = reference.logits(reference(ids, 0, KVCache.for_model(reference.config, 32)))
     assert (got - expected).abs().max().item() < 0.15
     if model.runner.matmul is not None:  # edge's kernel is built here: the matrices stay in their blocks
-        assert isinstance(model.layers[0].attn.wqkv, BlockLinear) and model.runner.fused_format is None
+        assert isinstance(model.layers[0].attn.wqkv, BlockLinear) and model.runner.fused_format == "blocks"
     plain = greedy_24(gguf)
     assert greedy_24(gguf, drafter="ngram") == plain
     assert greedy_24(gguf, drafter="early-exit:2") == plain

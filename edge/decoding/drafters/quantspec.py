@@ -60,7 +60,7 @@ def quantized_copy(model: Transformer, bits: int = 4, group_size: int = 32) -> T
     draft.load_state_dict(shared, strict=False, assign=True)  # shares the tensors, copies nothing
     if isinstance(model.embed, BlockEmbedding):  # a GGUF file's embedding and head in their blocks: shared as they are
         draft.embed, draft.lm_head, draft.packed_head = model.embed, model.lm_head, model.packed_head
-    draft.inv_freq = model.inv_freq
+    draft.inv_freq, draft.inv_freq_local = model.inv_freq, model.inv_freq_local  # the meta ones held no data
     draft.compute_dtype = model.compute_dtype  # float32 activations over 16-bit weights, as the target computes
     streamer = getattr(model, "streamer", None)
     for index, layer in enumerate(draft.layers):

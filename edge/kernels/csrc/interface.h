@@ -62,8 +62,9 @@ typedef enum {
 
 /* ---- one decoder layer's weights: the slots of its row in a ModelView's table ----
  * Norms and matrices in the view's format, biases float32, NULL where the layer has none (q_norm and k_norm: Qwen3's
- * per-head norms; the biases: Qwen2's q/k/v bias). The slot names say the kind: *_norm a norm, *_bias a bias, the
- * rest matrices. */
+ * and Gemma 3's per-head norms; the biases: Qwen2's q/k/v bias; post_attn_norm and post_ffn_norm: Gemma 3's norms of
+ * the attention's and the feed-forward's outputs before each residual add). The slot names say the kind: *_norm a
+ * norm, *_bias a bias, the rest matrices. */
 typedef enum {
     SLOT_ATTN_NORM,     /* (D) */
     SLOT_WQKV,          /* (H*Dh + 2*Hkv*Dh, D): q, k, v stacked */
@@ -72,30 +73,48 @@ typedef enum {
     SLOT_K_NORM,        /* (Dh) */
     SLOT_WO,            /* (D, H*Dh) */
     SLOT_O_BIAS,        /* (D) */
+    SLOT_POST_ATTN_NORM,  /* (D) */
     SLOT_FFN_NORM,      /* (D) */
     SLOT_W_GATE_UP,     /* (2I, D): gate, up stacked */
     SLOT_GATE_UP_BIAS,  /* (2I) */
     SLOT_W_DOWN,        /* (D, I) */
     SLOT_DOWN_BIAS,     /* (D) */
+    SLOT_POST_FFN_NORM, /* (D) */
     SLOT_COUNT
 } LayerSlot;
+
+/* ---- the feed-forward gate's activation: act(gate) * up ---- */
+typedef enum {
+    ACTIVATION_SILU = 0,        /* SwiGLU */
+    ACTIVATION_GELU_TANH = 1    /* GeGLU with gelu's tanh approximation (Gemma; transformers' gelu_pytorch_tanh) */
+} Activation;
 
 typedef struct {
     const void *slots[SLOT_COUNT];  /* indexed by LayerSlot */
 } LayerWeights;
 
 /* ---- the model a fused call runs ----
- * What a pass through the model's layers needs beside the rows and the cache: dimensions, the layers' weights, and
- * for a whole step or a draft the embedding, final norm and head with their formats. Every fused entry point takes
- * it; the tensors behind the pointers must outlive every call given it. */
+ * What a pass through the model's layers needs beside the rows and the cache: dimensions, the layers' weights and
+ * what each layer computes, and for a whole step or a draft the embedding, final norm and head with their formats.
+ * Every fused entry point takes it; the tensors behind the pointers must outlive every call given it.
+ *
+ * Rotary tables (the entry points' cos/sin, DraftArgs' cos_table/sin_table) hold rope_stride floats per position:
+ * one table's R values, or two side by side (Gemma 3: the global layers' R, then the local layers' R, each with its
+ * own base). Layer l reads the R values at rope_offsets[l] of its position's row, and rotates the leading R dims of
+ * each head (R < Dh: Phi-4-mini's partial rotary); LongRoPE's factor is already in the tables. */
 typedef struct {
     int64_t D, H, Hkv, Dh, I;      /* hidden size, query heads, KV heads, head size, FFN size */
     int64_t V;                     /* the head's rows */
-    float eps, scale;              /* RMSNorm's epsilon; attention's scale (Dh^-0.5) */
+    int64_t R, rope_stride;        /* rotary dims of a head (even, <= Dh); floats per position in the rotary tables */
+    float eps, scale;              /* RMSNorm's epsilon; the scores' scale (Dh^-0.5; Gemma 3 its own) */
+    float embed_scale;             /* an embedding row is multiplied by it (Gemma: sqrt(D)); 0: not scaled */
+    float softcap;                 /* logits = softcap * tanh(logits / softcap) (final_logit_softcapping); 0: none */
+    int32_t activation;            /* Activation of the layers' feed-forward gate */
     int32_t format;                /* WeightFormat of the layers' matrices, norms alike */
     int32_t embed_format, norm_format, head_format;  /* WeightFormat of each */
     const LayerWeights *layers;    /* (L) */
     const int64_t *windows;        /* (L) each layer's sliding window (0: none) */
+    const int64_t *rope_offsets;   /* (L) where each layer's R values start in a position's rotary row */
     const void *embed;             /* (V, D), or a BlockMatrix */
     const void *norm;              /* (D) */
     const void *head;              /* (V, D), packed int8 bytes, or a BlockMatrix */
@@ -109,8 +128,8 @@ typedef struct {
     const float *features;         /* (T0, D) their features (a feature drafter), or NULL */
     const void *fc;                /* (D, 2D) a feature drafter's fusion, in the layers' format, or NULL */
     const int64_t *order;          /* (count) the layers run */
-    const float *cos_table;        /* (S, Dh) whole rotary tables: row p is position p */
-    const float *sin_table;        /* (S, Dh) */
+    const float *cos_table;        /* (S, rope_stride) whole rotary tables (ModelView): row p is position p */
+    const float *sin_table;        /* (S, rope_stride) */
     const int64_t *head_ids;       /* (V) the token of each head row (a trimmed head), or NULL: row v is token v */
     int64_t T0, count, start, k;
     float stop_below;              /* > 0: stop before a token (never the first) whose probability is below it */

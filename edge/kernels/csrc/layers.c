@@ -18,6 +18,13 @@ static void embedding_row(const void *embed, int format, int64_t token, int64_t 
     for (int64_t d = 0; d < D; d++) out[d] = weight_at(embed, token * D + d, format);
 }
 
+/* out (D) = the view's embedding row of `token`, times its embed_scale where it has one (Gemma) */
+static void embed_token(const ModelView *m, int64_t token, float *out) {
+    embedding_row(m->embed, m->embed_format, token, m->D, out);
+    if (m->embed_scale != 0.0f)
+        for (int64_t d = 0; d < m->D; d++) out[d] *= m->embed_scale;
+}
+
 static void rms_norm_rows(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int format) {
     for (int64_t t = 0; t < T; t++) {
         const float *row = x + t * D;
@@ -38,8 +45,10 @@ void rms_norm_f32(const float *x, const void *w, float *out, int64_t T, int64_t 
     rms_norm_rows(x, w, out, T, D, eps, format);
 }
 
-static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t heads, int64_t Dh) {
-    const int64_t half = Dh / 2;
+/* Each of `heads` heads of v (heads, Dh): its leading R dims rotated by the position's cos/sin (R) as
+ * x * cos + rotate_half(x) * sin, the rest left as they are (R < Dh: partial rotary) */
+static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t heads, int64_t Dh, int64_t R) {
+    const int64_t half = R / 2;
     for (int64_t h = 0; h < heads; h++) {
         float *x = v + h * Dh;
         float rotated[MAX_HEAD_DIM];  /* interface.h: the fused calls take no wider head */
@@ -47,24 +56,37 @@ static void rope_rows(float *v, const float *cos_t, const float *sin_t, int64_t 
             rotated[d] = -x[d + half];
             rotated[d + half] = x[d];
         }
-        for (int64_t d = 0; d < Dh; d++) x[d] = x[d] * cos_t[d] + rotated[d] * sin_t[d];
+        for (int64_t d = 0; d < R; d++) x[d] = x[d] * cos_t[d] + rotated[d] * sin_t[d];
     }
 }
 
-/* One decoder layer for a few rows, run by a team of threads (this thread is `part` of `parts`): the matmuls and the
- * attention split between them, the small row-wise steps on one thread, barriers between. The same row-by-row
- * operations as a 1-row call, so each row's result does not depend on how many rows share the call. */
-static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t I,
-                       const LayerWeights *weights, const float *cos_table, const float *sin_table, float *keys,
-                       float *values, const HierarchicalCache *hier, int64_t layer, int64_t S_max, int64_t start,
-                       int64_t window, float eps, float scale, const int64_t *parents, float *scratch, void *prepared,
-                       int format, int part, int parts) {
-    const void *const *w = weights->slots;
+/* x (T, D) += out (T, D), where the layer has one after normalizing out by `post_norm` first (Gemma's norms of the
+ * attention's and the feed-forward's outputs); one thread */
+static void add_residual(float *x, float *out, const void *post_norm, int64_t T, int64_t D, float eps, int format) {
+    if (post_norm) rms_norm_rows(out, post_norm, out, T, D, eps, format);
+    for (int64_t i = 0; i < T * D; i++) x[i] += out[i];
+}
+
+/* Decoder layer l of the view for a few rows, run by a team of threads (this thread is `part` of `parts`): the
+ * matmuls and the attention split between them, the small row-wise steps on one thread, barriers between. The same
+ * row-by-row operations as a 1-row call, so each row's result does not depend on how many rows share the call.
+ * cos/sin (T, rope_stride) are the rows' rotary tables; keys/values this layer's cache (Hkv, S_max, Dh), or NULL
+ * with `hier`. */
+static void layer_team(const ModelView *m, int64_t l, float *x, int64_t T, const float *cos_table,
+                       const float *sin_table, float *keys, float *values, const HierarchicalCache *hier,
+                       int64_t S_max, int64_t start, const int64_t *parents, float *scratch, void *prepared, int part,
+                       int parts) {
+    const int64_t D = m->D, H = m->H, Hkv = m->Hkv, Dh = m->Dh, I = m->I, R = m->R, window = m->windows[l];
+    const float eps = m->eps;
+    const int format = m->format;
+    const void *const *w = m->layers[l].slots;
     const void *attn_norm = w[SLOT_ATTN_NORM], *wqkv = w[SLOT_WQKV], *q_norm = w[SLOT_Q_NORM];
     const void *k_norm = w[SLOT_K_NORM], *wo = w[SLOT_WO], *ffn_norm = w[SLOT_FFN_NORM];
     const void *w_gate_up = w[SLOT_W_GATE_UP], *w_down = w[SLOT_W_DOWN];
+    const void *post_attn_norm = w[SLOT_POST_ATTN_NORM], *post_ffn_norm = w[SLOT_POST_FFN_NORM];
     const float *qkv_bias = w[SLOT_QKV_BIAS], *o_bias = w[SLOT_O_BIAS], *gate_up_bias = w[SLOT_GATE_UP_BIAS];
     const float *down_bias = w[SLOT_DOWN_BIAS];
+    const float *cos_rows = cos_table + m->rope_offsets[l], *sin_rows = sin_table + m->rope_offsets[l];
     const int64_t Q = H * Dh, KV = Hkv * Dh, N = Q + 2 * KV;
     float *normed = scratch;                /* (T, D) */
     float *qkv = normed + T * D;            /* (T, N) */
@@ -86,8 +108,8 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
             for (int64_t h = 0; h < Hkv; h++)
                 rms_norm_rows(row + Q + h * Dh, k_norm, row + Q + h * Dh, 1, Dh, eps, format);
         }
-        rope_rows(row, cos_table + t * Dh, sin_table + t * Dh, H, Dh);
-        rope_rows(row + Q, cos_table + t * Dh, sin_table + t * Dh, Hkv, Dh);
+        rope_rows(row, cos_rows + t * m->rope_stride, sin_rows + t * m->rope_stride, H, Dh, R);
+        rope_rows(row + Q, cos_rows + t * m->rope_stride, sin_rows + t * m->rope_stride, Hkv, Dh, R);
         for (int64_t h = 0; h < Hkv && !hier; h++) {
             memcpy(keys + (h * S_max + start + t) * Dh, row + Q + h * Dh, Dh * sizeof(float));
             memcpy(values + (h * S_max + start + t) * Dh, row + Q + KV + h * Dh, Dh * sizeof(float));
@@ -96,13 +118,13 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
     }
     if (hier) {  /* quantize the rows' keys/values into the cache, then read the prefix back as float32 */
 #pragma omp single
-        hierarchical_store(hier, layer, qkv + Q, qkv + Q + KV, N, T, start, Hkv, Dh, S_max);
-        hierarchical_load_share(hier, layer, cached_keys, cached_values, start + T, Hkv, Dh, S_max, part, parts);
+        hierarchical_store(hier, l, qkv + Q, qkv + Q + KV, N, T, start, Hkv, Dh, S_max);
+        hierarchical_load_share(hier, l, cached_keys, cached_values, start + T, Hkv, Dh, S_max, part, parts);
 #pragma omp barrier
         attention_share(q_heads, cached_keys, cached_values, attended, scores, H, Hkv, T, Dh, (start + T) * Dh, start,
-                        window, scale, parents, part, parts);
+                        window, m->scale, parents, part, parts);
     } else {
-        attention_share(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, scale,
+        attention_share(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, m->scale,
                         parents, part, parts);
     }
 #pragma omp barrier
@@ -112,13 +134,13 @@ static void layer_team(float *x, int64_t T, int64_t D, int64_t H, int64_t Hkv, i
     team_matmul(qkv, wo, o_bias, normed, T, D, Q, format, prepared, part, parts);
 #pragma omp single
     {
-        for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
+        add_residual(x, normed, post_attn_norm, T, D, eps, format);
         rms_norm_rows(x, ffn_norm, normed, T, D, eps, format);
     }
     team_matmul(normed, w_gate_up, gate_up_bias, gate_up, T, 2 * I, D, format, prepared, part, parts);
-    team_swiglu_matmul(gate_up, w_down, down_bias, normed, T, D, I, format, prepared, part, parts);
+    team_gated_matmul(gate_up, w_down, down_bias, normed, T, D, I, m->activation, format, prepared, part, parts);
 #pragma omp single
-    for (int64_t i = 0; i < T * D; i++) x[i] += normed[i];
+    add_residual(x, normed, post_ffn_norm, T, D, eps, format);
 }
 
 /* The scratch floats layer_team carves for T rows attending to `span` positions (start + T): its buffers above, summed.
@@ -144,19 +166,20 @@ static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t star
                            const int64_t *parents, float *scratch, void *prepared, int part, int parts) {
     for (int64_t i = 0; i < count; i++) {
         const int64_t l = order[i];
-        layer_team(x, T, m->D, m->H, m->Hkv, m->Dh, m->I, m->layers + l, cos_table, sin_table,
-                   hier ? NULL : keys + l * layer_stride, hier ? NULL : values + l * layer_stride, hier, l, S_max,
-                   start, m->windows[l], m->eps, m->scale, parents, scratch, prepared, m->format, part, parts);
+        layer_team(m, l, x, T, cos_table, sin_table, hier ? NULL : keys + l * layer_stride,
+                   hier ? NULL : values + l * layer_stride, hier, S_max, start, parents, scratch, prepared, part,
+                   parts);
     }
 }
 
 /* Several decoder layers in one call (a decode step or verify pass through the model, or a self-draft's subset):
  * layer order[i], i = 0 .. count - 1, one after another on the same x (T, D), in one parallel region. The view's
- * weights, windows and format are read (its embedding, norm and head are not); keys/values are the whole cache
+ * layers and what they compute are read (its embedding, norm and head are not); keys/values are the whole cache
  * (L, Hkv, S_max, Dh), layer l at + l * layer_stride. Keys/values of the T rows are written into the cache at
- * [start, start + T) before the attention reads [0, start + t] for row t. cos/sin (T, Dh) are the rotary tables of
- * the rows' positions. With `hier` (QuantSpec's hierarchical cache, kv_hierarchical.c) the cache is that instead, and
- * keys/values are unused. scratch holds fused_layers_scratch(m, T, start, hier != NULL) floats. */
+ * [start, start + T) before the attention reads [0, start + t] for row t. cos/sin (T, rope_stride) are the rotary
+ * tables of the rows' positions (ModelView). With `hier` (QuantSpec's hierarchical cache, kv_hierarchical.c) the
+ * cache is that instead, and keys/values are unused. scratch holds fused_layers_scratch(m, T, start, hier != NULL)
+ * floats. */
 void fused_layers_f32(const ModelView *m, float *x, int64_t T, int64_t start, const int64_t *order, int64_t count,
                       const float *cos_table, const float *sin_table, float *keys, float *values,
                       const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch, int threads) {
@@ -171,21 +194,21 @@ int64_t fused_layers_scratch(const ModelView *m, int64_t T, int64_t start, int h
     return layer_scratch(m, T, start + T, hierarchical);
 }
 
-/* A decode step or verify pass through the whole model in one parallel region: the embedding rows of tokens (T), the
- * layers `order`, the final norm into hidden (T, D) and the head into logits (T, V). The same operations, row by
- * row, as fused_layers_f32, rms_norm_f32 and the head's matmul called one after another. cos/sin (T, Dh) are the rows'
- * rotary tables; keys/values the cache (L, Hkv, S_max, Dh), layer l at + l * layer_stride, or `hier` (as in
- * fused_layers_f32). With parents (T) the rows are a token tree (attention.c): row t continues row parents[t] (-1:
- * the cache), its rotary rows are those of its depth's position, and its keys/values are still stored at slot
- * start + t (the caller keeps the accepted path's slots and moves them into place). scratch holds
- * forward_step_scratch(m, T, start, hier != NULL) floats. */
+/* A decode step or verify pass through the whole model in one parallel region: the embedding rows of tokens (T)
+ * (times embed_scale), the layers `order`, the final norm into hidden (T, D) and the head into logits (T, V), capped
+ * where the view says (softcap). The same operations, row by row, as fused_layers_f32, rms_norm_f32 and the head's
+ * matmul called one after another. cos/sin (T, rope_stride) are the rows' rotary tables; keys/values the cache
+ * (L, Hkv, S_max, Dh), layer l at + l * layer_stride, or `hier` (as in fused_layers_f32). With parents (T) the rows
+ * are a token tree (attention.c): row t continues row parents[t] (-1: the cache), its rotary rows are those of its
+ * depth's position, and its keys/values are still stored at slot start + t (the caller keeps the accepted path's
+ * slots and moves them into place). scratch holds forward_step_scratch(m, T, start, hier != NULL) floats. */
 void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
                       int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
                       const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, const int64_t *parents,
                       float *hidden, float *logits, float *scratch, int threads) {
     const int64_t D = m->D;
     float *x = scratch, *layer_scratch = scratch + T * D;
-    for (int64_t t = 0; t < T; t++) embedding_row(m->embed, m->embed_format, tokens[t], D, x + t * D);
+    for (int64_t t = 0; t < T; t++) embed_token(m, tokens[t], x + t * D);
     void *prepared = layers_prepared(m, T);
 #pragma omp parallel num_threads(threads)
     {
@@ -195,6 +218,10 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
 #pragma omp single
         rms_norm_rows(x, m->norm, hidden, T, D, m->eps, m->norm_format);
         team_matmul(hidden, m->head, NULL, logits, T, m->V, D, m->head_format, prepared, part, parts);
+        if (m->softcap != 0.0f) {  /* per element: any split of the logits between the threads gives the same bits */
+            const int64_t total = T * m->V, first = total * part / parts, end = total * (part + 1) / parts;
+            softcap_span(logits + first, end - first, m->softcap);
+        }
     }
     free(prepared);
 }
@@ -208,7 +235,8 @@ int64_t forward_step_scratch(const ModelView *m, int64_t T, int64_t start, int h
  * feature). The same per-row operations as the Python path's calls, without a Python round trip per token.
  *
  * The first step runs a->T0 rows at positions [start, start + T0): tokens[t] (and features[t] when fc is set); each
- * later step runs one row: the token just drafted (and the previous step's normed output). Keys/values are written
+ * later step runs one row: the token just drafted (and the previous step's normed output). A feature drafter's
+ * embedding rows are not scaled by embed_scale (its fc takes them as they are stored). Keys/values are written
  * into the drafter's cache as the layers run. The view's embedding and head are read in their own formats (WEIGHTS_INT8:
  * packed, WEIGHTS_BLOCKS: a BlockMatrix), its norm in norm_format, and the layers and fc in its format. The cache is
  * keys/values or `hier`, as in fused_layers_f32. scratch holds draft_greedy_scratch(m, T0, start, k, hier != NULL)
@@ -220,7 +248,7 @@ int64_t forward_step_scratch(const ModelView *m, int64_t T, int64_t start, int h
 int64_t draft_greedy_f32(const ModelView *m, const DraftArgs *a, float *keys, float *values,
                          const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch,
                          int threads) {
-    const int64_t D = m->D, V = m->V, Dh = m->Dh, T0 = a->T0, k = a->k;
+    const int64_t D = m->D, V = m->V, T0 = a->T0, k = a->k;
     float *x = scratch;                     /* (T0, D) the rows being run */
     float *joined = x + T0 * D;             /* (T0, 2D) feature | embedding, the fc's input */
     float *normed = joined + 2 * T0 * D;    /* (D) the last row after the norm: the next feature */
@@ -231,14 +259,20 @@ int64_t draft_greedy_f32(const ModelView *m, const DraftArgs *a, float *keys, fl
     const float *step_features = a->features;
     for (int64_t i = 0; i < k; i++) {
         for (int64_t t = 0; t < T; t++) {
-            embedding_row(m->embed, m->embed_format, step_tokens[t], D, a->fc ? joined + t * 2 * D + D : x + t * D);
-            if (a->fc) memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
+            if (a->fc) {
+                embedding_row(m->embed, m->embed_format, step_tokens[t], D, joined + t * 2 * D + D);
+                memcpy(joined + t * 2 * D, step_features + t * D, D * sizeof(float));
+            } else {
+                embed_token(m, step_tokens[t], x + t * D);
+            }
         }
         if (a->fc) rowwise_matmul(joined, a->fc, NULL, x, T, D, 2 * D, m->format, threads);
-        fused_layers_f32(m, x, T, position, a->order, a->count, a->cos_table + position * Dh,
-                         a->sin_table + position * Dh, keys, values, hier, S_max, layer_stride, layer_scratch, threads);
+        fused_layers_f32(m, x, T, position, a->order, a->count, a->cos_table + position * m->rope_stride,
+                         a->sin_table + position * m->rope_stride, keys, values, hier, S_max, layer_stride,
+                         layer_scratch, threads);
         rms_norm_rows(x + (T - 1) * D, m->norm, normed, 1, D, m->eps, m->norm_format);
         rowwise_matmul(normed, m->head, NULL, logits, 1, V, D, m->head_format, threads);
+        if (m->softcap != 0.0f) softcap_span(logits, V, m->softcap);
         int64_t best = 0;
         for (int64_t v = 1; v < V; v++)
             if (logits[v] > logits[best]) best = v;  /* the first of equal maxima, as torch.argmax */

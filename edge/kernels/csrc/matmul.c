@@ -30,24 +30,24 @@ void team_matmul(const float *x, const void *w, const float *bias, float *y, int
 #pragma omp barrier
 }
 
-/* silu(gate) * up for M rows of (gate | up) (M, 2K), compacted in place into (M, K), split between the team: row m's
+/* act(gate) * up for M rows of (gate | up) (M, 2K), compacted in place into (M, K), split between the team: row m's
  * output [mK, mK + K) overwrites inputs of rows before it, so the team finishes each row before the next. */
-static void silu_rows_team(float *gate_up, int64_t M, int64_t K, int part, int parts) {
+static void gated_rows_team(float *gate_up, int64_t M, int64_t K, int activation, int part, int parts) {
     const int64_t vectors = (K + VL - 1) / VL;
     const int64_t begin = vectors * part / parts * VL, end = vectors * (part + 1) / parts * VL;
     const int64_t stop = end < K ? end : K;
     for (int64_t m = 0; m < M; m++) {
         const float *row = gate_up + m * 2 * K;
-        if (begin < stop) silu_span(row + begin, row + K + begin, gate_up + m * K + begin, stop - begin);
+        if (begin < stop) gated_span(row + begin, row + K + begin, gate_up + m * K + begin, stop - begin, activation);
 #pragma omp barrier
     }
 }
 
-/* The MLP's down projection of SwiGLU: silu(gate) * up of gate_up (M, 2K), (gate | up) per row, compacted in place
- * into (M, K) float rows, then through w into y (M, N). */
-void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                        int format, void *prepared, int part, int parts) {
-    silu_rows_team(gate_up, M, K, part, parts);
+/* The MLP's down projection of SwiGLU or GeGLU (`activation`, an Activation): act(gate) * up of gate_up (M, 2K),
+ * (gate | up) per row, compacted in place into (M, K) float rows, then through w into y (M, N). */
+void team_gated_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                       int activation, int format, void *prepared, int part, int parts) {
+    gated_rows_team(gate_up, M, K, activation, part, parts);
     team_matmul(gate_up, w, bias, y, M, N, K, format, prepared, part, parts);
 }
 

@@ -468,18 +468,49 @@ static inline vf vf_silu_times(vf g, vf up) {
     return vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(vf_sub(vf_set(0.0f), g)))), up);
 }
 
-/* out[i] = silu(gate[i]) * up[i] for i < count (SwiGLU): VL lanes at a time, the last few in a zero-padded vector.
- * Every operation is per lane, so an element's result does not depend on how a row is split into spans. out may lie
- * before gate in the same buffer (each vector is read before it is written). */
-static inline void silu_span(const float *gate, const float *up, float *out, int64_t count) {
+/* gelu(g) * up, lane by lane, gelu with tanh's approximation (transformers' gelu_pytorch_tanh): 0.5 g (1 + tanh(u)),
+ * u = sqrt(2 / pi) (g + 0.044715 g^3), is g / (1 + exp(-2u)) exactly, so it is computed as silu is: vf_exp, then
+ * multiplies, adds and a division, the same operations on every lane whatever the row or call */
+static inline vf vf_gelu_tanh_times(vf g, vf up) {
+    const vf cube = vf_mul(vf_mul(g, g), g);
+    const vf minus_2u = vf_mul(vf_set(-1.5957691216057308f), vf_add(g, vf_mul(vf_set(0.044715f), cube)));
+    return vf_mul(vf_div(g, vf_add(vf_set(1.0f), vf_exp(minus_2u))), up);
+}
+
+/* out[i] = act(gate[i]) * up[i] for i < count (SwiGLU, or GeGLU: `activation` an Activation, interface.h): VL lanes
+ * at a time, the last few in a zero-padded vector. Every operation is per lane, so an element's result does not
+ * depend on how a row is split into spans. out may lie before gate in the same buffer (each vector is read before
+ * it is written). */
+static inline vf vf_gated(vf g, vf up, int activation) {
+    return activation == ACTIVATION_GELU_TANH ? vf_gelu_tanh_times(g, up) : vf_silu_times(g, up);
+}
+static inline void gated_span(const float *gate, const float *up, float *out, int64_t count, int activation) {
     int64_t i = 0;
-    for (; i + VL <= count; i += VL) vf_store(out + i, vf_silu_times(vf_load(gate + i), vf_load(up + i)));
+    for (; i + VL <= count; i += VL) vf_store(out + i, vf_gated(vf_load(gate + i), vf_load(up + i), activation));
     if (i < count) {
         float gates[VL] = {0}, ups[VL] = {0}, result[VL];
         memcpy(gates, gate + i, (count - i) * sizeof(float));
         memcpy(ups, up + i, (count - i) * sizeof(float));
-        vf_store(result, vf_silu_times(vf_load(gates), vf_load(ups)));
+        vf_store(result, vf_gated(vf_load(gates), vf_load(ups), activation));
         memcpy(out + i, result, (count - i) * sizeof(float));
+    }
+}
+
+/* x[i] = cap * tanh(x[i] / cap) for i < count (capped logits), tanh(y) as 2 / (1 + exp(-2y)) - 1 with vf_exp: per
+ * lane, the last few in a zero-padded vector, as gated_span */
+static inline vf vf_softcap(vf x, float cap) {
+    const vf minus_2y = vf_mul(vf_set(-2.0f), vf_div(x, vf_set(cap)));
+    const vf tanh_y = vf_sub(vf_div(vf_set(2.0f), vf_add(vf_set(1.0f), vf_exp(minus_2y))), vf_set(1.0f));
+    return vf_mul(tanh_y, vf_set(cap));
+}
+static inline void softcap_span(float *x, int64_t count, float cap) {
+    int64_t i = 0;
+    for (; i + VL <= count; i += VL) vf_store(x + i, vf_softcap(vf_load(x + i), cap));
+    if (i < count) {
+        float lanes[VL] = {0};
+        memcpy(lanes, x + i, (count - i) * sizeof(float));
+        vf_store(lanes, vf_softcap(vf_load(lanes), cap));
+        memcpy(x + i, lanes, (count - i) * sizeof(float));
     }
 }
 
@@ -764,7 +795,7 @@ void int8_matmul_share(const void *prepared, const uint8_t *packed, const float 
 void *prepared_alloc(int64_t M, int64_t K);  /* matmul.c: room for M rows' activations in any packed format */
 void team_matmul(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                  int format, void *prepared, int part, int parts);
-void team_swiglu_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                        int format, void *prepared, int part, int parts);
+void team_gated_matmul(float *gate_up, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                       int activation, int format, void *prepared, int part, int parts);
 
 #endif

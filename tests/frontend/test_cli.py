@@ -404,6 +404,13 @@ def test_call_cost_bench_gives_a_steps_share_of_the_read_bandwidth(llama_dir, ca
     assert last.startswith(f"weights a step reads: {expected / 1e6:.1f} MB; one row: ") and "of the read bandwidth" in last
 
 
+def test_prefill_bench_times_a_prompt(llama_dir, capsys):
+    from bench.prefill import main as prefill_main
+
+    assert prefill_main([str(llama_dir), "--tokens", "8", "--repeats", "1"]) == 0
+    assert capsys.readouterr().out.startswith("prefill of 8 tokens: ")
+
+
 def test_agreement_bench_compares_quantized_with_float(llama_dir, capsys):
     from bench.agreement import main as agreement_main
 

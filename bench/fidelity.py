@@ -31,6 +31,7 @@ model of a 1.5B file takes minutes; its logits in float64 take 8 bytes * tokens 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -68,8 +69,8 @@ def evaluation_windows(path: str, tokens: int, context: int) -> list[list[int]]:
     per_window, count = context - len(bos), tokens // context
     if count < 1:
         raise SystemExit(f"{PROG}: --tokens {tokens} is less than one window of --context {context}")
-    text = evaluation_text()
-    ids = Tokenizer.from_dir(resolve_model_path(path)).encode(text[:per_window * count * 16], add_special_tokens=False)
+    text = evaluation_text()[:per_window * count * 16]  # enough characters: a token is far shorter than 16 of them
+    ids = Tokenizer.from_dir(resolve_model_path(path)).encode(text, add_special_tokens=False)
     if len(ids) < per_window * count:
         raise SystemExit(f"{PROG}: the text gives {len(ids)} tokens, fewer than {per_window * count}")
     return [bos + ids[i * per_window:(i + 1) * per_window] for i in range(count)]
@@ -97,6 +98,7 @@ def rows_file(path: str, shape: tuple[int, int], dtype: np.dtype):
 
 def measured(work):
     """`work(task)` as a child's work: its result with the seconds it took and the process's peak memory."""
+    @functools.wraps(work)
     def run(task: dict) -> dict:
         began = time.perf_counter()
         result = work(task) or {}
@@ -347,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                                      for label, row in found.items()},
                         "differences": dict(pairs),
                         "runs": {label: {k: v for k, v in run.items() if k != "file"} for label, run in logits.items()}}
-        print(f"{Path(path).name}: {len(windows)} windows of {args.context} tokens; the exact model's perplexity "
+        print(f"{Path(path).name}: {len(windows)} x {args.context}-token windows; the exact model's perplexity "
               f"{exact_perplexity:.3f}", file=sys.stderr)
     if compared:
         print("\nPaired over the same positions:\n\n" + "\n".join(f"- {difference_line(*pair)}" for pair in compared))

@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also the exact model with 8-bit activation blocks, as the runtimes compute")
     parser.add_argument("--keep", type=Path, help="keep the logits files here and reuse them")
     args = parser.parse_args(argv)
+    if args.tokens < args.context:
+        parser.error(f"--tokens {args.tokens} is less than one window of --context {args.context}")
     runtimes = args.runtime or ["edge", "llama.cpp"]
     for spec in runtimes:
         kind, env = runtime_environment(spec)

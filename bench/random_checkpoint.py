@@ -4,12 +4,14 @@
 
 Nothing can be downloaded here, but decoding speed depends on a model's shape, not on its weights. This writes an
 ordinary Hugging Face checkpoint (config.json, model.safetensors) with transformers' own random initialisation,
-plus a byte-level BPE tokenizer trained on the Python standard library's source. Needs the `test` extra
-(transformers).
+plus a byte-level BPE tokenizer trained on the Python standard library's source. A Gemma 3 shape's tokenizer is
+padded with filler tokens to the whole vocabulary, since llama.cpp's converter cuts Gemma's embedding to the
+tokenizer's size (the head is much of what a small Gemma reads per token). Needs the `test` extra (transformers).
 """
 
 from __future__ import annotations
 
+import json
 import sysconfig
 from pathlib import Path
 
@@ -24,6 +26,14 @@ SHAPES = {
     "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                            num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False, rope_theta=10000.0,
                            max_position_embeddings=2048),
+    # Gemma 3 270M and 1B: local layers (a window of 512) with a global one every sixth, MQA with 256-wide heads,
+    # a 262,144-token tied embedding
+    "gemma3-270m": dict(model_type="gemma3_text", hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                        num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                        sliding_window=512, query_pre_attn_scalar=256, max_position_embeddings=32768),
+    "gemma3-1b": dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                      sliding_window=512, query_pre_attn_scalar=256, max_position_embeddings=32768),
 }
 
 
@@ -56,6 +66,16 @@ def build_tokenizer(out: Path, vocab_size: int) -> None:
     fast.save_pretrained(out)
 
 
+def pad_tokenizer(out: Path, vocab_size: int) -> None:
+    """Filler tokens in tokenizer.json's vocabulary up to `vocab_size` ids (its special tokens are in it already)."""
+    path = out / "tokenizer.json"
+    tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    for filler in range(vocab_size - len(vocab)):
+        vocab[f"<filler{filler}>"] = len(vocab)
+    path.write_text(json.dumps(tokenizer), encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(
         "python -m bench.random_checkpoint", __doc__, seed=0,
@@ -66,12 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(args.seed)
-    config = LlamaConfig(**SHAPES[args.shape], bos_token_id=0, eos_token_id=2)
-    LlamaForCausalLM(config).to(getattr(torch, args.dtype)).save_pretrained(args.out)
+    shape = dict(SHAPES[args.shape])
+    config = AutoConfig.for_model(shape.pop("model_type", "llama"), **shape, bos_token_id=0, eos_token_id=2)
+    AutoModelForCausalLM.from_config(config).to(getattr(torch, args.dtype)).save_pretrained(args.out)
     build_tokenizer(args.out, vocab_size=min(8192, config.vocab_size))
+    if config.model_type == "gemma3_text":
+        pad_tokenizer(args.out, config.vocab_size)
     print(f"wrote a random {args.shape} checkpoint ({args.dtype}) to {args.out}")
     return 0
 

@@ -219,6 +219,47 @@ def test_a_gguf_draft_drafts_for_a_checkpoint_folder_and_the_other_way_round(lla
     assert greedy_24(draft, drafter=f"draft:{llama_dir}") == greedy_24(draft)
 
 
+def test_a_trimmed_head_of_a_gguf_draft_keeps_its_rows_in_8_bit_blocks(llama_dir, wide_dir, tmp_path):
+    """A GGUF draft's trimmed head holds the kept rows in 8-bit blocks (not float): about a quarter of their float32
+    bytes (rows padded to whole groups), scoring the kept tokens as the file's head does to within 8-bit rounding, every other token -inf."""
+    from edge.model.trimmed_head import TrimmedHead
+
+    draft, _ = quantized_file("q8_0", llama_dir, wide_dir, tmp_path)
+    model = load_model(checkpoint_from_gguf(draft))
+    kept = torch.arange(0, model.config.vocab_size, 3)  # (V',)
+    head = TrimmedHead(model, kept)
+    assert head.kernel_head.format == "blocks" and head.nbytes < kept.numel() * model.config.hidden_size * 1.25
+    hidden = torch.randn(1, 2, model.config.hidden_size)  # (1, T, D)
+    logits = head.logits(hidden)  # (V,)
+    full = model.logits(hidden)[0, -1]  # (V,)
+    torch.testing.assert_close(logits[kept], full[kept], rtol=0.02, atol=0.02 * float(full.abs().max()))
+    dropped = torch.ones_like(logits, dtype=torch.bool)
+    dropped[kept] = False
+    assert torch.isinf(logits[dropped]).all()
+
+
+def test_a_draft_model_is_trimmed_to_the_vocabulary_shipped_for_its_tokenizer(llama_dir, wide_dir, tmp_path,
+                                                                               monkeypatch):
+    """Where edge ships a draft vocabulary for the tokenizer (edge/models/*-vocab, found by the card's vocabulary
+    hash), a draft model's head is cut to it without being asked; @full keeps the whole head. Output unchanged."""
+    from edge.decoding import registry
+
+    draft, _ = quantized_file("q8_0", llama_dir, wide_dir, tmp_path)
+    shipped = tmp_path / "tiny-vocab"
+    shipped.mkdir()
+    vocab_hash = Tokenizer.from_dir(llama_dir).fingerprint()["vocab_sha256"]
+    (shipped / "card.json").write_text(json.dumps({"vocab_sha256": vocab_hash}))
+    (shipped / "vocab.json").write_text(json.dumps({"kept_ids": list(range(0, 300))}))
+    monkeypatch.setattr(registry, "shipped_vocabularies", lambda: [shipped])
+    engine = Engine.load(llama_dir)
+    plain = greedy(engine, max_new_tokens=24)
+    engine.use_drafter(f"draft:{draft}")
+    assert engine.drafter.head is not None and engine.drafter.head.kept.tolist() == list(range(0, 300))
+    assert greedy(engine, max_new_tokens=24) == plain
+    engine.use_drafter(f"draft:{draft}@full")
+    assert engine.drafter.head is None and greedy(engine, max_new_tokens=24) == plain
+
+
 def test_a_matrix_kept_in_f16_beside_quantized_ones_runs_as_stored(llama_dir, wide_dir, tmp_path):
     """A quantized file that keeps some matrices in F16 (v and the down projections here): those segments run on
     the float kernel beside the blocks, the logits are the file's values', and speculation stays exact."""

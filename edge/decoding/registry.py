@@ -11,7 +11,8 @@ The text forms (as the command line takes them):
     PATH                 a draft checkpoint folder (or an edge-export bundle): the same as draft:PATH
     hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
     SPEC@VOCAB.json      a model drafter with its head trimmed to the token ids in VOCAB.json (VocabTrim; make one
-                         with `python -m edge.export.vocab_trim`)
+                         with `python -m edge.export.vocab_trim`). A draft model whose tokenizer has a vocabulary
+                         shipped for it (edge/models/*-vocab) is trimmed to that one unless it says @full
 
 Adding a drafter is one `DrafterKind` entry in `KINDS`.
 
@@ -31,7 +32,7 @@ from typing import Callable
 import torch
 
 from edge.sources.builtin import (builtin_drafter_path, builtin_feature_drafter_path, shipped_datastores,
-                                  shipped_feature_drafters, shipped_for)
+                                  shipped_feature_drafters, shipped_for, shipped_vocabularies)
 from edge.backends.bundle import Bundle, is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
 from edge.decoding.drafters.base import Drafter
@@ -156,8 +157,11 @@ class DrafterSpec:
             raise SamplingError(f"the {self.kind} drafter runs part of the target's layers, which needs the torch "
                                 "backend; with an exported bundle use its drafter ('bundle') or ngram")
         drafter = self.entry.build(self, target)
-        if self.vocabulary is not None:
-            trim_vocabulary(drafter, self.vocabulary)
+        vocabulary = self.vocabulary
+        if vocabulary is None and self.kind == "draft" and isinstance(getattr(drafter, "model", None), Transformer):
+            vocabulary = shipped_vocabulary(target.tokenizer)  # its head cut to the tokens the family's models write
+        if vocabulary is not None and vocabulary != FULL_HEAD:
+            trim_vocabulary(drafter, vocabulary)
         return HybridDrafter(drafter) if self.hybrid else drafter
 
     def _check_argument(self, text: str) -> None:
@@ -175,6 +179,15 @@ class DrafterSpec:
                 forms = " or ".join(f"{entry.name}:{value}" for value in entry.values)
                 raise SamplingError(f"drafter {text!r}: the number after {entry.name}: is one of "
                                     f"{', '.join(map(str, entry.values))}; use {forms}")
+
+
+FULL_HEAD = "full"  # SPEC@full: a draft model keeps its whole head even where a vocabulary ships for its tokenizer
+
+
+def shipped_vocabulary(tokenizer: Tokenizer) -> Path | None:
+    """The draft vocabulary shipped for `tokenizer`'s models (edge/models/*-vocab/vocab.json), or None."""
+    folder = shipped_for(tokenizer, shipped_vocabularies())
+    return folder / "vocab.json" if folder is not None else None
 
 
 def trim_vocabulary(drafter: Drafter, vocabulary: "str | Path | torch.Tensor") -> None:

@@ -1,7 +1,7 @@
 """Where the built-in models live inside the package: the 10M demonstration target (run when the default model is not
 installed, and the fixture of the tests and benchmarks), its drafters, and what ships for real models: retrieval
-datastores (edge/models/*-replies) and packed feature drafters (edge/models/*-feature), each found by its card's
-tokenizer vocabulary hash."""
+datastores (edge/models/*-replies), packed feature drafters (edge/models/*-feature) and draft vocabularies
+(edge/models/*-vocab), each found by its card's tokenizer vocabulary hash."""
 
 from __future__ import annotations
 
@@ -52,6 +52,12 @@ def shipped_for(tokenizer, folders: list[Path]) -> Path | None:
         except (OSError, ValueError, AttributeError):
             continue
     return None
+
+
+def shipped_vocabularies() -> list[Path]:
+    """Draft vocabularies for real model families (edge/models/*-vocab: the token ids a family's models write, to
+    which a draft model's head is trimmed; python -m edge.export.vocab_trim)."""
+    return sorted(folder for folder in BUILTIN_DIR.parent.glob("*-vocab") if (folder / "card.json").is_file())
 
 
 def shipped_datastores() -> list[Path]:

@@ -42,7 +42,9 @@ def decoding_strategy(model: Transformer, cache: KVCache, opts: GenerationOption
         return Autoregressive(model, cache, params, generator, constraint)
     if opts.task is not None and hasattr(drafter, "set_task"):
         drafter.set_task(opts.task)
-    length = dataclasses.replace(draft_length)  # each call starts from the configured length
+    # each call starts from the configured length; its first draft is not timed as drafting: a drafter with a cache
+    # of its own (a draft model) first reads the whole prompt, which would count as hundreds of drafted tokens' cost
+    length = dataclasses.replace(draft_length, resuming=True)
     return SpeculativeDecoding(model, cache, params, generator, drafter, length, constraint)
 
 

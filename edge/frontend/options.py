@@ -11,6 +11,7 @@ import torch
 
 from edge.sources import default_model
 from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path
+from edge.sources.draft_finder import drafts_beside
 from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.decoding.registry import usage as drafter_usage
 from edge.decoding.sampling import DEFAULTS, OPTIONS, label
@@ -74,21 +75,34 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
 
 
 def default_drafter(args: argparse.Namespace) -> str | None:
-    """The drafter asked for ("none": off), else for a model named on the command line or when sampling
-    (temperature > 0), plain decoding; for the default model when greedy, the fastest drafter measured on it:
+    """The drafter asked for ("none": off); else plain decoding when sampling (temperature > 0: drafts are accepted
+    less often); for a GGUF model named on the command line, the smallest GGUF file beside it with its tokenizer (a
+    draft model, said on stderr), else plain decoding; for the default model, the fastest drafter measured on it:
     retrieval (its own replies, and prompt lookup) on SmolLM2-135M-Instruct, and on the built-in model n-gram lookup
-    backed by its feature drafter
-    (or its draft model where no feature drafter ships). Drafts are accepted less often when sampling. edge-chat
-    and edge-serve share it."""
+    backed by its feature drafter (or its draft model where no feature drafter ships). edge-chat and edge-serve share
+    it."""
     if args.drafter is not None:
         return None if args.drafter == "none" else args.drafter
-    if args.model is not None or args.temperature > 0:
+    if args.temperature > 0:
         return None
+    if args.model is not None:
+        return draft_beside(args.model)
     if default_model.packaged_file() is not None:
         return "retrieval"
     if builtin_feature_drafter_path() is not None:
         return "hybrid:feature"
     return "hybrid:builtin" if builtin_drafter_path() is not None else None
+
+
+def draft_beside(model: str) -> str | None:
+    """draft:FILE for the smallest GGUF file beside a named GGUF model with its tokenizer (edge/sources/draft_finder.py),
+    said on stderr; None where there is none."""
+    found = drafts_beside(model)
+    if not found:
+        return None
+    print(f"drafting with {found[0].name} (beside the model, same tokenizer; the adaptive draft length pauses it "
+          "where it does not pay; --drafter none turns it off)", file=sys.stderr)
+    return f"draft:{found[0]}"
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
@@ -123,7 +137,8 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drafter", default=None, metavar="SPEC",
                        help=f"draft with: {drafter_usage()}, or none; default when greedy: retrieval (the model's own "
                             "replies, and n-gram lookup) for the default model, hybrid:feature (n-gram lookup, then the built-in feature drafter) "
-                            "for the built-in model; plain decoding when sampling and for a model you name")
+                            "for the built-in model; for a GGUF file you name, the smallest GGUF file beside it with its "
+                            "tokenizer (a draft model), else plain decoding; plain decoding when sampling")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
                        help="tokens drafted per step: 'adaptive' (default: each step the length with the most "
                             "expected tokens per second, from the verify and draft times measured so far and the "

@@ -26,7 +26,8 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "
 
 
 def write_head(folder: Path, target_dir: Path, seed: int = 0, *, hidden: int | None = None, vocab: int | None = None,
-               layer_ids: list[int] | None = (2, 3, 3), pickle: bool = False) -> Path:
+               layer_ids: list[int] | None = (2, 3, 3), pickle: bool = False,
+               dtype: torch.dtype = torch.float32) -> Path:
     """A random EAGLE-3 head for the target in `target_dir`, as the Hub holds one: config.json and model.safetensors
     (fc, midlayer.*, norm, lm_head, d2t, t2d) over a draft vocabulary of half the target's tokens. The default layer
     ids (vLLM's reading: the streams entering layers 2, 3 and 3) take the last two layers' outputs."""
@@ -57,6 +58,7 @@ def write_head(folder: Path, target_dir: Path, seed: int = 0, *, hidden: int | N
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
+    tensors = {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
     if pickle:
         torch.save(tensors, folder / "pytorch_model.bin")
     else:
@@ -84,6 +86,13 @@ def test_greedy_speculation_with_an_eagle3_head_equals_plain_decoding(llama_dir,
     assert (model.runner.matmul is None) == (path == "torch")
     assert [greedy(engine, prompt, 40) for prompt in PROMPTS] == expected
     assert model.layer_features.layers == (1, 2, 2)
+
+
+def test_a_16_bit_head_stays_16_bit_and_keeps_the_output(llama_dir, expected, tmp_path):
+    head = write_head(tmp_path / "half", llama_dir, dtype=torch.bfloat16)
+    engine = Engine.load(llama_dir, max_context=256, drafter=f"eagle3:{head}", draft_length=3)
+    assert greedy(engine, PROMPTS[0], 40) == expected[0]
+    assert engine.drafter.layer.weights["lm_head.weight"].dtype == torch.bfloat16
 
 
 def test_token_trees_from_an_eagle3_head_keep_the_output(llama_dir, head, expected, monkeypatch):

@@ -62,7 +62,7 @@ class Eagle3Drafter:
         if int(token_ids.min()) < 0 or int(token_ids.max()) >= wanted.vocab_size:
             raise CheckpointError(f"the EAGLE-3 head {name} maps draft tokens outside this model's vocabulary of "
                                   f"{wanted.vocab_size} (its d2t); pass the head trained for this model")
-        layer = Eagle3Layer(config, tensors, max_len, target.dtype, target.device)
+        layer = Eagle3Layer(config, tensors, max_len, target.dtype, target.device, target.runner)
         embed = target.embed
         if "embed_tokens.weight" in tensors:
             weight = tensors["embed_tokens.weight"].to(device=target.device, dtype=target.dtype)

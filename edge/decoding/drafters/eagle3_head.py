@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from edge.errors import CheckpointError
+from edge.kernels.runner import KernelRunner
 from edge.memory.footprint import ModelShape
 from edge.model.config import ModelConfig
 from edge.model.layer_features import default_layers
@@ -147,13 +148,15 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 class Eagle3Layer:
-    """The head's decoder layer, fc, final norm and draft-vocabulary head as plain tensors in the target's dtype,
-    with its own KV cache of `max_len` positions (rolled back by moving `length`)."""
+    """The head's decoder layer, fc, final norm and draft-vocabulary head as plain tensors, with its own KV cache of
+    `max_len` positions (rolled back by moving `length`). Norms and cache are in the target's dtype; the matrices too,
+    unless `runner` (the target's kernel runner) reads their 16-bit form directly (then they stay 16-bit: half the
+    memory, and the kernel widens them in registers)."""
 
     def __init__(self, config: Eagle3Config, tensors: dict[str, torch.Tensor], max_len: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
-        self.config = config
-        self.weights = {name: t.to(device=device, dtype=dtype).contiguous() for name, t in tensors.items()
+                 dtype: torch.dtype, device: torch.device, runner: KernelRunner | None = None) -> None:
+        self.config, self.runner = config, runner
+        self.weights = {name: _stored(t, dtype, device, runner) for name, t in tensors.items()
                         if name not in ("d2t", "t2d", "embed_tokens.weight")}
         shape = (config.num_kv_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (Hkv, S, Dh)
@@ -172,6 +175,10 @@ class Eagle3Layer:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.weights.values()) + self.keys.nbytes + self.values.nbytes
 
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        weight = self.weights[name]
+        return self.runner.linear(x, weight) if self.runner is not None else F.linear(x, weight)
+
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
@@ -179,17 +186,17 @@ class Eagle3Layer:
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The target's streams (T, 3D) -> the layer's feature (T, D)."""
-        return F.linear(features, self.weights["fc.weight"])
+        return self._linear(features, "fc.weight")
 
     def forward(self, g: torch.Tensor, embeds: torch.Tensor, start: int) -> torch.Tensor:
         """Rows at positions [start, start + T): feature g (T, D) and the next tokens' embeddings (T, D) -> the
         layer's output (T, D), the next row's feature; its keys/values are written at those positions."""
-        c, w, steps = self.config, self.weights, g.shape[0]
+        c, linear, steps = self.config, self._linear, g.shape[0]
         h = self._norm(g, "midlayer.hidden_norm.weight")  # (T, D)
         joined = torch.cat((self._norm(embeds, "midlayer.input_layernorm.weight"), h), dim=-1)  # (T, 2D)
-        q = F.linear(joined, w["midlayer.self_attn.q_proj.weight"]).view(steps, c.num_heads, c.head_dim)
-        k = F.linear(joined, w["midlayer.self_attn.k_proj.weight"]).view(steps, c.num_kv_heads, c.head_dim)
-        v = F.linear(joined, w["midlayer.self_attn.v_proj.weight"]).view(steps, c.num_kv_heads, c.head_dim)
+        q = linear(joined, "midlayer.self_attn.q_proj.weight").view(steps, c.num_heads, c.head_dim)
+        k = linear(joined, "midlayer.self_attn.k_proj.weight").view(steps, c.num_kv_heads, c.head_dim)
+        v = linear(joined, "midlayer.self_attn.v_proj.weight").view(steps, c.num_kv_heads, c.head_dim)
         cos, sin = self.cos[start:start + steps], self.sin[start:start + steps]  # (T, R) each
         q, k = apply_rope(q.transpose(0, 1), cos, sin), apply_rope(k.transpose(0, 1), cos, sin)  # (H|Hkv, T, Dh)
         end = start + steps
@@ -200,12 +207,20 @@ class Eagle3Layer:
         out = F.scaled_dot_product_attention(q[None], self.keys[None, :, :end], self.values[None, :, :end],
                                              attn_mask=mask, enable_gqa=c.num_kv_heads != c.num_heads)  # (1, H, T, Dh)
         out = out[0].transpose(0, 1).reshape(steps, c.num_heads * c.head_dim)  # (T, H*Dh)
-        x = (h if c.norm_before_residual else g) + F.linear(out, w["midlayer.self_attn.o_proj.weight"])  # (T, D)
+        x = (h if c.norm_before_residual else g) + linear(out, "midlayer.self_attn.o_proj.weight")  # (T, D)
         normed = self._norm(x, "midlayer.post_attention_layernorm.weight")
-        gate = F.silu(F.linear(normed, w["midlayer.mlp.gate_proj.weight"]))  # (T, I)
-        return x + F.linear(gate * F.linear(normed, w["midlayer.mlp.up_proj.weight"]),
-                            w["midlayer.mlp.down_proj.weight"])  # (T, D)
+        gate = F.silu(linear(normed, "midlayer.mlp.gate_proj.weight"))  # (T, I)
+        return x + linear(gate * linear(normed, "midlayer.mlp.up_proj.weight"), "midlayer.mlp.down_proj.weight")
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """The layer's output (T, D) -> logits over the draft vocabulary (T, Vd)."""
-        return F.linear(self._norm(out, "norm.weight"), self.weights["lm_head.weight"])
+        return self._linear(self._norm(out, "norm.weight"), "lm_head.weight")
+
+
+def _stored(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device, runner: KernelRunner | None):
+    """A head tensor as the layer keeps it: a 16-bit matrix as it is where `runner`'s kernel reads it with float32
+    activations, anything else in the compute dtype."""
+    matmul = runner.matmul if runner is not None else None
+    keep = (tensor.dim() == 2 and tensor.dtype in (torch.bfloat16, torch.float16) and dtype == torch.float32
+            and matmul is not None and matmul.supports(tensor))
+    return tensor.to(device=device, dtype=tensor.dtype if keep else dtype).contiguous()

@@ -144,6 +144,10 @@ def check_tensors(name, config: Eagle3Config, tensors: dict[str, torch.Tensor]) 
               "lm_head.weight": (config.draft_vocab_size, d)}
     if config.draft_vocab_size != config.vocab_size:
         shapes["d2t"] = (config.draft_vocab_size,)
+    biased = sorted(tensor for tensor in tensors if tensor.endswith(".bias"))
+    if biased:
+        raise CheckpointError(f"the EAGLE-3 head {name} has biases ({biased[0]}), which edge does not run; use a head "
+                              "without them")
     for tensor, shape in shapes.items():
         found = tensors.get(tensor)
         if found is None or tuple(found.shape) != shape:

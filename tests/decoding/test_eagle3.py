@@ -16,7 +16,8 @@ from safetensors.torch import save_file
 from edge import EdgeError, Engine
 from edge.decoding.drafters.base import DraftSampler
 from edge.decoding.drafters.eagle3 import Eagle3Drafter
-from edge.decoding.sampling import SamplingParams
+from edge.decoding.sampling import SamplingParams, distribution
+from edge.decoding.speculative import DraftLength, SpeculativeDecoding
 from edge.sources.loading import load_model
 from tests.decoding.test_token_trees import _forced_trees
 from tests.gguf_files import write_gguf
@@ -175,3 +176,34 @@ def test_a_folder_that_is_not_an_eagle3_head_is_refused(llama_dir, tmp_path):
         Engine.load(llama_dir, max_context=64, drafter=f"eagle3:{llama_dir}")
     with pytest.raises(EdgeError, match="neither a folder nor a Hub id"):
         Engine.load(llama_dir, max_context=64, drafter=f"eagle3:{tmp_path / 'missing'}")
+
+
+def test_speculative_sampling_with_an_eagle3_head_keeps_the_targets_distribution(llama_dir, head):
+    """The first token of many speculative steps from one state (2 drafted tokens verified, accepted or corrected)
+    follows the target's own distribution there: a chi-square over the tokens likely enough, the rest pooled."""
+    model = load_model(llama_dir)
+    drafter = Eagle3Drafter.load(head, model, 64)
+    prompt = list(range(20, 36))
+    cache = model.new_cache(64)
+    with torch.inference_mode():
+        model.forward_logits(torch.tensor([prompt[:-1]]), 0, cache)  # the cache holds all but the last token
+        logits = model.forward_logits(torch.tensor([prompt[-1:]]), len(prompt) - 1, cache)[0, -1]
+    params = SamplingParams(temperature=1.0)
+    p = distribution(logits.float(), params, torch.empty(0, dtype=torch.long))  # (V,)
+    decoding = SpeculativeDecoding(model, cache, params, torch.Generator().manual_seed(0), drafter,
+                                   DraftLength.fixed(2))
+    runs, accepted = 1500, 0
+    counts = torch.zeros_like(p)
+    with torch.inference_mode():
+        for _ in range(runs):
+            cache.rollback(len(prompt) - 1)
+            step = decoding.step(prompt, 8)
+            counts[step.tokens[0]] += 1
+            accepted += sum(step.drafted)
+    likely = p * runs > 10
+    observed = torch.cat([counts[likely], counts[~likely].sum()[None]])
+    wanted = torch.cat([p[likely], p[~likely].sum()[None]]) * runs
+    statistic = float(((observed - wanted) ** 2 / wanted).sum())
+    degrees = torch.tensor((observed.numel() - 1) / 2, dtype=torch.float64)
+    assert float(torch.special.gammaincc(degrees, torch.tensor(statistic / 2, dtype=torch.float64))) > 1e-3
+    assert accepted > 0  # some drafts were accepted: both branches of the verification ran

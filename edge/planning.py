@@ -13,6 +13,7 @@ import torch
 
 from edge.backends.bundle import is_bundle, read_bundle
 from edge.model.config import ModelConfig
+from edge.decoding.drafters.eagle3_head import Eagle3Config
 from edge.decoding.registry import DrafterSpec
 from edge.errors import MemoryBudgetError, SamplingError
 from edge.sources.gguf_checkpoint import gguf_index
@@ -111,6 +112,8 @@ def drafter_description(drafter: DrafterSpec, spec: LoadSpec):
     if drafter.kind == "bundle":
         raise SamplingError("drafter 'bundle' is the drafter of an exported bundle; plan its source checkpoint")
     folder = drafter.folder()
+    if drafter.kind == "eagle3":  # an EAGLE-3 head: its one layer and draft-vocabulary head, in the target's dtype
+        return Eagle3Config.read(folder).shape(), spec.dtype
     if is_bundle(folder):
         bundle = read_bundle(folder, verify=False)
         if not bundle.has_drafter:

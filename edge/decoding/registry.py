@@ -37,6 +37,8 @@ from edge.backends.bundle import Bundle, is_bundle, read_bundle
 from edge.model.calibration import CALIBRATION_TEXT
 from edge.decoding.drafters.base import Drafter
 from edge.decoding.drafters.draft_model import DraftModelDrafter
+from edge.decoding.drafters.eagle3 import Eagle3Drafter
+from edge.decoding.drafters.eagle3_head import head_folder
 from edge.decoding.drafters.feature import FeatureDrafter
 from edge.decoding.drafters.hybrid import HybridDrafter
 from edge.decoding.drafters.layer_skip import AdaptiveLayerSkipDrafter, LayerSkipDrafter
@@ -140,6 +142,8 @@ class DrafterSpec:
             return resolve_model(self.argument)
         if self.kind == "feature":
             return Path(self.argument)
+        if self.kind == "eagle3":  # a folder, or a Hub id from the Hugging Face cache
+            return head_folder(self.argument)
         raise SamplingError(f"the {self.kind} drafter has no checkpoint of its own")
 
     def is_exported(self) -> bool:
@@ -271,6 +275,11 @@ def _feature(spec: DrafterSpec, target: DraftTarget) -> Drafter:
     return FeatureDrafter.load(folder or spec.folder(), target.model, target.max_len)
 
 
+def _eagle3(spec: DrafterSpec, target: DraftTarget) -> Drafter:
+    """eagle3:PATH_OR_HUB_ID, a published EAGLE-3 head for this target."""
+    return Eagle3Drafter.load(spec.argument, target.model, target.max_len)
+
+
 def _early_exit(spec: DrafterSpec, target: DraftTarget) -> Drafter:
     exit_layer = spec.numbers()[0] if spec.argument else max(1, target.model.config.num_layers // 3)
     return LayerSkipDrafter.early_exit(target.model, target.cache, exit_layer)
@@ -298,6 +307,9 @@ KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (
     # a feature drafter: its layers and their cache, counted like a draft model; it has no narrower forms
     DrafterKind("feature", "feature[:PATH]", "model", argument="path",
                 build=_feature),
+    # an EAGLE-3 head (Hub layout, LlamaForCausalLMEagle3) over the target's low, middle and high layers' streams
+    DrafterKind("eagle3", "eagle3:PATH", "model", argument="path", argument_required=True, runs_target_layers=True,
+                build=_eagle3),
     DrafterKind("bundle", "bundle", "model", build=_bundle),
 )}
 

@@ -30,7 +30,7 @@ import cffi
 import torch
 
 from edge.kernels import cpu_paths
-from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, LayerTable, ModelEnds
+from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, LayerCapture, LayerTable, ModelEnds
 
 log = logging.getLogger(__name__)
 HEADER = cpu_paths.SOURCE_DIR / "interface.h"
@@ -91,6 +91,16 @@ def weight_format(dtype: torch.dtype | str) -> int:
 def pointer(tensor: torch.Tensor | None):
     """A tensor's address as a C pointer argument or field, NULL for no tensor."""
     return ffi.NULL if tensor is None else ffi.cast(_VOID_P, tensor.data_ptr())
+
+
+def capture_struct(capture: LayerCapture | None):
+    """The C side's Capture of a LayerCapture (rows float32, each row contiguous), NULL for none; the caller keeps the
+    record alive through the call."""
+    if capture is None:
+        return ffi.NULL
+    layers, rows = capture
+    return ffi.new("Capture *", {"layers": pointer(layers), "count": layers.numel(), "rows": pointer(rows),
+                                 "row_stride": rows.stride(0)})
 
 
 class KernelCache:
@@ -288,30 +298,33 @@ class CpuKernel:
     # ---- whole passes over a ModelView (LayerViews.view()) ------------------------------------------------------
 
     def layers(self, x: torch.Tensor, view, order: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               cache: KernelCache, start: int) -> None:
+               cache: KernelCache, start: int, capture: LayerCapture | None = None) -> None:
         """Layers `order` (int64) of `view` over x (T, D) in place, in one C call (fused_layers_f32): the view's
         layers and what they compute (its embedding, norm and head are unused); cos/sin (T, rope_stride) the rows'
-        rotary tables (LayerViews), `cache` the whole KV cache (KernelCache)."""
+        rotary tables (LayerViews), `cache` the whole KV cache (KernelCache); `capture` copies out the residual
+        streams after the layers it names."""
         steps, library = x.shape[0], self.library
         scratch = self._scratch(steps, library.fused_layers_scratch(view, steps, start, cache.quantized))
         library.fused_layers_f32(view, pointer(x), steps, start, pointer(order), order.numel(), pointer(cos),
-                                 pointer(sin), *cache.arguments(), pointer(scratch), self.thread_count())
+                                 pointer(sin), *cache.arguments(), capture_struct(capture), pointer(scratch),
+                                 self.thread_count())
 
     def forward_step(self, view, tokens: torch.Tensor, start: int, order: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, cache: KernelCache,
-                     parents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     sin: torch.Tensor, cache: KernelCache, parents: torch.Tensor | None = None,
+                     capture: LayerCapture | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode step or verify pass through the whole model in one call (forward_step_f32): tokens (T,) int64 at
         positions [start, start + T) through the layers `order`, the final norm and the head -> (hidden (T, D),
         logits (T, V)) float32. cos/sin (T, rope_stride) are the rows' rotary tables, `cache` the whole KV cache
         (KernelCache); the view and its tensors must outlive the call. `parents` (T,) int64 makes the rows a token tree
-        (row t continues row parents[t], -1 the cache; cos/sin then hold each row's depth position)."""
+        (row t continues row parents[t], -1 the cache; cos/sin then hold each row's depth position); `capture` copies
+        out the residual streams after the layers it names (row t: the pass's row t, a tree's included)."""
         steps, library = tokens.numel(), self.library
         scratch = self._scratch(steps, library.forward_step_scratch(view, steps, start, cache.quantized))
         hidden = torch.empty(steps, view.D, dtype=torch.float32)  # (T, D)
         logits = torch.empty(steps, view.V, dtype=torch.float32)  # (T, V)
         library.forward_step_f32(view, pointer(tokens), steps, start, pointer(order), order.numel(), pointer(cos),
-                                 pointer(sin), *cache.arguments(), pointer(parents), pointer(hidden), pointer(logits),
-                                 pointer(scratch), self.thread_count())
+                                 pointer(sin), *cache.arguments(), pointer(parents), capture_struct(capture),
+                                 pointer(hidden), pointer(logits), pointer(scratch), self.thread_count())
         return hidden, logits
 
     def draft_greedy(self, view, request: DraftRequest, order: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],

@@ -65,6 +65,14 @@ class ModelEnds(NamedTuple):
         return self.embed_format or FLOAT_FORMATS.get(self.embed.dtype)
 
 
+class LayerCapture(NamedTuple):
+    """Residual streams a fused pass copies out as it runs (EAGLE-3's target features): after layer layers[c], row t's
+    stream (D floats) goes to rows[t, c * D:(c + 1) * D]."""
+
+    layers: torch.Tensor  # (n,) int64; a layer may appear more than once
+    rows: torch.Tensor  # (T, >= n * D) float32, the pass's rows in order (rows of a longer buffer; each contiguous)
+
+
 class FeatureRows(NamedTuple):
     """A feature drafter's input: each row is fc(cat(feature, embedding)); after the first rows the feature is the
     previous step's normed output."""

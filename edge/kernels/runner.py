@@ -8,6 +8,8 @@ the model's weights as the fused calls read them (FusedWeights).
     runner.fuses(model, rows, dtype, cache)           whether a pass runs its layers in fused C calls
     runner.layers(x, order, start, cache, rope)       those layers, in chunks of rows
     runner.step(model, tokens, start, cache, parents) embedding to logits in one C call (a token tree too)
+                                                      (both take capture=records.LayerCapture: copy out the residual
+                                                      streams after chosen layers as the pass runs)
     runner.draft(model, request)                      k greedy draft tokens in one C call (records.DraftRequest)
 
 A runner belongs to one model: the model's projections are made bound to it (edge/model/linears.py), so `use()` and
@@ -38,7 +40,7 @@ import torch.nn.functional as F
 from edge.kernels.block_formats import BlockMatrix
 from edge.kernels.cpu_kernel import CONSTANTS, ROWWISE_MAX_ROWS, SLOTS, CpuKernel, KernelCache, LayerViews, slot_kind
 from edge.kernels.threads import ThreadGovernor, candidate_counts
-from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, LayerTable, ModelEnds
+from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, LayerCapture, LayerTable, ModelEnds
 
 FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
 TREE_ROWS = CONSTANTS["TREE_ROWS"]  # the most rows of a token tree's verify pass
@@ -138,10 +140,10 @@ class KernelRunner:
                 and kernel_cache is not None and kernel_cache() is not None)
 
     def layers(self, x: torch.Tensor, order: Iterable[int], start: int, cache,
-               rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+               rope: tuple[torch.Tensor, torch.Tensor], capture: LayerCapture | None = None) -> torch.Tensor:
         """Layers `order` over x (T, D) at positions [start, start + T) after fuses() said yes, in C calls of up to
         FUSED_CHUNK rows (a row's operations do not depend on the chunk); rope: cos, sin (T, W), the model's rope()
-        of those positions -> x (T, D)."""
+        of those positions -> x (T, D). `capture` (rows (T, n * D)) receives the residual streams after its layers."""
         steps = x.shape[0]
         if start + steps > cache.max_len:
             raise ValueError(f"KV cache holds {cache.max_len} positions; writing up to {start + steps} does not fit")
@@ -149,17 +151,19 @@ class KernelRunner:
         cos, sin = rope
         for first in range(0, steps, FUSED_CHUNK):
             last = min(first + FUSED_CHUNK, steps)
+            chunk = None if capture is None else LayerCapture(capture.layers, capture.rows[first:last])
             self._fused.layers(x[first:last], order, start + first, cache.kernel_cache(),
-                               (cos[first:last], sin[first:last]))
+                               (cos[first:last], sin[first:last]), chunk)
         return x
 
-    def step(self, model, tokens: torch.Tensor, start: int, cache,
-             parents: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def step(self, model, tokens: torch.Tensor, start: int, cache, parents: list[int] | None = None,
+             capture: LayerCapture | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A decode step or verify pass, tokens (B, T) at positions [start, start + T), through the embedding, every
         layer, the final norm and the head in one C call -> hidden (T, D), logits (T, V); None where that call cannot
         run it (then the model runs its parts). `parents` makes the rows a token tree (verifies_trees()): row t
         continues row parents[t] (-1: the cache) at position start + its depth and sees only the rows on its path;
-        its keys/values go to slot start + t. The caller sets the cache's length."""
+        its keys/values go to slot start + t. `capture` (rows (T, n * D)) receives the residual streams after its
+        layers, row t at rows[t]. The caller sets the cache's length."""
         batch, steps = tokens.shape
         end = start + steps
         longest = FUSED_CHUNK if parents is None else min(FUSED_CHUNK, TREE_ROWS)
@@ -170,7 +174,7 @@ class KernelRunner:
             rope, tree = model.rope(start, end), None
         else:
             rope, tree = _tree_rope(model, start, parents), torch.tensor(parents, dtype=torch.int64)  # (T,)
-        return self._fused.step(model.ends(), tokens[0], start, cache.kernel_cache(), rope, tree)
+        return self._fused.step(model.ends(), tokens[0], start, cache.kernel_cache(), rope, tree, capture)
 
     def verifies_trees(self, model, cache, rows: int = 2) -> bool:
         """Whether a token tree of `rows` rows can be verified in one pass (step() with parents): the fused step over
@@ -258,13 +262,13 @@ class FusedWeights:
         return rows <= max_rows or self.format != "float32"
 
     def layers(self, x: torch.Tensor, order: Iterable[int], start: int, cache: KernelCache,
-               rope: tuple[torch.Tensor, torch.Tensor]) -> None:
+               rope: tuple[torch.Tensor, torch.Tensor], capture: LayerCapture | None = None) -> None:
         """Layers `order` over x (T, D) float32 at positions [start, start + T), in place, in one C call; rope: cos,
-        sin (T, W) of those positions."""
+        sin (T, W) of those positions; `capture`: residual streams to copy out."""
         cos, sin = rope
         governor = self._team()  # a prompt's chunks run on the count decode steps measured fastest
         kernel = self._kernels[governor.current] if governor is not None else self.matmul
-        kernel.layers(x, self._layers_view, self._order(order), cos, sin, cache, start)
+        kernel.layers(x, self._layers_view, self._order(order), cos, sin, cache, start, capture)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         """RMSNorm(x) (T, D) in the same C library, or None where it does not read `weight`'s dtype."""
@@ -275,22 +279,23 @@ class FusedWeights:
         return self._view(ends) is not None
 
     def step(self, ends: ModelEnds, tokens: torch.Tensor, start: int, cache: KernelCache,
-             rope: tuple[torch.Tensor, torch.Tensor],
-             parents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+             rope: tuple[torch.Tensor, torch.Tensor], parents: torch.Tensor | None = None,
+             capture: LayerCapture | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """tokens (T,) int64 at positions [start, start + T) through the embedding, every layer, the final norm and the
         head in one C call -> (hidden (T, D), logits (T, rows)) float32; None where it does not read the ends.
         rope: cos, sin (T, W) of the rows' positions; `parents` (T,) int64 makes the rows a token tree
-        (CpuKernel.forward_step)."""
+        (CpuKernel.forward_step); `capture`: residual streams to copy out."""
         view = self._view(ends)
         if view is None:
             return None
         cos, sin = rope
         rows, governor = tokens.numel(), self._team()
         if governor is None:
-            return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents)
+            return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents, capture)
         threads = governor.next(rows)
         started = time.perf_counter()
-        out = self._kernels[threads].forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents)
+        out = self._kernels[threads].forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents,
+                                                  capture)
         governor.record(threads, rows, time.perf_counter() - started)
         return out
 

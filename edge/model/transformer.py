@@ -38,6 +38,7 @@ from edge.model.block_weights import BlockEmbedding, BlockLinear
 from edge.model.config import ModelConfig
 from edge.model.kernel_glue import ModelTensors, use_kernel
 from edge.model.kv_cache import KVCache, keep_slots
+from edge.model.layer_features import LayerFeatures
 from edge.model.linears import LinearFactory
 from edge.model.rope import apply_rope, attention_factor, inverse_frequencies
 from edge.model.static_step import static_steps
@@ -178,6 +179,8 @@ class Transformer(nn.Module):
         # or a GGUF file's own types (edge/sources/gguf_weights.py); logits() and the fused calls score with it
         self.packed_head = None
         self.features: torch.Tensor | None = None  # (max_len, D) when kept: see keep_features()
+        # residual streams after chosen layers, when kept (EAGLE-3): edge.model.layer_features.keep_layer_features
+        self.layer_features: LayerFeatures | None = None
         self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin (S, R or 2R) each
 
     @property
@@ -227,6 +230,7 @@ class Transformer(nn.Module):
         A full pass must continue the cache (start <= cache.length) and sets cache.length = start + T; with
         keep_features() on, a full pass of batch 1 also stores its normed hidden states at those positions.
         A partial pass (a self-draft) may run ahead of cache.length; the verifying full pass rewrites its slots.
+        With keep_layer_features() on, a full pass of batch 1 also stores the residual streams after those layers.
         """
         steps = tokens.shape[1] if inputs is None else inputs.shape[1]
         end = start + steps
@@ -238,9 +242,12 @@ class Transformer(nn.Module):
         if inputs is None and self.config.embedding_scale is not None:
             x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)  # Gemma: sqrt(D), rounded to x's dtype
         order = range(self.config.num_layers) if full else list(layers)  # read twice below
+        kept = self.layer_features if full and self.layer_features is not None else None
+        kept = kept if kept is not None and kept.fits(end, x.shape[0]) else None
         if self.runner.fuses(ModelTensors(self), steps, x.dtype, cache, x.shape[0]):  # decode steps, verify passes
             rope = self.rope(start, end, x.dtype, local=None)  # (T, W) each: every kind of layer's rotary table
-            x = self.runner.layers(x[0], order, start, cache, rope)  # (T, D): the layers in fused C calls
+            capture = kept.capture(start, end) if kept is not None else None
+            x = self.runner.layers(x[0], order, start, cache, rope, capture)  # (T, D): the layers in fused C calls
             normed = self.runner.norm(x, self.norm.weight)  # (T, D): the final norm in the same C library, one call
             hidden = (normed if normed is not None else self.norm(x))[None]  # (1, T, D)
         else:
@@ -251,6 +258,8 @@ class Transformer(nn.Module):
             for layer in order:
                 layer_rope = local_rope if config.local_rope(layer) else rope
                 x = self.layers[layer](x, layer, start, cache, layer_rope, masks[config.window(layer)])
+                if kept is not None:
+                    kept.write(layer, start, x)
             hidden = self.norm(x)  # (B, T, D)
         if full:
             cache.length = end
@@ -268,7 +277,9 @@ class Transformer(nn.Module):
         parents[t] (-1: the cache) at position start + its depth and sees only the rows on its path; its keys/values
         go to slot start + t, and keep_rows() then moves the accepted path's into place."""
         # the static step computes the Llama layout only; other families take their eager passes
-        if parents is None and self.config.llama_layout and (self.inv_freq.device.type != "cpu" or _STATIC_ON_CPU):
+        kept = self.layer_features
+        if (parents is None and kept is None and self.config.llama_layout
+                and (self.inv_freq.device.type != "cpu" or _STATIC_ON_CPU)):
             steps = static_steps(self, cache)  # the GPU's graph-captured step (edge/model/static_step.py)
             if steps is not None and tokens.shape[0] == 1 and tokens.shape[1] <= steps.max_rows:
                 if start > cache.length:
@@ -277,13 +288,14 @@ class Transformer(nn.Module):
                 logits = steps.logits(tokens, start).clone()  # (T, V)
                 cache.length = start + tokens.shape[1]
                 return logits[None]  # (1, T, V)
-        stepped = self.runner.step(ModelTensors(self), tokens, start, cache, parents)
+        end = start + tokens.shape[1]
+        capture = kept.capture(start, end) if kept is not None and kept.fits(end, tokens.shape[0]) else None
+        stepped = self.runner.step(ModelTensors(self), tokens, start, cache, parents, capture)
         if stepped is None:
             if parents is not None:
                 raise ValueError("token trees run on edge's fused CPU step, which this model and cache do not use")
             return self.logits(self(tokens, start, cache))
         hidden, logits = stepped  # (T, D), (T, V)
-        end = start + tokens.shape[1]
         cache.length = end
         if self.features is not None and end <= self.features.shape[0]:
             self.features[start:end] = hidden
@@ -363,12 +375,14 @@ def keep_features(model: Transformer, max_len: int) -> torch.Tensor:
 
 
 def keep_rows(model: Transformer, start: int, rows: list[int], cache: KVCache) -> None:
-    """After a token tree's pass from `start`: move the keys/values (and kept features) of pass rows `rows`
-    (increasing, the accepted path from the first row) to slots start, start + 1, ..., and set the cache's length to
-    just past them."""
+    """After a token tree's pass from `start`: move the keys/values (and kept features of both kinds) of pass rows
+    `rows` (increasing, the accepted path from the first row) to slots start, start + 1, ..., and set the cache's
+    length to just past them."""
     cache.keep_rows(start, rows)
     if model.features is not None:
         keep_slots(model.features, start, rows)
+    if model.layer_features is not None:
+        keep_slots(model.layer_features.rows, start, rows)
     cache.length = start + len(rows)
 
 

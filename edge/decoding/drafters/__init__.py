@@ -14,6 +14,8 @@ package: every kind, its text form, its builder and what the memory planner coun
     builtin              the built-in drafter shipped with the built-in model
     feature[:PATH]       a feature drafter (EAGLE-style: one layer over the target's hidden states) trained for
                          this target (default: the built-in model's)
+    eagle3:PATH          a published EAGLE-3 head (a folder or a Hugging Face Hub id) over the target's low,
+                         middle and high layers' residual streams
     bundle               the drafter an edge-export bundle carries (when the target runs from that bundle)
     hybrid:SPEC          n-gram lookup when the suffix (2+ tokens) occurred before, else the drafter SPEC
     SPEC@VOCAB.json      any model drafter above with its head trimmed to the token ids in VOCAB.json (VocabTrim;

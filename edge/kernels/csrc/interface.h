@@ -120,6 +120,16 @@ typedef struct {
     const void *head;              /* (V, D), packed int8 bytes, or a BlockMatrix */
 } ModelView;
 
+/* ---- residual streams a pass keeps (EAGLE-3's target features) ----
+ * After layer layers[c] of a pass has run, row t's residual stream (D floats) is copied to
+ * rows + t * row_stride + c * D: the c-th of `count` captures sits beside the others in the row. */
+typedef struct {
+    const int64_t *layers;         /* (count) the layers after which to copy; a layer may appear more than once */
+    int64_t count;
+    float *rows;                   /* row t at rows + t * row_stride */
+    int64_t row_stride;            /* floats from one row to the next (>= count * D) */
+} Capture;
+
 /* ---- one greedy draft ----
  * What a draft asks beside the model (its ModelView) and the cache: the first step's rows, the layers to run, the
  * rotary tables, how many tokens to draft and when to stop, and where the drafted tokens go. */
@@ -250,11 +260,12 @@ void rms_norm_f32(const float *x, const void *w, float *out, int64_t T, int64_t 
 /* layers.c: the fused passes, and the scratch floats each one carves */
 void fused_layers_f32(const ModelView *m, float *x, int64_t T, int64_t start, const int64_t *order, int64_t count,
                       const float *cos_table, const float *sin_table, float *keys, float *values,
-                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch, int threads);
+                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, const Capture *capture,
+                      float *scratch, int threads);
 void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
                       int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
                       const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, const int64_t *parents,
-                      float *hidden, float *logits, float *scratch, int threads);
+                      const Capture *capture, float *hidden, float *logits, float *scratch, int threads);
 int64_t draft_greedy_f32(const ModelView *m, const DraftArgs *a, float *keys, float *values,
                          const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch,
                          int threads);

@@ -159,16 +159,31 @@ static void *layers_prepared(const ModelView *m, int64_t T) {
     return prepared_alloc(T, widest);
 }
 
-/* This thread's part of layers order[0 .. count) on x (T, D), inside the team's parallel region */
+/* The rows' residual streams x (T, D) after layer l, copied where `capture` asks for them (Capture); one thread */
+static void capture_rows(const Capture *capture, int64_t l, const float *x, int64_t T, int64_t D) {
+    for (int64_t c = 0; c < capture->count; c++) {
+        if (capture->layers[c] != l) continue;
+        for (int64_t t = 0; t < T; t++)
+            memcpy(capture->rows + t * capture->row_stride + c * D, x + t * D, D * sizeof(float));
+    }
+}
+
+/* This thread's part of layers order[0 .. count) on x (T, D), inside the team's parallel region; with `capture`
+ * (else NULL) the residual streams after the layers it names are copied out as each one finishes */
 static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t start, const int64_t *order,
                            int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
                            const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride,
-                           const int64_t *parents, float *scratch, void *prepared, int part, int parts) {
+                           const int64_t *parents, const Capture *capture, float *scratch, void *prepared, int part,
+                           int parts) {
     for (int64_t i = 0; i < count; i++) {
         const int64_t l = order[i];
         layer_team(m, l, x, T, cos_table, sin_table, hier ? NULL : keys + l * layer_stride,
                    hier ? NULL : values + l * layer_stride, hier, S_max, start, parents, scratch, prepared, part,
                    parts);
+        if (capture) {  /* layer_team ends in a single's barrier: every thread has finished x */
+#pragma omp single
+            capture_rows(capture, l, x, T, m->D);
+        }
     }
 }
 
@@ -178,15 +193,16 @@ static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t star
  * (L, Hkv, S_max, Dh), layer l at + l * layer_stride. Keys/values of the T rows are written into the cache at
  * [start, start + T) before the attention reads [0, start + t] for row t. cos/sin (T, rope_stride) are the rotary
  * tables of the rows' positions (ModelView). With `hier` (QuantSpec's hierarchical cache, kv_hierarchical.c) the
- * cache is that instead, and keys/values are unused. scratch holds fused_layers_scratch(m, T, start, hier != NULL)
- * floats. */
+ * cache is that instead, and keys/values are unused. With `capture` (else NULL) the rows' residual streams after the
+ * layers it names are copied out (Capture). scratch holds fused_layers_scratch(m, T, start, hier != NULL) floats. */
 void fused_layers_f32(const ModelView *m, float *x, int64_t T, int64_t start, const int64_t *order, int64_t count,
                       const float *cos_table, const float *sin_table, float *keys, float *values,
-                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch, int threads) {
+                      const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, const Capture *capture,
+                      float *scratch, int threads) {
     void *prepared = layers_prepared(m, T);
 #pragma omp parallel num_threads(threads)
     layers_in_team(m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride, NULL,
-                   scratch, prepared, omp_get_thread_num(), omp_get_num_threads());
+                   capture, scratch, prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);
 }
 
@@ -201,11 +217,12 @@ int64_t fused_layers_scratch(const ModelView *m, int64_t T, int64_t start, int h
  * (L, Hkv, S_max, Dh), layer l at + l * layer_stride, or `hier` (as in fused_layers_f32). With parents (T) the rows
  * are a token tree (attention.c): row t continues row parents[t] (-1: the cache), its rotary rows are those of its
  * depth's position, and its keys/values are still stored at slot start + t (the caller keeps the accepted path's
- * slots and moves them into place). scratch holds forward_step_scratch(m, T, start, hier != NULL) floats. */
+ * slots and moves them into place). `capture` as in fused_layers_f32. scratch holds forward_step_scratch(m, T, start,
+ * hier != NULL) floats. */
 void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
                       int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
                       const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, const int64_t *parents,
-                      float *hidden, float *logits, float *scratch, int threads) {
+                      const Capture *capture, float *hidden, float *logits, float *scratch, int threads) {
     const int64_t D = m->D;
     float *x = scratch, *layer_scratch = scratch + T * D;
     for (int64_t t = 0; t < T; t++) embed_token(m, tokens[t], x + t * D);
@@ -214,7 +231,7 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
     {
         const int part = omp_get_thread_num(), parts = omp_get_num_threads();
         layers_in_team(m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride,
-                       parents, layer_scratch, prepared, part, parts);
+                       parents, capture, layer_scratch, prepared, part, parts);
 #pragma omp single
         rms_norm_rows(x, m->norm, hidden, T, D, m->eps, m->norm_format);
         team_matmul(hidden, m->head, NULL, logits, T, m->V, D, m->head_format, prepared, part, parts);
@@ -268,7 +285,7 @@ int64_t draft_greedy_f32(const ModelView *m, const DraftArgs *a, float *keys, fl
         }
         if (a->fc) rowwise_matmul(joined, a->fc, NULL, x, T, D, 2 * D, m->format, threads);
         fused_layers_f32(m, x, T, position, a->order, a->count, a->cos_table + position * m->rope_stride,
-                         a->sin_table + position * m->rope_stride, keys, values, hier, S_max, layer_stride,
+                         a->sin_table + position * m->rope_stride, keys, values, hier, S_max, layer_stride, NULL,
                          layer_scratch, threads);
         rms_norm_rows(x + (T - 1) * D, m->norm, normed, 1, D, m->eps, m->norm_format);
         rowwise_matmul(normed, m->head, NULL, logits, 1, V, D, m->head_format, threads);

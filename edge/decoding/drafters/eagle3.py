@@ -1,0 +1,156 @@
+"""An EAGLE-3 drafter: a published EAGLE-3 head (edge/decoding/drafters/eagle3_head.py) drafting from the target's
+residual streams at a low, a middle and a high layer, which the target keeps for every position it computes
+(edge/model/layer_features.py, on the torch path and in the fused C calls).
+
+    target streams f[0 .. n-1] (3D each)
+    rows j = reuse .. n-1:  layer(fc(f[j]), embed(x[j+1]))          -> out[j]       (the target's own features)
+    draft 1 = d2t-mapped argmax lm_head(norm(out[n-1]));  rows n, n+1, ...:  layer(out[previous], embed(draft))
+
+Row j sits at position j in the head's own KV cache; a new draft recomputes from the first row whose tokens or
+features changed (as the feature drafter does). Greedy drafts report the runner-up at each position, so the target
+may verify them as a token tree; sampled drafts report the distribution each token was drawn from, over the target's
+whole vocabulary (tokens outside the draft vocabulary impossible), so speculative sampling stays exact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from edge.decoding.drafters.base import Draft, DraftSampler
+from edge.decoding.drafters.eagle3_head import Eagle3Config, Eagle3Layer, head_folder, read_tensors
+from edge.errors import CheckpointError, SamplingError
+from edge.model.kv_cache import common_prefix
+from edge.model.layer_features import keep_layer_features
+from edge.model.transformer import Transformer
+
+
+class Eagle3Drafter:
+    name = "eagle3"
+
+    def __init__(self, target: Transformer, layer: Eagle3Layer, token_ids: torch.Tensor,
+                 layers: tuple[int, ...], embed: torch.nn.Module) -> None:
+        """`token_ids` (Vd,): the target token of each draft-vocabulary row; `layers`: the target layers whose
+        output streams the head reads; `embed`: the head's embedding, or the target's."""
+        self.target, self.layer, self.token_ids, self.embed = target, layer, token_ids, embed
+        self.kept = keep_layer_features(target, layers, layer.max_len)
+        self._seen: list[int] = []  # the tokens the cached rows were computed for
+        self._true_rows = 0  # rows computed from the target's own features
+
+    @classmethod
+    def load(cls, name: str | Path, target: Transformer, max_len: int) -> "Eagle3Drafter":
+        """The head in a folder, or a Hub id's from the Hugging Face cache, checked against `target`."""
+        if not isinstance(target, Transformer):
+            raise SamplingError("the eagle3 drafter reads the target's hidden states, which needs the torch backend")
+        folder = head_folder(name)
+        config = Eagle3Config.read(folder)
+        tensors = read_tensors(folder)
+        wanted = target.config
+        if (config.hidden_size, config.vocab_size) != (wanted.hidden_size, wanted.vocab_size):
+            raise CheckpointError(f"the EAGLE-3 head {name} belongs to another target (hidden size "
+                                  f"{config.hidden_size}, vocabulary {config.vocab_size}; this model's are "
+                                  f"{wanted.hidden_size}, {wanted.vocab_size}); pass the head trained for this model")
+        layers = config.target_layers(wanted.num_layers)
+        if any(not 0 <= layer < wanted.num_layers for layer in layers):
+            raise CheckpointError(f"the EAGLE-3 head {name} reads target layers {list(layers)}, beyond this model's "
+                                  f"{wanted.num_layers}; pass the head trained for this model")
+        check_tensors(name, config, tensors)
+        d2t = tensors.get("d2t")
+        rows = torch.arange(config.draft_vocab_size)
+        token_ids = rows if d2t is None else rows + d2t.long()  # (Vd,)
+        if int(token_ids.min()) < 0 or int(token_ids.max()) >= wanted.vocab_size:
+            raise CheckpointError(f"the EAGLE-3 head {name} maps draft tokens outside this model's vocabulary of "
+                                  f"{wanted.vocab_size} (its d2t); pass the head trained for this model")
+        layer = Eagle3Layer(config, tensors, max_len, target.dtype, target.device, target.runner)
+        embed = target.embed
+        if "embed_tokens.weight" in tensors:
+            weight = tensors["embed_tokens.weight"].to(device=target.device, dtype=target.dtype)
+            embed = torch.nn.Embedding.from_pretrained(weight, freeze=True)
+        return cls(target, layer, token_ids.to(target.device), layers, embed)
+
+    def propose(self, tokens: list[int], k: int, sampler: DraftSampler) -> Draft:
+        last = len(tokens) - 1  # position of the last token; the target holds features for positions < last
+        if last < 1 or last + k > self.layer.max_len:
+            return Draft(tokens=[])
+        reuse = min(self._true_rows, max(common_prefix(self._seen, tokens) - 1, 0), last - 1)
+        with torch.inference_mode():
+            features = self.layer.fuse(self.kept.rows[reuse:last])  # (T, D)
+            out = self._rows(features, tokens[reuse + 1:], reuse)  # (T, D)
+            draft = self._draft(out[-1:], tokens, last, k, sampler)
+        self._seen, self._true_rows = list(tokens), last  # a snapshot: the caller extends its list
+        return draft
+
+    def _rows(self, g: torch.Tensor, feed: list[int], start: int) -> torch.Tensor:
+        embeds = self.embed(torch.tensor(feed, device=g.device)).to(g.dtype)  # (T, D)
+        return self.layer.forward(g, embeds, start)  # (T, D)
+
+    def _draft(self, out: torch.Tensor, tokens: list[int], position: int, k: int, sampler: DraftSampler) -> Draft:
+        """Up to k tokens from the layer's output (1, D) of the row before `position`, each fed back."""
+        draft, probs = Draft(tokens=[], runners_up=[] if sampler.runners_up else None), []
+        for i in range(k):
+            logits = self.layer.logits(out)[0].float()  # (Vd,)
+            token, dist, confidence = sampler.pick(self._full(logits), tokens + draft.tokens)
+            if draft.runners_up is not None:
+                confidence = self._runner_up(logits, draft)
+            if sampler.stop_below is not None and draft.tokens and confidence < sampler.stop_below:
+                if draft.runners_up is not None:
+                    draft.runners_up.pop()
+                break  # keep at least one token: an empty draft wastes the verify pass
+            draft.tokens.append(token)
+            draft.confidences.append(confidence)
+            if dist is not None:
+                probs.append(dist)
+            if i + 1 < k:
+                out = self._rows(out, [token], position + i)  # (1, D)
+        if probs:
+            draft.probs = torch.stack(probs)  # (n, V)
+        return draft
+
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits (Vd,) -> the target vocabulary's (V,), -inf where the head has no row."""
+        full = logits.new_full((self.target.config.vocab_size,), float("-inf"))
+        full[self.token_ids] = logits
+        return full
+
+    def _runner_up(self, logits: torch.Tensor, draft: Draft) -> float:
+        """Record the second choice (target token, probability); return the first choice's probability."""
+        top = logits.softmax(-1).topk(2)
+        draft.runners_up.append((int(self.token_ids[top.indices[1]]), float(top.values[1])))
+        return float(top.values[0])
+
+    def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
+        pass  # the next propose() recomputes the rows of accepted drafts from the target's features
+
+    def reset(self) -> None:
+        self.layer.length = 0
+        self._seen, self._true_rows = [], 0
+
+    def memory_bytes(self) -> int:
+        embed = self.embed.weight.nbytes if self.embed is not self.target.embed else 0
+        return self.layer.nbytes + self.kept.rows.nbytes + self.token_ids.nbytes + embed
+
+
+def check_tensors(name, config: Eagle3Config, tensors: dict[str, torch.Tensor]) -> None:
+    """Every tensor the layer reads is there in the shape config.json implies; else one line naming the first."""
+    d, q, kv, i = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim, \
+        config.intermediate_size
+    shapes = {"fc.weight": (d, 3 * d), "midlayer.self_attn.q_proj.weight": (q, 2 * d),
+              "midlayer.self_attn.k_proj.weight": (kv, 2 * d), "midlayer.self_attn.v_proj.weight": (kv, 2 * d),
+              "midlayer.self_attn.o_proj.weight": (d, q), "midlayer.mlp.gate_proj.weight": (i, d),
+              "midlayer.mlp.up_proj.weight": (i, d), "midlayer.mlp.down_proj.weight": (d, i),
+              "midlayer.input_layernorm.weight": (d,), "midlayer.hidden_norm.weight": (d,),
+              "midlayer.post_attention_layernorm.weight": (d,), "norm.weight": (d,),
+              "lm_head.weight": (config.draft_vocab_size, d)}
+    if config.draft_vocab_size != config.vocab_size:
+        shapes["d2t"] = (config.draft_vocab_size,)
+    biased = sorted(tensor for tensor in tensors if tensor.endswith(".bias"))
+    if biased:
+        raise CheckpointError(f"the EAGLE-3 head {name} has biases ({biased[0]}), which edge does not run; use a head "
+                              "without them")
+    for tensor, shape in shapes.items():
+        found = tensors.get(tensor)
+        if found is None or tuple(found.shape) != shape:
+            what = "lacks" if found is None else f"has {tuple(found.shape)} for"
+            raise CheckpointError(f"the EAGLE-3 head {name} {what} {tensor} of shape {shape}; it is incomplete or "
+                                  "not an EAGLE-3 head, download or write it again")

@@ -1,0 +1,66 @@
+"""train.eagle3 end to end on a small target: features from its prefill passes, a few steps, a head in the hub's
+layout that `eagle3:PATH` loads and that keeps greedy output the target's own; a run started again resumes."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from edge import Engine
+from train import eagle3
+from tests.helpers import greedy
+
+
+def write_replies(path, count: int) -> None:
+    words = ["the", "json", "module", "reads", "and", "writes", "text", "files", "of", "data"]
+    lines = []
+    for i in range(count):
+        reply = " ".join(words[(i + j) % len(words)] for j in range(12))
+        lines.append(json.dumps({"kind": "reply", "messages": [{"role": "user", "content": f"question {i}?"},
+                                                               {"role": "assistant", "content": reply}]}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_trained_head_loads_as_an_eagle3_drafter_and_keeps_greedy_output(llama_dir, tmp_path):
+    replies, out = tmp_path / "replies.jsonl", tmp_path / "run"
+    write_replies(replies, 10)
+    common = ["--target", str(llama_dir), "--replies", str(replies), "--out", str(out), "--batch", "2",
+              "--seq-len", "24", "--held-out", "2", "--draft-vocab", "64", "--intermediate", "32", "--save-every", "2"]
+    assert eagle3.main([*common, "--steps", "2"]) == 0
+    assert torch.load(out / "checkpoint.pt")["step"] == 2
+    assert eagle3.main([*common, "--steps", "4"]) == 0  # resumes from step 2, features cached
+    card = json.loads((out / "final" / "card.json").read_text())
+    assert card["steps"] == 4 and len(card["held_out_top1_by_draft_position"]) == 3
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] <= 64
+    engine = Engine.load(llama_dir)
+    plain = greedy(engine, max_new_tokens=16)
+    engine.use_drafter(f"eagle3:{out / 'final'}", 3)
+    assert greedy(engine, max_new_tokens=16) == plain
+
+
+def test_the_trained_head_computes_what_the_runtime_head_computes(tmp_path):
+    """The trainer's head and edge's run-time head (eagle3_head.Eagle3Layer) read the same saved tensors and give
+    the same logits for the same features and embeddings: what training fits is what drafting runs."""
+    from types import SimpleNamespace
+
+    from edge.decoding.drafters.eagle3_head import Eagle3Config, Eagle3Layer, read_tensors
+
+    torch.manual_seed(0)
+    head = eagle3.Eagle3Head(hidden=32, intermediate=48, heads=4, kv_heads=2, head_dim=8, draft_vocab=20, layers=3,
+                             eps=1e-6, rope_theta=10000.0)
+    for parameter in head.parameters():
+        parameter.data.normal_(0, 0.3)
+    kept = torch.arange(0, 40, 2)  # (20,) target ids
+    eagle3.save_head(tmp_path, head, kept, (0, 1, 2), SimpleNamespace(hidden_size=32, vocab_size=50), {})
+    saved = read_tensors(tmp_path)
+    assert (kept == torch.arange(20) + saved["d2t"]).all() and int(saved["t2d"].sum()) == 20
+    head.load_state_dict({name: value.float() for name, value in saved.items() if name not in ("d2t", "t2d")})
+    runtime = Eagle3Layer(Eagle3Config.read(tmp_path), saved, max_len=16, dtype=torch.float32,
+                          device=torch.device("cpu"))
+    features, embeds = torch.randn(1, 10, 96), torch.randn(1, 10, 32)  # (1, T, 3D), (1, T, D)
+    with torch.no_grad():
+        trained = head.logits(head.layer(head.fc(features), embeds))[0]  # (T, Vd)
+    ran = runtime.logits(runtime.forward(runtime.fuse(features[0]), embeds[0], 0))  # (T, Vd)
+    torch.testing.assert_close(ran, trained, rtol=1e-4, atol=1e-4)

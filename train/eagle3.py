@@ -1,0 +1,289 @@
+"""Train an EAGLE-3 head for a target (a GGUF file or a checkpoint folder) on 2 CPU cores, in the hub's layout that
+`--drafter eagle3:PATH` loads (edge/decoding/drafters/eagle3_head.py).
+
+    python -m train.replies --target MODEL.gguf --requests both --count 3000 --out data/replies.jsonl
+    python -m train.eagle3 --target MODEL.gguf --replies data/replies.jsonl --out data/runs/eagle3
+
+1. Features (resumable, cached under OUT/features): each reply, rendered with the chat template, runs once through
+   the target as a prefill pass on edge's own kernels (edge.model.layer_features): the residual streams after a low,
+   a middle and a high layer at every position, exactly what the drafter reads at run time, stored in float16 with
+   the token ids and which positions are the target's reply.
+2. Training (resumable, checkpoints in OUT): row j fuses the streams at j (fc, 3D -> D) with the embedding of token
+   j + 1, runs the head's one decoder layer and predicts token j + 2 over the draft vocabulary (cross-entropy on the
+   reply's tokens: the target's own greedy choices). Training-time test: `--unroll` more passes feed each row the
+   previous row's output of the pass before, as drafting does past its first token, so later draft tokens are
+   trained on the head's own features (causal attention within a pass: a simplification of EAGLE-3's tree mask).
+3. OUT/final: config.json (architectures LlamaForCausalLMEagle3, eagle_config's layer ids), model.safetensors (fc,
+   midlayer.*, norm, lm_head over the draft vocabulary, d2t, t2d; the target's embedding is not copied) and card.json
+   (data, steps, held-out top-1 agreement of the first and the later draft tokens).
+
+The draft vocabulary is the `--draft-vocab` most frequent tokens of the replies (EAGLE-3's d2t/t2d), or a VocabTrim
+file's ids (`--draft-vocab FILE.json`, e.g. edge/models/qwen2.5-vocab/vocab.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from train.progress import Progress
+
+HELD_OUT = 64  # replies kept out of training, for the card's agreement figures
+UNROLL_WEIGHT = 0.7  # the loss of unrolled pass s weighs UNROLL_WEIGHT ** s
+
+
+class Eagle3Head(nn.Module):
+    """The trainable head, its parameters named as published EAGLE-3 heads name theirs."""
+
+    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, draft_vocab: int,
+                 layers: int, eps: float, rope_theta: float) -> None:
+        super().__init__()
+        self.eps, self.heads, self.kv_heads, self.head_dim = eps, heads, kv_heads, head_dim
+        self.rope_theta = rope_theta
+        self.fc = nn.Linear(layers * hidden, hidden, bias=False)
+        attn = nn.Module()
+        attn.q_proj = nn.Linear(2 * hidden, heads * head_dim, bias=False)
+        attn.k_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=False)
+        attn.v_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=False)
+        attn.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        mlp = nn.Module()
+        mlp.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        mlp.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        mlp.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.midlayer = nn.Module()
+        self.midlayer.self_attn, self.midlayer.mlp = attn, mlp
+        for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+            setattr(self.midlayer, name, nn.Module())
+            getattr(self.midlayer, name).weight = nn.Parameter(torch.ones(hidden))
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.ones(hidden))
+        self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
+
+    def _norm(self, x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        return module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def _rope(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, H, T, Dh) rotated by position (half-split rotary, as edge and Llama run it)."""
+        half = self.head_dim // 2
+        inv = 1.0 / self.rope_theta ** (torch.arange(half, dtype=torch.float32) / half)  # (Dh/2,)
+        angles = torch.arange(x.shape[2], dtype=torch.float32)[:, None] * inv[None, :]  # (T, Dh/2)
+        cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()  # (T, Dh) each
+        rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+        return x * cos + rotated * sin
+
+    def layer(self, g: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """g, embeds (B, T, D) -> the layer's output (B, T, D), causal over T."""
+        m, (b, t, _) = self.midlayer, g.shape
+        h = self._norm(g, m.hidden_norm)
+        joined = torch.cat((self._norm(embeds, m.input_layernorm), h), -1)  # (B, T, 2D)
+        q = self._rope(m.self_attn.q_proj(joined).view(b, t, self.heads, self.head_dim).transpose(1, 2))
+        k = self._rope(m.self_attn.k_proj(joined).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2))
+        v = m.self_attn.v_proj(joined).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        x = g + m.self_attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
+        normed = self._norm(x, m.post_attention_layernorm)
+        return x + m.mlp.down_proj(F.silu(m.mlp.gate_proj(normed)) * m.mlp.up_proj(normed))
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self._norm(out, self.norm))  # (B, T, Vd)
+
+    def passes(self, features: torch.Tensor, embeds: torch.Tensor, unroll: int) -> list[torch.Tensor]:
+        """features (B, T, 3D) at rows j, embeds (B, T, D) of tokens j + 1 -> logits (B, T, Vd) of each pass: the
+        first from the target's features, each later one from the previous pass's output one row earlier."""
+        out = self.layer(self.fc(features), embeds)
+        logits = [self.logits(out)]
+        for _ in range(unroll):
+            g = torch.cat((out[:, :1], out[:, :-1]), 1)  # row j gets the previous pass's row j - 1
+            out = self.layer(g, embeds)
+            logits.append(self.logits(out))
+        return logits
+
+
+def target_and_layers(target: str):
+    from edge.engine import Engine
+    from edge.model.layer_features import default_layers
+
+    engine = Engine.load(target, max_context=4096)
+    return engine, default_layers(engine.model.config.num_layers)
+
+
+def encode(example: dict, tokenizer) -> tuple[list[int], list[bool]]:
+    """A reply example -> its token ids and which of them are the reply's (the target's own tokens)."""
+    messages = example["messages"]
+    prompt = tokenizer.encode_chat(messages[:-1], add_generation_prompt=True)
+    reply = tokenizer.encode(messages[-1]["content"], add_special_tokens=False) + tokenizer.eos_token_ids[:1]
+    return prompt + reply, [False] * len(prompt) + [True] * len(reply)
+
+
+def extract_features(engine, layers, replies: Path, folder: Path, limit: int | None) -> list[Path]:
+    """One .pt file per reply under `folder` (ids, reply mask, float16 features), made once each."""
+    from edge.model.layer_features import layer_features
+
+    folder.mkdir(parents=True, exist_ok=True)
+    examples = [json.loads(line) for line in replies.read_text().splitlines() if line.strip()][:limit]
+    files, todo = [folder / f"{i:06d}.pt" for i in range(len(examples))], []
+    todo = [i for i, path in enumerate(files) if not path.exists()]
+    progress = Progress(len(files), len(files) - len(todo), "features")
+    for done, i in enumerate(todo, len(files) - len(todo) + 1):
+        ids, mask = encode(examples[i], engine.tokenizer)
+        features = layer_features(engine.model, ids, layers).to(torch.float16)  # (T, 3D)
+        partial = files[i].with_suffix(".partial")
+        torch.save({"ids": torch.tensor(ids), "mask": torch.tensor(mask), "features": features}, partial)
+        partial.rename(files[i])
+        progress.update(done)
+    progress.close()
+    return files
+
+
+def draft_vocabulary(files: list[Path], size_or_file: str, vocab_size: int) -> torch.Tensor:
+    """Sorted target ids of the draft vocabulary: a VocabTrim file's, or the most frequent reply tokens."""
+    if not size_or_file.isdigit():
+        from edge.model.trimmed_head import read_vocabulary
+        return read_vocabulary(size_or_file)
+    counts = Counter()
+    for path in files:
+        record = torch.load(path)
+        counts.update(record["ids"][record["mask"]].tolist())
+    kept = [token for token, _ in counts.most_common(int(size_or_file))]
+    return torch.tensor(sorted(kept), dtype=torch.long).clamp(max=vocab_size - 1).unique()
+
+
+def batches(files: list[Path], seq_len: int, batch: int, rng: random.Random):
+    """Endless batches of (ids, mask, features) windows of seq_len rows from random replies."""
+    while True:
+        picked = [torch.load(rng.choice(files)) for _ in range(batch)]
+        windows = []
+        for record in picked:
+            n = record["ids"].shape[0]
+            start = rng.randrange(0, max(1, n - seq_len))
+            windows.append({key: value[start:start + seq_len] for key, value in record.items()})
+        length = min(w["ids"].shape[0] for w in windows)
+        yield (torch.stack([w["ids"][:length] for w in windows]), torch.stack([w["mask"][:length] for w in windows]),
+               torch.stack([w["features"][:length] for w in windows]).float())
+
+
+def losses(head: Eagle3Head, embed: nn.Module, t2d: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+           features: torch.Tensor, unroll: int) -> tuple[torch.Tensor, list[float]]:
+    """Row j: features j, embedding of token j + 1 -> token j + 2; reply tokens inside the draft vocabulary only.
+    Returns the weighted loss and each pass's top-1 agreement."""
+    with torch.no_grad():
+        embeds = embed(ids[:, 1:-1]).float()  # (B, T-2, D)
+    labels = t2d[ids[:, 2:]]  # (B, T-2): draft ids, -1 outside the draft vocabulary
+    valid = mask[:, 2:] & (labels >= 0)
+    total, agreement = 0.0, []
+    for s, logits in enumerate(head.passes(features[:, :-2], embeds, unroll)):
+        keep = valid.clone()
+        keep[:, :s] = False  # the first s rows of pass s have no earlier row of the pass before
+        if keep.any():
+            total = total + UNROLL_WEIGHT ** s * F.cross_entropy(logits[keep], labels[keep])
+            agreement.append(float((logits[keep].argmax(-1) == labels[keep]).float().mean()))
+        else:
+            agreement.append(float("nan"))
+    return total, agreement
+
+
+def save_head(folder: Path, head: Eagle3Head, kept: torch.Tensor, layers, target_config, card: dict) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: value.detach().to(torch.bfloat16).contiguous() for name, value in head.state_dict().items()}
+    tensors["d2t"] = (kept - torch.arange(kept.numel())).to(torch.int64)  # target id = draft id + d2t[draft id]
+    t2d = torch.zeros(target_config.vocab_size, dtype=torch.bool)
+    t2d[kept] = True
+    tensors["t2d"] = t2d
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+              "hidden_size": target_config.hidden_size, "intermediate_size": head.midlayer.mlp.up_proj.out_features,
+              "num_attention_heads": head.heads, "num_key_value_heads": head.kv_heads, "head_dim": head.head_dim,
+              "rms_norm_eps": head.eps, "rope_theta": head.rope_theta, "vocab_size": target_config.vocab_size,
+              "draft_vocab_size": int(kept.numel()), "num_hidden_layers": 1, "tie_word_embeddings": False,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [layer + 1 for layer in layers]}}
+    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    (folder / "card.json").write_text(json.dumps(card, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.eagle3", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", required=True, help="the target: a GGUF file or checkpoint folder")
+    parser.add_argument("--replies", required=True, type=Path, help="the target's replies (python -m train.replies)")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--limit", type=int, default=None, help="use the first N replies")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--unroll", type=int, default=2, help="training-time test: passes on the head's own features")
+    parser.add_argument("--intermediate", type=int, default=None, help="the head's MLP width (default: the target's)")
+    parser.add_argument("--draft-vocab", default="16384", help="a size (most frequent reply tokens) or a JSON file")
+    parser.add_argument("--held-out", type=int, default=HELD_OUT, help="replies kept out for the card's figures")
+    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(args.seed)
+    engine, layers = target_and_layers(args.target)
+    config = engine.model.config
+    files = extract_features(engine, layers, args.replies, args.out / "features", args.limit)
+    if len(files) <= args.held_out:
+        print(f"train.eagle3: {len(files)} replies are too few (need more than {args.held_out}); make more with "
+              "python -m train.replies --count N", file=sys.stderr)
+        return 2
+    held_out, training = files[:args.held_out], files[args.held_out:]
+    kept = draft_vocabulary(training, args.draft_vocab, config.vocab_size)
+    t2d = torch.full((config.vocab_size,), -1, dtype=torch.long)
+    t2d[kept] = torch.arange(kept.numel())
+    head = Eagle3Head(config.hidden_size, args.intermediate or config.intermediate_size, config.num_heads,
+                      config.num_kv_heads, config.head_dim, int(kept.numel()), len(layers), config.rms_norm_eps,
+                      config.rope_theta)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
+    state, step = args.out / "checkpoint.pt", 0
+    if state.exists():
+        saved = torch.load(state)
+        head.load_state_dict(saved["head"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step = saved["step"]
+    rng = random.Random(args.seed + step)
+    stream = batches(training, args.seq_len, args.batch, rng)
+    progress = Progress(args.steps, step, "training")
+    started = time.time()
+    while step < args.steps:
+        ids, mask, features = next(stream)
+        for group in optimizer.param_groups:  # warm up, then cosine down
+            group["lr"] = args.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        loss, agreement = losses(head, engine.model.embed, t2d, ids, mask, features, args.unroll)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        progress.update(step, loss=float(loss.detach()), first=agreement[0])
+        if step % args.save_every == 0 or step == args.steps:
+            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, state)
+    progress.close()
+    with torch.no_grad():
+        scores = [losses(head, engine.model.embed, t2d, ids, mask, features, args.unroll)[1]
+                  for ids, mask, features in (next(batches([path], 4096, 1, random.Random(0))) for path in held_out)]
+    agreement = [sum(s[i] for s in scores if not math.isnan(s[i])) / max(1, sum(not math.isnan(s[i]) for s in scores))
+                 for i in range(args.unroll + 1)]
+    card = {"target": str(args.target), "replies": str(args.replies), "training_replies": len(training),
+            "held_out_replies": len(held_out), "steps": step, "batch": args.batch, "seq_len": args.seq_len,
+            "unroll": args.unroll, "draft_vocab": int(kept.numel()), "layers": list(layers),
+            "held_out_top1_by_draft_position": [round(a, 4) for a in agreement],
+            "training_minutes": round((time.time() - started) / 60, 1)}
+    save_head(args.out / "final", head, kept, layers, config, card)
+    print(json.dumps(card), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

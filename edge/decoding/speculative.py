@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 ADAPTIVE_START = 2
 PROBE_EVERY = 32  # steps of plain decoding after which a paused adaptive length drafts again, to measure anew
 PLAIN_PROBE_AFTER = 8  # drafted steps after which a drafter that always proposes gets one plain step measured
+DRAFTS_BEFORE_PAUSE = 4  # drafted steps since (re)starting before the length may pause: a few rejections in a row
+# would otherwise pause a drafter that pays for 32 steps at a time (a reply of 128 tokens is about 40 steps)
 
 
 @dataclass
@@ -157,7 +159,8 @@ class DraftLength:
     Adaptive picks, after every step, the k with the most expected tokens per second from what this engine has
     measured (StepCosts: verify passes by row count, drafting per token, the running acceptance), within
     [min_k, max_k]; where a plain step, as measured, makes tokens faster than the best k would, it pauses (k = 0:
-    plain decoding) and drafts again after PROBE_EVERY steps to measure anew, so a drafter that cannot pay costs
+    plain decoding; not before DRAFTS_BEFORE_PAUSE drafted steps since it started or resumed) and drafts again after
+    PROBE_EVERY steps to measure anew, so a drafter that cannot pay costs
     little more than plain decoding. Where a verify pass of a few rows costs about one step (memory-bound decoding)
     it drafts longer; where every row costs compute (a model in cache) shorter. In interleaved suites this rule measured
     level with or ahead of the best fixed k and of the grow-by-one/drop-to-accepted rule it replaced, on the
@@ -173,6 +176,7 @@ class DraftLength:
     costs: StepCosts = dataclasses.field(default_factory=StepCosts)  # shared by copies: one table per engine
     paused_steps: int = 0  # plain steps taken since the length paused (k = 0)
     resuming: bool = False  # the next draft is the first after a pause: its drafting time includes catching up
+    drafted_steps: int = 0  # drafted steps since the length started or last resumed from a pause
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
@@ -231,13 +235,15 @@ class DraftLength:
                 self.paused_steps += 1
                 if self.paused_steps >= PROBE_EVERY:
                     self.k, self.paused_steps = self.costs.best_length(self.min_k, self.max_k), 0
-                    self.resuming = True
+                    self.resuming, self.drafted_steps = True, 0
             return
         if timed:
             self.costs.observe(accepted, drafted, draft_s, verify_s, rows, drafting_measured=not self.resuming)
             self.resuming = False
             best = self.costs.best_length(self.min_k, self.max_k)
-            self.k = 0 if pausable and self.costs.plain_pays(best) else best
+            self.drafted_steps += 1
+            settled = self.drafted_steps >= DRAFTS_BEFORE_PAUSE
+            self.k = 0 if pausable and settled and self.costs.plain_pays(best) else best
             if pausable and 1 not in self.costs.verify and sum(self.costs.seen.values()) >= PLAIN_PROBE_AFTER:
                 self.k, self.paused_steps = 0, PROBE_EVERY - 1  # one plain step, to measure what drafting must beat
         else:

@@ -114,12 +114,14 @@ def graph_ms(functions: list, repeats: int = 20) -> float:
 STEP_SHAPES = ((1, 8192, 8192), (4, 8192, 8192), (1, 216320, 256), (1, 256, 108160))
 DENSE_SWEEP = [{"block_n": block_n, "num_warps": warps, "num_stages": stages}
                for block_n, warps, stages in ((32, 4, 3), (64, 4, 3), (128, 8, 3), (64, 8, 3), (32, 4, 5), (64, 4, 5))]
-QUANTIZED_SWEEP = [{"unpack": unpack, "block_n": block_n, "num_warps": warps}
-                   for unpack in (0, 1, 2) for block_n, warps in ((32, 4), (64, 4), (128, 8))] + \
-                  [{"unpack": 3, "block_n": block_n, "num_warps": warps} for block_n, warps in ((64, 4), (128, 4),
-                                                                                           (256, 8))]
-SWEPT = {("int4", STEP_SHAPES[0]), ("int4", STEP_SHAPES[2]), ("int4", STEP_SHAPES[3]), ("int8", STEP_SHAPES[0]),
-         ("float16", STEP_SHAPES[3])}
+QUANTIZED_SWEEP = [{"unpack": 1, "block_n": block_n, "num_warps": 4} for block_n in (32, 64)] + \
+                  [{"unpack": 3, "block_n": block_n, "num_warps": warps} for block_n, warps in ((64, 4), (128, 4))] + \
+                  [{"unpack": 4, "block_n": block_n, "num_warps": warps, **extra}
+                   for block_n, warps, extra in ((32, 4, {}), (64, 4, {}), (128, 4, {}), (128, 8, {}), (256, 8, {}),
+                                                 (64, 4, {"steps": 2}), (128, 8, {"steps": 2}), (64, 4, {"splits": 1}),
+                                                 (128, 8, {"splits": 1}), (128, 4, {"splits": 1}))]
+SWEPT = {("int4", STEP_SHAPES[0]), ("int4", STEP_SHAPES[1]), ("int4", STEP_SHAPES[2]), ("int4", STEP_SHAPES[3]),
+         ("int8", STEP_SHAPES[0]), ("int8", STEP_SHAPES[3])}
 
 
 def step_gemv_report(fmt: str, rows: int, n: int, k: int, bandwidth: float, sweep: bool) -> dict:
@@ -139,7 +141,9 @@ def step_gemv_report(fmt: str, rows: int, n: int, k: int, bandwidth: float, swee
     nbytes = weights[0].nbytes if fmt != "float16" else weights[0].numel() * 2
     moved = nbytes + x.nbytes + rows * n * 2
 
-    def measure(**tiles) -> dict:
+    def measure(steps: int = 1, **tiles) -> dict:  # steps: that many times the word kernel's inputs a step
+        if steps > 1:
+            tiles["block_k"] = steps * step_kernels.linear_tiles(weights[0], x.device, unpack=4)[1]
         ms = graph_ms([lambda w=w: step_kernels.linear(x, w, **tiles) for w in weights])
         return {"ms": round(ms, 4), "gb_s": round(moved / (ms / 1e3) / 1e9, 1),
                 "share_of_bandwidth": round(moved / (ms / 1e3) / 1e9 / bandwidth, 3)}

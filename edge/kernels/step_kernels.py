@@ -19,6 +19,7 @@ and reads each cached vector once per step.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import lru_cache
 
@@ -188,6 +189,94 @@ def _gemv_rows_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, 
 
 
 @triton.jit
+def _word_codes(words, high, P: tl.constexpr, FORMAT: tl.constexpr, magic):
+    """Code P of each 32-bit word (step_codes()'s layout) times 2^_code_shift(P), exact in float32. `words` and
+    `high` (the words shifted right once, for the codes past the mantissa's 23 bits) come with the bits of 2^23 set
+    (`magic`, 0x4B000000, an argument so that the compiler keeps one mask a code): one AND leaves the code's bits in
+    place in the mantissa of 2^23, one subtraction removes 2^23 and the code's offset (8 or 128)."""
+    shift: tl.constexpr = _code_shift(P, FORMAT)
+    width: tl.constexpr = 15 if FORMAT == 2 else 255
+    source = words if P < (5 if FORMAT == 2 else 2) else high
+    bits = source & ((width << shift) | magic)
+    return bits.to(tl.float32, bitcast=True) - (8388608.0 + (8.0 if FORMAT == 2 else 128.0) * (1 << shift))
+
+
+@triton.constexpr_function
+def _code_shift(p, fmt):
+    """Where code p of a word lies in the mantissa once masked: int4 codes 0-4 where they are, 5-7 after a shift of
+    12 bits (at 8, 12, 16); int8 codes 0-1 where they are, 2-3 after a shift of 16."""
+    if fmt == 2:
+        return 4 * p if p < 5 else 4 * (p - 3)
+    return 8 * (p % 2)
+
+
+@triton.jit
+def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
+                       W_STRIDE, magic, FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
+                       RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Row m of x against weight rows [BLOCK_N * i, ...), BLOCK_G groups of inputs a step, on the CUDA cores, from
+    32-bit words of codes (step_codes(): word w of a group holds the codes of its inputs w, w + W, w + 2W, ... with
+    W the group's words, so the inputs that code P of consecutive words multiplies are consecutive). Each code is
+    made by one mask in place and one float32 subtraction (_word_codes), multiplied by x in float32, and each group's
+    sum scaled by its float32 scale. Rows of x are the fastest axis of the grid: the programs of one weight tile run
+    side by side and read its codes from device memory once. W_STRIDE: a row's words (K / 8, K / 4), an argument
+    of its own so that 16-byte loads are seen to be aligned. Every row is a program of its own, all alike, so each
+    row is computed alone whatever their number."""
+    m = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
+    PER_WORD: tl.constexpr = 8 if FORMAT == 2 else 4
+    WORDS: tl.constexpr = GROUP // PER_WORD
+    n_ok = n < N
+    dtype = x_ptr.dtype.element_ty
+    inv = 0.0
+    if NORM:  # the row's 1 / rms over all its K inputs
+        squares = tl.zeros((GROUP,), dtype=tl.float32)
+        for k0 in range(0, K, GROUP):
+            a = tl.load(x_ptr + m * X_STRIDE + k0 + tl.arange(0, GROUP)).to(tl.float32)
+            squares += a * a
+        inv = tl.math.rsqrt(tl.sum(squares, 0) / K + eps)
+    first = split * K_PER_SPLIT
+    last = tl.minimum(first + K_PER_SPLIT, K)
+    w = tl.arange(0, WORDS)
+    acc = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
+    for k0 in range(first, last, BLOCK_G * GROUP):
+        g = k0 // GROUP + tl.arange(0, BLOCK_G)  # (BG,)
+        g_ok = g * GROUP < last
+        word = g[:, None] * WORDS + w[None, :]  # (BG, W)
+        words = tl.load(w_ptr + n[:, None, None] * W_STRIDE + word[None, :, :],
+                        mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)  # (BN, BG, W) int32
+        high = (words >> (12 if FORMAT == 2 else 16)) | magic
+        words = words | magic
+        part = tl.zeros((BLOCK_N, BLOCK_G, WORDS), dtype=tl.float32)  # (the first code's products replace it)
+        for p in tl.static_range(PER_WORD):
+            k = g[:, None] * GROUP + p * WORDS + w[None, :]  # (BG, W): the inputs code p multiplies
+            xs = tl.load(x_ptr + m * X_STRIDE + k, mask=g_ok[:, None], other=0.0).to(tl.float32)
+            if NORM:
+                xs = (xs * inv).to(dtype).to(tl.float32) * tl.load(nw_ptr + k, mask=g_ok[:, None],
+                                                                   other=0.0).to(tl.float32)
+                xs = xs.to(dtype).to(tl.float32)
+            if GLU:
+                up = tl.load(x_ptr + m * X_STRIDE + K + k, mask=g_ok[:, None], other=0.0).to(tl.float32)
+                xs = xs / (1.0 + tl.exp(-xs)) * up
+            codes = _word_codes(words, high, p, FORMAT, magic)
+            if p == 0:
+                part = codes * xs[None, :, :]
+            else:  # exact: x times a power of two
+                part += codes * (xs * (1.0 / (1 << _code_shift(p, FORMAT))))[None, :, :]
+        scale = tl.load(s_ptr + n[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & g_ok[None, :],
+                        other=0.0).to(tl.float32)  # (BN, BG)
+        acc += tl.sum(part, axis=2) * scale
+    total = tl.sum(acc, axis=1)
+    if SPLIT:
+        tl.store(out_ptr + (m * tl.num_programs(2) + split) * N + n, total, mask=n_ok)
+    else:
+        if RESIDUAL:
+            total += tl.load(res_ptr + m * N + n, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + m * N + n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
 def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, N, SPLITS, RESIDUAL: tl.constexpr, BLOCK_S: tl.constexpr,
                        BLOCK: tl.constexpr):
     """out[m, n] = (residual +) the splits' partial sums, BLOCK_S splits a tile summed side by side, in out's
@@ -208,31 +297,69 @@ def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, N, SPLITS, RESIDUAL: tl.co
 
 # how quantized codes are multiplied by default (linear()'s `unpack`), int8 and int4: what timed fastest on an H200
 # for one row (docs/benchmarks.md); EDGE_STEP_UNPACK picks one for both (benchmarks)
-UNPACK = {8: 1, 4: 3}
+UNPACK = {8: 4, 4: 4}
 if os.environ.get("EDGE_STEP_UNPACK"):
     UNPACK = dict.fromkeys(UNPACK, int(os.environ["EDGE_STEP_UNPACK"]))
 
 
 def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, block_n: int | None = None,
-                 unpack: int | None = None) -> tuple[int, int, int, int]:
+                 unpack: int | None = None, block_k: int | None = None,
+                 splits: int | None = None) -> tuple[int, int, int, int]:
     """(block_n, block_k, splits, inputs per split) of a weight: from its shape and format alone, never from the rows
-    of x, so every row count adds each row's products in one order."""
+    of x, so every row count adds each row's products in one order. `block_k` (inputs a step) and `splits` override
+    the defaults (a benchmark's sweep)."""
     rows, columns = weight.shape
+    quantized = isinstance(weight, QuantizedWeight)
     if unpack is None:
-        unpack = UNPACK[weight.bits] if isinstance(weight, QuantizedWeight) else 1
-    if isinstance(weight, QuantizedWeight) and unpack in (0, 1, 3):
+        unpack = UNPACK[weight.bits] if quantized else 1
+    words = quantized and unpack == 4
+    if words:  # whole groups, 128 bytes of codes of a weight row a step
+        group = weight.group_size
+        block_k = block_k or group * max(1, 1024 // (group * weight.bits))
+    elif quantized and unpack in (0, 1, 3):
         block_k = weight.group_size
     else:
-        group = weight.group_size if isinstance(weight, QuantizedWeight) else 16
+        group = weight.group_size if quantized else 16
         block_k = max(group, min(128, triton.next_power_of_2(columns)))
-    rows_kernel = isinstance(weight, QuantizedWeight) and unpack == 3
+    rows_kernel = quantized and unpack in (3, 4)
     block_n = block_n or (64 if rows_kernel or rows >= 4096 else 32)
     tiles = triton.cdiv(rows, block_n)
     processors = multiprocessors(device.index or 0) if device.type == "cuda" else 4
     blocks = triton.cdiv(columns, block_k)
-    splits = max(1, min(triton.cdiv(4 * processors, tiles), blocks // 8))  # each split keeps 8 blocks of inputs
-    per_split = triton.cdiv(blocks, splits) * block_k
+    if splits is None:
+        if words:  # 8 programs a multiprocessor, each split at least 4 steps long
+            splits = max(1, min(triton.cdiv(8 * processors, tiles), blocks // 4))
+        else:  # each split keeps 8 blocks of inputs
+            splits = max(1, min(triton.cdiv(4 * processors, tiles), blocks // 8))
+    per_split = triton.cdiv(blocks, max(1, min(splits, blocks))) * block_k
     return block_n, block_k, triton.cdiv(columns, per_split), per_split
+
+
+def step_codes(weight: QuantizedWeight) -> torch.Tensor:
+    """The codes of `weight` as _gemv_words_kernel reads them, made once and kept beside the weight: (N, K / 8)
+    int32 words (int4) or (N, K / 4) (int8). In each group of a row, word w holds the unsigned codes (code + 8, code
+    + 128) of the group's inputs w + P * W for P = 0, 1, ... (W: the group's words), code P in bits [P * b, P * b +
+    b) (b = 4 or 8)."""
+    held = getattr(weight, "_step_words", None)
+    if held is not None and held.device == weight.codes.device:
+        return held
+    rows, columns = weight.shape
+    group, bits = weight.group_size, weight.bits
+    per_word = 32 // bits
+    words = torch.empty((rows, columns // per_word), dtype=torch.int32, device=weight.codes.device)
+    shifts = torch.arange(per_word, device=words.device, dtype=torch.int64) * bits
+    chunk = max(1, (1 << 22) // columns)  # rows at a time: a few tens of MB of temporaries
+    for start in range(0, rows, chunk):
+        part = dataclasses.replace(weight, codes=weight.codes[start:start + chunk],
+                                   scales=weight.scales[start:start + chunk],
+                                   shape=(min(chunk, rows - start), columns))
+        unsigned = part.signed_codes().to(torch.int64) + (1 << (bits - 1))  # (n, K)
+        unsigned = unsigned.view(-1, columns // group, per_word, group // per_word).transpose(2, 3)  # (n, G, W, P)
+        packed = (unsigned << shifts).sum(-1)  # (n, G, W), < 2^32
+        packed = torch.where(packed >= 1 << 31, packed - (1 << 32), packed)
+        words[start:start + chunk] = packed.reshape(-1, columns // per_word).to(torch.int32)
+    weight._step_words = words
+    return words
 
 
 def supports(weight: torch.Tensor | QuantizedWeight) -> bool:
@@ -246,13 +373,16 @@ def supports(weight: torch.Tensor | QuantizedWeight) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: torch.Tensor | None = None,
            glu: bool = False, block_n: int | None = None, num_warps: int = 4, num_stages: int = 3,
-           unpack: int | None = None, norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+           unpack: int | None = None, norm: tuple[torch.Tensor, float] | None = None, block_k: int | None = None,
+           splits: int | None = None) -> torch.Tensor:
     """x (M, K) 16-bit, M <= 16 (glu: (M, 2K), the projection's input silu(x[:, :K]) * x[:, K:]) @ W.T (+ residual
     (M, N)) -> (M, N) in x's dtype. `block_n` overrides the tile's weight rows (a benchmark's sweep); `unpack`, how
     quantized codes are multiplied: 0 converted integers, one group a tensor-core dot; 1 (float16 activations) the
     same with the codes made by bit operations; 2 as 1, each code scaled in 16 bits, several groups a dot; 3 on the
-    CUDA cores, a program per row of x (_gemv_rows_kernel). `norm` (weight, eps): the projection reads
-    RMSNorm(x) (rms_norm()'s arithmetic), computed as it loads x."""
+    CUDA cores, a program per row of x (_gemv_rows_kernel); 4 on the CUDA cores from 32-bit words of codes packed
+    once (step_codes(), _gemv_words_kernel). `norm` (weight, eps): the projection reads RMSNorm(x) (rms_norm()'s
+    arithmetic), computed as it loads x. `block_k` (4: inputs a step, whole groups) and `splits` override the
+    defaults of linear_tiles() (a benchmark's sweep)."""
     rows, columns = weight.shape
     count = x.shape[0]
     if count > MAX_ROWS:
@@ -265,7 +395,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
         codes, scales, group = weight.codes, weight.scales, weight.group_size
     if unpack is None:
         unpack = UNPACK[weight.bits] if isinstance(weight, QuantizedWeight) else 1
-    block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n, unpack)
+    block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n, unpack, block_k, splits)
     out = torch.empty((count, rows), dtype=x.dtype, device=x.device)
     res = residual if residual is not None else out
     groups = columns // group if fmt != DENSE else 1
@@ -273,7 +403,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
     options = dict(FORMAT=fmt, GROUP=group, GLU=glu, NORM=norm is not None, RESIDUAL=residual is not None,
                    BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     tiles = triton.cdiv(rows, block_n)
-    if fmt != DENSE and unpack == 3:
+    if fmt != DENSE and unpack == 4:
+        words = step_codes(weight)
+
+        def launch(target: torch.Tensor, split: bool) -> None:
+            _gemv_words_kernel[(count, tiles, splits)](x, words, scales, res, target, norm_weight, eps, rows,
+                                                       columns, x.stride(0), groups, per_split, words.stride(0),
+                                                       0x4B000000, SPLIT=split, BLOCK_G=block_k // group, **options)
+    elif fmt != DENSE and unpack == 3:
         def launch(target: torch.Tensor, split: bool) -> None:
             _gemv_rows_kernel[(tiles, splits, count)](x, codes, scales, res, target, norm_weight, eps, rows,
                                                       columns, x.stride(0), groups, per_split, SPLIT=split,

@@ -135,8 +135,8 @@ def test_sampling_on_the_gpu_is_reproducible_with_a_seed(target):
 # ---- the static step (edge/model/static_step.py): its kernels, and decoding through its CUDA graphs --------------
 
 @pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("bfloat16", 1), ("int8", 0), ("int8", 1), ("int8", 2),
-                                         ("int8", 3), ("int4", 0), ("int4", 1), ("int4", 2),
-                                         ("int4", 3)])
+                                         ("int8", 3), ("int8", 4), ("int4", 0), ("int4", 1), ("int4", 2),
+                                         ("int4", 3), ("int4", 4)])
 @pytest.mark.parametrize("rows, n, k", [(1, 4096, 4096), (5, 256, 32768), (3, 33, 128), (16, 11008, 1024)])
 def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, k):
     from edge.kernels import step_kernels as sk
@@ -157,7 +157,8 @@ def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, 
         assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], unpack=unpack)[0], got[row])
 
 
-@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 3), ("int4", 3), ("int4", 1)])
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 3), ("int4", 3), ("int4", 1), ("int8", 4),
+                                         ("int4", 4)])
 def test_the_step_matmul_reads_rms_normed_rows_on_the_gpu(fmt, unpack):
     from edge.kernels import step_kernels as sk
 

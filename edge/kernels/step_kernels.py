@@ -296,7 +296,7 @@ def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, N, SPLITS, RESIDUAL: tl.co
 
 
 # how quantized codes are multiplied by default (linear()'s `unpack`), int8 and int4: what timed fastest on an H200
-# for one row (docs/benchmarks.md); EDGE_STEP_UNPACK picks one for both (benchmarks)
+# for one row, the word kernel for both (docs/benchmarks.md); EDGE_STEP_UNPACK picks one for both (benchmarks)
 UNPACK = {8: 4, 4: 4}
 if os.environ.get("EDGE_STEP_UNPACK"):
     UNPACK = dict.fromkeys(UNPACK, int(os.environ["EDGE_STEP_UNPACK"]))
@@ -322,6 +322,8 @@ def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, b
         group = weight.group_size if quantized else 16
         block_k = max(group, min(128, triton.next_power_of_2(columns)))
     rows_kernel = quantized and unpack in (3, 4)
+    if words and weight.bits == 4 and rows >= 4096:  # timed fastest on an H200 (docs/benchmarks.md)
+        block_n = block_n or 128
     block_n = block_n or (64 if rows_kernel or rows >= 4096 else 32)
     tiles = triton.cdiv(rows, block_n)
     processors = multiprocessors(device.index or 0) if device.type == "cuda" else 4

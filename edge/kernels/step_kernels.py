@@ -82,16 +82,37 @@ def _codes(w_ptr, n, n_ok, k0, last, K, FORMAT: tl.constexpr, BLOCK_K: tl.conste
     return w.to(dtype)
 
 
+@triton.jit
+def _tile_product(w_ptr, s_ptr, n, n_ok, k0, last, K, GROUPS, xs, FORMAT: tl.constexpr, GROUP: tl.constexpr,
+                  MAGIC: tl.constexpr, SCALE_CODES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  dtype: tl.constexpr):
+    """Weight rows n at inputs [k0, k0 + BLOCK_K) times xs (BK, BM): (BN, BM) float32 (see _linear_kernel)."""
+    w = _codes(w_ptr, n, n_ok, k0, last, K, FORMAT, BLOCK_K, MAGIC, dtype)  # (BN, BK)
+    if FORMAT == 0:
+        return tl.dot(w, xs)
+    elif SCALE_CODES:
+        g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        scale = tl.load(s_ptr + n[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & (g < GROUPS)[None, :],
+                        other=0.0).to(dtype)  # (BN, BK / GROUP)
+        w = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // GROUP, GROUP)) * scale[:, :, None], (BLOCK_N, BLOCK_K))
+        return tl.dot(w, xs)
+    else:
+        scale = tl.load(s_ptr + n * GROUPS + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
+        return tl.dot(w, xs) * scale[:, None]
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: each row computed alike
 def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, M, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
                    FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
                    RESIDUAL: tl.constexpr,
                    SPLIT: tl.constexpr, MAGIC: tl.constexpr, SCALE_CODES: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+                   BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, GLU_OUT: tl.constexpr = False):
     """Weight rows [BLOCK_N * i, ...) against every row of x, over inputs [split * K_PER_SPLIT, ...): acc (BLOCK_N,
     BLOCK_M) float32, BLOCK_K inputs a dot. DENSE: 16-bit weights. INT8/INT4 with BLOCK_K == GROUP: one group a
     dot of exact codes, scaled in float32 after; SCALE_CODES: several groups a dot, each code multiplied by its
-    group's scale in 16 bits first (one rounding per weight, far fewer, longer dots)."""
+    group's scale in 16 bits first (one rounding per weight, far fewer, longer dots). GLU_OUT: the weight holds 2N
+    rows, gate then up; the program multiplies gate rows n and up rows N + n and writes silu(gate) * up (N of
+    them), so the down projection reads its input as it is (no SwiGLU recomputed by each of its programs)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     n_ok = n < N
@@ -110,22 +131,18 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, M, N, K, 
         inv = tl.math.rsqrt(squares / K + eps)
     first = split * K_PER_SPLIT
     last = tl.minimum(first + K_PER_SPLIT, K)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(first, last, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        w = _codes(w_ptr, n, n_ok, k0, last, K, FORMAT, BLOCK_K, MAGIC, dtype)  # (BN, BK)
         xs = _x_block(x_ptr, X_STRIDE, m, m_ok, k, k < last, K, GLU, NORM, inv, nw_ptr).to(dtype)  # (BK, BM)
-        if FORMAT == 0:
-            acc += tl.dot(w, xs)
-        elif SCALE_CODES:
-            g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-            scale = tl.load(s_ptr + n[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & (g < GROUPS)[None, :],
-                            other=0.0).to(dtype)  # (BN, BK / GROUP)
-            w = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // GROUP, GROUP)) * scale[:, :, None],
-                           (BLOCK_N, BLOCK_K))
-            acc += tl.dot(w, xs)
-        else:
-            scale = tl.load(s_ptr + n * GROUPS + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
-            acc += tl.dot(w, xs) * scale[:, None]
+        acc += _tile_product(w_ptr, s_ptr, n, n_ok, k0, last, K, GROUPS, xs, FORMAT, GROUP, MAGIC, SCALE_CODES,
+                             BLOCK_N, BLOCK_K, dtype)
+        if GLU_OUT:  # the up rows N + n against the same inputs
+            acc_up += _tile_product(w_ptr, s_ptr, n + N, n_ok, k0, last, K, GROUPS, xs, FORMAT, GROUP, MAGIC,
+                                    SCALE_CODES, BLOCK_N, BLOCK_K, dtype)
+    if GLU_OUT:  # silu(gate) * up of the rounded products, as the unfused projection stores them
+        gate = acc.to(dtype).to(tl.float32)
+        acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dtype).to(tl.float32)
     mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT:
         tl.store(out_ptr + (m[None, :] * tl.num_programs(1) + split) * N + n[:, None], acc, mask=mask)
@@ -213,7 +230,8 @@ def _code_shift(p, fmt):
 @triton.jit
 def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
                        W_STRIDE, magic, FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
-                       RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
+                       RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+                       GLU_OUT: tl.constexpr = False):
     """Row m of x against weight rows [BLOCK_N * i, ...), BLOCK_G groups of inputs a step, on the CUDA cores, from
     32-bit words of codes (step_codes(): word w of a group holds the codes of its inputs w, w + W, w + 2W, ... with
     W the group's words, so the inputs that code P of consecutive words multiplies are consecutive). Each code is
@@ -221,7 +239,7 @@ def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K,
     sum scaled by its float32 scale. Rows of x are the fastest axis of the grid: the programs of one weight tile run
     side by side and read its codes from device memory once. W_STRIDE: a row's words (K / 8, K / 4), an argument
     of its own so that 16-byte loads are seen to be aligned. Every row is a program of its own, all alike, so each
-    row is computed alone whatever their number."""
+    row is computed alone whatever their number. GLU_OUT: as _linear_kernel's (gate rows n, up rows N + n)."""
     m = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
@@ -240,15 +258,21 @@ def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K,
     last = tl.minimum(first + K_PER_SPLIT, K)
     w = tl.arange(0, WORDS)
     acc = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
     for k0 in range(first, last, BLOCK_G * GROUP):
         g = k0 // GROUP + tl.arange(0, BLOCK_G)  # (BG,)
         g_ok = g * GROUP < last
         word = g[:, None] * WORDS + w[None, :]  # (BG, W)
-        words = tl.load(w_ptr + n[:, None, None] * W_STRIDE + word[None, :, :],
-                        mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)  # (BN, BG, W) int32
+        mask = n_ok[:, None, None] & g_ok[None, :, None]
+        words = tl.load(w_ptr + n[:, None, None] * W_STRIDE + word[None, :, :], mask=mask, other=0)  # (BN, BG, W)
         high = (words >> (12 if FORMAT == 2 else 16)) | magic
         words = words | magic
         part = tl.zeros((BLOCK_N, BLOCK_G, WORDS), dtype=tl.float32)  # (the first code's products replace it)
+        part_up = tl.zeros((BLOCK_N, BLOCK_G, WORDS), dtype=tl.float32)
+        if GLU_OUT:  # the up rows N + n
+            words_up = tl.load(w_ptr + (n + N)[:, None, None] * W_STRIDE + word[None, :, :], mask=mask, other=0)
+            high_up = (words_up >> (12 if FORMAT == 2 else 16)) | magic
+            words_up = words_up | magic
         for p in tl.static_range(PER_WORD):
             k = g[:, None] * GROUP + p * WORDS + w[None, :]  # (BG, W): the inputs code p multiplies
             xs = tl.load(x_ptr + m * X_STRIDE + k, mask=g_ok[:, None], other=0.0).to(tl.float32)
@@ -259,15 +283,30 @@ def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K,
             if GLU:
                 up = tl.load(x_ptr + m * X_STRIDE + K + k, mask=g_ok[:, None], other=0.0).to(tl.float32)
                 xs = xs / (1.0 + tl.exp(-xs)) * up
+            if p != 0:  # exact: x times a power of two
+                xs = xs * (1.0 / (1 << _code_shift(p, FORMAT)))
             codes = _word_codes(words, high, p, FORMAT, magic)
             if p == 0:
                 part = codes * xs[None, :, :]
-            else:  # exact: x times a power of two
-                part += codes * (xs * (1.0 / (1 << _code_shift(p, FORMAT))))[None, :, :]
+            else:
+                part += codes * xs[None, :, :]
+            if GLU_OUT:
+                codes_up = _word_codes(words_up, high_up, p, FORMAT, magic)
+                if p == 0:
+                    part_up = codes_up * xs[None, :, :]
+                else:
+                    part_up += codes_up * xs[None, :, :]
         scale = tl.load(s_ptr + n[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & g_ok[None, :],
                         other=0.0).to(tl.float32)  # (BN, BG)
         acc += tl.sum(part, axis=2) * scale
+        if GLU_OUT:
+            scale_up = tl.load(s_ptr + (n + N)[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & g_ok[None, :],
+                               other=0.0).to(tl.float32)
+            acc_up += tl.sum(part_up, axis=2) * scale_up
     total = tl.sum(acc, axis=1)
+    if GLU_OUT:  # silu(gate) * up of the rounded products, as the unfused projection stores them
+        gate = total.to(dtype).to(tl.float32)
+        total = gate / (1.0 + tl.exp(-gate)) * tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
     if SPLIT:
         tl.store(out_ptr + (m * tl.num_programs(2) + split) * N + n, total, mask=n_ok)
     else:
@@ -304,11 +343,13 @@ if os.environ.get("EDGE_STEP_UNPACK"):
 
 def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, block_n: int | None = None,
                  unpack: int | None = None, block_k: int | None = None,
-                 splits: int | None = None) -> tuple[int, int, int, int]:
+                 splits: int | None = None, glu_out: bool = False) -> tuple[int, int, int, int]:
     """(block_n, block_k, splits, inputs per split) of a weight: from its shape and format alone, never from the rows
     of x, so every row count adds each row's products in one order. `block_k` (inputs a step) and `splits` override
-    the defaults (a benchmark's sweep)."""
+    the defaults (a benchmark's sweep); `glu_out` (linear()'s): half the rows are outputs, never split."""
     rows, columns = weight.shape
+    if glu_out:
+        rows, splits = rows // 2, 1
     quantized = isinstance(weight, QuantizedWeight)
     if unpack is None:
         unpack = UNPACK[weight.bits] if quantized else 1
@@ -322,8 +363,8 @@ def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, b
         group = weight.group_size if quantized else 16
         block_k = max(group, min(128, triton.next_power_of_2(columns)))
     rows_kernel = quantized and unpack in (3, 4)
-    if words and weight.bits == 4 and rows >= 4096:  # timed fastest on an H200 (docs/benchmarks.md)
-        block_n = block_n or 128
+    if words and weight.bits == 4 and rows >= 4096 and not glu_out:  # timed fastest on an H200; with glu_out (two
+        block_n = block_n or 128  # tiles of codes) 128 rows spill registers
     block_n = block_n or (64 if rows_kernel or rows >= 4096 else 32)
     tiles = triton.cdiv(rows, block_n)
     processors = multiprocessors(device.index or 0) if device.type == "cuda" else 4
@@ -376,7 +417,7 @@ def supports(weight: torch.Tensor | QuantizedWeight) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: torch.Tensor | None = None,
            glu: bool = False, block_n: int | None = None, num_warps: int = 4, num_stages: int = 3,
            unpack: int | None = None, norm: tuple[torch.Tensor, float] | None = None, block_k: int | None = None,
-           splits: int | None = None) -> torch.Tensor:
+           splits: int | None = None, glu_out: bool = False) -> torch.Tensor:
     """x (M, K) 16-bit, M <= 16 (glu: (M, 2K), the projection's input silu(x[:, :K]) * x[:, K:]) @ W.T (+ residual
     (M, N)) -> (M, N) in x's dtype. `block_n` overrides the tile's weight rows (a benchmark's sweep); `unpack`, how
     quantized codes are multiplied: 0 converted integers, one group a tensor-core dot; 1 (float16 activations) the
@@ -384,7 +425,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
     CUDA cores, a program per row of x (_gemv_rows_kernel); 4 on the CUDA cores from 32-bit words of codes packed
     once (step_codes(), _gemv_words_kernel). `norm` (weight, eps): the projection reads RMSNorm(x) (rms_norm()'s
     arithmetic), computed as it loads x. `block_k` (4: inputs a step, whole groups) and `splits` override the
-    defaults of linear_tiles() (a benchmark's sweep)."""
+    defaults of linear_tiles() (a benchmark's sweep). `glu_out`: W (2N, K) holds gate rows then up rows (a fused
+    gate/up projection) -> silu(x @ Wg.T) * (x @ Wu.T) (M, N), each product rounded to x's dtype first: what the
+    next projection's `glu` computes from this one's plain output, without each of its programs computing it."""
     rows, columns = weight.shape
     count = x.shape[0]
     if count > MAX_ROWS:
@@ -397,13 +440,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
         codes, scales, group = weight.codes, weight.scales, weight.group_size
     if unpack is None:
         unpack = UNPACK[weight.bits] if isinstance(weight, QuantizedWeight) else 1
-    block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n, unpack, block_k, splits)
+    if glu_out:
+        if residual is not None or glu:
+            raise ValueError("glu_out takes no residual and no glu input")
+        if fmt != DENSE and unpack in (2, 3):  # kernels without the paired epilogue: the plain output, then SwiGLU
+            full = linear(x, weight, block_n=block_n, num_warps=num_warps, num_stages=num_stages, unpack=unpack,
+                          norm=norm, block_k=block_k, splits=splits)
+            half = rows // 2
+            return (torch.nn.functional.silu(full[:, :half].float()) * full[:, half:].float()).to(x.dtype)
+        rows //= 2
+    if fmt != DENSE and unpack == 4 and norm is not None:
+        # the normed rows first (one small kernel): in the word kernel each thread would norm every input it reads
+        # for each of its weight rows' threads again
+        x, norm = rms_norm(x, *norm), None
+    block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n, unpack, block_k, splits, glu_out)
     out = torch.empty((count, rows), dtype=x.dtype, device=x.device)
     res = residual if residual is not None else out
     groups = columns // group if fmt != DENSE else 1
     norm_weight, eps = norm if norm is not None else (out, 0.0)
     options = dict(FORMAT=fmt, GROUP=group, GLU=glu, NORM=norm is not None, RESIDUAL=residual is not None,
                    BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+    if glu_out:
+        options["GLU_OUT"] = True
     tiles = triton.cdiv(rows, block_n)
     if fmt != DENSE and unpack == 4:
         words = step_codes(weight)

@@ -236,7 +236,7 @@ def test_the_graph_step_replays_what_single_steps_compute(target, kv_cache):
 def test_speculation_through_the_graph_step_equals_plain_decoding(target, drafter):
     kv_cache = "hierarchical" if drafter.startswith("quantspec") else None
     plain = Engine.load(target, max_context=256, device="cuda", dtype="float16", kv_cache=kv_cache)
-    expected = greedy(plain, tokens=64)
+    expected = greedy(plain, max_new_tokens=64)
     assert plain.model._static_steps[1] is not None
     for length in (3, "adaptive"):
         fast = Engine.load(target, max_context=256, device="cuda", dtype="float16", kv_cache=kv_cache,

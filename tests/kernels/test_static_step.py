@@ -66,6 +66,23 @@ def test_the_step_matmul_reads_rms_normed_rows(on_cpu, fmt, unpack):
     assert torch.equal(sk.linear(x[2:], weight, norm=(norm_weight, 1e-5), unpack=unpack)[0], got[2])
 
 
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 4), ("int4", 4), ("int4", 3)])
+def test_the_step_matmul_writes_swiglu_of_gate_and_up_rows(on_cpu, fmt, unpack):
+    generator = torch.Generator().manual_seed(11)
+    dense = torch.randn(2 * 24, 128, generator=generator) * 0.1  # gate rows, then up rows
+    weight = dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32)
+    x = torch.randn(3, 128, generator=generator).half()
+    norm_weight = (1 + 0.1 * torch.randn(128, generator=generator)).half()
+    got = sk.linear(x, weight, norm=(norm_weight, 1e-5), unpack=unpack, glu_out=True)  # (3, 24)
+    full = sk.linear(x, weight, norm=(norm_weight, 1e-5), unpack=unpack)  # (3, 48), rounded
+    expected = (torch.nn.functional.silu(full[:, :24].float()) * full[:, 24:].float()).half()
+    assert got.shape == (3, 24)
+    assert torch.allclose(got.float(), expected.float(), rtol=2e-3, atol=2e-3)
+    for row in range(3):
+        assert torch.equal(sk.linear(x[row:row + 1], weight, norm=(norm_weight, 1e-5), unpack=unpack,
+                                     glu_out=True)[0], got[row])
+
+
 @pytest.mark.parametrize("bits, group", [(4, 32), (4, 128), (8, 16), (8, 64)])
 def test_the_word_layout_holds_every_code_once_and_unpacks_to_them(bits, group):
     generator = torch.Generator().manual_seed(bits + group)

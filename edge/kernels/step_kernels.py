@@ -83,6 +83,19 @@ def _codes(w_ptr, n, n_ok, k0, last, K, FORMAT: tl.constexpr, BLOCK_K: tl.conste
 
 
 @triton.jit
+def _last_split(count_ptr, splits):
+    """Whether this program is the last of its tile's `splits` to arrive (its partial sums stored before: every
+    thread's stores ordered before the count by the barrier and the count's release, the last program's reads of
+    the others' after it by its acquire); the last one sets the count back to 0 for the next call."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+    last = arrived == splits - 1
+    if last:
+        tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
+    return last
+
+
+@triton.jit
 def _tile_product(w_ptr, s_ptr, n, n_ok, k0, last, K, GROUPS, xs, FORMAT: tl.constexpr, GROUP: tl.constexpr,
                   MAGIC: tl.constexpr, SCALE_CODES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   dtype: tl.constexpr):
@@ -103,7 +116,7 @@ def _tile_product(w_ptr, s_ptr, n, n_ok, k0, last, K, GROUPS, xs, FORMAT: tl.con
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: each row computed alike
 def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, M, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
-                   FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
+                   partial_ptr, count_ptr, LAST_SUMS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
                    RESIDUAL: tl.constexpr,
                    SPLIT: tl.constexpr, MAGIC: tl.constexpr, SCALE_CODES: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, GLU_OUT: tl.constexpr = False):
@@ -145,7 +158,17 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, M, N, K, 
         acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dtype).to(tl.float32)
     mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT:
-        tl.store(out_ptr + (m[None, :] * tl.num_programs(1) + split) * N + n[:, None], acc, mask=mask)
+        splits = tl.num_programs(1)
+        tl.store(partial_ptr + (m[None, :] * splits + split) * N + n[:, None], acc, mask=mask)
+        if LAST_SUMS:  # the tile's last split to finish adds the partial sums, in split order
+            if _last_split(count_ptr + tl.program_id(0), splits):
+                acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                for other in range(0, splits):
+                    acc += tl.load(partial_ptr + (m[None, :] * splits + other) * N + n[:, None], mask=mask,
+                                   other=0.0, cache_modifier=".cg")
+                if RESIDUAL:
+                    acc += tl.load(res_ptr + m[None, :] * N + n[:, None], mask=mask, other=0.0).to(tl.float32)
+                tl.store(out_ptr + m[None, :] * N + n[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         if RESIDUAL:
             acc += tl.load(res_ptr + m[None, :] * N + n[:, None], mask=mask, other=0.0).to(tl.float32)
@@ -229,7 +252,7 @@ def _code_shift(p, fmt):
 
 @triton.jit
 def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
-                       W_STRIDE, magic, FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
+                       W_STRIDE, magic, partial_ptr, count_ptr, LAST_SUMS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
                        RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
                        GLU_OUT: tl.constexpr = False):
     """Row m of x against weight rows [BLOCK_N * i, ...), BLOCK_G groups of inputs a step, on the CUDA cores, from
@@ -308,7 +331,17 @@ def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K,
         gate = total.to(dtype).to(tl.float32)
         total = gate / (1.0 + tl.exp(-gate)) * tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
     if SPLIT:
-        tl.store(out_ptr + (m * tl.num_programs(2) + split) * N + n, total, mask=n_ok)
+        splits = tl.num_programs(2)
+        tl.store(partial_ptr + (m * splits + split) * N + n, total, mask=n_ok)
+        if LAST_SUMS:  # the tile's last split to finish adds the partial sums, in split order
+            if _last_split(count_ptr + m * tl.num_programs(1) + tl.program_id(1), splits):
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for other in range(0, splits):
+                    total += tl.load(partial_ptr + (m * splits + other) * N + n, mask=n_ok, other=0.0,
+                                     cache_modifier=".cg")
+                if RESIDUAL:
+                    total += tl.load(res_ptr + m * N + n, mask=n_ok, other=0.0).to(tl.float32)
+                tl.store(out_ptr + m * N + n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
     else:
         if RESIDUAL:
             total += tl.load(res_ptr + m * N + n, mask=n_ok, other=0.0).to(tl.float32)
@@ -463,33 +496,45 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
     if glu_out:
         options["GLU_OUT"] = True
     tiles = triton.cdiv(rows, block_n)
+    rows_kernel = fmt != DENSE and unpack == 3
+    counts = None if splits == 1 or rows_kernel else _split_counts(x.device, count * tiles)
+    partial = out if splits == 1 else torch.empty((count, splits, rows), dtype=torch.float32, device=x.device)
+    sums = dict(partial_ptr=partial, count_ptr=out if counts is None else counts, LAST_SUMS=counts is not None)
     if fmt != DENSE and unpack == 4:
         words = step_codes(weight)
-
-        def launch(target: torch.Tensor, split: bool) -> None:
-            _gemv_words_kernel[(count, tiles, splits)](x, words, scales, res, target, norm_weight, eps, rows,
-                                                       columns, x.stride(0), groups, per_split, words.stride(0),
-                                                       0x4B000000, SPLIT=split, BLOCK_G=block_k // group, **options)
-    elif fmt != DENSE and unpack == 3:
-        def launch(target: torch.Tensor, split: bool) -> None:
-            _gemv_rows_kernel[(tiles, splits, count)](x, codes, scales, res, target, norm_weight, eps, rows,
-                                                      columns, x.stride(0), groups, per_split, SPLIT=split,
-                                                      **options)
+        _gemv_words_kernel[(count, tiles, splits)](x, words, scales, res, out, norm_weight, eps, rows, columns,
+                                                   x.stride(0), groups, per_split, words.stride(0), 0x4B000000,
+                                                   SPLIT=splits > 1, BLOCK_G=block_k // group, **sums, **options)
+    elif rows_kernel:
+        _gemv_rows_kernel[(tiles, splits, count)](x, codes, scales, res, partial, norm_weight, eps, rows, columns,
+                                                  x.stride(0), groups, per_split, SPLIT=splits > 1, **options)
     else:
-        def launch(target: torch.Tensor, split: bool) -> None:
-            _linear_kernel[(tiles, splits)](x, codes, scales, res, target, norm_weight, eps, count, rows, columns,
-                                            x.stride(0), groups, per_split, SPLIT=split, BLOCK_K=block_k,
-                                            BLOCK_M=MAX_ROWS,
-                                            MAGIC=unpack >= 1 and x.dtype == torch.float16,
-                                            SCALE_CODES=fmt != DENSE and unpack == 2, **options)
-    if splits == 1:
-        launch(out, False)
-        return out
-    partial = torch.empty((count, splits, rows), dtype=torch.float32, device=x.device)  # (M, S, N)
-    launch(partial, True)
-    _sum_splits_kernel[(count, triton.cdiv(rows, 128))](partial, res, out, rows, splits,
-                                                        RESIDUAL=residual is not None, BLOCK_S=32, BLOCK=128)
+        _linear_kernel[(tiles, splits)](x, codes, scales, res, out, norm_weight, eps, count, rows, columns,
+                                        x.stride(0), groups, per_split, SPLIT=splits > 1, BLOCK_K=block_k,
+                                        BLOCK_M=MAX_ROWS, MAGIC=unpack >= 1 and x.dtype == torch.float16,
+                                        SCALE_CODES=fmt != DENSE and unpack == 2, **sums, **options)
+    if splits > 1 and counts is None:  # the partial sums added by a kernel of their own
+        _sum_splits_kernel[(count, triton.cdiv(rows, 128))](partial, res, out, rows, splits,
+                                                            RESIDUAL=residual is not None, BLOCK_S=32, BLOCK=128)
     return out
+
+
+# one count per (row of x, weight tile) of a split call, zeros between calls (the last split of a tile sets its
+# count back): made once per device, before any graph capture; EDGE_STEP_LAST_SUMS=0 adds the partial sums in a
+# kernel of their own instead
+_COUNTS: dict[torch.device, torch.Tensor] = {}
+LAST_SUMS = os.environ.get("EDGE_STEP_LAST_SUMS", "1") != "0"
+
+
+def _split_counts(device: torch.device, needed: int) -> torch.Tensor | None:
+    if not LAST_SUMS:
+        return None
+    counts = _COUNTS.get(device)
+    if counts is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # no allocation that outlives the graph's pool: the kernel of its own
+        counts = _COUNTS[device] = torch.zeros(1 << 16, dtype=torch.int32, device=device)
+    return counts if needed <= counts.numel() else None
 
 
 @triton.jit

@@ -157,6 +157,26 @@ def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, 
         assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], unpack=unpack)[0], got[row])
 
 
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 1), ("int8", 4), ("int4", 4), ("int4", 3)])
+@pytest.mark.parametrize("rows, n, k", [(1, 4096, 256), (4, 216320, 256), (3, 2 * 1408, 2048)])
+def test_the_step_matmul_writes_swiglu_on_the_gpu(fmt, unpack, rows, n, k):
+    from edge.kernels import step_kernels as sk
+
+    generator = torch.Generator(device=CUDA).manual_seed(rows + n + k)
+    dense = torch.randn(n, k, generator=generator, device=CUDA) * 0.05  # gate rows, then up rows
+    weight = dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32)
+    matrix = weight.double() if isinstance(weight, torch.Tensor) else weight.dequantize().double()
+    x = torch.randn(rows, k, generator=generator, device=CUDA).half()
+    got = sk.linear(x, weight, unpack=unpack, glu_out=True)  # (rows, n / 2)
+    products = x.double() @ matrix.T
+    gate, up = products[:, :n // 2], products[:, n // 2:]
+    expected = gate * torch.sigmoid(gate) * up
+    assert torch.isfinite(got).all() and got.shape == (rows, n // 2)
+    assert (got.double() - expected).norm() / expected.norm() < 3e-3
+    for row in range(rows):
+        assert torch.equal(sk.linear(x[row:row + 1], weight, unpack=unpack, glu_out=True)[0], got[row])
+
+
 @pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 3), ("int4", 3), ("int4", 1), ("int8", 4),
                                          ("int4", 4)])
 def test_the_step_matmul_reads_rms_normed_rows_on_the_gpu(fmt, unpack):

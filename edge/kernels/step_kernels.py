@@ -519,11 +519,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
     return out
 
 
-# one count per (row of x, weight tile) of a split call, zeros between calls (the last split of a tile sets its
-# count back): made once per device, before any graph capture; EDGE_STEP_LAST_SUMS=0 adds the partial sums in a
-# kernel of their own instead
+# EDGE_STEP_LAST_SUMS=1: the last split of a tile adds the partial sums in the same kernel, in split order (one
+# count per (row of x, weight tile), zeros between calls, made once per device before any graph capture). Off by
+# default: on an H200 the serial tail of the last program timed slower than the separate kernel (0.5-3.6 us a
+# call, docs/benchmarks.md)
 _COUNTS: dict[torch.device, torch.Tensor] = {}
-LAST_SUMS = os.environ.get("EDGE_STEP_LAST_SUMS", "1") != "0"
+LAST_SUMS = os.environ.get("EDGE_STEP_LAST_SUMS", "0") == "1"
 
 
 def _split_counts(device: torch.device, needed: int) -> torch.Tensor | None:

@@ -138,8 +138,11 @@ def test_sampling_on_the_gpu_is_reproducible_with_a_seed(target):
                                          ("int8", 3), ("int8", 4), ("int4", 0), ("int4", 1), ("int4", 2),
                                          ("int4", 3), ("int4", 4)])
 @pytest.mark.parametrize("rows, n, k", [(1, 4096, 4096), (5, 256, 32768), (3, 33, 128), (16, 11008, 1024)])
-def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, k):
+@pytest.mark.parametrize("last_sums", [False, True])
+def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, k, last_sums, monkeypatch):
     from edge.kernels import step_kernels as sk
+
+    monkeypatch.setattr(sk, "LAST_SUMS", last_sums)  # the partial sums added by the last split, or a kernel
 
     generator = torch.Generator(device=CUDA).manual_seed(rows * n + k)
     dense = torch.randn(n, k, generator=generator, device=CUDA) * 0.05

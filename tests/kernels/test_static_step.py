@@ -31,9 +31,12 @@ def on_cpu(monkeypatch):
     monkeypatch.setenv("EDGE_STATIC_STEP", "1")
 
 
+@pytest.mark.parametrize("last_sums", [False, True])
 @pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 1), ("int8", 3), ("int8", 4), ("int4", 2),
                                          ("int4", 3), ("int4", 4)])
-def test_the_step_matmul_matches_the_reference_and_each_row_is_computed_alone(on_cpu, fmt, unpack):
+def test_the_step_matmul_matches_the_reference_and_each_row_is_computed_alone(on_cpu, monkeypatch, fmt, unpack,
+                                                                              last_sums):
+    monkeypatch.setattr(sk, "LAST_SUMS", last_sums)  # the partial sums added by the last split, or a kernel
     generator = torch.Generator().manual_seed(len(fmt))
     n, k = 40, 512
     dense = torch.randn(n, k, generator=generator) * 0.05

@@ -116,8 +116,8 @@ def _tile_product(w_ptr, s_ptr, n, n_ok, k0, last, K, GROUPS, xs, FORMAT: tl.con
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: each row computed alike
 def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, M, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
-                   partial_ptr, count_ptr, LAST_SUMS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
-                   RESIDUAL: tl.constexpr,
+                   partial_ptr, count_ptr, LAST_SUMS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr,
+                   GLU: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
                    SPLIT: tl.constexpr, MAGIC: tl.constexpr, SCALE_CODES: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, GLU_OUT: tl.constexpr = False):
     """Weight rows [BLOCK_N * i, ...) against every row of x, over inputs [split * K_PER_SPLIT, ...): acc (BLOCK_N,
@@ -252,7 +252,8 @@ def _code_shift(p, fmt):
 
 @triton.jit
 def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
-                       W_STRIDE, magic, partial_ptr, count_ptr, LAST_SUMS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
+                       W_STRIDE, magic, partial_ptr, count_ptr, LAST_SUMS: tl.constexpr, FORMAT: tl.constexpr,
+                       GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
                        RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
                        GLU_OUT: tl.constexpr = False):
     """Row m of x against weight rows [BLOCK_N * i, ...), BLOCK_G groups of inputs a step, on the CUDA cores, from

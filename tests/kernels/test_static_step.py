@@ -47,7 +47,8 @@ def test_the_step_matmul_matches_the_reference_and_each_row_is_computed_alone(on
         assert sk.linear_tiles(weight, torch.device("cpu"), unpack=unpack, splits=splits)[2] > 1
     x = torch.randn(3, 2 * k, generator=generator).half()
     residual = torch.randn(3, n, generator=generator).half()
-    got = sk.linear(x, weight, residual, glu=True, unpack=unpack, splits=splits)  # (3, n): silu(x[:, :k]) * x[:, k:] @ W.T + residual
+    # (3, n): silu(x[:, :k]) * x[:, k:] @ W.T + residual
+    got = sk.linear(x, weight, residual, glu=True, unpack=unpack, splits=splits)
     inputs = (torch.nn.functional.silu(x[:, :k].double()) * x[:, k:].double()).half().double()
     expected = inputs @ matrix.T + residual.double()
     assert (got.double() - expected).norm() / expected.norm() < 2e-3

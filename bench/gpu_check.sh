@@ -27,7 +27,7 @@ python3 - "$out/kernels.json" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))
 print(report["device"], "copy", report["copy_bandwidth_gb_s"], "GB/s")
-for row in report["gemv"] + report["step_gemv"] + report["step_attention"]:
+for row in report["gemv"] + report["step_gemv"] + report.get("step_layer", []) + report["step_attention"]:
     print({k: v for k, v in row.items() if k != "sweep"})
 PY
 # after a sweep, the decoding runs take the int4 unpacking that timed fastest over the 1B target's shapes

@@ -114,12 +114,13 @@ def graph_ms(functions: list, repeats: int = 20) -> float:
 STEP_SHAPES = ((1, 8192, 8192), (4, 8192, 8192), (1, 216320, 256), (1, 256, 108160))
 DENSE_SWEEP = [{"block_n": block_n, "num_warps": warps, "num_stages": stages}
                for block_n, warps, stages in ((32, 4, 3), (64, 4, 3), (128, 8, 3), (64, 8, 3), (32, 4, 5), (64, 4, 5))]
-QUANTIZED_SWEEP = [{"unpack": unpack, "block_n": block_n, "num_warps": warps}
-                   for unpack in (0, 1, 2) for block_n, warps in ((32, 4), (64, 4), (128, 8))] + \
-                  [{"unpack": 3, "block_n": block_n, "num_warps": warps} for block_n, warps in ((64, 4), (128, 4),
-                                                                                           (256, 8))]
-SWEPT = {("int4", STEP_SHAPES[0]), ("int4", STEP_SHAPES[2]), ("int4", STEP_SHAPES[3]), ("int8", STEP_SHAPES[0]),
-         ("float16", STEP_SHAPES[3])}
+QUANTIZED_SWEEP = [{"unpack": 1, "block_n": 64, "num_warps": 4}, {"unpack": 3, "block_n": 64, "num_warps": 4}] + \
+                  [{"unpack": 4, "block_n": block_n, "num_warps": warps, **extra}
+                   for block_n, warps, extra in ((32, 4, {}), (64, 4, {}), (128, 4, {}), (128, 8, {}), (256, 8, {}),
+                                                 (64, 4, {"steps": 2}), (128, 8, {"steps": 2}), (64, 4, {"splits": 1}),
+                                                 (128, 8, {"splits": 1}), (128, 4, {"splits": 1}))]
+SWEPT = {("int4", STEP_SHAPES[0]), ("int4", STEP_SHAPES[1]), ("int4", STEP_SHAPES[2]), ("int4", STEP_SHAPES[3]),
+         ("int8", STEP_SHAPES[0]), ("int8", STEP_SHAPES[3])}
 
 
 def step_gemv_report(fmt: str, rows: int, n: int, k: int, bandwidth: float, sweep: bool) -> dict:
@@ -139,7 +140,9 @@ def step_gemv_report(fmt: str, rows: int, n: int, k: int, bandwidth: float, swee
     nbytes = weights[0].nbytes if fmt != "float16" else weights[0].numel() * 2
     moved = nbytes + x.nbytes + rows * n * 2
 
-    def measure(**tiles) -> dict:
+    def measure(steps: int = 1, **tiles) -> dict:  # steps: that many times the word kernel's inputs a step
+        if steps > 1:
+            tiles["block_k"] = steps * step_kernels.linear_tiles(weights[0], x.device, unpack=4)[1]
         ms = graph_ms([lambda w=w: step_kernels.linear(x, w, **tiles) for w in weights])
         return {"ms": round(ms, 4), "gb_s": round(moved / (ms / 1e3) / 1e9, 1),
                 "share_of_bandwidth": round(moved / (ms / 1e3) / 1e9 / bandwidth, 3)}
@@ -152,6 +155,43 @@ def step_gemv_report(fmt: str, rows: int, n: int, k: int, bandwidth: float, swee
         best = min(tiles, key=lambda name: tiles[name]["ms"])
         report["best"] = {"tiles": best, **tiles[best]}
         report["sweep"] = tiles
+    return report
+
+
+# one layer of the widened 1B target's projections (hidden 256, MLP width 108,160, 4 + 2 + 2 heads of 64) as the
+# static step calls them: (name, rows N, inputs K, options of step_kernels.linear)
+LAYER_PROJECTIONS = (("qkv", 512, 256, {"norm": True}), ("o", 256, 256, {"residual": True}),
+                     ("gate_up", 216320, 256, {"norm": True, "glu_out": True}),
+                     ("down", 256, 108160, {"residual": True}))
+
+
+def step_layer_report(fmt: str, unpack: int | None) -> dict:
+    """The static step's four projections of one layer of the widened 1B target, one row of x, as the step calls
+    them (RMSNorm read by qkv and gate/up, SwiGLU written by gate/up, residual added by o and down): `fmt` float16
+    weights, or int8 / int4 in groups of 32 (QuantSpec's drafts); `unpack` as step_kernels.linear's. Each ms from a
+    CUDA graph over weight copies larger than the L2 cache; GB/s counts the weight bytes."""
+    from edge.kernels import step_kernels
+    from edge.kernels.quant import quantize_weight
+
+    report = {"format": fmt, "unpack": unpack, "projections": {}}
+    total_ms = total_bytes = 0.0
+    for name, n, k, options in LAYER_PROJECTIONS:
+        copies = max(1, min(8, -(-(256 << 20) // (n * k * (2 if fmt == "float16" else 1)))))
+        weights = []
+        for _ in range(copies):
+            dense = torch.randn(n, k, device="cuda") * 0.02
+            weights.append(dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32))
+        x = torch.randn(1, k, device="cuda").half()
+        residual = torch.randn(1, n, device="cuda").half() if options.get("residual") else None
+        norm = (torch.ones(k, device="cuda").half(), 1e-5) if options.get("norm") else None
+        glu_out = options.get("glu_out", False)
+        ms = graph_ms([lambda w=w: step_kernels.linear(x, w, residual, norm=norm, glu_out=glu_out, unpack=unpack)
+                       for w in weights])
+        nbytes = weights[0].nbytes if fmt != "float16" else weights[0].numel() * 2
+        report["projections"][name] = {"ms": round(ms, 4), "gb_s": round(nbytes / (ms / 1e3) / 1e9, 1)}
+        total_ms, total_bytes = total_ms + ms, total_bytes + nbytes
+    report["layer_ms"] = round(total_ms, 4)
+    report["layer_gb_s"] = round(total_bytes / (total_ms / 1e3) / 1e9, 1)
     return report
 
 
@@ -204,8 +244,18 @@ def main(argv: list[str] | None = None) -> int:
                           for bits in (4, 8) for rows, n, k in GEMV_SHAPES]
         report["attention"] = [attention_report(*case, draft, bandwidth, args.sweep)
                                for case in ATTENTION_CASES for draft in (False, True)]
-    report["step_gemv"] = [step_gemv_report(fmt, *shape, bandwidth, args.sweep and (fmt, shape) in SWEPT)
-                           for fmt in ("float16", "int8", "int4") for shape in STEP_SHAPES]
+    report["step_gemv"] = []
+    for fmt in ("float16", "int8", "int4"):
+        for shape in STEP_SHAPES:
+            report["step_gemv"].append(step_gemv_report(fmt, *shape, bandwidth, args.sweep and (fmt, shape) in SWEPT))
+            print(json.dumps(report["step_gemv"][-1]), file=sys.stderr, flush=True)  # kept if a time limit ends it
+    report["step_layer"] = []
+    for fmt, unpack in (("float16", None), ("int4", 4), ("int4", 3), ("int8", 4), ("int8", 1)):
+        try:
+            report["step_layer"].append(step_layer_report(fmt, unpack))
+        except Exception as error:  # noqa: BLE001 - a report of what failed, the rest still measured
+            report["step_layer"].append({"format": fmt, "unpack": unpack, "error": repr(error)})
+        print(json.dumps(report["step_layer"][-1]), file=sys.stderr, flush=True)
     report["step_attention"] = [step_attention_report(*case, draft, bandwidth)
                                 for case in ATTENTION_CASES for draft in (False, True)]
     print(json.dumps(report, indent=1))

@@ -19,6 +19,7 @@ and reads each cached vector once per step.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import lru_cache
 
@@ -81,16 +82,50 @@ def _codes(w_ptr, n, n_ok, k0, last, K, FORMAT: tl.constexpr, BLOCK_K: tl.conste
     return w.to(dtype)
 
 
+@triton.jit
+def _last_split(count_ptr, splits):
+    """Whether this program is the last of its tile's `splits` to arrive (its partial sums stored before: every
+    thread's stores ordered before the count by the barrier and the count's release, the last program's reads of
+    the others' after it by its acquire); the last one sets the count back to 0 for the next call."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+    last = arrived == splits - 1
+    if last:
+        tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
+    return last
+
+
+@triton.jit
+def _tile_product(w_ptr, s_ptr, n, n_ok, k0, last, K, GROUPS, xs, FORMAT: tl.constexpr, GROUP: tl.constexpr,
+                  MAGIC: tl.constexpr, SCALE_CODES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  dtype: tl.constexpr):
+    """Weight rows n at inputs [k0, k0 + BLOCK_K) times xs (BK, BM): (BN, BM) float32 (see _linear_kernel)."""
+    w = _codes(w_ptr, n, n_ok, k0, last, K, FORMAT, BLOCK_K, MAGIC, dtype)  # (BN, BK)
+    if FORMAT == 0:
+        return tl.dot(w, xs)
+    elif SCALE_CODES:
+        g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        scale = tl.load(s_ptr + n[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & (g < GROUPS)[None, :],
+                        other=0.0).to(dtype)  # (BN, BK / GROUP)
+        w = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // GROUP, GROUP)) * scale[:, :, None], (BLOCK_N, BLOCK_K))
+        return tl.dot(w, xs)
+    else:
+        scale = tl.load(s_ptr + n * GROUPS + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
+        return tl.dot(w, xs) * scale[:, None]
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: each row computed alike
 def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, M, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
-                   FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
-                   RESIDUAL: tl.constexpr,
+                   partial_ptr, count_ptr, LAST_SUMS: tl.constexpr, FORMAT: tl.constexpr, GROUP: tl.constexpr,
+                   GLU: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
                    SPLIT: tl.constexpr, MAGIC: tl.constexpr, SCALE_CODES: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+                   BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, GLU_OUT: tl.constexpr = False):
     """Weight rows [BLOCK_N * i, ...) against every row of x, over inputs [split * K_PER_SPLIT, ...): acc (BLOCK_N,
     BLOCK_M) float32, BLOCK_K inputs a dot. DENSE: 16-bit weights. INT8/INT4 with BLOCK_K == GROUP: one group a
     dot of exact codes, scaled in float32 after; SCALE_CODES: several groups a dot, each code multiplied by its
-    group's scale in 16 bits first (one rounding per weight, far fewer, longer dots)."""
+    group's scale in 16 bits first (one rounding per weight, far fewer, longer dots). GLU_OUT: the weight holds 2N
+    rows, gate then up; the program multiplies gate rows n and up rows N + n and writes silu(gate) * up (N of
+    them), so the down projection reads its input as it is (no SwiGLU recomputed by each of its programs)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     n_ok = n < N
@@ -109,25 +144,31 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, M, N, K, 
         inv = tl.math.rsqrt(squares / K + eps)
     first = split * K_PER_SPLIT
     last = tl.minimum(first + K_PER_SPLIT, K)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(first, last, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        w = _codes(w_ptr, n, n_ok, k0, last, K, FORMAT, BLOCK_K, MAGIC, dtype)  # (BN, BK)
         xs = _x_block(x_ptr, X_STRIDE, m, m_ok, k, k < last, K, GLU, NORM, inv, nw_ptr).to(dtype)  # (BK, BM)
-        if FORMAT == 0:
-            acc += tl.dot(w, xs)
-        elif SCALE_CODES:
-            g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-            scale = tl.load(s_ptr + n[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & (g < GROUPS)[None, :],
-                            other=0.0).to(dtype)  # (BN, BK / GROUP)
-            w = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // GROUP, GROUP)) * scale[:, :, None],
-                           (BLOCK_N, BLOCK_K))
-            acc += tl.dot(w, xs)
-        else:
-            scale = tl.load(s_ptr + n * GROUPS + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
-            acc += tl.dot(w, xs) * scale[:, None]
+        acc += _tile_product(w_ptr, s_ptr, n, n_ok, k0, last, K, GROUPS, xs, FORMAT, GROUP, MAGIC, SCALE_CODES,
+                             BLOCK_N, BLOCK_K, dtype)
+        if GLU_OUT:  # the up rows N + n against the same inputs
+            acc_up += _tile_product(w_ptr, s_ptr, n + N, n_ok, k0, last, K, GROUPS, xs, FORMAT, GROUP, MAGIC,
+                                    SCALE_CODES, BLOCK_N, BLOCK_K, dtype)
+    if GLU_OUT:  # silu(gate) * up of the rounded products, as the unfused projection stores them
+        gate = acc.to(dtype).to(tl.float32)
+        acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dtype).to(tl.float32)
     mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT:
-        tl.store(out_ptr + (m[None, :] * tl.num_programs(1) + split) * N + n[:, None], acc, mask=mask)
+        splits = tl.num_programs(1)
+        tl.store(partial_ptr + (m[None, :] * splits + split) * N + n[:, None], acc, mask=mask)
+        if LAST_SUMS:  # the tile's last split to finish adds the partial sums, in split order
+            if _last_split(count_ptr + tl.program_id(0), splits):
+                acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                for other in range(0, splits):
+                    acc += tl.load(partial_ptr + (m[None, :] * splits + other) * N + n[:, None], mask=mask,
+                                   other=0.0, cache_modifier=".cg")
+                if RESIDUAL:
+                    acc += tl.load(res_ptr + m[None, :] * N + n[:, None], mask=mask, other=0.0).to(tl.float32)
+                tl.store(out_ptr + m[None, :] * N + n[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         if RESIDUAL:
             acc += tl.load(res_ptr + m[None, :] * N + n[:, None], mask=mask, other=0.0).to(tl.float32)
@@ -188,6 +229,127 @@ def _gemv_rows_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, 
 
 
 @triton.jit
+def _word_codes(words, high, P: tl.constexpr, FORMAT: tl.constexpr, magic):
+    """Code P of each 32-bit word (step_codes()'s layout) times 2^_code_shift(P), exact in float32. `words` and
+    `high` (the words shifted right once, for the codes past the mantissa's 23 bits) come with the bits of 2^23 set
+    (`magic`, 0x4B000000, an argument so that the compiler keeps one mask a code): one AND leaves the code's bits in
+    place in the mantissa of 2^23, one subtraction removes 2^23 and the code's offset (8 or 128)."""
+    shift: tl.constexpr = _code_shift(P, FORMAT)
+    width: tl.constexpr = 15 if FORMAT == 2 else 255
+    source = words if P < (5 if FORMAT == 2 else 2) else high
+    bits = source & ((width << shift) | magic)
+    return bits.to(tl.float32, bitcast=True) - (8388608.0 + (8.0 if FORMAT == 2 else 128.0) * (1 << shift))
+
+
+@triton.constexpr_function
+def _code_shift(p, fmt):
+    """Where code p of a word lies in the mantissa once masked: int4 codes 0-4 where they are, 5-7 after a shift of
+    12 bits (at 8, 12, 16); int8 codes 0-1 where they are, 2-3 after a shift of 16."""
+    if fmt == 2:
+        return 4 * p if p < 5 else 4 * (p - 3)
+    return 8 * (p % 2)
+
+
+@triton.jit
+def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
+                       W_STRIDE, magic, partial_ptr, count_ptr, LAST_SUMS: tl.constexpr, FORMAT: tl.constexpr,
+                       GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
+                       RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+                       GLU_OUT: tl.constexpr = False):
+    """Row m of x against weight rows [BLOCK_N * i, ...), BLOCK_G groups of inputs a step, on the CUDA cores, from
+    32-bit words of codes (step_codes(): word w of a group holds the codes of its inputs w, w + W, w + 2W, ... with
+    W the group's words, so the inputs that code P of consecutive words multiplies are consecutive). Each code is
+    made by one mask in place and one float32 subtraction (_word_codes), multiplied by x in float32, and each group's
+    sum scaled by its float32 scale. Rows of x are the fastest axis of the grid: the programs of one weight tile run
+    side by side and read its codes from device memory once. W_STRIDE: a row's words (K / 8, K / 4), an argument
+    of its own so that 16-byte loads are seen to be aligned. Every row is a program of its own, all alike, so each
+    row is computed alone whatever their number. GLU_OUT: as _linear_kernel's (gate rows n, up rows N + n)."""
+    m = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
+    PER_WORD: tl.constexpr = 8 if FORMAT == 2 else 4
+    WORDS: tl.constexpr = GROUP // PER_WORD
+    n_ok = n < N
+    dtype = x_ptr.dtype.element_ty
+    inv = 0.0
+    if NORM:  # the row's 1 / rms over all its K inputs
+        squares = tl.zeros((GROUP,), dtype=tl.float32)
+        for k0 in range(0, K, GROUP):
+            a = tl.load(x_ptr + m * X_STRIDE + k0 + tl.arange(0, GROUP)).to(tl.float32)
+            squares += a * a
+        inv = tl.math.rsqrt(tl.sum(squares, 0) / K + eps)
+    first = split * K_PER_SPLIT
+    last = tl.minimum(first + K_PER_SPLIT, K)
+    w = tl.arange(0, WORDS)
+    acc = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
+    for k0 in range(first, last, BLOCK_G * GROUP):
+        g = k0 // GROUP + tl.arange(0, BLOCK_G)  # (BG,)
+        g_ok = g * GROUP < last
+        word = g[:, None] * WORDS + w[None, :]  # (BG, W)
+        mask = n_ok[:, None, None] & g_ok[None, :, None]
+        words = tl.load(w_ptr + n[:, None, None] * W_STRIDE + word[None, :, :], mask=mask, other=0)  # (BN, BG, W)
+        high = (words >> (12 if FORMAT == 2 else 16)) | magic
+        words = words | magic
+        part = tl.zeros((BLOCK_N, BLOCK_G, WORDS), dtype=tl.float32)  # (the first code's products replace it)
+        part_up = tl.zeros((BLOCK_N, BLOCK_G, WORDS), dtype=tl.float32)
+        if GLU_OUT:  # the up rows N + n
+            words_up = tl.load(w_ptr + (n + N)[:, None, None] * W_STRIDE + word[None, :, :], mask=mask, other=0)
+            high_up = (words_up >> (12 if FORMAT == 2 else 16)) | magic
+            words_up = words_up | magic
+        for p in tl.static_range(PER_WORD):
+            k = g[:, None] * GROUP + p * WORDS + w[None, :]  # (BG, W): the inputs code p multiplies
+            xs = tl.load(x_ptr + m * X_STRIDE + k, mask=g_ok[:, None], other=0.0).to(tl.float32)
+            if NORM:
+                xs = (xs * inv).to(dtype).to(tl.float32) * tl.load(nw_ptr + k, mask=g_ok[:, None],
+                                                                   other=0.0).to(tl.float32)
+                xs = xs.to(dtype).to(tl.float32)
+            if GLU:
+                up = tl.load(x_ptr + m * X_STRIDE + K + k, mask=g_ok[:, None], other=0.0).to(tl.float32)
+                xs = xs / (1.0 + tl.exp(-xs)) * up
+            if p != 0:  # exact: x times a power of two
+                xs = xs * (1.0 / (1 << _code_shift(p, FORMAT)))
+            codes = _word_codes(words, high, p, FORMAT, magic)
+            if p == 0:
+                part = codes * xs[None, :, :]
+            else:
+                part += codes * xs[None, :, :]
+            if GLU_OUT:
+                codes_up = _word_codes(words_up, high_up, p, FORMAT, magic)
+                if p == 0:
+                    part_up = codes_up * xs[None, :, :]
+                else:
+                    part_up += codes_up * xs[None, :, :]
+        scale = tl.load(s_ptr + n[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & g_ok[None, :],
+                        other=0.0).to(tl.float32)  # (BN, BG)
+        acc += tl.sum(part, axis=2) * scale
+        if GLU_OUT:
+            scale_up = tl.load(s_ptr + (n + N)[:, None] * GROUPS + g[None, :], mask=n_ok[:, None] & g_ok[None, :],
+                               other=0.0).to(tl.float32)
+            acc_up += tl.sum(part_up, axis=2) * scale_up
+    total = tl.sum(acc, axis=1)
+    if GLU_OUT:  # silu(gate) * up of the rounded products, as the unfused projection stores them
+        gate = total.to(dtype).to(tl.float32)
+        total = gate / (1.0 + tl.exp(-gate)) * tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+    if SPLIT:
+        splits = tl.num_programs(2)
+        tl.store(partial_ptr + (m * splits + split) * N + n, total, mask=n_ok)
+        if LAST_SUMS:  # the tile's last split to finish adds the partial sums, in split order
+            if _last_split(count_ptr + m * tl.num_programs(1) + tl.program_id(1), splits):
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for other in range(0, splits):
+                    total += tl.load(partial_ptr + (m * splits + other) * N + n, mask=n_ok, other=0.0,
+                                     cache_modifier=".cg")
+                if RESIDUAL:
+                    total += tl.load(res_ptr + m * N + n, mask=n_ok, other=0.0).to(tl.float32)
+                tl.store(out_ptr + m * N + n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        if RESIDUAL:
+            total += tl.load(res_ptr + m * N + n, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + m * N + n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
 def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, N, SPLITS, RESIDUAL: tl.constexpr, BLOCK_S: tl.constexpr,
                        BLOCK: tl.constexpr):
     """out[m, n] = (residual +) the splits' partial sums, BLOCK_S splits a tile summed side by side, in out's
@@ -207,32 +369,74 @@ def _sum_splits_kernel(partial_ptr, res_ptr, out_ptr, N, SPLITS, RESIDUAL: tl.co
 
 
 # how quantized codes are multiplied by default (linear()'s `unpack`), int8 and int4: what timed fastest on an H200
-# for one row (docs/benchmarks.md); EDGE_STEP_UNPACK picks one for both (benchmarks)
-UNPACK = {8: 1, 4: 3}
+# for one row, the word kernel for both (docs/benchmarks.md); EDGE_STEP_UNPACK picks one for both (benchmarks)
+UNPACK = {8: 4, 4: 4}
 if os.environ.get("EDGE_STEP_UNPACK"):
     UNPACK = dict.fromkeys(UNPACK, int(os.environ["EDGE_STEP_UNPACK"]))
 
 
 def linear_tiles(weight: torch.Tensor | QuantizedWeight, device: torch.device, block_n: int | None = None,
-                 unpack: int | None = None) -> tuple[int, int, int, int]:
+                 unpack: int | None = None, block_k: int | None = None,
+                 splits: int | None = None, glu_out: bool = False) -> tuple[int, int, int, int]:
     """(block_n, block_k, splits, inputs per split) of a weight: from its shape and format alone, never from the rows
-    of x, so every row count adds each row's products in one order."""
+    of x, so every row count adds each row's products in one order. `block_k` (inputs a step) and `splits` override
+    the defaults (a benchmark's sweep); `glu_out` (linear()'s): half the rows are outputs, never split."""
     rows, columns = weight.shape
+    if glu_out:
+        rows, splits = rows // 2, 1
+    quantized = isinstance(weight, QuantizedWeight)
     if unpack is None:
-        unpack = UNPACK[weight.bits] if isinstance(weight, QuantizedWeight) else 1
-    if isinstance(weight, QuantizedWeight) and unpack in (0, 1, 3):
+        unpack = UNPACK[weight.bits] if quantized else 1
+    words = quantized and unpack == 4
+    if words:  # whole groups, 128 bytes of codes of a weight row a step
+        group = weight.group_size
+        block_k = block_k or group * max(1, 1024 // (group * weight.bits))
+    elif quantized and unpack in (0, 1, 3):
         block_k = weight.group_size
     else:
-        group = weight.group_size if isinstance(weight, QuantizedWeight) else 16
+        group = weight.group_size if quantized else 16
         block_k = max(group, min(128, triton.next_power_of_2(columns)))
-    rows_kernel = isinstance(weight, QuantizedWeight) and unpack == 3
+    rows_kernel = quantized and unpack in (3, 4)
+    if words and weight.bits == 4 and rows >= 4096 and not glu_out:  # timed fastest on an H200; with glu_out (two
+        block_n = block_n or 128  # tiles of codes) 128 rows spill registers
     block_n = block_n or (64 if rows_kernel or rows >= 4096 else 32)
     tiles = triton.cdiv(rows, block_n)
     processors = multiprocessors(device.index or 0) if device.type == "cuda" else 4
     blocks = triton.cdiv(columns, block_k)
-    splits = max(1, min(triton.cdiv(4 * processors, tiles), blocks // 8))  # each split keeps 8 blocks of inputs
-    per_split = triton.cdiv(blocks, splits) * block_k
+    if splits is None:
+        if words:  # 8 programs a multiprocessor, each split at least 4 steps long
+            splits = max(1, min(triton.cdiv(8 * processors, tiles), blocks // 4))
+        else:  # each split keeps 8 blocks of inputs
+            splits = max(1, min(triton.cdiv(4 * processors, tiles), blocks // 8))
+    per_split = triton.cdiv(blocks, max(1, min(splits, blocks))) * block_k
     return block_n, block_k, triton.cdiv(columns, per_split), per_split
+
+
+def step_codes(weight: QuantizedWeight) -> torch.Tensor:
+    """The codes of `weight` as _gemv_words_kernel reads them, made once and kept beside the weight: (N, K / 8)
+    int32 words (int4) or (N, K / 4) (int8). In each group of a row, word w holds the unsigned codes (code + 8, code
+    + 128) of the group's inputs w + P * W for P = 0, 1, ... (W: the group's words), code P in bits [P * b, P * b +
+    b) (b = 4 or 8)."""
+    held = getattr(weight, "_step_words", None)
+    if held is not None and held.device == weight.codes.device:
+        return held
+    rows, columns = weight.shape
+    group, bits = weight.group_size, weight.bits
+    per_word = 32 // bits
+    words = torch.empty((rows, columns // per_word), dtype=torch.int32, device=weight.codes.device)
+    shifts = torch.arange(per_word, device=words.device, dtype=torch.int64) * bits
+    chunk = max(1, (1 << 22) // columns)  # rows at a time: a few tens of MB of temporaries
+    for start in range(0, rows, chunk):
+        part = dataclasses.replace(weight, codes=weight.codes[start:start + chunk],
+                                   scales=weight.scales[start:start + chunk],
+                                   shape=(min(chunk, rows - start), columns))
+        unsigned = part.signed_codes().to(torch.int64) + (1 << (bits - 1))  # (n, K)
+        unsigned = unsigned.view(-1, columns // group, per_word, group // per_word).transpose(2, 3)  # (n, G, W, P)
+        packed = (unsigned << shifts).sum(-1)  # (n, G, W), < 2^32
+        packed = torch.where(packed >= 1 << 31, packed - (1 << 32), packed)
+        words[start:start + chunk] = packed.reshape(-1, columns // per_word).to(torch.int32)
+    weight._step_words = words
+    return words
 
 
 def supports(weight: torch.Tensor | QuantizedWeight) -> bool:
@@ -246,13 +450,18 @@ def supports(weight: torch.Tensor | QuantizedWeight) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: torch.Tensor | None = None,
            glu: bool = False, block_n: int | None = None, num_warps: int = 4, num_stages: int = 3,
-           unpack: int | None = None, norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+           unpack: int | None = None, norm: tuple[torch.Tensor, float] | None = None, block_k: int | None = None,
+           splits: int | None = None, glu_out: bool = False) -> torch.Tensor:
     """x (M, K) 16-bit, M <= 16 (glu: (M, 2K), the projection's input silu(x[:, :K]) * x[:, K:]) @ W.T (+ residual
     (M, N)) -> (M, N) in x's dtype. `block_n` overrides the tile's weight rows (a benchmark's sweep); `unpack`, how
     quantized codes are multiplied: 0 converted integers, one group a tensor-core dot; 1 (float16 activations) the
     same with the codes made by bit operations; 2 as 1, each code scaled in 16 bits, several groups a dot; 3 on the
-    CUDA cores, a program per row of x (_gemv_rows_kernel). `norm` (weight, eps): the projection reads
-    RMSNorm(x) (rms_norm()'s arithmetic), computed as it loads x."""
+    CUDA cores, a program per row of x (_gemv_rows_kernel); 4 on the CUDA cores from 32-bit words of codes packed
+    once (step_codes(), _gemv_words_kernel). `norm` (weight, eps): the projection reads RMSNorm(x) (rms_norm()'s
+    arithmetic), computed as it loads x. `block_k` (4: inputs a step, whole groups) and `splits` override the
+    defaults of linear_tiles() (a benchmark's sweep). `glu_out`: W (2N, K) holds gate rows then up rows (a fused
+    gate/up projection) -> silu(x @ Wg.T) * (x @ Wu.T) (M, N), each product rounded to x's dtype first: what the
+    next projection's `glu` computes from this one's plain output, without each of its programs computing it."""
     rows, columns = weight.shape
     count = x.shape[0]
     if count > MAX_ROWS:
@@ -265,34 +474,69 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, residual: to
         codes, scales, group = weight.codes, weight.scales, weight.group_size
     if unpack is None:
         unpack = UNPACK[weight.bits] if isinstance(weight, QuantizedWeight) else 1
-    block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n, unpack)
+    if glu_out:
+        if residual is not None or glu:
+            raise ValueError("glu_out takes no residual and no glu input")
+        if fmt != DENSE and unpack in (2, 3):  # kernels without the paired epilogue: the plain output, then SwiGLU
+            full = linear(x, weight, block_n=block_n, num_warps=num_warps, num_stages=num_stages, unpack=unpack,
+                          norm=norm, block_k=block_k, splits=splits)
+            half = rows // 2
+            return (torch.nn.functional.silu(full[:, :half].float()) * full[:, half:].float()).to(x.dtype)
+        rows //= 2
+    if fmt != DENSE and unpack == 4 and norm is not None:
+        # the normed rows first (one small kernel): in the word kernel each thread would norm every input it reads
+        # for each of its weight rows' threads again
+        x, norm = rms_norm(x, *norm), None
+    block_n, block_k, splits, per_split = linear_tiles(weight, x.device, block_n, unpack, block_k, splits, glu_out)
     out = torch.empty((count, rows), dtype=x.dtype, device=x.device)
     res = residual if residual is not None else out
     groups = columns // group if fmt != DENSE else 1
     norm_weight, eps = norm if norm is not None else (out, 0.0)
     options = dict(FORMAT=fmt, GROUP=group, GLU=glu, NORM=norm is not None, RESIDUAL=residual is not None,
                    BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+    if glu_out:
+        options["GLU_OUT"] = True
     tiles = triton.cdiv(rows, block_n)
-    if fmt != DENSE and unpack == 3:
-        def launch(target: torch.Tensor, split: bool) -> None:
-            _gemv_rows_kernel[(tiles, splits, count)](x, codes, scales, res, target, norm_weight, eps, rows,
-                                                      columns, x.stride(0), groups, per_split, SPLIT=split,
-                                                      **options)
+    rows_kernel = fmt != DENSE and unpack == 3
+    counts = None if splits == 1 or rows_kernel else _split_counts(x.device, count * tiles)
+    partial = out if splits == 1 else torch.empty((count, splits, rows), dtype=torch.float32, device=x.device)
+    sums = dict(partial_ptr=partial, count_ptr=out if counts is None else counts, LAST_SUMS=counts is not None)
+    if fmt != DENSE and unpack == 4:
+        words = step_codes(weight)
+        _gemv_words_kernel[(count, tiles, splits)](x, words, scales, res, out, norm_weight, eps, rows, columns,
+                                                   x.stride(0), groups, per_split, words.stride(0), 0x4B000000,
+                                                   SPLIT=splits > 1, BLOCK_G=block_k // group, **sums, **options)
+    elif rows_kernel:
+        _gemv_rows_kernel[(tiles, splits, count)](x, codes, scales, res, partial, norm_weight, eps, rows, columns,
+                                                  x.stride(0), groups, per_split, SPLIT=splits > 1, **options)
     else:
-        def launch(target: torch.Tensor, split: bool) -> None:
-            _linear_kernel[(tiles, splits)](x, codes, scales, res, target, norm_weight, eps, count, rows, columns,
-                                            x.stride(0), groups, per_split, SPLIT=split, BLOCK_K=block_k,
-                                            BLOCK_M=MAX_ROWS,
-                                            MAGIC=unpack >= 1 and x.dtype == torch.float16,
-                                            SCALE_CODES=fmt != DENSE and unpack == 2, **options)
-    if splits == 1:
-        launch(out, False)
-        return out
-    partial = torch.empty((count, splits, rows), dtype=torch.float32, device=x.device)  # (M, S, N)
-    launch(partial, True)
-    _sum_splits_kernel[(count, triton.cdiv(rows, 128))](partial, res, out, rows, splits,
-                                                        RESIDUAL=residual is not None, BLOCK_S=32, BLOCK=128)
+        _linear_kernel[(tiles, splits)](x, codes, scales, res, out, norm_weight, eps, count, rows, columns,
+                                        x.stride(0), groups, per_split, SPLIT=splits > 1, BLOCK_K=block_k,
+                                        BLOCK_M=MAX_ROWS, MAGIC=unpack >= 1 and x.dtype == torch.float16,
+                                        SCALE_CODES=fmt != DENSE and unpack == 2, **sums, **options)
+    if splits > 1 and counts is None:  # the partial sums added by a kernel of their own
+        _sum_splits_kernel[(count, triton.cdiv(rows, 128))](partial, res, out, rows, splits,
+                                                            RESIDUAL=residual is not None, BLOCK_S=32, BLOCK=128)
     return out
+
+
+# EDGE_STEP_LAST_SUMS=1: the last split of a tile adds the partial sums in the same kernel, in split order (one
+# count per (row of x, weight tile), zeros between calls, made once per device before any graph capture). Off by
+# default: on an H200 the serial tail of the last program timed slower than the separate kernel (0.5-3.6 us a
+# call, docs/benchmarks.md)
+_COUNTS: dict[torch.device, torch.Tensor] = {}
+LAST_SUMS = os.environ.get("EDGE_STEP_LAST_SUMS", "0") == "1"
+
+
+def _split_counts(device: torch.device, needed: int) -> torch.Tensor | None:
+    if not LAST_SUMS:
+        return None
+    counts = _COUNTS.get(device)
+    if counts is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # no allocation that outlives the graph's pool: the kernel of its own
+        counts = _COUNTS[device] = torch.zeros(1 << 16, dtype=torch.int32, device=device)
+    return counts if needed <= counts.numel() else None
 
 
 @triton.jit

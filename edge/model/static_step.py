@@ -133,8 +133,12 @@ class StaticStep:
             self.append(qkv[:, self.q_size:], index, fused_rope)
             out = self.attend(qkv, index, draft, fused_rope)  # (T, H Dh)
             x = self.linear(out, attention.wo, residual=x)
-            gate_up = self.linear(x, block.ffn.w_gate_up, norm=block.ffn_norm)  # (T, 2 I)
-            x = self.linear(gate_up, block.ffn.w_down, residual=x, glu=True)
+            if self.kernels is not None and getattr(block.ffn.w_gate_up, "bias", None) is None:
+                hidden = self.linear(x, block.ffn.w_gate_up, norm=block.ffn_norm, glu_out=True)  # (T, I)
+                x = self.linear(hidden, block.ffn.w_down, residual=x)
+            else:
+                gate_up = self.linear(x, block.ffn.w_gate_up, norm=block.ffn_norm)  # (T, 2 I)
+                x = self.linear(gate_up, block.ffn.w_down, residual=x, glu=True)
         return self.linear(x, self.head, norm=model.norm)  # (T, V)
 
     # ---- the operations: the Triton kernels, or their torch reference -------------------------------------
@@ -146,9 +150,10 @@ class StaticStep:
         return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
     def linear(self, x: torch.Tensor, module, residual: torch.Tensor | None = None, glu: bool = False,
-               norm=None) -> torch.Tensor:
+               norm=None, glu_out: bool = False) -> torch.Tensor:
         """module(x) (+ residual); glu: module(silu(x[:, :I]) * x[:, I:]); norm (an RMSNorm): module(norm(x)), the
-        norm computed inside the matmul where the kernels run. `module` a Linear, a QuantizedLinear or a bare (N, K)
+        norm computed inside the matmul where the kernels run; glu_out (the kernels, no bias): silu(y[:, :I]) *
+        y[:, I:] of y = module(x), in the matmul's epilogue. `module` a Linear, a QuantizedLinear or a bare (N, K)
         weight."""
         weight, bias = (module, None) if isinstance(module, torch.Tensor) else (None, module.bias)
         if isinstance(module, QuantizedLinear):
@@ -164,7 +169,8 @@ class StaticStep:
             weight = module.weight
         fused = residual if bias is None else None
         if self.kernels is not None:
-            out = self.kernels.linear(x, weight, fused, glu, norm=None if norm is None else (norm.weight, self.eps))
+            out = self.kernels.linear(x, weight, fused, glu, norm=None if norm is None else (norm.weight, self.eps),
+                                      glu_out=glu_out)
         else:
             inputs = self._glu(x) if glu else self.norm(x, norm) if norm is not None else x
             matrix = weight.dequantize() if isinstance(weight, QuantizedWeight) else weight

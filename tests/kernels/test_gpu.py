@@ -135,11 +135,14 @@ def test_sampling_on_the_gpu_is_reproducible_with_a_seed(target):
 # ---- the static step (edge/model/static_step.py): its kernels, and decoding through its CUDA graphs --------------
 
 @pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("bfloat16", 1), ("int8", 0), ("int8", 1), ("int8", 2),
-                                         ("int8", 3), ("int4", 0), ("int4", 1), ("int4", 2),
-                                         ("int4", 3)])
+                                         ("int8", 3), ("int8", 4), ("int4", 0), ("int4", 1), ("int4", 2),
+                                         ("int4", 3), ("int4", 4)])
 @pytest.mark.parametrize("rows, n, k", [(1, 4096, 4096), (5, 256, 32768), (3, 33, 128), (16, 11008, 1024)])
-def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, k):
+@pytest.mark.parametrize("last_sums", [False, True])
+def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, k, last_sums, monkeypatch):
     from edge.kernels import step_kernels as sk
+
+    monkeypatch.setattr(sk, "LAST_SUMS", last_sums)  # the partial sums added by the last split, or a kernel
 
     generator = torch.Generator(device=CUDA).manual_seed(rows * n + k)
     dense = torch.randn(n, k, generator=generator, device=CUDA) * 0.05
@@ -157,7 +160,28 @@ def test_the_step_matmul_matches_the_reference_on_the_gpu(fmt, unpack, rows, n, 
         assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], unpack=unpack)[0], got[row])
 
 
-@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 3), ("int4", 3), ("int4", 1)])
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 1), ("int8", 4), ("int4", 4), ("int4", 3)])
+@pytest.mark.parametrize("rows, n, k", [(1, 4096, 256), (4, 216320, 256), (3, 2 * 1408, 2048)])
+def test_the_step_matmul_writes_swiglu_on_the_gpu(fmt, unpack, rows, n, k):
+    from edge.kernels import step_kernels as sk
+
+    generator = torch.Generator(device=CUDA).manual_seed(rows + n + k)
+    dense = torch.randn(n, k, generator=generator, device=CUDA) * 0.05  # gate rows, then up rows
+    weight = dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32)
+    matrix = weight.double() if isinstance(weight, torch.Tensor) else weight.dequantize().double()
+    x = torch.randn(rows, k, generator=generator, device=CUDA).half()
+    got = sk.linear(x, weight, unpack=unpack, glu_out=True)  # (rows, n / 2)
+    products = x.double() @ matrix.T
+    gate, up = products[:, :n // 2], products[:, n // 2:]
+    expected = gate * torch.sigmoid(gate) * up
+    assert torch.isfinite(got).all() and got.shape == (rows, n // 2)
+    assert (got.double() - expected).norm() / expected.norm() < 3e-3
+    for row in range(rows):
+        assert torch.equal(sk.linear(x[row:row + 1], weight, unpack=unpack, glu_out=True)[0], got[row])
+
+
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 3), ("int4", 3), ("int4", 1), ("int8", 4),
+                                         ("int4", 4)])
 def test_the_step_matmul_reads_rms_normed_rows_on_the_gpu(fmt, unpack):
     from edge.kernels import step_kernels as sk
 
@@ -235,7 +259,7 @@ def test_the_graph_step_replays_what_single_steps_compute(target, kv_cache):
 def test_speculation_through_the_graph_step_equals_plain_decoding(target, drafter):
     kv_cache = "hierarchical" if drafter.startswith("quantspec") else None
     plain = Engine.load(target, max_context=256, device="cuda", dtype="float16", kv_cache=kv_cache)
-    expected = greedy(plain, tokens=64)
+    expected = greedy(plain, max_new_tokens=64)
     assert plain.model._static_steps[1] is not None
     for length in (3, "adaptive"):
         fast = Engine.load(target, max_context=256, device="cuda", dtype="float16", kv_cache=kv_cache,

@@ -31,37 +31,73 @@ def on_cpu(monkeypatch):
     monkeypatch.setenv("EDGE_STATIC_STEP", "1")
 
 
-@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 1), ("int8", 3), ("int4", 2), ("int4", 3)])
-def test_the_step_matmul_matches_the_reference_and_each_row_is_computed_alone(on_cpu, fmt, unpack):
+@pytest.mark.parametrize("last_sums", [False, True])
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 1), ("int8", 3), ("int8", 4), ("int4", 2),
+                                         ("int4", 3), ("int4", 4)])
+def test_the_step_matmul_matches_the_reference_and_each_row_is_computed_alone(on_cpu, monkeypatch, fmt, unpack,
+                                                                              last_sums):
+    monkeypatch.setattr(sk, "LAST_SUMS", last_sums)  # the partial sums added by the last split, or a kernel
     generator = torch.Generator().manual_seed(len(fmt))
     n, k = 40, 512
     dense = torch.randn(n, k, generator=generator) * 0.05
     weight = dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32)
     matrix = dense.half().double() if fmt == "float16" else weight.dequantize().double()
-    if fmt != "float16" and unpack != 2:  # long enough to be split along its inputs
-        assert sk.linear_tiles(weight, torch.device("cpu"), unpack=unpack)[2] > 1
+    splits = 3 if unpack == 4 else None  # (the word kernel splits only longer rows by default)
+    if fmt != "float16" and unpack != 2:  # split along its inputs
+        assert sk.linear_tiles(weight, torch.device("cpu"), unpack=unpack, splits=splits)[2] > 1
     x = torch.randn(3, 2 * k, generator=generator).half()
     residual = torch.randn(3, n, generator=generator).half()
-    got = sk.linear(x, weight, residual, glu=True, unpack=unpack)  # (3, n): silu(x[:, :k]) * x[:, k:] @ W.T + residual
+    # (3, n): silu(x[:, :k]) * x[:, k:] @ W.T + residual
+    got = sk.linear(x, weight, residual, glu=True, unpack=unpack, splits=splits)
     inputs = (torch.nn.functional.silu(x[:, :k].double()) * x[:, k:].double()).half().double()
     expected = inputs @ matrix.T + residual.double()
     assert (got.double() - expected).norm() / expected.norm() < 2e-3
     for row in (0, 2):
-        assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], glu=True, unpack=unpack)[0],
-                           got[row])
+        assert torch.equal(sk.linear(x[row:row + 1], weight, residual[row:row + 1], glu=True, unpack=unpack,
+                                     splits=splits)[0], got[row])
 
 
-@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int4", 3)])
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int4", 3), ("int4", 4), ("int8", 4)])
 def test_the_step_matmul_reads_rms_normed_rows(on_cpu, fmt, unpack):
     generator = torch.Generator().manual_seed(3)
     dense = torch.randn(24, 64, generator=generator) * 0.1
-    weight = dense.half() if fmt == "float16" else quantize_weight(dense, 4, 32)
+    weight = dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32)
     x = torch.randn(3, 64, generator=generator).half()
     norm_weight = (1 + 0.1 * torch.randn(64, generator=generator)).half()
     got = sk.linear(x, weight, norm=(norm_weight, 1e-5), unpack=unpack)
     normed = sk.rms_norm(x, norm_weight, 1e-5)  # the norm kernel's arithmetic, then the matmul
     assert torch.allclose(got.float(), sk.linear(normed, weight, unpack=unpack).float(), rtol=2e-3, atol=2e-3)
     assert torch.equal(sk.linear(x[2:], weight, norm=(norm_weight, 1e-5), unpack=unpack)[0], got[2])
+
+
+@pytest.mark.parametrize("fmt, unpack", [("float16", 1), ("int8", 4), ("int4", 4), ("int4", 3)])
+def test_the_step_matmul_writes_swiglu_of_gate_and_up_rows(on_cpu, fmt, unpack):
+    generator = torch.Generator().manual_seed(11)
+    dense = torch.randn(2 * 24, 128, generator=generator) * 0.1  # gate rows, then up rows
+    weight = dense.half() if fmt == "float16" else quantize_weight(dense, 8 if fmt == "int8" else 4, 32)
+    x = torch.randn(3, 128, generator=generator).half()
+    norm_weight = (1 + 0.1 * torch.randn(128, generator=generator)).half()
+    got = sk.linear(x, weight, norm=(norm_weight, 1e-5), unpack=unpack, glu_out=True)  # (3, 24)
+    full = sk.linear(x, weight, norm=(norm_weight, 1e-5), unpack=unpack)  # (3, 48), rounded
+    expected = (torch.nn.functional.silu(full[:, :24].float()) * full[:, 24:].float()).half()
+    assert got.shape == (3, 24)
+    assert torch.allclose(got.float(), expected.float(), rtol=2e-3, atol=2e-3)
+    for row in range(3):
+        assert torch.equal(sk.linear(x[row:row + 1], weight, norm=(norm_weight, 1e-5), unpack=unpack,
+                                     glu_out=True)[0], got[row])
+
+
+@pytest.mark.parametrize("bits, group", [(4, 32), (4, 128), (8, 16), (8, 64)])
+def test_the_word_layout_holds_every_code_once_and_unpacks_to_them(bits, group):
+    generator = torch.Generator().manual_seed(bits + group)
+    weight = quantize_weight(torch.randn(6, 2 * group, generator=generator), bits, group)
+    words = sk.step_codes(weight)  # (6, 2 group / (32 / bits)) int32, made once
+    assert sk.step_codes(weight) is words and words.dtype == torch.int32
+    per_word = 32 // bits
+    count = group // per_word  # words a group
+    unsigned = (words.long() & 0xFFFFFFFF)[..., None] >> (torch.arange(per_word) * bits) & ((1 << bits) - 1)
+    codes = unsigned.view(6, 2, count, per_word).transpose(2, 3).reshape(6, -1) - (1 << (bits - 1))  # input order
+    assert torch.equal(codes, weight.signed_codes().long())
 
 
 def tiny_model() -> transformer.Transformer:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from edge.sources import default_model
+from edge.sources import catalogue, default_model
 from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.sources.draft_finder import drafts_beside
 from edge.sources.default_model import DEFAULT_MODEL_HELP
@@ -19,7 +19,7 @@ from edge.engine import GenerationOptions
 from edge.errors import SettingError
 from edge.load_spec import (BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LOAD_WEIGHTS,
                              LoadSpec)
-from edge.sources.model_source import resolve_model
+from edge.sources.model_source import hub_cache_dir, resolve_model
 from edge.planning import plan
 from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
 
@@ -28,7 +28,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, positional: bool = T
     help_text = ("a checkpoint folder (Hugging Face layout: config.json, *.safetensors, tokenizer.json), an "
                  "edge-export bundle, a .gguf file (run in its own quantization: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
                  "Q4_K, Q5_K, Q6_K, or F16/BF16/F32) or a Hub id (org/name, org/name@revision, org/name:Q4_K_M "
-                 "for a GGUF repo): taken from the Hugging Face cache, else downloaded unless HF_HUB_OFFLINE is set")
+                 "for a GGUF repo): taken from the Hugging Face cache, else downloaded unless HF_HUB_OFFLINE is set; "
+                 "or a name from `edge list` once `edge pull NAME` downloaded it")
     if positional:
         parser.add_argument("model", nargs="?", help=f"{help_text}; {DEFAULT_MODEL_HELP}")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
@@ -97,12 +98,28 @@ def default_drafter(args: argparse.Namespace) -> str | None:
 def draft_beside(model: str) -> str | None:
     """draft:FILE for the smallest GGUF file beside a named GGUF model with its tokenizer (edge/sources/draft_finder.py),
     said on stderr; None where there is none."""
+    pulled = catalogue_draft(model)
+    if pulled is not None:
+        return pulled
     found = drafts_beside(model)
     if not found:
         return None
     print(f"drafting with {found[0].name} (beside the model, same tokenizer; the adaptive draft length pauses it "
           "where it does not pay; --drafter none turns it off)", file=sys.stderr)
     return f"draft:{found[0]}"
+
+
+def catalogue_draft(model: str) -> str | None:
+    """draft:FILE for a catalogue model's draft (edge/models/catalogue/catalogue.json) where it is pulled, said on
+    stderr; None where the model is not a catalogue name, has no draft, or its draft is not pulled."""
+    entry = catalogue.lookup(model) if not Path(model).exists() else None
+    draft = catalogue.lookup(entry.draft) if entry is not None and entry.draft else None
+    path = catalogue.pulled_file(draft, hub_cache_dir()) if draft is not None else None
+    if path is None:
+        return None
+    print(f"drafting with {draft.name} (its draft in edge's catalogue; the adaptive draft length pauses it where it "
+          "does not pay; --drafter none turns it off)", file=sys.stderr)
+    return f"draft:{path}"
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:

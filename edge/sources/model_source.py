@@ -6,8 +6,10 @@
     resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct@main")   # ...at a revision (branch, tag or commit)
     resolve_model("TheBloke/TinyLlama-1.1B-Chat-v1.0-GGUF:Q4_0")                       # a GGUF in a repo, by tag
     resolve_model("TheBloke/TinyLlama-1.1B-Chat-v1.0-GGUF/tinyllama-1.1b-chat-v1.0.Q4_0.gguf")  # or by file
+    resolve_model("qwen2.5-coder-1.5b")           # a name in edge's catalogue: the file `edge pull` downloaded
 
-A path that exists always wins over a Hub id of the same spelling. A Hub id is looked up in the Hugging Face cache
+A path that exists always wins over a Hub id or a catalogue name of the same spelling. A catalogue name
+(edge/sources/catalogue.py) is never downloaded here: one not pulled yet is an error saying `run: edge pull NAME`. A Hub id is looked up in the Hugging Face cache
 first ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub), so a model downloaded once (by edge or by
 transformers) loads offline. When it is not there and HF_HUB_OFFLINE is not set, huggingface_hub downloads it into
 that cache with its progress bar. Only what edge reads is fetched: model*.safetensors, the JSON files and chat
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from edge.errors import CheckpointError
-from edge.sources.gguf_checkpoint import checkpoint_from_gguf
+from edge.sources.catalogue import lookup, not_pulled, pulled_file
 
 DOWNLOAD_PATTERNS = ["model*.safetensors", "*.json", "*.jinja"]
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
@@ -68,6 +70,12 @@ def resolve_model(name: str | Path, *, progress: bool = True) -> Path:
         return path
     if path.is_file():
         return _from_file(path, report)
+    entry = lookup(str(name))
+    if entry is not None:
+        found = pulled_file(entry, hub_cache_dir())
+        if found is None:
+            raise not_pulled(entry)
+        return _from_file(found, report)
     hub = HubName.parse(str(name)) if not Path(name).is_absolute() else None
     if hub is None and path.suffix.lower() == ".gguf":
         raise CheckpointError(f"{path} does not exist; pass an existing .gguf file")
@@ -103,6 +111,8 @@ def _stderr(message: str) -> None:
 
 
 def _from_file(path: Path, report: Callable[[str], None] | None) -> Path:
+    from edge.sources.gguf_checkpoint import checkpoint_from_gguf  # here: `edge list` and `edge pull` skip torch
+
     if path.suffix.lower() == ".gguf":
         return checkpoint_from_gguf(path, report=report)
     if path.suffix.lower() in (".bin", ".pt", ".pth", ".pkl", ".ckpt"):
@@ -127,7 +137,7 @@ def _from_hub(hub: HubName, progress: bool, report: Callable[[str], None] | None
                               f"named {hub} exists here)")
     if found is None:
         found = _download(hub, cache, progress)
-    return checkpoint_from_gguf(found, report=report) if found.suffix == ".gguf" else found
+    return _from_file(found, report) if found.suffix == ".gguf" else found
 
 
 def _cached_snapshot(hub: HubName, cache: Path) -> Path | None:

@@ -78,7 +78,7 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
 def default_drafter(args: argparse.Namespace) -> str | None:
     """The drafter asked for ("none": off); else plain decoding when sampling (temperature > 0: drafts are accepted
     less often); for a GGUF model named on the command line, the smallest GGUF file beside it with its tokenizer (a
-    draft model, said on stderr), else plain decoding; for the default model, the fastest drafter measured on it:
+    draft model, said on stderr; for a catalogue name, its pulled draft), else plain decoding; for the default model, the fastest drafter measured on it:
     retrieval (its own replies, and prompt lookup) on SmolLM2-135M-Instruct, and on the built-in model n-gram lookup
     backed by its feature drafter (or its draft model where no feature drafter ships). edge-chat and edge-serve share
     it."""
@@ -96,8 +96,8 @@ def default_drafter(args: argparse.Namespace) -> str | None:
 
 
 def draft_beside(model: str) -> str | None:
-    """draft:FILE for the smallest GGUF file beside a named GGUF model with its tokenizer (edge/sources/draft_finder.py),
-    said on stderr; None where there is none."""
+    """draft:FILE for a named model's draft: its catalogue draft where pulled, else the smallest GGUF file beside a
+    named GGUF model with its tokenizer (edge/sources/draft_finder.py), said on stderr; None where there is none."""
     pulled = catalogue_draft(model)
     if pulled is not None:
         return pulled

@@ -16,10 +16,10 @@ from edge.tui.cli import ConsoleChat, main as chat_main
 
 
 def test_chat_prompt_prints_the_reply(llama_dir, capsys):
-    assert chat_main([str(llama_dir), "--prompt", "Hello", "--max-new-tokens", "8", "--stats"]) == 0
+    assert chat_main([str(llama_dir), "--prompt", "Hello", "--max-new-tokens", "8", "--stats", "--temperature", "0"]) == 0
     out = capsys.readouterr().out
     expected = "".join(e.text for e in Engine.load(llama_dir).chat([{"role": "user", "content": "Hello"}],
-                                                                     max_new_tokens=8))
+                                                                     max_new_tokens=8, temperature=0.0))
     assert out.startswith(expected + "\n")
     assert "tokens/s" in out
 

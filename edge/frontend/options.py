@@ -76,8 +76,9 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
 
 
 def default_drafter(args: argparse.Namespace) -> str | None:
-    """The drafter asked for ("none": off); else plain decoding when sampling (temperature > 0: drafts are accepted
-    less often); for a GGUF model named on the command line, the smallest GGUF file beside it with its tokenizer (a
+    """The drafter asked for ("none": off); else plain decoding when sampling (the default, and any temperature above
+    0: drafts are accepted less often, and sampling's penalty moves the text off the drafters' own); when greedy
+    (--temperature 0), for a GGUF model named on the command line, the smallest GGUF file beside it with its tokenizer (a
     draft model, said on stderr), else plain decoding; for the default model, the fastest drafter measured on it:
     retrieval (its own replies, and prompt lookup) on SmolLM2-135M-Instruct, and on the built-in model n-gram lookup
     backed by its feature drafter (or its draft model where no feature drafter ships). edge-chat and edge-serve share
@@ -136,10 +137,11 @@ def print_plan(spec: LoadSpec) -> None:
 def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculative decoding (lossless: the output is the target's own)")
     group.add_argument("--drafter", default=None, metavar="SPEC",
-                       help=f"draft with: {drafter_usage()}, or none; default when greedy: retrieval (the model's own "
-                            "replies, and n-gram lookup) for the default model, hybrid:feature (n-gram lookup, then the built-in feature drafter) "
-                            "for the built-in model; for a GGUF file you name, the smallest GGUF file beside it with its "
-                            "tokenizer (a draft model), else plain decoding; plain decoding when sampling")
+                       help=f"draft with: {drafter_usage()}, or none; default when greedy (--temperature 0): "
+                            "retrieval (the model's own replies, and n-gram lookup) for the default model, "
+                            "hybrid:feature (n-gram lookup, then the built-in feature drafter) for the built-in model; "
+                            "for a GGUF file you name, the smallest GGUF file beside it with its tokenizer (a draft "
+                            "model), else plain decoding; plain decoding when sampling (the default)")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
                        help="tokens drafted per step: 'adaptive' (default: each step the length with the most "
                             "expected tokens per second, from the verify and draft times measured so far and the "

@@ -184,7 +184,7 @@ def test_adaptive_layer_skip_skips_the_layers_its_model_measures_least_influenti
     assert skip_names == {"skip:" + ",".join(map(str, s)) for s in skip_sets(influence, (1 / 8, 1 / 4, 1 / 3))}
     fast = ids_of(engine.generate(PROMPTS[0], max_new_tokens=24, ignore_eos=True, temperature=0.0))
     plain = ids_of(Engine.load(checkpoints["target"], max_context=256).generate(PROMPTS[0], max_new_tokens=24,
-                                                                                ignore_eos=True))
+                                                                                ignore_eos=True, temperature=0.0))
     assert fast == plain
 
 

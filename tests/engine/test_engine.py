@@ -38,7 +38,8 @@ def test_events_stream_text_and_tokens(engine):
 def test_generation_is_deterministic_and_matches_a_fresh_engine(engine, llama_dir):
     first = ids_of(generated(engine, max_new_tokens=16, ignore_eos=True))
     again = ids_of(generated(engine, max_new_tokens=16, ignore_eos=True))  # reuses the cached prompt
-    fresh = ids_of(Engine.load(llama_dir, max_context=64).generate(PROMPT, max_new_tokens=16, ignore_eos=True))
+    fresh = ids_of(Engine.load(llama_dir, max_context=64).generate(PROMPT, max_new_tokens=16, ignore_eos=True,
+                                                                   temperature=0.0))
     assert first == again == fresh
 
 
@@ -208,8 +209,8 @@ def test_options_come_as_one_record_or_as_keywords(engine):
         engine.reset()
         return [t for e in engine.generate("The quick brown fox", *args, **kwargs) for t in e.token_ids]
 
-    options = GenerationOptions(max_new_tokens=6, ignore_eos=True)
-    assert tokens(options) == tokens(max_new_tokens=6, ignore_eos=True)
+    options = GenerationOptions(max_new_tokens=6, ignore_eos=True, temperature=0.0)
+    assert tokens(options) == tokens(max_new_tokens=6, ignore_eos=True, temperature=0.0)
     assert len(tokens(options, max_new_tokens=3)) == 3  # keywords override the record
     with pytest.raises(SamplingError, match="GenerationOptions"):
         tokens({"max_new_tokens": 3})

@@ -100,7 +100,8 @@ def test_chat_without_model_explains_what_to_pass(capsys, monkeypatch, tmp_path,
 
 
 def test_chat_without_the_default_model_runs_the_builtin_model_and_drafter(capsys, builtin_default):
-    assert chat_main(["--prompt", "What does the os module do?", "--max-new-tokens", "8", "--stats"]) == 0
+    assert chat_main(["--prompt", "What does the os module do?", "--max-new-tokens", "8", "--stats",
+                      "--temperature", "0"]) == 0
     assert "accepted" in capsys.readouterr().out  # speculative decoding with the built-in drafter is on
 
 
@@ -454,10 +455,11 @@ def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(
     if builtin_feature_drafter_path() is None:
         pytest.skip("this checkout ships no built-in feature drafter")
     parser = build_parser()
-    assert default_drafter(parser.parse_args([])) == "hybrid:feature"
+    assert default_drafter(parser.parse_args(["--temperature", "0"])) == "hybrid:feature"
+    assert default_drafter(parser.parse_args([])) is None  # sampling, the default: plain decoding
     assert default_drafter(parser.parse_args(["--drafter", "none"])) is None
     assert default_drafter(parser.parse_args(["--drafter", "ngram"])) == "ngram"
-    assert default_drafter(parser.parse_args([str(llama_dir)])) is None  # another model: plain unless asked
+    assert default_drafter(parser.parse_args([str(llama_dir), "--temperature", "0"])) is None  # plain unless asked
     assert default_drafter(parser.parse_args(["--temperature", "0.7"])) is None  # sampling: drafts pay less
     assert default_drafter(parser.parse_args(["--temperature", "0.7", "--drafter", "feature"])) == "feature"
 

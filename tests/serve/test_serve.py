@@ -251,7 +251,7 @@ def test_the_command_line_builds_edge_chats_load_spec_and_request_defaults(monke
     config = serve_config(args)
     assert config.defaults.max_new_tokens == 64 and config.defaults.temperature == 0.5
     assert config.model_id == "edge-builtin" and config.api_key is None and not config.speculate_when_sampling
-    assert default_drafter(build_parser().parse_args([])) == "hybrid:feature"
+    assert default_drafter(build_parser().parse_args(["--temperature", "0"])) == "hybrid:feature"
     monkeypatch.setenv("EDGE_API_KEY", "from-the-environment")
     assert serve_config(build_parser().parse_args([])).api_key == "from-the-environment"
     assert serve_config(build_parser().parse_args(["--api-key", "flag"])).api_key == "flag"

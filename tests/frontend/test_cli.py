@@ -59,7 +59,7 @@ class InterruptedOutput(io.StringIO):
 
 def test_ctrl_c_stops_a_console_reply_and_keeps_what_was_shown(llama_dir):
     chat = ConsoleChat(Engine.load(llama_dir, max_context=256),
-                       options=__import__("edge").GenerationOptions(max_new_tokens=12))
+                       options=__import__("edge").GenerationOptions(max_new_tokens=12, temperature=0.0))
     out = InterruptedOutput()
     shown = chat.reply("Hi", out)
     assert out.getvalue() == shown + " [stopped]\n" and shown

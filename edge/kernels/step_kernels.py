@@ -176,6 +176,16 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, M, N, K, 
 
 
 @triton.jit
+def _inverse_rms(row_ptr, K, eps, GROUP: tl.constexpr):
+    """1 / rms of a row's K inputs (K a whole number of GROUPs), summed GROUP at a time in float32."""
+    squares = tl.zeros((GROUP,), dtype=tl.float32)
+    for k0 in range(0, K, GROUP):
+        a = tl.load(row_ptr + k0 + tl.arange(0, GROUP)).to(tl.float32)
+        squares += a * a
+    return tl.math.rsqrt(tl.sum(squares, 0) / K + eps)
+
+
+@triton.jit
 def _gemv_rows_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, X_STRIDE, GROUPS, K_PER_SPLIT,
                       FORMAT: tl.constexpr, GROUP: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr,
                       RESIDUAL: tl.constexpr,
@@ -192,11 +202,7 @@ def _gemv_rows_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K, 
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     inv = 0.0
     if NORM:  # the row's 1 / rms over all its K inputs
-        squares = tl.zeros((GROUP,), dtype=tl.float32)
-        for k0 in range(0, K, GROUP):
-            a = tl.load(x_ptr + m * X_STRIDE + k0 + tl.arange(0, GROUP)).to(tl.float32)
-            squares += a * a
-        inv = tl.math.rsqrt(tl.sum(squares, 0) / K + eps)
+        inv = _inverse_rms(x_ptr + m * X_STRIDE, K, eps, GROUP)
     first = split * K_PER_SPLIT
     last = tl.minimum(first + K_PER_SPLIT, K)
     for k0 in range(first, last, GROUP):
@@ -273,11 +279,7 @@ def _gemv_words_kernel(x_ptr, w_ptr, s_ptr, res_ptr, out_ptr, nw_ptr, eps, N, K,
     dtype = x_ptr.dtype.element_ty
     inv = 0.0
     if NORM:  # the row's 1 / rms over all its K inputs
-        squares = tl.zeros((GROUP,), dtype=tl.float32)
-        for k0 in range(0, K, GROUP):
-            a = tl.load(x_ptr + m * X_STRIDE + k0 + tl.arange(0, GROUP)).to(tl.float32)
-            squares += a * a
-        inv = tl.math.rsqrt(tl.sum(squares, 0) / K + eps)
+        inv = _inverse_rms(x_ptr + m * X_STRIDE, K, eps, GROUP)
     first = split * K_PER_SPLIT
     last = tl.minimum(first + K_PER_SPLIT, K)
     w = tl.arange(0, WORDS)

@@ -23,9 +23,10 @@ import json
 import os
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from edge.errors import CheckpointError
 from edge.sources.catalogue import lookup, not_pulled, pulled_file
@@ -203,12 +204,8 @@ def _quant_tag(name: str) -> str:
 
 def _download(hub: HubName, cache: Path, progress: bool) -> Path:
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
-    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    quiet = not progress and not are_progress_bars_disabled()
-    if quiet:
-        disable_progress_bars()
-    try:
+    with hub_call(lambda error: _download_problem(hub, error), progress):
         if hub.file is None:
             files = HfApi().list_repo_files(hub.repo, revision=hub.revision)
             has_weights = any(re.fullmatch(r"model.*\.safetensors", name) for name in files)
@@ -224,10 +221,23 @@ def _download(hub: HubName, cache: Path, progress: bool) -> Path:
         else:
             chosen = hub.file
         return Path(hf_hub_download(hub.repo, chosen, revision=hub.revision, cache_dir=cache))
+
+
+@contextmanager
+def hub_call(problem: Callable[[Exception], str], progress: bool) -> Iterator[None]:
+    """Around huggingface_hub's calls: its progress bars off unless `progress`, and any of its (or requests') errors
+    as one CheckpointError line that `problem` words."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    quiet = not progress and not are_progress_bars_disabled()
+    if quiet:
+        disable_progress_bars()
+    try:
+        yield
     except CheckpointError:
         raise
     except Exception as error:  # huggingface_hub's and requests' errors, one line each
-        raise CheckpointError(_download_problem(hub, error)) from None
+        raise CheckpointError(problem(error)) from None
     finally:
         if quiet:
             enable_progress_bars()

@@ -23,7 +23,7 @@ from typing import Callable
 
 from edge.errors import CheckpointError
 from edge.sources.catalogue import Entry, is_sha256, load_catalogue, lookup, pulled_file
-from edge.sources.model_source import HubName, hub_cache_dir
+from edge.sources.model_source import HubName, hub_cache_dir, hub_call
 
 Report = Callable[[str], None]
 
@@ -67,26 +67,15 @@ def pull(name: str, *, draft: bool = True, progress: bool = True, report: Report
 def download(entry: Entry, *, progress: bool = True, report: Report | None = None) -> Path:
     """One entry's file into the cache (resuming a partial download), checked against its sha256."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     cache, endpoint = hub_cache_dir(), hub_endpoint()
-    quiet = not progress and not are_progress_bars_disabled()
-    if quiet:
-        disable_progress_bars()
-    try:
+    with hub_call(lambda error: _download_problem(entry, error), progress):
         expected = entry.sha256 or _hub_sha256(entry, endpoint)
         if report:
             size = f", {human_size(entry.size)}" if entry.size else ""
             report(f"pulling {entry.file} from {entry.repo}{size} into {cache}")
         path = Path(hf_hub_download(entry.repo, entry.file, revision=entry.revision, cache_dir=cache,
                                     endpoint=endpoint))
-    except CheckpointError:
-        raise
-    except Exception as error:  # huggingface_hub's and requests' errors, one line each
-        raise CheckpointError(_download_problem(entry, error)) from None
-    finally:
-        if quiet:
-            enable_progress_bars()
     check(entry, path, expected)
     if report:
         report(f"{entry.name}: {path} ({human_size(path.stat().st_size)}, sha256 {expected[:12]}... checked)")

@@ -24,7 +24,7 @@ from edge.model.kv_cache import common_prefix
 
 def continuation(engine, ids: list[int], max_new_tokens: int) -> list[int]:
     engine.reset()
-    return [t for event in engine.generate(ids, max_new_tokens=max_new_tokens) for t in event.token_ids]
+    return [t for event in engine.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0) for t in event.token_ids]
 
 
 def next_tokens(model, ids: list[int]) -> torch.Tensor:

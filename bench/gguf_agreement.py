@@ -32,7 +32,7 @@ def _replies_edge(model: str, prompts: list[list[int]], max_new_tokens: int) -> 
     replies = []
     for ids in prompts:
         engine.reset()
-        replies.append([t for event in engine.generate(ids, max_new_tokens=max_new_tokens) for t in event.token_ids])
+        replies.append([t for event in engine.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0) for t in event.token_ids])
     return replies
 
 

@@ -52,7 +52,7 @@ def decode(engine: Engine, messages: list[dict], tokens: int) -> tuple[list[int]
     engine.reset()
     torch.cuda.synchronize()
     start = time.perf_counter()
-    events = list(engine.chat(messages, max_new_tokens=tokens, ignore_eos=True))
+    events = list(engine.chat(messages, max_new_tokens=tokens, ignore_eos=True, temperature=0.0))
     torch.cuda.synchronize()
     stats = events[-1].stats
     return [t for e in events for t in e.token_ids], time.perf_counter() - start, stats

@@ -52,7 +52,7 @@ def measure(request: dict) -> dict:
     started = time.perf_counter()
     tokens = 0
     for prompt in PROMPTS[:5]:
-        for event in engine.chat(prompt.messages, max_new_tokens=max_new_tokens):
+        for event in engine.chat(prompt.messages, max_new_tokens=max_new_tokens, temperature=0.0):
             tokens += len(event.token_ids)
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

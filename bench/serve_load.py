@@ -65,11 +65,11 @@ def workload(engine: Engine, max_tokens: int) -> list[Request]:
     for index, prompt in enumerate(PROMPTS):
         stream = index % 2 == 1
         chat = {"model": "edge", "messages": prompt.messages, "max_tokens": max_tokens, "temperature": 0}
-        expected = "".join(event.text for event in engine.chat(prompt.messages, max_new_tokens=max_tokens))
+        expected = "".join(event.text for event in engine.chat(prompt.messages, max_new_tokens=max_tokens, temperature=0.0))
         requests.append(Request(CHAT, {**chat, "stream": stream}, expected))
         text = prompt.messages[-1]["content"]
         completion = {"model": "edge", "prompt": text, "max_tokens": max_tokens, "temperature": 0}
-        expected = "".join(event.text for event in engine.generate(text, max_new_tokens=max_tokens))
+        expected = "".join(event.text for event in engine.generate(text, max_new_tokens=max_tokens, temperature=0.0))
         requests.append(Request(TEXT, {**completion, "stream": not stream}, expected))
     return requests
 

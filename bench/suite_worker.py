@@ -51,7 +51,7 @@ def generate_once(engine, prompt_ids: list[int], new_tokens: int) -> tuple[list[
     """One greedy generation from a fresh cache: its token ids, and the counters the suite reports (steps, drafts,
     acceptance, time split)."""
     engine.reset()
-    events = list(engine.generate(prompt_ids, max_new_tokens=new_tokens, task=None))
+    events = list(engine.generate(prompt_ids, max_new_tokens=new_tokens, task=None, temperature=0.0))
     stats = events[-1].stats
     return [token for event in events for token in event.token_ids], {
         "steps": stats.steps, "drafted": stats.drafted, "accepted": stats.accepted, "draft_s": stats.draft_s,

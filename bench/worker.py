@@ -37,7 +37,7 @@ def edge_runner(model: str, dtype: str, prompt_ids: list[int], max_new_tokens: i
     def run(new_tokens: int) -> list[int]:
         engine.reset()  # no prefix reuse between repeats: every run prefills the whole prompt
         ids: list[int] = []
-        for event in engine.generate(prompt_ids, max_new_tokens=new_tokens, ignore_eos=True):
+        for event in engine.generate(prompt_ids, max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0):
             ids.extend(event.token_ids)
         return ids
 

@@ -11,6 +11,7 @@ FINISH_STOP_STRING = "stop_string"  # the text reached one of the caller's stop 
 FINISH_MAX_TOKENS = "max_tokens"  # max_new_tokens were generated
 FINISH_CONTEXT = "context_length"  # the context (KV cache) is full
 FINISH_STOPPED = "stopped"  # the caller's should_stop() returned True (e.g. the user pressed Esc)
+FINISH_LOOP = "loop"  # the reply repeated one cycle of tokens over loop_stop tokens (edge/decoding/repetition.py)
 
 
 @dataclass

@@ -38,7 +38,7 @@ def greedy_events(model: Engine | str | Path, prompt: str | Sequence[int] | Sequ
         engine.reset()
     chat = bool(prompt) and isinstance(prompt[0], dict)
     run = engine.chat if chat else engine.generate
-    return list(run(prompt, max_new_tokens=max_new_tokens, **{"ignore_eos": True, **generation}))
+    return list(run(prompt, max_new_tokens=max_new_tokens, **{"ignore_eos": True, "temperature": 0.0, **generation}))
 
 
 def greedy(model: Engine | str | Path, prompt: str | Sequence[int] | Sequence[dict] = PROMPT,

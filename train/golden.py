@@ -23,7 +23,7 @@ def main() -> int:
     golden = []
     for messages, max_new_tokens in CASES:
         engine.reset()
-        events = list(engine.chat(messages, max_new_tokens=max_new_tokens))
+        events = list(engine.chat(messages, max_new_tokens=max_new_tokens, temperature=0.0, loop_stop=0))
         golden.append({"messages": messages, "max_new_tokens": max_new_tokens,
                        "token_ids": [t for e in events for t in e.token_ids], "text": "".join(e.text for e in events)})
     path = Path(__file__).resolve().parent.parent / "tests" / "sources" / "golden" / "builtin_greedy.json"

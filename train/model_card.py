@@ -68,7 +68,7 @@ def sample_generations(model_dir: Path, max_new_tokens: int = 96) -> list[tuple[
     for prompt, about in SAMPLE_PROMPTS:
         engine.reset()
         reply = "".join(event.text for event in engine.chat([{"role": "user", "content": prompt}],
-                                                            max_new_tokens=max_new_tokens))
+                                                            max_new_tokens=max_new_tokens, temperature=0.0))
         samples.append((prompt, about, reply))
     return samples
 

@@ -57,7 +57,8 @@ def greedy_replies(target: Path, conversations: list[list[dict]], max_new_tokens
     engine = Engine.load(target, max_context=1024)
     for conversation in conversations:
         engine.reset()
-        reply = "".join(event.text for event in engine.chat(conversation, max_new_tokens=max_new_tokens))
+        reply = "".join(event.text for event in engine.chat(conversation, max_new_tokens=max_new_tokens,
+                                                            temperature=0.0))
         yield {"kind": "reply", "messages": [*conversation, {"role": "assistant", "content": reply}]}
 
 

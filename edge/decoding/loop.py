@@ -45,7 +45,7 @@ class Autoregressive:
 
     def __init__(self, model: Transformer, cache: KVCache, params: SamplingParams, generator: torch.Generator,
                  constraint: "Constraint | None" = None) -> None:
-        self.model, self.cache, self.params, self.generator = model, cache, params, generator
+        self.model, self.cache, self.params, self.generator = model, cache, params.resolved(), generator
         self.constraint = constraint
         self.device = model.device
 

@@ -6,7 +6,9 @@ everything else derives from it: GenerationOptions (edge/engine/options.py) adds
 a reply's; edge-chat's and edge-serve's flags (edge/frontend/options.py), the chat app's settings form (edge/tui) and
 edge-serve's request schema (edge/serve/schemas.py) are built from `OPTIONS`, so every front takes the same values.
 
-Order (the same as transformers): repetition penalty on the raw logits, then temperature, top-k, top-p, min-p.
+Order (the same as transformers): repetition penalty on the raw logits (over the newest `repeat_last_n` tokens, as
+llama.cpp's), then temperature, top-k, top-p, min-p. `loop_stop` is not a transform: the reply loop ends a reply
+whose newest tokens repeat one cycle (edge/decoding/repetition.py).
 `distribution()` gives the final probabilities; speculative verification (verify.py) applies the same function to
 both the draft and the target logits so that rejection sampling keeps the target distribution exactly.
 """
@@ -23,6 +25,7 @@ from edge.errors import SamplingError
 
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+SAMPLING_PENALTY = 1.1  # the repetition penalty when sampling and none is set (llama.cpp's and Ollama's)
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 
 
@@ -92,18 +95,27 @@ class SamplingParams:
     app's settings, edge-serve's requests), each with its limits; checked when made."""
 
     max_new_tokens: int = option(256, Limits(int, "the most tokens a reply generates", "N", low=1))
-    # 0 to 2, as OpenAI's API: edge-serve takes every value a client may send, and every front the same ones. Above
-    # 2 a model's distribution is close to uniform over its vocabulary: noise, not a hotter reply
-    temperature: float = option(0.0, Limits(float, "sampling temperature: divides the logits", "T", "0 = greedy",
+    # The defaults are llama.cpp's and Ollama's (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, a repetition
+    # penalty of 1.1 over the last 64 tokens) unless the model recommends its own (edge/decoding/recommended.py), with a
+    # loop stop on top. 0 to 2, as OpenAI's API: edge-serve takes every value a client may send, and every front the
+    # same ones. Above 2 a model's distribution is close to uniform over its vocabulary: noise, not a hotter reply
+    temperature: float = option(0.8, Limits(float, "sampling temperature: divides the logits", "T", "0 = greedy",
                                             low=0, high=2))
-    top_k: int = option(0, Limits(int, "keep the k most likely tokens", "K", "0 = off", low=0))
-    top_p: float = option(1.0, Limits(float, "nucleus sampling: keep the most likely tokens that hold this "
-                                             "much of the probability", "P", "1 = off", low=0, high=1, above_low=True))
-    min_p: float = option(0.0, Limits(float, "drop the tokens less likely than min-p times the top token's "
-                                             "probability", "P", "0 = off", low=0, high=1))
-    # 0.01 to 100 keeps the penalized logits finite
-    repetition_penalty: float = option(1.0, Limits(float, "penalize the tokens already seen, dividing their "
-                                                          "logits by this", "X", "1 = off", low=0.01, high=100))
+    top_k: int = option(40, Limits(int, "keep the k most likely tokens", "K", "0 = off", low=0))
+    top_p: float = option(0.95, Limits(float, "nucleus sampling: keep the most likely tokens that hold this "
+                                              "much of the probability", "P", "1 = off", low=0, high=1,
+                                       above_low=True))
+    min_p: float = option(0.05, Limits(float, "drop the tokens less likely than min-p times the top token's "
+                                              "probability", "P", "0 = off", low=0, high=1))
+    # 0.01 to 100 keeps the penalized logits finite; none (the default): 1.1 when sampling, off when greedy
+    repetition_penalty: float | None = option(None, Limits(
+        float, "penalize the tokens among the last repeat-last-n, dividing their logits by this", "X",
+        f"1 = off; none = {SAMPLING_PENALTY:g} when sampling, off when greedy", low=0.01, high=100, optional=True))
+    repeat_last_n: int = option(64, Limits(int, "how many of the newest tokens the repetition penalty looks at", "N",
+                                           "-1 = the whole context; 0 = none", low=-1))
+    loop_stop: int = option(64, Limits(int, "end a reply whose newest tokens repeat one cycle of tokens, at least 3 "
+                                            "times in a row, over this many tokens (finish reason: loop)", "N",
+                                       "0 = off", low=0))
     seed: int | None = option(None, Limits(int, "seed for reproducible sampling", "N", "none = random",
                                            low=SEED_RANGE[0], high=SEED_RANGE[1], optional=True))
     stop: tuple[str, ...] = option((), Limits(str, "a stop string: the reply is cut before the first one", "TEXT",
@@ -125,6 +137,25 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalty(self) -> float:
+        """The repetition penalty in force: the one set, else SAMPLING_PENALTY when sampling and none when greedy."""
+        if self.repetition_penalty is not None:
+            return self.repetition_penalty
+        return 1.0 if self.greedy else SAMPLING_PENALTY
+
+    def resolved(self) -> "SamplingParams":
+        """These options with the repetition penalty in force written out (what decoding reads)."""
+        if self.repetition_penalty == self.penalty:
+            return self
+        return dataclasses.replace(self, repetition_penalty=self.penalty)
+
+    def recent(self, tokens: list[int]) -> list[int]:
+        """The tokens the repetition penalty looks at: the newest repeat_last_n of `tokens` (all for -1)."""
+        if self.penalty == 1.0 or self.repeat_last_n == 0:
+            return []
+        return list(tokens) if self.repeat_last_n < 0 else list(tokens[-self.repeat_last_n:])
+
     def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
         generator = torch.Generator(device=device)
         if self.seed is None:
@@ -137,6 +168,16 @@ class SamplingParams:
 # the record's fields in order, as the fronts walk them: name -> limits, and name -> default
 OPTIONS: dict[str, Limits] = {field.name: field.metadata["limits"] for field in dataclasses.fields(SamplingParams)}
 DEFAULTS: dict[str, object] = {field.name: field.default for field in dataclasses.fields(SamplingParams)}
+
+
+def asked_over(defaults: dict, asked: dict) -> dict:
+    """The options a user asked for (flags, a request's fields, a call's keywords) over `defaults` (edge's, a model's
+    recommended ones, a server's). Greedy asked for (temperature 0) without a repetition penalty takes no penalty from
+    the defaults: a greedy reply is guarded by the loop stop alone unless a penalty is asked for."""
+    values = {**defaults, **asked}
+    if asked.get("temperature") == 0 and asked.get("repetition_penalty") is None:
+        values["repetition_penalty"] = None
+    return values
 
 
 def label(name: str) -> str:
@@ -158,9 +199,13 @@ def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalt
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, top-k, top-p and min-p on logits (..., V); removed tokens get -inf. Needs temperature > 0."""
     logits = logits.float()
+    found = _top_k(logits, params.top_k)
+    if found is not None:  # the same, computed on the k candidates alone
+        values, index = found
+        return torch.full_like(logits, float("-inf")).scatter(-1, index, _warp_sorted(values, params))
     temperature = max(params.temperature, torch.finfo(torch.float32).tiny)  # a smaller one is 0 in float32
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature  # the top token at 0: no overflow at tiny T
-    if params.top_k and params.top_k < logits.shape[-1]:
+    if params.top_k and params.top_k < logits.shape[-1]:  # ties at the k-th logit: every tied token stays
         kth = logits.topk(params.top_k, dim=-1).values[..., -1:]  # (..., 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
@@ -178,25 +223,57 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
+def _top_k(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The k most likely tokens' logits (..., k), in descending order, and their ids; None where top-k is off or a
+    tie at the k-th logit keeps more than k (warp's full path then keeps them all). A handful of candidates instead
+    of the whole vocabulary: the rest of sampling then costs microseconds, not milliseconds, a token on a CPU."""
+    if not top_k or top_k >= logits.shape[-1]:
+        return None
+    values, index = logits.topk(top_k + 1, dim=-1)  # (..., k + 1)
+    if bool((values[..., top_k] == values[..., top_k - 1]).any()):
+        return None
+    return values[..., :top_k], index[..., :top_k]
+
+
+def _warp_sorted(values: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """warp() on candidate logits (..., k) sorted in descending order (the top-k); removed ones get -inf."""
+    temperature = max(params.temperature, torch.finfo(torch.float32).tiny)
+    values = (values - values[..., :1]) / temperature
+    if params.top_p < 1.0:
+        probs = values.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= params.top_p  # the mass ranked above each one
+        drop[..., 0] = False
+        values = values.masked_fill(drop, float("-inf"))
+    if params.min_p > 0.0:
+        probs = values.softmax(-1)
+        values = values.masked_fill(probs < params.min_p * probs[..., :1], float("-inf"))
+    return values
+
+
 def distribution(logits: torch.Tensor, params: SamplingParams, history: torch.Tensor) -> torch.Tensor:
-    """Final sampling probabilities (..., V) from raw logits; for greedy, a one-hot on the argmax."""
-    logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    """Final sampling probabilities (..., V) from raw logits; for greedy, a one-hot on the argmax. `history`: the
+    tokens the penalty looks at (history_tensor)."""
+    logits = apply_repetition_penalty(logits, history, params.penalty)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     return warp(logits, params).softmax(-1)
 
 
 def history_tensor(tokens: list[int], params: SamplingParams, device: torch.device | str) -> torch.Tensor:
-    """The token ids the repetition penalty looks at (empty when it is off, to skip building the tensor)."""
-    if params.repetition_penalty == 1.0:
-        return torch.empty(0, dtype=torch.long, device=device)
-    return torch.tensor(tokens, dtype=torch.long, device=device)
+    """The token ids the repetition penalty looks at: the newest repeat_last_n of `tokens` (empty when it is off, to
+    skip building the tensor)."""
+    return torch.tensor(params.recent(tokens), dtype=torch.long, device=device)
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, history: torch.Tensor, generator: torch.Generator) -> int:
     """Choose one token from logits (V,) of the last position."""
-    logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    logits = apply_repetition_penalty(logits, history, params.penalty)
     if params.greedy:
         return int(logits.argmax(-1))
+    found = _top_k(logits.float(), params.top_k)
+    if found is not None:  # sample among the k candidates: the same distribution as warp's, without its V-wide work
+        values, index = found
+        probs = _warp_sorted(values, params).softmax(-1)  # (k,)
+        return int(index[int(torch.multinomial(probs, 1, generator=generator))])
     probs = warp(logits, params).softmax(-1)  # (V,)
     return int(torch.multinomial(probs, 1, generator=generator))

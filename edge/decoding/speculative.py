@@ -35,7 +35,7 @@ from edge.errors import SamplingError
 from edge.model.kv_cache import KVCache
 from edge.model.kernel_glue import verifies_trees
 from edge.model.transformer import Transformer, keep_rows
-from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, distribution
+from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, distribution, history_tensor
 from edge.decoding.verify import Verdict, verify_greedy, verify_stochastic
 
 if TYPE_CHECKING:
@@ -256,6 +256,7 @@ class SpeculativeDecoding:
 
     def __init__(self, model: Transformer, cache: KVCache, params: SamplingParams, generator: torch.Generator,
                  drafter: Drafter, length: DraftLength, constraint: "Constraint | None" = None) -> None:
+        params = params.resolved()  # the repetition penalty in force, as drafters read it
         self.model, self.cache, self.params, self.generator = model, cache, params, generator
         self.drafter, self.length = drafter, length
         self.constraint = constraint  # a grammar: the verify pass masks each position (edge/decoding/constrained.py)
@@ -329,12 +330,13 @@ class SpeculativeDecoding:
                     draft_s=t1 - t0, verify_s=t2 - t1, sample_s=t3 - t2)
 
     def _verify(self, tokens: list[int], draft: Draft, logits: torch.Tensor) -> Verdict:
-        if self.params.repetition_penalty != 1.0:
+        if self.params.penalty != 1.0:
+            seen = tokens + draft.tokens
             logits = torch.stack([
-                apply_repetition_penalty(row, torch.tensor(tokens + draft.tokens[:i], device=self.device),
-                                         self.params.repetition_penalty)
+                apply_repetition_penalty(row, history_tensor(seen[: len(tokens) + i], self.params, self.device),
+                                         self.params.penalty)
                 for i, row in enumerate(logits)
-            ])  # (n + 1, V): position i has seen the drafts before it
+            ])  # (n + 1, V): position i has seen the drafts before it (the newest repeat_last_n tokens, as plain)
         if self.params.greedy:
             return verify_greedy(draft.tokens, logits.argmax(-1))
         no_history = torch.empty(0, dtype=torch.long, device=self.device)

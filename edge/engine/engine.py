@@ -59,6 +59,7 @@ class Engine:
         self.backend = "torch"  # or the bundle's backend: onnx, torchscript, torch-export
         self.spec: LoadSpec | None = None  # what Engine.load / from_spec loaded (None: made from a model directly)
         self._grammar_vocabulary: GrammarVocabulary | None = None  # built on the first constrained reply
+        self.recommended: dict = {}  # the model's recommended sampling by option (edge/sources/sampling_config.py)
 
     @classmethod
     def load(cls, path: str | Path, *, progress: Progress | None = None, **options) -> "Engine":
@@ -141,8 +142,8 @@ class Engine:
     def generate(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, **overrides
                  ) -> Iterator[Event]:
         """Continue a plain prompt (text, encoded with the tokenizer's special tokens, or token ids), with `options`
-        (a GenerationOptions) and/or its fields as keywords (which override it)."""
-        opts = GenerationOptions.merged(options, overrides)
+        (default: edge's, with the model's recommended sampling over them) and/or its fields as keywords."""
+        opts = GenerationOptions.merged(options, overrides, self.recommended)
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("the prompt is empty; pass some text to continue")
@@ -162,7 +163,7 @@ class Engine:
         construction; "auto" (the default with tools) lets the model choose; "none" asks for text. Read the calls
         from the reply's text with `edge.decoding.tools.parse_tool_calls(text, tools)`. `options` and keywords as
         for generate()."""
-        opts = GenerationOptions.merged(options, overrides)
+        opts = GenerationOptions.merged(options, overrides, self.recommended)
         check_messages(messages)
         plan = plan_tool_use(self.tokenizer, list(messages), tools, tool_choice)
         kwargs = {**(template_kwargs or {}), **plan.template_kwargs}

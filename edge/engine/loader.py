@@ -30,6 +30,7 @@ from edge.model.packed_weights import quantize_weights
 from edge.model.transformer import Transformer
 from edge.planning import fit_to_budget
 from edge.sources.loading import check_checkpoint, load_model, not_a_folder, read_config
+from edge.sources.sampling_config import recommended_sampling
 from edge.text.chat_template import read_template_file
 from edge.text.tokenizer import Tokenizer
 from edge.memory.device import return_freed_heap
@@ -72,6 +73,7 @@ def load_checkpoint(spec: LoadSpec, report: Progress, engine_class: type[EngineT
     report("allocating the KV cache", 0.7)
     engine = engine_class(model, tokenizer, max_context=spec.max_context, kv_cache=spec.kv_format or "float32")
     engine.spec = spec
+    engine.recommended = recommended_sampling(spec.path)
     if spec.drafter is not None:
         report(f"loading the drafter ({spec.drafter})", 0.8)
     engine.use_drafter(spec.drafter, spec.draft_length)
@@ -111,6 +113,7 @@ def load_bundle(spec: LoadSpec, report: Progress, engine_class: type[EngineT]) -
     report(f"opening the target ({backend})", 0.4)
     engine = engine_class(bundle.open_model("target", backend), tokenizer, max_context=spec.max_context)
     engine.bundle, engine.backend, engine.spec = bundle, backend, spec
+    engine.recommended = recommended_sampling(spec.path)
     if spec.drafter is not None:
         report(f"opening the drafter ({spec.drafter})", 0.8)
     engine.use_drafter(spec.drafter, spec.draft_length)

@@ -9,13 +9,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from edge.decoding.sampling import SamplingParams
+from edge.decoding.sampling import SamplingParams, asked_over
 from edge.errors import SamplingError
 
 
 @dataclass(frozen=True)
 class GenerationOptions(SamplingParams):
-    ignore_eos: bool = False  # keep going past end-of-sequence tokens (benchmarks)
+    ignore_eos: bool = False  # keep going past end-of-sequence tokens and loops (benchmarks)
     speculate: bool = True  # use the engine's drafter, if it has one (False: plain decoding)
     task: str | None = None  # a label such as "code" or "chat": adaptive drafters remember choices per task
     should_stop: Callable[[], bool] | None = None  # checked after every step; True ends generation ("stopped")
@@ -24,14 +24,18 @@ class GenerationOptions(SamplingParams):
     response_format: dict | None = None
 
     @classmethod
-    def merged(cls, options: "GenerationOptions | None", overrides: dict) -> "GenerationOptions":
-        """`options` (default: the defaults) with `overrides` (field names as keywords) applied, checked."""
+    def merged(cls, options: "GenerationOptions | None", overrides: dict,
+               recommended: dict | None = None) -> "GenerationOptions":
+        """`options` (default: the defaults, with a model's `recommended` sampling over them) with `overrides` (field
+        names as keywords) applied, checked; greedy asked for in `overrides` (temperature=0) without a repetition
+        penalty takes none (sampling.asked_over)."""
         if options is None:
-            return cls.from_kwargs(overrides)
+            options = cls.from_kwargs(dict(recommended or {}))
         if not isinstance(options, GenerationOptions):
             raise SamplingError(f"options must be a GenerationOptions, got {type(options).__name__}; pass fields such "
                                 "as max_new_tokens=... as keywords")
-        return cls.from_kwargs({**{f.name: getattr(options, f.name) for f in dataclasses.fields(cls)}, **overrides})
+        fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(cls)}
+        return cls.from_kwargs(asked_over(fields, overrides))
 
     @classmethod
     def from_kwargs(cls, options: dict) -> "GenerationOptions":

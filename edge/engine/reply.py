@@ -22,6 +22,7 @@ from edge import events as ev
 from edge.decoding.constrained import Constraint
 from edge.decoding.drafters import Drafter
 from edge.decoding.loop import Autoregressive, DecodingStrategy, Step
+from edge.decoding.repetition import LoopDetector
 from edge.decoding.sampling import history_tensor, next_token
 from edge.decoding.speculative import DraftLength, SpeculativeDecoding
 from edge.engine.options import GenerationOptions
@@ -62,6 +63,12 @@ class Reply:
     strategy: DecodingStrategy
     generator: torch.Generator
     constraint: Constraint | None = None
+    loops: LoopDetector | None = None  # the loop stop over this reply's tokens (made in __post_init__)
+    looped: bool = False  # the reply's tokens ended in a loop: it finishes with FINISH_LOOP
+
+    def __post_init__(self) -> None:
+        # ignore_eos (benchmarks) keeps going past loops too
+        self.loops = LoopDetector(self.opts.loop_stop) if self.opts.loop_stop and not self.opts.ignore_eos else None
 
     def prefill(self, tokens: list[int], cached: list[int], stats: Stats) -> Step:
         """Roll the cache back to the longest prefix of `tokens` it holds (`cached`: what the previous call left in
@@ -93,7 +100,7 @@ class Reply:
         budget = 1  # the prefill emits exactly one token
         while True:
             appended = self.append(tokens, step.tokens[:budget])
-            finish = ev.FINISH_EOS if self.is_eos(appended[-1]) else None
+            finish = ev.FINISH_EOS if self.is_eos(appended[-1]) else ev.FINISH_LOOP if self.looped else None
             visible = appended[:-1] if finish else appended
             drafted_count = sum(step.drafted[: len(visible)])  # accepted drafts lead each step's tokens
             drafted_text, hit_stop = stops.push(text_stream.push(visible[:drafted_count]))
@@ -121,11 +128,16 @@ class Reply:
         return token in self.eos_token_ids and not self.opts.ignore_eos
 
     def append(self, tokens: list[int], emitted: list[int]) -> list[int]:
-        """Append emitted tokens up to the first end-of-sequence; keep the cache one token behind `tokens`."""
+        """Append emitted tokens up to the first end-of-sequence, or up to the token that completes a loop (then
+        `looped`); keep the cache one token behind `tokens`. Token by token, so that plain and speculative decoding
+        stop at the same one."""
         appended = []
         for token in emitted:
             appended.append(token)
             if self.is_eos(token):
+                break
+            if self.loops is not None and self.loops.push(token):
+                self.looped = True
                 break
         tokens.extend(appended)
         if self.cache.length > len(tokens) - 1:  # a step cached tokens past an end-of-sequence

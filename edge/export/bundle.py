@@ -314,7 +314,7 @@ def validate(bundle_dir: Path, engine, draft_model, options: ExportOptions) -> d
     # a chat of one calibration request in the bundle's template (a base model without one: the request as text)
     prompt = prompt_ids(engine.tokenizer, CALIBRATION_PROMPTS[0], options.chat_template)
     reference_text = "".join(e.text for e in engine.generate(prompt, max_new_tokens=VALIDATION_TOKENS,
-                                                               speculate=False))
+                                                               speculate=False, temperature=0.0))
     sequence = engine.history  # prompt + greedy reply: the teacher-forced validation sequence
     engine.reset()
     report: dict = {"sequence_tokens": len(sequence)}
@@ -341,14 +341,15 @@ def _validate_backend(bundle_dir: Path, backend: str, engine, draft_model, promp
         report["drafter"] = _compare_logits(draft_model, bundled.drafter.model, sequence, tolerance,
                                             f"{backend} drafter")
     plain_text = "".join(e.text for e in bundled.generate(prompt, max_new_tokens=VALIDATION_TOKENS,
-                                                           speculate=False))
+                                                           speculate=False, temperature=0.0))
     plain_history = bundled.history
     report["greedy_text_identical"] = plain_text == reference_text
     if weights == "fp32" and not report["greedy_text_identical"]:
         raise BundleError(f"validation failed: the {backend} target's greedy text differs from eager edge's; nothing "
                           "was written (please report this as a bug)")
     bundled.reset()
-    speculative_text = "".join(e.text for e in bundled.generate(prompt, max_new_tokens=VALIDATION_TOKENS))
+    speculative_text = "".join(e.text for e in bundled.generate(prompt, max_new_tokens=VALIDATION_TOKENS,
+                                                                 temperature=0.0))
     identical = bundled.history == plain_history and speculative_text == plain_text
     report["speculative_equals_plain"] = {"drafter": drafter, "identical": identical, "guaranteed": exact}
     if exact and not identical:

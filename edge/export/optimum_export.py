@@ -131,6 +131,7 @@ def _quiet_loggers(*names: str):
 def _greedy(engine, prompt: list[int], *, speculate: bool) -> list[int]:
     engine.reset()
     tokens = []
-    for event in engine.generate(prompt, max_new_tokens=VALIDATION_TOKENS, ignore_eos=True, speculate=speculate):
+    for event in engine.generate(prompt, max_new_tokens=VALIDATION_TOKENS, ignore_eos=True, speculate=speculate,
+                                 temperature=0.0):
         tokens.extend(event.token_ids)
     return tokens

@@ -69,7 +69,7 @@ def count_generated(engine, prompts: Sequence[str] = CALIBRATION_PROMPTS, *, max
     counts: Counter = Counter()
     for index, prompt in enumerate(prompts if max_new_tokens > 0 else ()):
         for event in engine.generate(prompt_ids(engine.tokenizer, prompt, chat_template),
-                                     max_new_tokens=max_new_tokens, speculate=False):
+                                     max_new_tokens=max_new_tokens, speculate=False, temperature=0.0):
             counts.update(event.token_ids)
         engine.reset()
         if progress is not None:

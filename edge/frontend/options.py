@@ -14,12 +14,13 @@ from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_p
 from edge.sources.draft_finder import drafts_beside
 from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.decoding.registry import usage as drafter_usage
-from edge.decoding.sampling import DEFAULTS, OPTIONS, label
+from edge.decoding.sampling import DEFAULTS, OPTIONS, asked_over, label
 from edge.engine import GenerationOptions
 from edge.errors import SettingError
 from edge.load_spec import (BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LOAD_WEIGHTS,
                              LoadSpec)
 from edge.sources.model_source import hub_cache_dir, resolve_model
+from edge.sources.sampling_config import RECOMMENDABLE, recommended_sampling
 from edge.planning import plan
 from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
 
@@ -76,15 +77,17 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
 
 
 def default_drafter(args: argparse.Namespace) -> str | None:
-    """The drafter asked for ("none": off); else plain decoding when sampling (temperature > 0: drafts are accepted
-    less often); for a GGUF model named on the command line, the smallest GGUF file beside it with its tokenizer (a
-    draft model, said on stderr; for a catalogue name, its pulled draft), else plain decoding; for the default model, the fastest drafter measured on it:
+    """The drafter asked for ("none": off); else plain decoding when sampling (the default, and any temperature above
+    0: drafts are accepted less often, and sampling's penalty moves the text off the drafters' own); when greedy
+    (--temperature 0), for a model named on the command line, its pulled catalogue draft or the smallest GGUF file
+    beside a GGUF model with its tokenizer (a draft model, said on stderr), else plain decoding; for the default
+    model, the fastest drafter measured on it:
     retrieval (its own replies, and prompt lookup) on SmolLM2-135M-Instruct, and on the built-in model n-gram lookup
     backed by its feature drafter (or its draft model where no feature drafter ships). edge-chat and edge-serve share
     it."""
     if args.drafter is not None:
         return None if args.drafter == "none" else args.drafter
-    if args.temperature > 0:
+    if args.temperature != 0:  # sampling: the default, and any temperature above 0
         return None
     if args.model is not None:
         return draft_beside(args.model)
@@ -152,10 +155,11 @@ def print_plan(spec: LoadSpec) -> None:
 def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculative decoding (lossless: the output is the target's own)")
     group.add_argument("--drafter", default=None, metavar="SPEC",
-                       help=f"draft with: {drafter_usage()}, or none; default when greedy: retrieval (the model's own "
-                            "replies, and n-gram lookup) for the default model, hybrid:feature (n-gram lookup, then the built-in feature drafter) "
-                            "for the built-in model; for a GGUF file you name, the smallest GGUF file beside it with its "
-                            "tokenizer (a draft model), else plain decoding; plain decoding when sampling")
+                       help=f"draft with: {drafter_usage()}, or none; default when greedy (--temperature 0): "
+                            "retrieval (the model's own replies, and n-gram lookup) for the default model, "
+                            "hybrid:feature (n-gram lookup, then the built-in feature drafter) for the built-in model; "
+                            "for a GGUF file you name, the smallest GGUF file beside it with its tokenizer (a draft "
+                            "model), else plain decoding; plain decoding when sampling (the default)")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
                        help="tokens drafted per step: 'adaptive' (default: each step the length with the most "
                             "expected tokens per second, from the verify and draft times measured so far and the "
@@ -174,25 +178,42 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
     """The shared generation options' flags (--max-new-tokens, --temperature, ...), each from its field in
-    SamplingParams (type, default, limits and help); `defaults` overrides a field's default for this command."""
-    group = parser.add_argument_group("sampling")
+    SamplingParams (type, default, limits and help); `defaults` overrides a field's default for this command. A flag
+    left out is None here: `generation_options` fills it from the model's recommended sampling, else the default."""
+    group = parser.add_argument_group(
+        "sampling", "defaults: the model's recommended sampling where its files carry one (generation_config.json, "
+                    "a GGUF file's general.sampling.*), else llama.cpp's and Ollama's; --temperature 0 is greedy "
+                    "(without a repetition penalty unless --repetition-penalty asks for one)")
     for name, limits in OPTIONS.items():
         default = defaults.get(name, DEFAULTS[name])
-        taken = dict(action="append", default=[]) if limits.kind is str else dict(type=limits.kind, default=default)
-        group.add_argument(flag(name), metavar=limits.metavar, help=limits.usage(default), **taken)  # str: repeated
+        taken = dict(action="append", default=[]) if limits.kind is str else dict(type=limits.kind, default=None)
+        usage = limits.usage(default)
+        if name in RECOMMENDABLE:
+            usage = usage[:-1] + ", or the model's recommended)"
+        group.add_argument(flag(name), metavar=limits.metavar, help=usage, **taken)  # str: repeated
+    parser.set_defaults(sampling_defaults={**DEFAULTS, **defaults})
 
 
 def flag(name: str) -> str:
     return "--" + label(name)
 
 
-def generation_options(args: argparse.Namespace) -> GenerationOptions:
-    """The sampling flags as options; a value out of its limits is a SamplingError naming the flag."""
-    values = {name: getattr(args, name) for name in OPTIONS}
-    values = {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}  # --stop
+def generation_options(args: argparse.Namespace, recommended: dict | None = None) -> GenerationOptions:
+    """The sampling flags as options, over the model's `recommended` sampling (sampling_config.recommended_sampling)
+    and the command's defaults; a value out of its limits is a SamplingError naming the flag."""
+    asked = {name: getattr(args, name) for name in OPTIONS}
+    asked = {name: tuple(value) if isinstance(value, list) else value for name, value in asked.items()}  # --stop
     for name, limits in OPTIONS.items():
-        limits.check(values[name], flag(name))
-    return GenerationOptions(**values)
+        if asked[name] is not None:
+            limits.check(asked[name], flag(name))
+    asked = {name: value for name, value in asked.items() if value is not None}
+    defaults = {**getattr(args, "sampling_defaults", DEFAULTS), **(recommended or {})}
+    return GenerationOptions(**asked_over(defaults, asked))
+
+
+def model_options(args: argparse.Namespace, spec: LoadSpec | None) -> GenerationOptions:
+    """`generation_options` over the recommended sampling of the model `spec` loads (read from its folder)."""
+    return generation_options(args, recommended_sampling(spec.path) if spec is not None else None)
 
 
 def resolve_model_path(model: str | None) -> Path:

@@ -12,6 +12,7 @@ flags set the defaults of requests that leave a field out. The server listens at
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -24,6 +25,7 @@ from edge.frontend.options import (
     add_speculation_arguments,
     add_threads_argument,
     command_spec,
+    model_options,
     generation_options,
 )
 from edge.sources import default_model
@@ -103,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = command_spec(args)
         if spec is None:  # --plan
             return 0
+        # the flags over the model's recommended sampling: the defaults of the fields a request leaves out
+        config = dataclasses.replace(config, defaults=model_options(args, spec))
     except (EdgeError, ValueError) as error:
         print(f"edge-serve: error: {error}", file=sys.stderr)
         return 2

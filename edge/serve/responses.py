@@ -22,7 +22,13 @@ FINISH_REASONS = {  # edge's finish reason -> OpenAI's
     ev.FINISH_MAX_TOKENS: "length",
     ev.FINISH_CONTEXT: "length",
     ev.FINISH_STOPPED: "stop",  # the client went away; nobody reads it
+    ev.FINISH_LOOP: "stop",  # the reply repeated itself (the loop stop); `edge_finish_reason` says "loop"
 }
+
+
+def loop_note(last: Event) -> dict:
+    """The choice's `edge_finish_reason`: "loop" where the loop stop ended the reply (OpenAI's reason says "stop")."""
+    return {"edge_finish_reason": ev.FINISH_LOOP} if last.finish_reason == ev.FINISH_LOOP else {}
 
 
 def usage(stats: Stats) -> dict:
@@ -69,7 +75,8 @@ class Reply:
         return ("chatcmpl-" if self.chat else "cmpl-") + self.key
 
     def whole(self, text: str, last: Event) -> dict:
-        choice = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASONS[last.finish_reason]}
+        choice = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASONS[last.finish_reason],
+                  **loop_note(last)}
         calls = []
         if self.tools:
             text, calls = parse_tool_calls(text, self.tools)
@@ -88,7 +95,7 @@ class Reply:
         """A streamed delta; `last` (the final event) adds the finish reason ("tool_calls" with `tool_calls`) and
         the timings; the first chat chunk names the role."""
         finish = "tool_calls" if tool_calls else FINISH_REASONS[last.finish_reason] if last is not None else None
-        choice = {"index": 0, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "logprobs": None, "finish_reason": finish, **(loop_note(last) if last else {})}
         if self.chat:
             choice["delta"] = ({"role": "assistant", "content": text} if first else
                                {"content": text} if text or last is None else {})

@@ -104,7 +104,8 @@ class SamplingRequest(GenerationFields):
         """The engine's options: what the request sets, the server's defaults for the rest."""
         asked = {name: getattr(self, REQUEST_NAMES.get(name, name)) for name in OPTIONS}
         asked.update(max_new_tokens=self.max_new_tokens, ignore_eos=self.ignore_eos or None)
-        return dataclasses.replace(defaults, **{name: value for name, value in asked.items() if value is not None})
+        asked = {name: value for name, value in asked.items() if value is not None}
+        return GenerationOptions.merged(defaults, asked)  # temperature 0 without a penalty: none (asked_over)
 
     @property
     def include_usage(self) -> bool:

@@ -5,7 +5,9 @@
 
 The file's header is read once with the `gguf` package and written as a small folder: config.json from the
 `{arch}.*` metadata, tokenizer.json and tokenizer_config.json from the `tokenizer.ggml.*` keys
-(edge/sources/gguf_tokenizer.py), and gguf.json, the file's path and its tensors' names, types, shapes and byte offsets.
+(edge/sources/gguf_tokenizer.py), generation_config.json from the `general.sampling.*` keys where the file has them
+(the model's recommended sampling: edge/sources/sampling_config.py), and gguf.json, the file's path and its tensors'
+names, types, shapes and byte offsets.
 The weights stay in the file: edge/sources/gguf_weights.py maps them from there at each load, in their own quantization.
 Families: llama (Llama 2/3.x, TinyLlama, SmolLM, Mistral), qwen2 and qwen3 (dense models), gemma3 (Gemma 3 text) and
 phi3 (Phi-3, Phi-3.5-mini, Phi-4-mini).
@@ -52,10 +54,11 @@ import numpy as np
 from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, EdgeError, UnsupportedModelError
 from edge.sources.gguf_tokenizer import TokenizerFiles
+from edge.sources.sampling_config import gguf_generation_config
 from edge.model.rope import inverse_frequencies
 from edge.kernels.cache import cache_folder
 
-CONVERTER_VERSION = 2  # part of the cache key: a change in what a conversion writes redoes old conversions
+CONVERTER_VERSION = 3  # part of the cache key: a change in what a conversion writes redoes old conversions
 INDEX_FILE = "gguf.json"  # the file's path and tensor table, beside config.json and the tokenizer
 
 
@@ -235,6 +238,9 @@ def convert_gguf(path: str | Path, folder: Path, *, reader: Any = None) -> dict:
     _write_json(folder / "config.json", config)
     _write_json(folder / "tokenizer.json", tokenizer.tokenizer_json)
     _write_json(folder / "tokenizer_config.json", tokenizer.tokenizer_config)
+    sampling = gguf_generation_config(metadata)  # the model's recommended sampling (general.sampling.*), if any
+    if sampling is not None:
+        _write_json(folder / "generation_config.json", sampling)
     stat = path.stat()
     _write_json(folder / INDEX_FILE, {"file": str(path.resolve()), "size": stat.st_size,
                                       "mtime_ns": stat.st_mtime_ns, "file_type": _file_type(reader),

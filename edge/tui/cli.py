@@ -25,10 +25,11 @@ from edge.frontend.options import (
     default_drafter,
     generation_options,
     load_spec,
+    model_options,
 )
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError
-from edge.events import FINISH_CONTEXT, Event
+from edge.events import FINISH_CONTEXT, FINISH_LOOP, Event
 from edge.load_spec import LoadSpec
 from edge.tui.app import EdgeChatApp
 from edge.tui.completion import completion_note, is_completion_model
@@ -64,10 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        options = generation_options(args)  # the sampling flags first: a bad one is reported before anything loads
+        generation_options(args)  # the sampling flags first: a bad one is reported before anything loads
         spec = command_spec(args)
         if spec is None:  # --plan
             return 0
+        options = model_options(args, spec)  # the flags over the model's recommended sampling
     except EdgeError as error:
         print(f"edge-chat: error: {error}", file=sys.stderr)
         return 2
@@ -119,7 +121,7 @@ def app_settings(args: argparse.Namespace, spec: LoadSpec | None = None) -> Chat
     """The app's starting settings: the drafter and draft length of the load spec, and every sampling option of the
     command line."""
     spec = spec or load_spec(args, default_drafter(args))
-    return ChatSettings.from_spec(spec, generation_options(args), system_prompt=args.system or "")
+    return ChatSettings.from_spec(spec, model_options(args, spec), system_prompt=args.system or "")
 
 
 class ConsoleChat:
@@ -170,6 +172,9 @@ class ConsoleChat:
         if outcome.finish_reason == FINISH_CONTEXT:
             print(f"edge-chat: the reply was cut: the context ({self.engine.max_context} tokens) is full; /reset "
                   "starts over, or load with a longer --max-context", file=sys.stderr)
+        if outcome.finish_reason == FINISH_LOOP:
+            print("edge-chat: the reply was stopped: it kept repeating itself (--loop-stop 0 turns the loop stop "
+                  "off)", file=sys.stderr)
         if self.show_stats and outcome.event is not None:
             out.write(stats_line(outcome.event))
         return outcome.text

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from edge import EdgeError, Engine
 from edge.decoding.drafters.base import DraftSampler
 from edge.decoding.drafters.eagle3 import Eagle3Drafter
-from edge.decoding.sampling import SamplingParams, distribution
+from edge.decoding.sampling import SamplingParams, distribution, history_tensor
 from edge.decoding.speculative import DraftLength, SpeculativeDecoding
 from edge.sources.loading import load_model
 from tests.decoding.test_token_trees import _forced_trees
@@ -178,9 +178,14 @@ def test_a_folder_that_is_not_an_eagle3_head_is_refused(llama_dir, tmp_path):
         Engine.load(llama_dir, max_context=64, drafter=f"eagle3:{tmp_path / 'missing'}")
 
 
-def test_speculative_sampling_with_an_eagle3_head_keeps_the_targets_distribution(llama_dir, head):
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0),  # plain sampling
+    SamplingParams(),  # the defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, penalty 1.1 over 64 tokens
+], ids=["plain", "defaults"])
+def test_speculative_sampling_with_an_eagle3_head_keeps_the_targets_distribution(llama_dir, head, params):
     """The first token of many speculative steps from one state (2 drafted tokens verified, accepted or corrected)
-    follows the target's own distribution there: a chi-square over the tokens likely enough, the rest pooled."""
+    follows the target's own distribution there (the prompt's tokens penalized as plain decoding penalizes them): a
+    chi-square over the tokens likely enough, the rest pooled."""
     model = load_model(llama_dir)
     drafter = Eagle3Drafter.load(head, model, 64)
     prompt = list(range(20, 36))
@@ -188,8 +193,7 @@ def test_speculative_sampling_with_an_eagle3_head_keeps_the_targets_distribution
     with torch.inference_mode():
         model.forward_logits(torch.tensor([prompt[:-1]]), 0, cache)  # the cache holds all but the last token
         logits = model.forward_logits(torch.tensor([prompt[-1:]]), len(prompt) - 1, cache)[0, -1]
-    params = SamplingParams(temperature=1.0)
-    p = distribution(logits.float(), params, torch.empty(0, dtype=torch.long))  # (V,)
+    p = distribution(logits.float(), params, history_tensor(prompt, params, "cpu"))  # (V,): plain decoding's
     decoding = SpeculativeDecoding(model, cache, params, torch.Generator().manual_seed(0), drafter,
                                    DraftLength.fixed(2))
     runs, accepted = 1500, 0
@@ -203,6 +207,8 @@ def test_speculative_sampling_with_an_eagle3_head_keeps_the_targets_distribution
     likely = p * runs > 10
     observed = torch.cat([counts[likely], counts[~likely].sum()[None]])
     wanted = torch.cat([p[likely], p[~likely].sum()[None]]) * runs
+    assert float(counts[p == 0].sum()) == 0  # nothing the target's sampling removes (top-k, top-p, min-p) is drawn
+    observed, wanted = observed[wanted > 0], wanted[wanted > 0]  # no pool where top-k left none outside it
     statistic = float(((observed - wanted) ** 2 / wanted).sum())
     degrees = torch.tensor((observed.numel() - 1) / 2, dtype=torch.float64)
     assert float(torch.special.gammaincc(degrees, torch.tensor(statistic / 2, dtype=torch.float64))) > 1e-3

@@ -56,7 +56,7 @@ def builtin_store(tmp_path_factory):
     folder = tmp_path_factory.mktemp("store")
     lines = []
     for prompt in PROMPTS:
-        reply = "".join(e.text for e in engine.chat([{"role": "user", "content": prompt}], max_new_tokens=48))
+        reply = "".join(e.text for e in engine.chat([{"role": "user", "content": prompt}], max_new_tokens=48, temperature=0.0))
         lines.append(json.dumps({"kind": "reply", "messages": [{"role": "user", "content": prompt},
                                                               {"role": "assistant", "content": reply}]}))
     (folder / "replies.jsonl").write_text("\n".join(lines) + "\n")
@@ -72,9 +72,9 @@ def test_retrieval_drafting_is_lossless_and_drafts_the_targets_own_replies(built
     fast = Engine.load(path, max_context=256, drafter=f"retrieval:{store}", draft_length=3)
     for prompt in PROMPTS + ["Explain what a dictionary is."]:
         messages = [{"role": "user", "content": prompt}]
-        events = list(fast.chat(messages, max_new_tokens=48))
+        events = list(fast.chat(messages, max_new_tokens=48, temperature=0.0))
         assert [t for e in events for t in e.token_ids] == [
-            t for e in plain.chat(messages, max_new_tokens=48) for t in e.token_ids], prompt
+            t for e in plain.chat(messages, max_new_tokens=48, temperature=0.0) for t in e.token_ids], prompt
         if prompt in PROMPTS:  # its own reply is in the store: drafted nearly whole
             assert events[-1].stats.accepted >= events[-1].stats.decode_tokens // 2, prompt
 

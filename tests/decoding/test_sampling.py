@@ -33,7 +33,7 @@ def test_repetition_penalty_matches_transformers(seed):
 def test_warpers_keep_the_same_tokens_as_transformers(seed, option):
     logits = random_logits(seed)
     settings = {"top_k": 17, "top_p": 0.8, "min_p": 0.05}
-    params = SamplingParams(temperature=0.7, **{option: settings[option]})
+    params = SamplingParams(temperature=0.7, **{"top_k": 0, "top_p": 1.0, "min_p": 0.0, option: settings[option]})
     hf = TemperatureLogitsWarper(0.7)(None, logits.clone())
     warper = {"top_k": TopKLogitsWarper(17), "top_p": TopPLogitsWarper(0.8), "min_p": MinPLogitsWarper(0.05)}[option]
     expected = warper(None, hf)

@@ -69,7 +69,7 @@ def ids_of(events) -> list[int]:
 @pytest.fixture(scope="module")
 def reference(checkpoints):
     engine = Engine.load(checkpoints["target"], max_context=512)
-    return {prompt: ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True)) for prompt in PROMPTS}
+    return {prompt: ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True, temperature=0.0)) for prompt in PROMPTS}
 
 
 @pytest.mark.slow
@@ -79,7 +79,7 @@ def test_greedy_speculative_equals_autoregressive(checkpoints, reference, name, 
     engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec(name, checkpoints),
                          draft_length=length)
     for prompt in PROMPTS:
-        events = list(engine.generate(prompt, max_new_tokens=160, ignore_eos=True))
+        events = list(engine.generate(prompt, max_new_tokens=160, ignore_eos=True, temperature=0.0))
         assert ids_of(events) == reference[prompt], (name, length, prompt)
         assert events[-1].finish_reason == FINISH_MAX_TOKENS
 
@@ -89,8 +89,8 @@ def test_greedy_equivalence_holds_across_chat_turns_and_stops(checkpoints):
     fast = Engine.load(checkpoints["target"], max_context=512, drafter="early-exit:2")
     messages = [{"role": "user", "content": "Hello there"}]
     for turn in range(3):
-        a = list(plain.chat(messages, max_new_tokens=40, stop=["xyz"]))
-        b = list(fast.chat(messages, max_new_tokens=40, stop=["xyz"]))
+        a = list(plain.chat(messages, max_new_tokens=40, stop=["xyz"], temperature=0.0))
+        b = list(fast.chat(messages, max_new_tokens=40, stop=["xyz"], temperature=0.0))
         assert ids_of(a) == ids_of(b) and "".join(e.text for e in a) == "".join(e.text for e in b)
         assert a[-1].finish_reason == b[-1].finish_reason
         messages += [{"role": "assistant", "content": "".join(e.text for e in a)}, {"role": "user", "content": "More"}]
@@ -99,7 +99,7 @@ def test_greedy_equivalence_holds_across_chat_turns_and_stops(checkpoints):
 def test_perfect_drafter_stats_and_provenance(checkpoints):
     engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec("self", checkpoints),
                          draft_length=4)
-    events = list(engine.generate(PROMPTS[0], max_new_tokens=41, ignore_eos=True))
+    events = list(engine.generate(PROMPTS[0], max_new_tokens=41, ignore_eos=True, temperature=0.0))
     stats = events[-1].stats
     # the prefill emits the first token; each later step drafts 4, accepts 4 and adds the target's bonus token
     assert stats.generated_tokens == 41 and stats.steps == 1 + 8
@@ -113,7 +113,7 @@ def test_perfect_drafter_stats_and_provenance(checkpoints):
 
 def test_plain_decoding_reports_one_token_per_step(checkpoints):
     engine = Engine.load(checkpoints["target"], max_context=512, drafter="ngram")
-    stats = list(engine.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True, speculate=False))[-1].stats
+    stats = list(engine.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True, speculate=False, temperature=0.0))[-1].stats
     assert stats.mean_accepted_tokens == 1.0 and stats.drafted == 0
 
 
@@ -182,9 +182,9 @@ def test_adaptive_layer_skip_skips_the_layers_its_model_measures_least_influenti
     assert chosen[-1] == sorted(inner[:round(len(influence) * 0.5)])  # the least influential, ends kept
     skip_names = {name for name in engine.drafter.candidates if name.startswith("skip:")}
     assert skip_names == {"skip:" + ",".join(map(str, s)) for s in skip_sets(influence, (1 / 8, 1 / 4, 1 / 3))}
-    fast = ids_of(engine.generate(PROMPTS[0], max_new_tokens=24, ignore_eos=True))
+    fast = ids_of(engine.generate(PROMPTS[0], max_new_tokens=24, ignore_eos=True, temperature=0.0))
     plain = ids_of(Engine.load(checkpoints["target"], max_context=256).generate(PROMPTS[0], max_new_tokens=24,
-                                                                                ignore_eos=True))
+                                                                                ignore_eos=True, temperature=0.0))
     assert fast == plain
 
 
@@ -217,7 +217,7 @@ def test_bad_speculation_settings_are_clear_errors(checkpoints, tmp_path, tokeni
     with caplog.at_level(logging.WARNING):
         engine = Engine.load(target, drafter=f"draft:{bigger}")
     assert "not smaller" in caplog.text
-    assert len(ids_of(engine.generate(PROMPTS[0], max_new_tokens=5, ignore_eos=True))) == 5
+    assert len(ids_of(engine.generate(PROMPTS[0], max_new_tokens=5, ignore_eos=True, temperature=0.0))) == 5
 
 
 def test_a_feature_drafter_must_belong_to_its_target(checkpoints, tmp_path, tokenizer_dir):
@@ -250,7 +250,7 @@ def test_a_packed_feature_drafter_drafts_as_trained_and_is_found_by_its_target(c
     accepted = 0
     for prompt in PROMPTS:
         engine.reset()
-        events = list(engine.generate(prompt, max_new_tokens=160, ignore_eos=True))
+        events = list(engine.generate(prompt, max_new_tokens=160, ignore_eos=True, temperature=0.0))
         assert ids_of(events) == reference[prompt]
         accepted += events[-1].stats.accepted
     assert accepted > 0
@@ -261,7 +261,7 @@ def test_a_packed_feature_drafter_drafts_as_trained_and_is_found_by_its_target(c
 
 def test_the_target_keeps_the_features_of_every_position_it_computed(checkpoints):
     engine = Engine.load(checkpoints["target"], max_context=128, drafter=f"feature:{checkpoints['feature']}")
-    tokens = ids_of(engine.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True))
+    tokens = ids_of(engine.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True, temperature=0.0))
     history = engine.history
     model = engine.model
     kept = model.features[:len(history) - 1].clone()  # written by the prefill and the verify passes
@@ -372,8 +372,8 @@ def test_a_draft_model_with_a_short_window_stays_lossless(checkpoints):
     assert windowed.drafter.cache.max_len == 24
     for prompt in PROMPTS[:2]:
         plain.reset(), windowed.reset()
-        expected = [t for e in plain.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids]
-        events = list(windowed.generate(prompt, max_new_tokens=100, ignore_eos=True))
+        expected = [t for e in plain.generate(prompt, max_new_tokens=100, ignore_eos=True, temperature=0.0) for t in e.token_ids]
+        events = list(windowed.generate(prompt, max_new_tokens=100, ignore_eos=True, temperature=0.0))
         assert [t for e in events for t in e.token_ids] == expected
         assert events[-1].stats.accepted > 0
     with pytest.raises(EdgeError, match="draft context must be"):
@@ -386,7 +386,7 @@ def test_hybrid_drafter_uses_lookup_where_text_repeats_and_the_model_elsewhere(c
     assert engine.drafter.name == "hybrid:draft-model"
     for prompt in PROMPTS:
         engine.reset()
-        assert ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True)) == reference[prompt]
+        assert ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True, temperature=0.0)) == reference[prompt]
     assert engine.drafter.lookups > 0 and engine.drafter.model_drafts > 0
 
 
@@ -398,7 +398,7 @@ def test_a_trimmed_feature_drafter_stays_lossless(checkpoints, reference, name, 
                          drafter=f"{drafter_spec(name, checkpoints)}@{tmp_path / 'vocab.json'}")
     for prompt in PROMPTS:
         engine.reset()
-        assert ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True)) == reference[prompt]
+        assert ids_of(engine.generate(prompt, max_new_tokens=160, ignore_eos=True, temperature=0.0)) == reference[prompt]
     assert engine.memory_footprint()["drafter"] > 0
 
 
@@ -419,7 +419,7 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
         (tmp_path / "vocab.json").write_text(json.dumps({"kept_ids": kept}))
         spec += f"@{tmp_path / 'vocab.json'}"
     engine = Engine.load(checkpoints["target"], max_context=512, drafter=spec, draft_length=4)
-    list(engine.generate(PROMPTS[1], max_new_tokens=30, ignore_eos=True))
+    list(engine.generate(PROMPTS[1], max_new_tokens=30, ignore_eos=True, temperature=0.0))
     tokens, vocab = engine.history, engine.model.config.vocab_size
     one_call_path = KernelRunner.draft
     calls = {"fast": 0, "slow": 0}
@@ -466,5 +466,5 @@ def test_model_drafters_on_a_quantized_target_stay_lossless(checkpoints, name, w
     fast = Engine.load(checkpoints["target"], max_context=512, weights=weights,
                        drafter=drafter_spec(name, checkpoints))
     for prompt in PROMPTS:
-        expected = ids_of(plain.generate(prompt, max_new_tokens=120, ignore_eos=True))
-        assert ids_of(fast.generate(prompt, max_new_tokens=120, ignore_eos=True)) == expected, (name, prompt)
+        expected = ids_of(plain.generate(prompt, max_new_tokens=120, ignore_eos=True, temperature=0.0))
+        assert ids_of(fast.generate(prompt, max_new_tokens=120, ignore_eos=True, temperature=0.0)) == expected, (name, prompt)

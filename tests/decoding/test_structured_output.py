@@ -45,7 +45,7 @@ def check_reply(events, response_format: dict) -> None:
 @pytest.fixture(scope="module")
 def constrained_reference(checkpoints):  # noqa: F811 - the imported fixture
     engine = Engine.load(checkpoints["target"], max_context=512)
-    return {(prompt, index): ids_of(engine.generate(prompt, max_new_tokens=200, response_format=response_format))
+    return {(prompt, index): ids_of(engine.generate(prompt, max_new_tokens=200, response_format=response_format, temperature=0.0))
             for prompt in PROMPTS for index, response_format in enumerate(FORMATS)}
 
 
@@ -59,7 +59,7 @@ def test_greedy_constrained_speculation_equals_constrained_plain_decoding(checkp
     drafted = 0
     for prompt in PROMPTS:
         for index, response_format in enumerate(FORMATS):
-            events = list(engine.generate(prompt, max_new_tokens=200, response_format=response_format))
+            events = list(engine.generate(prompt, max_new_tokens=200, response_format=response_format, temperature=0.0))
             assert ids_of(events) == constrained_reference[prompt, index], (name, length, prompt, index)
             check_reply(events, response_format)
             drafted += events[-1].stats.drafted
@@ -81,7 +81,7 @@ def test_retrieval_constrained_equals_constrained_plain_decoding(checkpoints, co
     accepted = 0
     for prompt in PROMPTS:
         for index, response_format in enumerate(FORMATS):
-            events = list(engine.generate(prompt, max_new_tokens=200, response_format=response_format))
+            events = list(engine.generate(prompt, max_new_tokens=200, response_format=response_format, temperature=0.0))
             assert ids_of(events) == constrained_reference[prompt, index], (prompt, index)
             accepted += events[-1].stats.accepted
     assert accepted > 0
@@ -92,8 +92,8 @@ def test_quantspec_constrained_equals_its_plain_decoding(checkpoints):  # noqa: 
     plain = Engine.load(checkpoints["target"], max_context=512, kv_cache="hierarchical")
     fast = Engine.load(checkpoints["target"], max_context=512, drafter="quantspec", kv_cache="hierarchical")
     for response_format in FORMATS:
-        a = list(plain.generate(PROMPTS[0], max_new_tokens=200, response_format=response_format))
-        b = list(fast.generate(PROMPTS[0], max_new_tokens=200, response_format=response_format))
+        a = list(plain.generate(PROMPTS[0], max_new_tokens=200, response_format=response_format, temperature=0.0))
+        b = list(fast.generate(PROMPTS[0], max_new_tokens=200, response_format=response_format, temperature=0.0))
         assert ids_of(a) == ids_of(b)
         check_reply(b, response_format)
 
@@ -106,10 +106,10 @@ def test_a_drafter_that_ignores_the_grammar_is_cut_where_the_grammar_forbids(che
                        draft_length=4)
     plain = Engine.load(checkpoints["target"], max_context=512)
     response_format = FORMATS[0]
-    events = list(free.generate(PROMPTS[0], max_new_tokens=200, response_format=response_format))
+    events = list(free.generate(PROMPTS[0], max_new_tokens=200, response_format=response_format, temperature=0.0))
     stats = events[-1].stats
     assert 0 < stats.accepted == stats.drafted < 4 * (stats.steps - 1)
-    assert ids_of(events) == ids_of(plain.generate(PROMPTS[0], max_new_tokens=200, response_format=response_format))
+    assert ids_of(events) == ids_of(plain.generate(PROMPTS[0], max_new_tokens=200, response_format=response_format, temperature=0.0))
 
 
 @pytest.mark.slow
@@ -134,7 +134,7 @@ def test_unsupported_schema_features_are_one_line_errors_naming_them(checkpoints
     with pytest.raises(GrammarError, match="response_format type"):
         engine.generate("hi", response_format={"type": "yaml"})
     with pytest.raises(GrammarError, match="ignore_eos"):
-        engine.generate("hi", response_format={"type": "json_object"}, ignore_eos=True)
+        engine.generate("hi", response_format={"type": "json_object"}, ignore_eos=True, temperature=0.0)
     for bad in [{"type": "json_schema"}, {"type": "json_schema", "json_schema": {"schema": 3}}]:
         with pytest.raises(GrammarError) as error:
             engine.generate("hi", response_format=bad)
@@ -183,6 +183,6 @@ def test_json_schema_replies_validate_on_fuzzed_schemas(builtin_engines, schema)
     plain, fast = builtin_engines
     response_format = {"type": "json_schema", "json_schema": {"name": "fuzzed", "schema": schema, "strict": True}}
     messages = [{"role": "user", "content": "Reply in JSON."}]
-    events = list(fast.chat(messages, max_new_tokens=200, response_format=response_format))
+    events = list(fast.chat(messages, max_new_tokens=200, response_format=response_format, temperature=0.0))
     check_reply(events, response_format)
-    assert ids_of(events) == ids_of(plain.chat(messages, max_new_tokens=200, response_format=response_format))
+    assert ids_of(events) == ids_of(plain.chat(messages, max_new_tokens=200, response_format=response_format, temperature=0.0))

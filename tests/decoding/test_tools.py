@@ -105,7 +105,7 @@ def test_a_forced_tool_call_is_a_valid_call_and_speculation_keeps_it_exact(check
     plain = Engine.load(checkpoints["target"], max_context=512)
     fast = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec(name, checkpoints))
     messages = [{"role": "user", "content": "Weather in Oslo?"}]
-    events = list(plain.chat(messages, max_new_tokens=96, tools=TOOLS, tool_choice=tool_choice))
+    events = list(plain.chat(messages, max_new_tokens=96, tools=TOOLS, tool_choice=tool_choice, temperature=0.0))
     assert events[-1].finish_reason == FINISH_EOS
     content, calls = parse_tool_calls("".join(event.text for event in events), TOOLS)
     assert content == "" and len(calls) == 1
@@ -113,7 +113,7 @@ def test_a_forced_tool_call_is_a_valid_call_and_speculation_keeps_it_exact(check
     jsonschema.validate(json.loads(calls[0].arguments), tool["function"]["parameters"])
     if isinstance(tool_choice, dict):
         assert calls[0].name == "get_time"
-    assert ids_of(fast.chat(messages, max_new_tokens=96, tools=TOOLS, tool_choice=tool_choice)) == ids_of(events)
+    assert ids_of(fast.chat(messages, max_new_tokens=96, tools=TOOLS, tool_choice=tool_choice, temperature=0.0)) == ids_of(events)
 
 
 @pytest.mark.parametrize("tools, tool_choice, match", [

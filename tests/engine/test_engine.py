@@ -38,7 +38,8 @@ def test_events_stream_text_and_tokens(engine):
 def test_generation_is_deterministic_and_matches_a_fresh_engine(engine, llama_dir):
     first = ids_of(generated(engine, max_new_tokens=16, ignore_eos=True))
     again = ids_of(generated(engine, max_new_tokens=16, ignore_eos=True))  # reuses the cached prompt
-    fresh = ids_of(Engine.load(llama_dir, max_context=64).generate(PROMPT, max_new_tokens=16, ignore_eos=True))
+    fresh = ids_of(Engine.load(llama_dir, max_context=64).generate(PROMPT, max_new_tokens=16, ignore_eos=True,
+                                                                   temperature=0.0))
     assert first == again == fresh
 
 
@@ -69,7 +70,7 @@ def test_stop_string_cuts_the_text(engine):
 def test_context_full_ends_generation(llama_dir):
     prompt_length = len(Engine.load(llama_dir, max_context=64).tokenizer.encode(PROMPT))
     small = Engine.load(llama_dir, max_context=prompt_length + 6)
-    events = list(small.generate(PROMPT, max_new_tokens=100, ignore_eos=True))
+    events = list(small.generate(PROMPT, max_new_tokens=100, ignore_eos=True, temperature=0.0))
     assert events[-1].finish_reason == FINISH_CONTEXT
     assert prompt_length + len(ids_of(events)) == prompt_length + 6
 
@@ -77,12 +78,12 @@ def test_context_full_ends_generation(llama_dir):
 def test_multi_turn_chat_prefills_only_the_new_turn(engine):
     engine.reset()
     messages = [{"role": "user", "content": "Hello there"}]
-    events = list(engine.chat(messages, max_new_tokens=12))
+    events = list(engine.chat(messages, max_new_tokens=12, temperature=0.0))
     first = events[-1].stats
     assert first.reused_tokens == 0
     reply = "".join(e.text for e in events)
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And then?"}]
-    second = list(engine.chat(messages, max_new_tokens=12))[-1].stats
+    second = list(engine.chat(messages, max_new_tokens=12, temperature=0.0))[-1].stats
     assert second.reused_tokens >= first.prompt_tokens
     assert second.prefill_tokens == second.prompt_tokens - second.reused_tokens
     assert second.prefill_tokens < second.prompt_tokens // 2
@@ -91,22 +92,22 @@ def test_multi_turn_chat_prefills_only_the_new_turn(engine):
 def test_reused_cache_gives_the_same_answer_as_a_full_prefill(engine, llama_dir):
     engine.reset()
     messages = [{"role": "user", "content": "Hello there"}]
-    first_reply = list(engine.chat(messages, max_new_tokens=8))
+    first_reply = list(engine.chat(messages, max_new_tokens=8, temperature=0.0))
     reply = "".join(e.text for e in first_reply)
     if first_reply[-1].finish_reason == FINISH_EOS:  # the template closes the turn with the same token
         assert engine.history[-1] in engine.eos_token_ids
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Why?"}]
-    events = list(engine.chat(messages, max_new_tokens=16, ignore_eos=True))
+    events = list(engine.chat(messages, max_new_tokens=16, ignore_eos=True, temperature=0.0))
     assert events[-1].stats.reused_tokens > 0
     prompt = engine.history[: -len(ids_of(events))]
     fresh = Engine.load(llama_dir, max_context=256)
-    assert ids_of(events) == ids_of(fresh.generate(prompt, max_new_tokens=16, ignore_eos=True))
+    assert ids_of(events) == ids_of(fresh.generate(prompt, max_new_tokens=16, ignore_eos=True, temperature=0.0))
     assert fresh.tokenizer.decode(prompt, skip_special_tokens=False) == fresh.tokenizer.apply_chat_template(messages)
 
 
 def test_stopping_mid_reply_leaves_the_engine_consistent(engine):
     expected = ids_of(generated(engine, max_new_tokens=12, ignore_eos=True))
-    stream = engine.generate("Something else entirely", max_new_tokens=50, ignore_eos=True)
+    stream = engine.generate("Something else entirely", max_new_tokens=50, ignore_eos=True, temperature=0.0)
     for _ in range(3):
         next(stream)
     stream.close()  # the consumer stops reading
@@ -129,7 +130,7 @@ def test_should_stop_ends_with_flushed_text_like_a_token_limit(engine):
 
 def test_events_say_which_characters_came_from_accepted_drafts(llama_dir):
     spec = Engine.load(llama_dir, max_context=256, drafter="ngram", draft_length=4)
-    events = list(spec.generate("the cat the cat the cat the cat", max_new_tokens=40, ignore_eos=True))
+    events = list(spec.generate("the cat the cat the cat the cat", max_new_tokens=40, ignore_eos=True, temperature=0.0))
     assert all(0 <= e.drafted_chars <= len(e.text) for e in events)
     assert all(e.drafted_chars == 0 for e in events if not any(e.drafted))
     assert sum(e.drafted_chars for e in events) > 0  # this repetitive prompt has accepted n-gram drafts
@@ -138,7 +139,7 @@ def test_events_say_which_characters_came_from_accepted_drafts(llama_dir):
 def test_kv_cache_is_allocated_once(engine):
     keys, values = engine.cache.keys.data_ptr(), engine.cache.values.data_ptr()
     generated(engine, max_new_tokens=30, ignore_eos=True)
-    list(engine.chat([{"role": "user", "content": "hi"}], max_new_tokens=5))
+    list(engine.chat([{"role": "user", "content": "hi"}], max_new_tokens=5, temperature=0.0))
     assert (engine.cache.keys.data_ptr(), engine.cache.values.data_ptr()) == (keys, values)
     assert engine.cache.keys.shape[3] == 256
 
@@ -179,7 +180,7 @@ def test_prompt_too_long_names_the_numbers(engine):
 def test_engine_runs_in_bfloat16(llama_dir):
     engine = Engine.load(llama_dir, dtype="bfloat16", max_context=64)
     assert engine.cache.keys.dtype == torch.bfloat16
-    events = list(engine.generate(PROMPT, max_new_tokens=8, ignore_eos=True))
+    events = list(engine.generate(PROMPT, max_new_tokens=8, ignore_eos=True, temperature=0.0))
     assert len(ids_of(events)) == 8
 
 
@@ -193,7 +194,7 @@ def test_a_full_context_drops_the_oldest_turns_but_keeps_the_system_prompt(llama
     kept, dropped = small.fit_chat(turns, reserve=16)
     assert dropped > 0 and kept[0] == turns[0] and kept[-1] == turns[-1] and kept == turns[:1] + turns[1 + dropped:]
     assert kept[1]["role"] == "user"  # whole turns are dropped
-    reply = list(small.chat(kept, max_new_tokens=16))
+    reply = list(small.chat(kept, max_new_tokens=16, temperature=0.0))
     assert reply[-1].finish_reason is not None
     with pytest.raises(PromptError, match="the model itself reads at most 512 tokens"):
         small.fit_chat([{"role": "user", "content": "fox " * 400}], reserve=16)
@@ -208,8 +209,8 @@ def test_options_come_as_one_record_or_as_keywords(engine):
         engine.reset()
         return [t for e in engine.generate("The quick brown fox", *args, **kwargs) for t in e.token_ids]
 
-    options = GenerationOptions(max_new_tokens=6, ignore_eos=True)
-    assert tokens(options) == tokens(max_new_tokens=6, ignore_eos=True)
+    options = GenerationOptions(max_new_tokens=6, ignore_eos=True, temperature=0.0)
+    assert tokens(options) == tokens(max_new_tokens=6, ignore_eos=True, temperature=0.0)
     assert len(tokens(options, max_new_tokens=3)) == 3  # keywords override the record
     with pytest.raises(SamplingError, match="GenerationOptions"):
         tokens({"max_new_tokens": 3})

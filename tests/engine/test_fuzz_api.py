@@ -83,14 +83,14 @@ def test_chat_takes_any_messages(engine, messages, options):
 def test_any_drafter_spec_is_a_clear_error_or_lossless(engine, spec, length):
     prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
     engine.use_drafter(None)
-    plain = [event.token_ids for event in engine.generate(prompt, max_new_tokens=10)]
+    plain = [event.token_ids for event in engine.generate(prompt, max_new_tokens=10, temperature=0.0)]
     try:
         engine.use_drafter(spec, length)
     except EdgeError as error:
         assert "\n" not in str(error)
         return
     try:
-        drafted = [event.token_ids for event in engine.generate(prompt, max_new_tokens=10)]
+        drafted = [event.token_ids for event in engine.generate(prompt, max_new_tokens=10, temperature=0.0)]
     finally:
         engine.use_drafter(None)
     assert sum(drafted, ()) == sum(plain, ())

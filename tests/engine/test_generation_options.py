@@ -130,8 +130,14 @@ def test_every_front_has_the_records_fields_and_no_other_shared_one():
 
 def test_the_defaults_are_the_records():
     assert GenerationOptions().options() == SamplingParams().options() == DEFAULTS
-    commands = {**DEFAULTS, "max_new_tokens": CHAT_MAX_NEW_TOKENS, "stop": []}  # the chat commands' longer replies
+    commands = {**DEFAULTS, "max_new_tokens": CHAT_MAX_NEW_TOKENS}  # the chat commands' longer replies
     for parser in PARSERS.values():
-        assert {name: getattr(parser().parse_args([]), name) for name in OPTIONS} == commands
+        args = parser().parse_args([])
+        assert {name: getattr(args, name) for name in OPTIONS} == {**dict.fromkeys(OPTIONS), "stop": []}  # not given
+        assert generation_options(args).options() == commands
+        recommended = {"temperature": 0.7, "top_k": 20, "repetition_penalty": 1.05}  # a model's generation_config
+        assert generation_options(args, recommended).options() == {**commands, **recommended}
+        asked = parser().parse_args(["--temperature", "0", "--top-k", "5"])  # flags over the model's: greedy asked
+        assert generation_options(asked, recommended).options() == {**commands, "temperature": 0.0, "top_k": 5}
     assert ChatSettings().options.options() == {**DEFAULTS, "max_new_tokens": CHAT_MAX_NEW_TOKENS}
     assert SamplingRequest().generation_options(GenerationOptions()).options() == DEFAULTS

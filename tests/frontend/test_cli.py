@@ -16,10 +16,10 @@ from edge.tui.cli import ConsoleChat, main as chat_main
 
 
 def test_chat_prompt_prints_the_reply(llama_dir, capsys):
-    assert chat_main([str(llama_dir), "--prompt", "Hello", "--max-new-tokens", "8", "--stats"]) == 0
+    assert chat_main([str(llama_dir), "--prompt", "Hello", "--max-new-tokens", "8", "--stats", "--temperature", "0"]) == 0
     out = capsys.readouterr().out
     expected = "".join(e.text for e in Engine.load(llama_dir).chat([{"role": "user", "content": "Hello"}],
-                                                                     max_new_tokens=8))
+                                                                     max_new_tokens=8, temperature=0.0))
     assert out.startswith(expected + "\n")
     assert "tokens/s" in out
 
@@ -59,7 +59,7 @@ class InterruptedOutput(io.StringIO):
 
 def test_ctrl_c_stops_a_console_reply_and_keeps_what_was_shown(llama_dir):
     chat = ConsoleChat(Engine.load(llama_dir, max_context=256),
-                       options=__import__("edge").GenerationOptions(max_new_tokens=12))
+                       options=__import__("edge").GenerationOptions(max_new_tokens=12, temperature=0.0))
     out = InterruptedOutput()
     shown = chat.reply("Hi", out)
     assert out.getvalue() == shown + " [stopped]\n" and shown
@@ -100,7 +100,8 @@ def test_chat_without_model_explains_what_to_pass(capsys, monkeypatch, tmp_path,
 
 
 def test_chat_without_the_default_model_runs_the_builtin_model_and_drafter(capsys, builtin_default):
-    assert chat_main(["--prompt", "What does the os module do?", "--max-new-tokens", "8", "--stats"]) == 0
+    assert chat_main(["--prompt", "What does the os module do?", "--max-new-tokens", "8", "--stats",
+                      "--temperature", "0"]) == 0
     assert "accepted" in capsys.readouterr().out  # speculative decoding with the built-in drafter is on
 
 
@@ -454,10 +455,11 @@ def test_edge_chat_drafts_with_the_fastest_builtin_method_unless_told_otherwise(
     if builtin_feature_drafter_path() is None:
         pytest.skip("this checkout ships no built-in feature drafter")
     parser = build_parser()
-    assert default_drafter(parser.parse_args([])) == "hybrid:feature"
+    assert default_drafter(parser.parse_args(["--temperature", "0"])) == "hybrid:feature"
+    assert default_drafter(parser.parse_args([])) is None  # sampling, the default: plain decoding
     assert default_drafter(parser.parse_args(["--drafter", "none"])) is None
     assert default_drafter(parser.parse_args(["--drafter", "ngram"])) == "ngram"
-    assert default_drafter(parser.parse_args([str(llama_dir)])) is None  # another model: plain unless asked
+    assert default_drafter(parser.parse_args([str(llama_dir), "--temperature", "0"])) is None  # plain unless asked
     assert default_drafter(parser.parse_args(["--temperature", "0.7"])) is None  # sampling: drafts pay less
     assert default_drafter(parser.parse_args(["--temperature", "0.7", "--drafter", "feature"])) == "feature"
 

@@ -54,7 +54,7 @@ def engine_reply(events) -> tuple[str, int, str]:
 def test_chat_completion_equals_engine_chat(client, reference, question):
     messages = [{"role": "user", "content": question}]
     reply = client.chat.completions.create(model="any", messages=messages, max_tokens=48, temperature=0)
-    text, tokens, _ = engine_reply(reference.chat(messages, max_new_tokens=48))
+    text, tokens, _ = engine_reply(reference.chat(messages, max_new_tokens=48, temperature=0.0))
     assert reply.choices[0].message.content == text
     assert reply.choices[0].message.role == "assistant"
     assert reply.usage.completion_tokens == tokens
@@ -67,7 +67,7 @@ def test_streamed_chat_equals_engine_chat(client, reference):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTIONS[0]}]
     chunks = list(client.chat.completions.create(model="any", messages=messages, max_tokens=40, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
-    text, tokens, _ = engine_reply(reference.chat(messages, max_new_tokens=40))
+    text, tokens, _ = engine_reply(reference.chat(messages, max_new_tokens=40, temperature=0.0))
     deltas = [chunk for chunk in chunks if chunk.choices]
     assert deltas[0].choices[0].delta.role == "assistant"
     assert "".join(chunk.choices[0].delta.content or "" for chunk in deltas) == text
@@ -80,7 +80,7 @@ def test_text_completion_equals_engine_generate(client, reference):
     prompt = "The json module"
     whole = client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0)
     streamed = client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0, stream=True)
-    text, tokens, _ = engine_reply(reference.generate(prompt, max_new_tokens=24))
+    text, tokens, _ = engine_reply(reference.generate(prompt, max_new_tokens=24, temperature=0.0))
     assert whole.choices[0].text == text == "".join(chunk.choices[0].text for chunk in streamed)
     assert whole.usage.completion_tokens == tokens and whole.choices[0].finish_reason == "length"
     ids = reference.tokenizer.encode(prompt)
@@ -90,9 +90,9 @@ def test_text_completion_equals_engine_generate(client, reference):
 
 def test_stop_strings_cut_the_reply_as_the_engine_does(client, reference):
     messages = [{"role": "user", "content": QUESTIONS[0]}]
-    full, _, _ = engine_reply(reference.chat(messages, max_new_tokens=48))
+    full, _, _ = engine_reply(reference.chat(messages, max_new_tokens=48, temperature=0.0))
     stop = full[12:16]  # somewhere inside the reply
-    expected, _, finish = engine_reply(reference.chat(messages, max_new_tokens=48, stop=[stop]))
+    expected, _, finish = engine_reply(reference.chat(messages, max_new_tokens=48, stop=[stop], temperature=0.0))
     assert finish == "stop_string" and stop not in expected
     reply = client.chat.completions.create(model="any", messages=messages, max_tokens=48, temperature=0, stop=stop)
     streamed = client.chat.completions.create(model="any", messages=messages, max_tokens=48, temperature=0,
@@ -109,7 +109,7 @@ def test_a_conversation_reuses_its_kv_prefix(client, reference):
     second = client.chat.completions.create(model="any", messages=messages, max_tokens=16, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
     reference.reset()
-    text, _, _ = engine_reply(reference.chat(messages, max_new_tokens=16))
+    text, _, _ = engine_reply(reference.chat(messages, max_new_tokens=16, temperature=0.0))
     assert second.choices[0].message.content == text
 
 
@@ -251,7 +251,7 @@ def test_the_command_line_builds_edge_chats_load_spec_and_request_defaults(monke
     config = serve_config(args)
     assert config.defaults.max_new_tokens == 64 and config.defaults.temperature == 0.5
     assert config.model_id == "edge-builtin" and config.api_key is None and not config.speculate_when_sampling
-    assert default_drafter(build_parser().parse_args([])) == "hybrid:feature"
+    assert default_drafter(build_parser().parse_args(["--temperature", "0"])) == "hybrid:feature"
     monkeypatch.setenv("EDGE_API_KEY", "from-the-environment")
     assert serve_config(build_parser().parse_args([])).api_key == "from-the-environment"
     assert serve_config(build_parser().parse_args(["--api-key", "flag"])).api_key == "flag"

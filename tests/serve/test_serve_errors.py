@@ -174,7 +174,8 @@ def test_a_chat_template_file_from_the_command_line_serves_chat(base_dir, tmp_pa
         templated.generations.loaded.wait(30)
         reply = post(templated, CHAT, {"messages": USER, "max_tokens": 6, "temperature": 0})
     expected = "".join(event.text for event in Engine.load(base_dir, chat_template=template).chat(USER,
-                                                                                                   max_new_tokens=6))
+                                                                                                   max_new_tokens=6,
+                                                                                                   temperature=0.0))
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == expected
 
 

@@ -56,7 +56,7 @@ def test_json_schema_reply_validates_and_equals_engine_chat(client, reference):
     content = reply.choices[0].message.content
     jsonschema.validate(json.loads(content), STEPS)
     assert reply.choices[0].finish_reason == "stop"
-    assert content == engine_text(reference.chat(ASK, max_new_tokens=120, response_format=response_format))
+    assert content == engine_text(reference.chat(ASK, max_new_tokens=120, response_format=response_format, temperature=0.0))
 
 
 def test_the_clients_parse_helper_gets_its_pydantic_model(client):
@@ -74,7 +74,7 @@ def test_streamed_json_object_is_one_json_object(client, reference):
                                                  stream=True, response_format={"type": "json_object"}))
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     assert isinstance(json.loads(text), dict)
-    assert text == engine_text(reference.chat(ASK, max_new_tokens=120, response_format={"type": "json_object"}))
+    assert text == engine_text(reference.chat(ASK, max_new_tokens=120, response_format={"type": "json_object"}, temperature=0.0))
 
 
 def test_an_unsupported_schema_feature_is_a_400_naming_it(client):
@@ -128,4 +128,4 @@ def test_tools_with_auto_choice_answer_in_text_when_the_model_writes_no_call(cli
                                            tools=[WEATHER])
     assert reply.choices[0].finish_reason == "length" and not reply.choices[0].message.tool_calls
     assert reply.choices[0].message.content == engine_text(reference.chat(messages, max_new_tokens=32,
-                                                                          tools=[WEATHER]))
+                                                                          tools=[WEATHER], temperature=0.0))

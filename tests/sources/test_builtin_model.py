@@ -38,7 +38,7 @@ def test_shipped_files_are_small_half_precision_safetensors():
 def test_golden_greedy_output(engine):
     golden = json.loads(GOLDEN.read_text())
     for case in golden:
-        events = list(engine.chat(case["messages"], max_new_tokens=case["max_new_tokens"]))
+        events = list(engine.chat(case["messages"], max_new_tokens=case["max_new_tokens"], temperature=0.0, loop_stop=0))
         assert [t for e in events for t in e.token_ids] == case["token_ids"]
         assert "".join(e.text for e in events) == case["text"]
 
@@ -47,7 +47,7 @@ def test_golden_greedy_output(engine):
 def test_transformers_loads_the_shipped_checkpoint_and_agrees(engine):
     folder = builtin_model_path()
     prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "What does the `json` module do?"}])
-    ours = [t for e in engine.generate(prompt, max_new_tokens=48, ignore_eos=True) for t in e.token_ids]
+    ours = [t for e in engine.generate(prompt, max_new_tokens=48, ignore_eos=True, temperature=0.0) for t in e.token_ids]
     assert ours == transformers_greedy(folder, prompt, 48)
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     messages = [{"role": "user", "content": "Hi"}]
@@ -57,18 +57,18 @@ def test_transformers_loads_the_shipped_checkpoint_and_agrees(engine):
 
 def test_builtin_drafter_speculation_is_lossless(engine):
     messages = [{"role": "user", "content": "Write a Python function `flatten(items)` that flattens a nested list."}]
-    plain = [t for e in engine.chat(messages, max_new_tokens=64) for t in e.token_ids]
+    plain = [t for e in engine.chat(messages, max_new_tokens=64, temperature=0.0) for t in e.token_ids]
     fast = Engine.load(builtin_model_path(), max_context=1024, drafter="builtin")
-    assert [t for e in fast.chat(messages, max_new_tokens=64) for t in e.token_ids] == plain
+    assert [t for e in fast.chat(messages, max_new_tokens=64, temperature=0.0) for t in e.token_ids] == plain
 
 
 @pytest.mark.parametrize("folder", [None, builtin_deep_feature_drafter_path()], ids=["one layer", "two layers"])
 def test_builtin_feature_drafters_are_lossless_and_draft_well(engine, folder):
     messages = [{"role": "user", "content": "Write a Python function `flatten(items)` that flattens a nested list."}]
-    plain = [t for e in engine.chat(messages, max_new_tokens=64) for t in e.token_ids]
+    plain = [t for e in engine.chat(messages, max_new_tokens=64, temperature=0.0) for t in e.token_ids]
     drafter = "feature" if folder is None else f"feature:{folder}"
     fast = Engine.load(builtin_model_path(), max_context=1024, drafter=drafter, draft_length=3)
-    events = list(fast.chat(messages, max_new_tokens=64))
+    events = list(fast.chat(messages, max_new_tokens=64, temperature=0.0))
     assert [t for e in events for t in e.token_ids] == plain
     stats = events[-1].stats
     # greedy and seeded by nothing: the same count every run; a drafter that lost its training would fall far below

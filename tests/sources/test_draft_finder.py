@@ -44,8 +44,8 @@ def test_edge_chat_drafts_with_a_file_beside_a_named_model_and_says_so(tmp_path,
     target = write_file(tmp_path / "big.gguf", TOKENS, 40_000)
     small = write_file(tmp_path / "small.gguf", TOKENS, 8_000)
     parser = build_parser()
-    assert default_drafter(parser.parse_args([str(target)])) == f"draft:{small}"
+    assert default_drafter(parser.parse_args([str(target), "--temperature", "0"])) == f"draft:{small}"
     assert "drafting with small.gguf" in capsys.readouterr().err
     assert default_drafter(parser.parse_args([str(target), "--drafter", "none"])) is None
     assert default_drafter(parser.parse_args([str(target), "--temperature", "0.7"])) is None
-    assert default_drafter(parser.parse_args([str(small)])) is None  # nothing beside it is small enough
+    assert default_drafter(parser.parse_args([str(small), "--temperature", "0"])) is None  # none small enough

@@ -176,7 +176,7 @@ def test_a_quantized_file_runs_in_its_own_types(llama_dir, wide_dir, tmp_path, q
         plain = float_model.forward_logits(tokens, 0, float_model.new_cache(64))[0]
     k_quant = qtype.startswith(("q4_k", "q5_k", "q6_k"))
     assert (got - plain).norm() / plain.norm() < (0.08 if k_quant else 0.03)
-    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True, temperature=0.0) for t in e.token_ids]
     assert greedy_24(gguf, drafter="early-exit:1") == plain
     assert greedy_24(gguf, drafter="ngram") == plain
     emulated = llama_cpp_logits(reference, tokens, "q4_k" if qtype == "q4_k_m" else qtype)
@@ -191,7 +191,7 @@ def test_greedy_speculation_equals_plain_decoding_on_every_path(llama_dir, wide_
         gguf, _ = quantized_file(qtype, llama_dir, wide_dir, tmp_path / qtype)
         plain = Engine.load(gguf, max_context=128)
         assert plain.model.runner.matmul.path.startswith(path)
-        expected = [t for e in plain.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+        expected = [t for e in plain.generate(PROMPT, max_new_tokens=24, ignore_eos=True, temperature=0.0) for t in e.token_ids]
         assert greedy_24(gguf, drafter="early-exit:2") == expected, qtype
 
 
@@ -273,7 +273,7 @@ def test_a_matrix_kept_in_f16_beside_quantized_ones_runs_as_stored(llama_dir, wi
         got = engine.model.forward_logits(tokens, 0, engine.model.new_cache(64))[0]
         want = float_model.forward_logits(tokens, 0, float_model.new_cache(64))[0]
     assert (got - want).norm() / want.norm() < 0.03
-    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True, temperature=0.0) for t in e.token_ids]
     assert greedy_24(gguf, drafter="early-exit:1") == plain
 
 
@@ -299,7 +299,7 @@ def test_weights_float16_dequantizes_and_int4_requantizes(llama_dir, tmp_path):
     assert greedy_24(gguf, weights="float16") == greedy_24(reference_folder(llama_dir, tmp_path / "reference", "q4_0"))
     engine = Engine.load(gguf, max_context=128, weights="int4")
     assert {fmt for block in engine.model.layers for fmt in block.attn.wqkv.matrix.formats} == {"q4_1"}
-    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True, temperature=0.0) for t in e.token_ids]
     assert greedy_24(gguf, weights="int4", drafter="early-exit:1") == plain
 
 
@@ -477,7 +477,7 @@ def test_files_from_llama_cpps_own_quantizer(wide_dir, tmp_path, ftype):
         got = engine.model.forward_logits(tokens, 0, engine.model.new_cache(64))[0]
         want = dequantized.forward_logits(tokens, 0, dequantized.new_cache(64))[0]
     assert (got - want).norm() / want.norm() < 0.1  # 8-bit activations (measured 0.025-0.046)
-    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True) for t in e.token_ids]
+    plain = [t for e in engine.generate(PROMPT, max_new_tokens=24, ignore_eos=True, temperature=0.0) for t in e.token_ids]
     assert greedy_24(out, drafter="early-exit:1") == plain
 
 

@@ -27,7 +27,7 @@ def mlp172(tmp_path_factory, tokenizer_dir):
 
 def tokens(engine: Engine, count: int = 16) -> list[int]:
     engine.reset()
-    return [t for e in engine.generate(PROMPT, max_new_tokens=count, ignore_eos=True) for t in e.token_ids]
+    return [t for e in engine.generate(PROMPT, max_new_tokens=count, ignore_eos=True, temperature=0.0) for t in e.token_ids]
 
 
 def one_line(message: str, *needles: str) -> None:
@@ -42,7 +42,7 @@ def one_line(message: str, *needles: str) -> None:
 def test_quantspec_runs_on_a_172_wide_mlp_computing_in_16_bits(mlp172, dtype):
     """It ended in a traceback (the quantized KV cache handed float32 keys to bfloat16/float16 queries)."""
     engine = Engine.load(mlp172, dtype=dtype, max_context=128, drafter="quantspec", draft_length=3)
-    events = list(engine.generate(PROMPT, max_new_tokens=16, ignore_eos=True))
+    events = list(engine.generate(PROMPT, max_new_tokens=16, ignore_eos=True, temperature=0.0))
     assert sum(len(e.token_ids) for e in events) == 16 and events[-1].stats.drafted > 0
 
 

@@ -42,7 +42,7 @@ def piped(monkeypatch):
 
 
 def test_prompt_on_a_base_model_continues_the_text_and_says_so_once(base_dir, capsys):
-    assert chat_main([str(base_dir), "--prompt", "Once upon a time", "--max-new-tokens", str(TOKENS)]) == 0
+    assert chat_main([str(base_dir), "--prompt", "Once upon a time", "--max-new-tokens", str(TOKENS), "--temperature", "0"]) == 0
     captured = capsys.readouterr()
     expected = greedy_text(Engine.load(base_dir), "Once upon a time", TOKENS, ignore_eos=False)
     assert captured.out == expected + "\n"
@@ -53,7 +53,7 @@ def test_piped_plain_reads_one_message_per_line_honours_quit_and_saves(base_dir,
                                                                        monkeypatch):
     monkeypatch.setenv("EDGE_DATA_DIR", str(tmp_path))
     piped("The fox\nThe dog\n/quit\nnever sent\n")
-    assert chat_main([str(base_dir), "--plain", "--max-new-tokens", str(TOKENS)]) == 0
+    assert chat_main([str(base_dir), "--plain", "--max-new-tokens", str(TOKENS), "--temperature", "0"]) == 0
     saved = list((tmp_path / "chats").glob("*.json"))
     assert len(saved) == 1
     messages = json.loads(saved[0].read_text())["messages"]
@@ -68,7 +68,7 @@ def test_piped_plain_reads_one_message_per_line_honours_quit_and_saves(base_dir,
 def test_piped_plain_on_a_chat_model_is_a_conversation(llama_dir, piped, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGE_DATA_DIR", str(tmp_path))
     piped("hello\n/reset\nhello again\n")
-    assert chat_main([str(llama_dir), "--plain", "--max-new-tokens", str(TOKENS)]) == 0
+    assert chat_main([str(llama_dir), "--plain", "--max-new-tokens", str(TOKENS), "--temperature", "0"]) == 0
     chats = sorted((tmp_path / "chats").glob("*.json"))
     assert len(chats) == 2  # /reset starts a new chat
     engine = Engine.load(llama_dir)
@@ -92,7 +92,7 @@ def test_an_undecodable_piped_line_is_one_line_and_the_rest_still_runs(llama_dir
 
 def test_chat_template_file_makes_a_base_model_chat(base_dir, llama_dir, template_file, capsys):
     argv = [str(base_dir), "--chat-template", str(template_file), "--prompt", "hello", "--max-new-tokens",
-            str(TOKENS)]
+            str(TOKENS), "--temperature", "0"]
     assert chat_main(argv) == 0
     captured = capsys.readouterr()
     engine = Engine.load(base_dir, chat_template=template_file)

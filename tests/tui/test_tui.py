@@ -38,7 +38,7 @@ def tiny_model(llama_dir, tmp_path_factory) -> Path:
 @pytest.fixture
 def make_app(tiny_model, tmp_path):
     def make(model: Path | None = None, **settings) -> EdgeChatApp:
-        options = {"max_new_tokens": 24, **settings}
+        options = {"max_new_tokens": 24, "temperature": 0.0, **settings}
         loader = SessionLoader(model or tiny_model, ChatSettings().replace(**options), ConversationStore(tmp_path),
                                measure_baseline=False)
         return EdgeChatApp(loader, memory_probe=lambda: RSS)
@@ -90,7 +90,7 @@ async def start_slow_reply(screen: ChatScreen, pilot, text: str) -> threading.Ev
 
 def reference_reply(model: Path, messages: list[dict], max_tokens: int) -> str:
     """What a fresh engine answers to the same conversation, greedy: the app must show exactly this."""
-    return "".join(event.text for event in Engine.load(model).chat(messages, max_new_tokens=max_tokens))
+    return "".join(event.text for event in Engine.load(model).chat(messages, max_new_tokens=max_tokens, temperature=0.0))
 
 
 def test_send_streams_a_reply_renders_it_and_saves_the_chat(make_app, tiny_model, tmp_path):

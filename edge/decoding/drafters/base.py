@@ -59,14 +59,14 @@ class DraftSampler:
     def plain_greedy(self) -> bool:
         """Whether picking is a bare argmax (greedy, no repetition penalty): what a drafter's one-call greedy path
         (edge.model.kernel_glue.draft_greedy) computes, confidence stop (`stop_below`) included."""
-        return self.params.greedy and self.params.repetition_penalty == 1.0
+        return self.params.greedy and self.params.penalty == 1.0
 
     def pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None, float]:
         """From the drafter's logits (V,) choose a token; return it, the distribution (None if greedy), its prob."""
         logits = _fit_vocab(logits.float(), self.vocab_size)
-        if self.params.repetition_penalty != 1.0:
-            logits = apply_repetition_penalty(logits, torch.tensor(history, device=logits.device),
-                                              self.params.repetition_penalty)
+        if self.params.penalty != 1.0:
+            logits = apply_repetition_penalty(logits, torch.tensor(self.params.recent(history), device=logits.device),
+                                              self.params.penalty)
         if self.params.greedy:
             token = int(logits.argmax())
             confidence = float(logits.softmax(-1)[token]) if self.stop_below is not None else 1.0

@@ -25,7 +25,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label
 
 from edge.errors import EdgeError
-from edge.events import FINISH_CONTEXT, Stats
+from edge.events import FINISH_CONTEXT, FINISH_LOOP, Stats
 from edge.tui.screens.history import HistoryScreen
 from edge.tui.screens.settings import SettingsScreen
 from edge.tui.completion import completion_note, is_completion_model
@@ -40,6 +40,7 @@ from edge.tui.widgets.stats import MemoryBar, StatsPanel
 
 
 QUEUED_NOTE = "queued: sent when this reply ends (Esc stops it now)"
+LOOP_NOTE = "stopped: the reply kept repeating itself (the loop stop; F3 settings: loop-stop 0 turns it off)"
 
 
 @dataclass
@@ -211,7 +212,8 @@ class ChatScreen(Screen):
             await self._reply.finish(_note(self.session.conversation.messages[-1]))
         self._reply = None
         self.refresh_memory()
-        status = "stopped" if message.outcome.finish_reason == FINISH_STOPPED else ""
+        status = ("stopped" if message.outcome.finish_reason == FINISH_STOPPED else
+                  LOOP_NOTE if message.outcome.finish_reason == FINISH_LOOP else "")
         if self.session.dropped_turns:
             status = f"context full: the oldest {self.session.dropped_turns} messages were left out " + status
         self.set_status(status.strip())
@@ -334,4 +336,6 @@ def _note(message: dict) -> str:
         parts.append("stopped")
     if message.get("finish_reason") == FINISH_CONTEXT:
         parts.append("cut: the context is full (Ctrl+N starts a new chat; --max-context makes it longer)")
+    if message.get("finish_reason") == FINISH_LOOP:
+        parts.append(LOOP_NOTE)
     return " · ".join(parts)

@@ -426,7 +426,7 @@ def test_one_call_greedy_drafting_drafts_what_step_by_step_drafting_does(checkpo
     original = engine.drafter.__class__._step
 
     def drafts_by_both_paths(stop_below: float | None) -> list[tuple[list[int], list[float]]]:
-        sampler = DraftSampler(SamplingParams(), torch.Generator(), stop_below, vocab)
+        sampler = DraftSampler(SamplingParams(temperature=0.0), torch.Generator(), stop_below, vocab)
         assert sampler.plain_greedy
         found = []
         for end in range(len(tokens) - 12, len(tokens)):

@@ -96,11 +96,11 @@ def test_quantspec_through_the_kernels_equals_plain_decoding_through_them(monkey
     target = checkpoint_factory("llama3")
     reference = Engine.load(target, max_context=64, kv_cache="hierarchical")
     prompt = "The quick brown fox"
-    plain = [t for e in reference.generate(prompt, max_new_tokens=12, ignore_eos=True) for t in e.token_ids]
+    plain = [t for e in reference.generate(prompt, max_new_tokens=12, temperature=0.0, ignore_eos=True) for t in e.token_ids]
     fast = Engine.load(target, max_context=64, drafter="quantspec", draft_length=3)
-    events = list(fast.generate(prompt, max_new_tokens=12, ignore_eos=True))
+    events = list(fast.generate(prompt, max_new_tokens=12, temperature=0.0, ignore_eos=True))
     assert [t for e in events for t in e.token_ids] == plain
     assert events[-1].stats.drafted > 0
     monkeypatch.delenv("EDGE_TRITON_ON_CPU")  # the reference path gives the same tokens here too
     reference.reset()
-    assert [t for e in reference.generate(prompt, max_new_tokens=12, ignore_eos=True) for t in e.token_ids] == plain
+    assert [t for e in reference.generate(prompt, max_new_tokens=12, temperature=0.0, ignore_eos=True) for t in e.token_ids] == plain

@@ -48,7 +48,7 @@ def test_greedy_generation_matches_transformers(checkpoint_factory, family):
     reference = hf_model(folder)
     reference.generation_config.eos_token_id = None
     prompt = [5, 17, 42, 99, 3, 250, 7]
-    ours = [t for event in engine.generate(prompt, max_new_tokens=64, ignore_eos=True) for t in event.token_ids]
+    ours = [t for event in engine.generate(prompt, max_new_tokens=64, temperature=0.0, ignore_eos=True) for t in event.token_ids]
     with torch.no_grad():
         ids = torch.tensor([prompt])
         out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False,

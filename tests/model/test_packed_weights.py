@@ -140,8 +140,8 @@ def test_greedy_speculation_on_quantized_weights_equals_their_plain_decoding(lla
     fast = Engine.load(llama_dir, max_context=512, weights=fmt, drafter=drafter)
     accepted = 0
     for prompt in prompts:
-        expected = [t for e in plain.generate(prompt, max_new_tokens=120, ignore_eos=True) for t in e.token_ids]
-        events = list(fast.generate(prompt, max_new_tokens=120, ignore_eos=True))
+        expected = [t for e in plain.generate(prompt, max_new_tokens=120, temperature=0.0, ignore_eos=True) for t in e.token_ids]
+        events = list(fast.generate(prompt, max_new_tokens=120, temperature=0.0, ignore_eos=True))
         assert [t for e in events for t in e.token_ids] == expected, (drafter, prompt)
         accepted += events[-1].stats.accepted
     assert accepted > 0  # it did speculate
@@ -153,8 +153,8 @@ def test_quantized_weights_run_beside_a_quantized_kv_cache(llama_dir, fmt):
     plain = Engine.load(llama_dir, max_context=256, weights=fmt, kv_cache="int8")
     fast = Engine.load(llama_dir, max_context=256, weights=fmt, kv_cache="int8", drafter="early-exit:1")
     prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
-    expected = [t for e in plain.generate(prompt, max_new_tokens=60, ignore_eos=True) for t in e.token_ids]
-    assert [t for e in fast.generate(prompt, max_new_tokens=60, ignore_eos=True) for t in e.token_ids] == expected
+    expected = [t for e in plain.generate(prompt, max_new_tokens=60, temperature=0.0, ignore_eos=True) for t in e.token_ids]
+    assert [t for e in fast.generate(prompt, max_new_tokens=60, temperature=0.0, ignore_eos=True) for t in e.token_ids] == expected
 
 
 def test_int8_quarters_and_int4_divides_by_six_the_layers_memory(checkpoint_factory):
@@ -199,8 +199,8 @@ def test_a_quantized_draft_model_keeps_the_float_target_lossless(checkpoint_fact
     fast = Engine.load(target, max_context=512, drafter=f"draft:{small}", draft_weights=fmt)
     assert packed_format(fast.drafter.model) == MODEL_FORMAT[fmt] and not packed_format(fast.model)
     for prompt in ["The quick brown fox jumps over the lazy dog. The quick", "import os\nfor name in os"]:
-        expected = [t for e in plain.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids]
-        assert [t for e in fast.generate(prompt, max_new_tokens=100, ignore_eos=True) for t in e.token_ids] == expected
+        expected = [t for e in plain.generate(prompt, max_new_tokens=100, temperature=0.0, ignore_eos=True) for t in e.token_ids]
+        assert [t for e in fast.generate(prompt, max_new_tokens=100, temperature=0.0, ignore_eos=True) for t in e.token_ids] == expected
 
 
 @pytest.mark.slow
@@ -237,8 +237,8 @@ def test_speculative_sampling_on_quantized_weights_keeps_their_distribution(chec
                 expected[(a, b, c)] = float(first[a] * second[b] * third[c])
     samples, counts = 3000, {}
     for seed in range(samples):
-        ids = [t for e in fast.generate(prompt, max_new_tokens=3, temperature=1.0, top_k=2, seed=seed,
-                                        ignore_eos=True) for t in e.token_ids]
+        ids = [t for e in fast.generate(prompt, max_new_tokens=3, temperature=1.0, top_k=2, repetition_penalty=1.0,
+                                        seed=seed, ignore_eos=True) for t in e.token_ids]
         counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
     assert set(counts) <= set(expected) and len(expected) == 8
     statistic = sum((counts.get(key, 0) - p * samples) ** 2 / (p * samples) for key, p in expected.items())

@@ -210,7 +210,7 @@ def test_edge_chat_runs_a_pulled_name_and_drafts_with_its_pulled_draft(hub, tiny
 
     pull("tiny", progress=False, report=None)
     requests = len(hub.requests)
-    assert chat_main(["tiny", "--prompt", "hi", "--max-new-tokens", "4", "--raw"]) == 0
+    assert chat_main(["tiny", "--prompt", "hi", "--max-new-tokens", "4", "--raw", "--temperature", "0"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() and "drafting with tiny-draft" in err
     assert len(hub.requests) == requests  # runs from the cache, offline

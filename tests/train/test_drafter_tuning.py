@@ -55,7 +55,7 @@ def test_replies_are_the_targets_greedy_answers_in_the_corpus_format(tuning_inpu
     assert len(rows) == 6 and not out.with_name(out.name + ".tmp").exists()
     assert [row["messages"][0] for row in rows] == replies.user_turns(root / "corpus", 6)
     engine = Engine.load(llama_dir, max_context=512)
-    expected = "".join(event.text for event in engine.chat([rows[2]["messages"][0]], max_new_tokens=6))
+    expected = "".join(event.text for event in engine.chat([rows[2]["messages"][0]], max_new_tokens=6, temperature=0.0))
     assert rows[2] == {"kind": "reply", "messages": [rows[2]["messages"][0],
                                                      {"role": "assistant", "content": expected}]}
 

@@ -126,7 +126,8 @@ def test_chat_on_a_base_model_through_the_api_names_both_fixes(base_dir):
 @pytest.mark.slow
 def test_the_app_chats_with_a_base_model_as_a_completion_model(base_dir, tmp_path):
     async def scenario():
-        loader = SessionLoader(base_dir, ChatSettings().replace(max_new_tokens=TOKENS), ConversationStore(tmp_path),
+        settings = ChatSettings().replace(max_new_tokens=TOKENS, temperature=0.0)
+        loader = SessionLoader(base_dir, settings, ConversationStore(tmp_path),
                                measure_baseline=True)
         app = EdgeChatApp(loader, memory_probe=lambda: 1)
         async with app.run_test() as pilot:

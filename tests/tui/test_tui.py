@@ -133,10 +133,11 @@ def test_stop_mid_reply_keeps_a_consistent_chat(make_app, tiny_model):
             await send(app, pilot, "and then?")
             assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
             fresh = Engine.load(tiny_model)
-            first = "".join(e.text for e in fresh.chat(messages[:1], max_new_tokens=messages[1]["stats"]["tokens"]))
+            first = "".join(e.text for e in fresh.chat(messages[:1], temperature=0.0,
+                                                       max_new_tokens=messages[1]["stats"]["tokens"]))
             assert first == messages[1]["content"]
             second = "".join(e.text for e in fresh.chat(screen.session.conversation.chat_messages()[:-1],
-                                                          max_new_tokens=16))
+                                                          temperature=0.0, max_new_tokens=16))
             assert second == messages[3]["content"]
     asyncio.run(scenario())
 
@@ -167,9 +168,10 @@ def test_a_message_sent_while_a_reply_streams_is_queued_visibly_then_sent(make_a
             assert not queued.has_class("queued") and queued.note == ""
             assert [v.role for v in screen.query(MessageView)] == ["user", "assistant", "user", "assistant"]
             fresh = Engine.load(tiny_model)  # the first reply as far as it got, then the queued message's
-            first = "".join(e.text for e in fresh.chat(messages[:1], max_new_tokens=messages[1]["stats"]["tokens"]))
+            first = "".join(e.text for e in fresh.chat(messages[:1], temperature=0.0,
+                                                       max_new_tokens=messages[1]["stats"]["tokens"]))
             second = "".join(e.text for e in fresh.chat(screen.session.conversation.chat_messages()[:-1],
-                                                          max_new_tokens=12))
+                                                          temperature=0.0, max_new_tokens=12))
             assert (first, second) == (messages[1]["content"], messages[3]["content"])
     asyncio.run(scenario())
 

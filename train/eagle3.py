@@ -131,7 +131,7 @@ def extract_features(engine, layers, replies: Path, folder: Path, limit: int | N
 
     folder.mkdir(parents=True, exist_ok=True)
     examples = [json.loads(line) for line in replies.read_text().splitlines() if line.strip()][:limit]
-    files, todo = [folder / f"{i:06d}.pt" for i in range(len(examples))], []
+    files = [folder / f"{i:06d}.pt" for i in range(len(examples))]
     todo = [i for i, path in enumerate(files) if not path.exists()]
     progress = Progress(len(files), len(files) - len(todo), "features")
     for done, i in enumerate(todo, len(files) - len(todo) + 1):
@@ -145,7 +145,7 @@ def extract_features(engine, layers, replies: Path, folder: Path, limit: int | N
     return files
 
 
-def draft_vocabulary(files: list[Path], size_or_file: str, vocab_size: int) -> torch.Tensor:
+def draft_vocabulary(files: list[Path], size_or_file: str) -> torch.Tensor:
     """Sorted target ids of the draft vocabulary: a VocabTrim file's, or the most frequent reply tokens."""
     if not size_or_file.isdigit():
         from edge.model.trimmed_head import read_vocabulary
@@ -155,7 +155,7 @@ def draft_vocabulary(files: list[Path], size_or_file: str, vocab_size: int) -> t
         record = torch.load(path)
         counts.update(record["ids"][record["mask"]].tolist())
     kept = [token for token, _ in counts.most_common(int(size_or_file))]
-    return torch.tensor(sorted(kept), dtype=torch.long).clamp(max=vocab_size - 1).unique()
+    return torch.tensor(sorted(kept), dtype=torch.long)  # reply ids: within the vocabulary, each once
 
 
 def batches(files: list[Path], seq_len: int, batch: int, rng: random.Random):
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
               "python -m train.replies --count N", file=sys.stderr)
         return 2
     held_out, training = files[:args.held_out], files[args.held_out:]
-    kept = draft_vocabulary(training, args.draft_vocab, config.vocab_size)
+    kept = draft_vocabulary(training, args.draft_vocab)
     t2d = torch.full((config.vocab_size,), -1, dtype=torch.long)
     t2d[kept] = torch.arange(kept.numel())
     head = Eagle3Head(config.hidden_size, args.intermediate or config.intermediate_size, config.num_heads,

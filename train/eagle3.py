@@ -17,6 +17,13 @@
    midlayer.*, norm, lm_head over the draft vocabulary, d2t, t2d; the target's embedding is not copied) and card.json
    (data, steps, held-out top-1 agreement of the first and the later draft tokens).
 
+More data, cheaper: `--corpus DIR --corpus-count N` adds N conversations of the corpus's training split with their
+own answers, labelled with the target's greedy choice at every answer position (computed in the same prefill pass:
+a prefill row costs a fraction of a decoded reply token). `--head-from-target` (the default) starts the head's
+lm_head and norm from the target's own head rows and final norm over the draft vocabulary and keeps the lm_head
+fixed (`--train-head` trains it too): the layer learns to produce what the target's last hidden state would be,
+and a step computes no gradient for the largest matrix.
+
 The draft vocabulary is the `--draft-vocab` most frequent tokens of the replies (EAGLE-3's d2t/t2d), or a VocabTrim
 file's ids (`--draft-vocab FILE.json`, e.g. edge/models/qwen2.5-vocab/vocab.json).
 """
@@ -40,6 +47,7 @@ from train.progress import Progress
 
 HELD_OUT = 64  # replies kept out of training, for the card's agreement figures
 UNROLL_WEIGHT = 0.7  # the loss of unrolled pass s weighs UNROLL_WEIGHT ** s
+CORPUS_SEED = 8  # the order corpus conversations are drawn in (train.replies asks in order 7)
 
 
 class Eagle3Head(nn.Module):
@@ -125,20 +133,42 @@ def encode(example: dict, tokenizer) -> tuple[list[int], list[bool]]:
     return prompt + reply, [False] * len(prompt) + [True] * len(reply)
 
 
-def extract_features(engine, layers, replies: Path, folder: Path, limit: int | None) -> list[Path]:
-    """One .pt file per reply under `folder` (ids, reply mask, float16 features), made once each."""
+def corpus_conversations(corpus: Path, count: int, seed: int = CORPUS_SEED) -> list[dict]:
+    """`count` chat examples of the corpus's training split with their own answers, in a seeded order."""
+    from train.corpus import read_jsonl
+
+    chats = [example for example in read_jsonl(corpus / "train.jsonl") if example.get("messages")
+             and example["messages"][-1]["role"] == "assistant"]
+    random.Random(seed).shuffle(chats)
+    return chats[:count]
+
+
+def extract_features(engine, layers, examples: list[dict], folder: Path, distilled: bool) -> list[Path]:
+    """One .pt file per example under `folder` (ids, answer mask, next: the label of each position's next token,
+    float16 features), made once each. A reply's labels are its own tokens (the target's greedy choices); a
+    distilled example's are the target's greedy choices computed here, where the answer is someone else's text."""
     from edge.model.layer_features import layer_features
 
     folder.mkdir(parents=True, exist_ok=True)
-    examples = [json.loads(line) for line in replies.read_text().splitlines() if line.strip()][:limit]
     files = [folder / f"{i:06d}.pt" for i in range(len(examples))]
     todo = [i for i, path in enumerate(files) if not path.exists()]
-    progress = Progress(len(files), len(files) - len(todo), "features")
+    progress = Progress(len(files), len(files) - len(todo), f"features {folder.name}")
     for done, i in enumerate(todo, len(files) - len(todo) + 1):
         ids, mask = encode(examples[i], engine.tokenizer)
-        features = layer_features(engine.model, ids, layers).to(torch.float16)  # (T, 3D)
+        following = torch.tensor(ids[1:] + [-1])  # (T,): a reply's next tokens
+        if distilled:
+            features, hidden = layer_features(engine.model, ids, layers, hidden=True)  # (T, 3D), (T, D)
+            rows = torch.tensor(mask).nonzero()[:, 0] - 1  # (n,): the rows that predict an answer token
+            rows = rows[rows >= 0]
+            with torch.inference_mode():
+                choices = engine.model.logits(hidden[None, rows])[0].argmax(-1)  # (n,)
+            following = torch.full((len(ids),), -1, dtype=torch.long)
+            following[rows] = choices
+        else:
+            features = layer_features(engine.model, ids, layers)  # (T, 3D)
         partial = files[i].with_suffix(".partial")
-        torch.save({"ids": torch.tensor(ids), "mask": torch.tensor(mask), "features": features}, partial)
+        torch.save({"ids": torch.tensor(ids), "mask": torch.tensor(mask), "next": following,
+                    "features": features.to(torch.float16)}, partial)
         partial.rename(files[i])
         progress.update(done)
     progress.close()
@@ -159,7 +189,7 @@ def draft_vocabulary(files: list[Path], size_or_file: str) -> torch.Tensor:
 
 
 def batches(files: list[Path], seq_len: int, batch: int, rng: random.Random):
-    """Endless batches of (ids, mask, features) windows of seq_len rows from random replies."""
+    """Endless batches of (ids, mask, next, features) windows of seq_len rows from random replies."""
     while True:
         picked = [torch.load(rng.choice(files)) for _ in range(batch)]
         windows = []
@@ -169,16 +199,18 @@ def batches(files: list[Path], seq_len: int, batch: int, rng: random.Random):
             windows.append({key: value[start:start + seq_len] for key, value in record.items()})
         length = min(w["ids"].shape[0] for w in windows)
         yield (torch.stack([w["ids"][:length] for w in windows]), torch.stack([w["mask"][:length] for w in windows]),
+               torch.stack([w["next"][:length] for w in windows]),
                torch.stack([w["features"][:length] for w in windows]).float())
 
 
 def losses(head: Eagle3Head, embed: nn.Module, t2d: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
-           features: torch.Tensor, unroll: int) -> tuple[torch.Tensor, list[float]]:
-    """Row j: features j, embedding of token j + 1 -> token j + 2; reply tokens inside the draft vocabulary only.
-    Returns the weighted loss and each pass's top-1 agreement."""
+           following: torch.Tensor, features: torch.Tensor, unroll: int) -> tuple[torch.Tensor, list[float]]:
+    """Row j: features j, embedding of token j + 1 -> the target's choice after token j + 1 (following[j + 1]);
+    answer positions inside the draft vocabulary only. Returns the weighted loss and each pass's top-1 agreement."""
     with torch.no_grad():
         embeds = embed(ids[:, 1:-1]).float()  # (B, T-2, D)
-    labels = t2d[ids[:, 2:]]  # (B, T-2): draft ids, -1 outside the draft vocabulary
+    chosen = following[:, 1:-1]  # (B, T-2): target ids, -1 where none was computed
+    labels = torch.where(chosen >= 0, t2d[chosen.clamp(min=0)], -1)  # (B, T-2): draft ids, -1 outside
     valid = mask[:, 2:] & (labels >= 0)
     total, agreement = 0.0, []
     for s, logits in enumerate(head.passes(features[:, :-2], embeds, unroll)):
@@ -190,6 +222,17 @@ def losses(head: Eagle3Head, embed: nn.Module, t2d: torch.Tensor, ids: torch.Ten
         else:
             agreement.append(float("nan"))
     return total, agreement
+
+
+def start_from_target(head: Eagle3Head, model, kept: torch.Tensor, train_head: bool) -> None:
+    """The head's lm_head rows and final norm from the target's head rows `kept` and its final norm; the lm_head
+    kept fixed unless `train_head`."""
+    from edge.model.trimmed_head import kept_rows
+
+    with torch.no_grad():
+        head.lm_head.weight.copy_(kept_rows(model, kept).float())  # (Vd, D)
+        head.norm.weight.copy_(model.norm.weight.float())  # (D,)
+    head.lm_head.weight.requires_grad_(train_head)
 
 
 def save_head(folder: Path, head: Eagle3Head, kept: torch.Tensor, layers, target_config, card: dict) -> None:
@@ -215,7 +258,10 @@ def save_head(folder: Path, head: Eagle3Head, kept: torch.Tensor, layers, target
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.eagle3", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True, help="the target: a GGUF file or checkpoint folder")
-    parser.add_argument("--replies", required=True, type=Path, help="the target's replies (python -m train.replies)")
+    parser.add_argument("--replies", type=Path, help="the target's replies (python -m train.replies)")
+    parser.add_argument("--corpus", type=Path, help="a corpus folder (train.jsonl): conversations with their own "
+                        "answers, labelled with the target's greedy choices (--corpus-count of them)")
+    parser.add_argument("--corpus-count", type=int, default=0, help="how many corpus conversations to add")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--limit", type=int, default=None, help="use the first N replies")
     parser.add_argument("--steps", type=int, default=2000)
@@ -225,18 +271,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unroll", type=int, default=2, help="training-time test: passes on the head's own features")
     parser.add_argument("--intermediate", type=int, default=None, help="the head's MLP width (default: the target's)")
     parser.add_argument("--draft-vocab", default="16384", help="a size (most frequent reply tokens) or a JSON file")
+    parser.add_argument("--head-from-target", action=argparse.BooleanOptionalAction, default=True,
+                        help="start lm_head and norm from the target's head rows and final norm (default: yes)")
+    parser.add_argument("--train-head", action="store_true", help="train the lm_head too (default: kept fixed "
+                        "when it starts from the target's)")
     parser.add_argument("--held-out", type=int, default=HELD_OUT, help="replies kept out for the card's figures")
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
+    if args.replies is None and not (args.corpus and args.corpus_count):
+        parser.error("give the target's replies (--replies FILE) or corpus conversations (--corpus DIR "
+                     "--corpus-count N), or both")
     torch.manual_seed(args.seed)
     engine, layers = target_and_layers(args.target)
     config = engine.model.config
-    files = extract_features(engine, layers, args.replies, args.out / "features", args.limit)
+    files = []
+    if args.replies is not None:
+        replies = [json.loads(line) for line in args.replies.read_text().splitlines() if line.strip()][:args.limit]
+        files = extract_features(engine, layers, replies, args.out / "features", distilled=False)
+    if args.corpus and args.corpus_count:
+        conversations = corpus_conversations(args.corpus, args.corpus_count)
+        files += extract_features(engine, layers, conversations, args.out / "features-corpus", distilled=True)
     if len(files) <= args.held_out:
-        print(f"train.eagle3: {len(files)} replies are too few (need more than {args.held_out}); make more with "
-              "python -m train.replies --count N", file=sys.stderr)
+        print(f"train.eagle3: {len(files)} examples are too few (need more than {args.held_out}); make more with "
+              "python -m train.replies --count N or add --corpus DIR --corpus-count N", file=sys.stderr)
         return 2
     held_out, training = files[:args.held_out], files[args.held_out:]
     kept = draft_vocabulary(training, args.draft_vocab)
@@ -245,7 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     head = Eagle3Head(config.hidden_size, args.intermediate or config.intermediate_size, config.num_heads,
                       config.num_kv_heads, config.head_dim, int(kept.numel()), len(layers), config.rms_norm_eps,
                       config.rope_theta)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
+    if args.head_from_target:
+        start_from_target(head, engine.model, kept, train_head=args.train_head)
+    trained = [parameter for parameter in head.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     state, step = args.out / "checkpoint.pt", 0
     if state.exists():
         saved = torch.load(state)
@@ -257,13 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(args.steps, step, "training")
     started = time.time()
     while step < args.steps:
-        ids, mask, features = next(stream)
+        ids, mask, following, features = next(stream)
         for group in optimizer.param_groups:  # warm up, then cosine down
             group["lr"] = args.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / args.steps))
-        loss, agreement = losses(head, engine.model.embed, t2d, ids, mask, features, args.unroll)
+        loss, agreement = losses(head, engine.model.embed, t2d, ids, mask, following, features, args.unroll)
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         step += 1
         progress.update(step, loss=float(loss.detach()), first=agreement[0])
@@ -271,12 +333,14 @@ def main(argv: list[str] | None = None) -> int:
             torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, state)
     progress.close()
     with torch.no_grad():
-        scores = [losses(head, engine.model.embed, t2d, ids, mask, features, args.unroll)[1]
-                  for ids, mask, features in (next(batches([path], 4096, 1, random.Random(0))) for path in held_out)]
+        scores = [losses(head, engine.model.embed, t2d, *batch, args.unroll)[1]
+                  for batch in (next(batches([path], 4096, 1, random.Random(0))) for path in held_out)]
     agreement = [sum(s[i] for s in scores if not math.isnan(s[i])) / max(1, sum(not math.isnan(s[i]) for s in scores))
                  for i in range(args.unroll + 1)]
-    card = {"target": str(args.target), "replies": str(args.replies), "training_replies": len(training),
-            "held_out_replies": len(held_out), "steps": step, "batch": args.batch, "seq_len": args.seq_len,
+    card = {"target": str(args.target), "replies": str(args.replies), "corpus": str(args.corpus),
+            "corpus_conversations": args.corpus_count if args.corpus else 0, "training_examples": len(training),
+            "held_out_examples": len(held_out), "head_from_target": args.head_from_target,
+            "head_trained": args.train_head or not args.head_from_target, "steps": step, "batch": args.batch, "seq_len": args.seq_len,
             "unroll": args.unroll, "draft_vocab": int(kept.numel()), "layers": list(layers),
             "held_out_top1_by_draft_position": [round(a, 4) for a in agreement],
             "training_minutes": round((time.time() - started) / 60, 1)}

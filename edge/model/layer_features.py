@@ -71,17 +71,19 @@ def keep_layer_features(model, layers: tuple[int, ...], max_len: int) -> LayerFe
     return kept
 
 
-def layer_features(model, tokens: list[int] | torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
+def layer_features(model, tokens: list[int] | torch.Tensor, layers: tuple[int, ...],
+                   hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The streams after `layers` of every position of `tokens` (a sequence of ids), from an empty cache in one full
     pass on the model's current path -> (T, n * D) in the model's dtype: the features an EAGLE-3 drafter reads at
-    run time, and what a trainer computes its training features with. The model keeps what it kept before."""
+    run time, and what a trainer computes its training features with. The model keeps what it kept before.
+    With `hidden`, also the pass's final normed hidden states (T, D), which model.logits() turns into logits."""
     ids = torch.as_tensor(tokens, dtype=torch.long, device=model.device).reshape(1, -1)  # (1, T)
     before = model.layer_features
     try:
         model.layer_features = None
         kept = keep_layer_features(model, tuple(layers), ids.shape[1])
         with torch.inference_mode():
-            model(ids, 0, model.new_cache(ids.shape[1]))
-        return kept.rows.clone()  # (T, n * D)
+            normed = model(ids, 0, model.new_cache(ids.shape[1]))  # (1, T, D)
+        return (kept.rows.clone(), normed[0]) if hidden else kept.rows.clone()  # (T, n * D), (T, D)
     finally:
         model.layer_features = before

@@ -29,7 +29,7 @@ class TrimmedHead:
         if kept.numel() == 0 or int(kept.min()) < 0 or int(kept.max()) >= vocab:
             raise SamplingError(f"the draft vocabulary must hold token ids in 0..{vocab - 1}; check the file")
         self.model, self.kept = model, torch.unique(kept.to(torch.int64))  # (V',) sorted, each id once
-        rows = _kept_rows(model, self.kept)  # (V', D)
+        rows = kept_rows(model, self.kept)  # (V', D)
         self.blocks: BlockMatrix | None = None
         if isinstance(model.packed_head, BlockMatrix) and model.runner.matmul is not None:
             # a GGUF head (block formats): the kept rows in 8-bit blocks, a quarter of their float32 bytes and about
@@ -61,7 +61,7 @@ class TrimmedHead:
         return expand_vocabulary(part, self.kept, self.model.config.vocab_size)  # (V,)
 
 
-def _kept_rows(model, kept: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+def kept_rows(model, kept: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
     """The head's rows `kept` (V', D): from a block head a chunk of rows at a time, so that the whole head is never
     widened to float32 at once (a 152k-token head is 0.5 GB in float32)."""
     matrix = model.packed_head

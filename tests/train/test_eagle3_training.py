@@ -64,3 +64,51 @@ def test_the_trained_head_computes_what_the_runtime_head_computes(tmp_path):
         trained = head.logits(head.layer(head.fc(features), embeds))[0]  # (T, Vd)
     ran = runtime.logits(runtime.forward(runtime.fuse(features[0]), embeds[0], 0))  # (T, Vd)
     torch.testing.assert_close(ran, trained, rtol=1e-4, atol=1e-4)
+
+
+def write_corpus(folder, count: int) -> None:
+    folder.mkdir()
+    lines = [json.dumps({"kind": "chat", "messages": [{"role": "user", "content": f"What does function {i} do?"},
+                                                      {"role": "assistant", "content": f"It reads file {i} and "
+                                                       "writes the json data it holds."}]}) for i in range(count)]
+    (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_corpus_answers_are_labelled_with_the_targets_own_greedy_choices(llama_dir, tmp_path):
+    write_corpus(tmp_path / "corpus", 3)
+    engine, layers = eagle3.target_and_layers(str(llama_dir))
+    conversations = eagle3.corpus_conversations(tmp_path / "corpus", 3)
+    files = eagle3.extract_features(engine, layers, conversations, tmp_path / "features", distilled=True)
+    for path in files:
+        record = torch.load(path)
+        ids, mask, following = record["ids"], record["mask"], record["next"]
+        with torch.inference_mode():
+            logits = engine.model.forward_logits(ids[None], 0, engine.model.new_cache(ids.numel()))[0]  # (T, V)
+        rows = mask.nonzero()[:, 0] - 1  # the rows whose next token is an answer token
+        assert (following[rows] == logits[rows].argmax(-1)).all()
+        outside = torch.ones_like(mask)
+        outside[rows] = False
+        assert (following[outside] == -1).all()
+
+
+def test_a_head_started_from_the_target_scores_as_the_targets_head_over_the_draft_vocabulary(llama_dir):
+    engine, _ = eagle3.target_and_layers(str(llama_dir))
+    config, kept = engine.model.config, torch.tensor([3, 5, 8, 13, 21])
+    head = eagle3.Eagle3Head(config.hidden_size, 32, config.num_heads, config.num_kv_heads, config.head_dim,
+                             kept.numel(), 3, config.rms_norm_eps, config.rope_theta)
+    eagle3.start_from_target(head, engine.model, kept, train_head=False)
+    out = torch.randn(1, 4, config.hidden_size)  # (1, T, D): a layer output
+    with torch.no_grad():
+        target = engine.model.logits(engine.model.norm(out))[..., kept]  # (1, T, 5)
+        torch.testing.assert_close(head.logits(out), target.float(), rtol=1e-4, atol=1e-4)
+    assert not head.lm_head.weight.requires_grad and head.norm.weight.requires_grad
+
+
+def test_training_on_corpus_conversations_alone(llama_dir, tmp_path):
+    write_corpus(tmp_path / "corpus", 6)
+    out = tmp_path / "run"
+    assert eagle3.main(["--target", str(llama_dir), "--corpus", str(tmp_path / "corpus"), "--corpus-count", "6",
+                        "--out", str(out), "--batch", "2", "--seq-len", "24", "--held-out", "2", "--draft-vocab", "64",
+                        "--intermediate", "32", "--steps", "2"]) == 0
+    card = json.loads((out / "final" / "card.json").read_text())
+    assert card["corpus_conversations"] == 6 and card["training_examples"] == 4 and card["head_from_target"]

@@ -132,6 +132,12 @@ class Constraint:
         allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
         size = min(self.vocab_size, bits.size)
         allowed[:size] = torch.from_numpy(bits[:size].astype(bool))
+        # every id that ends a reply here only where the grammar may end (a tokenizer whose second end-of-sequence
+        # id is also an ordinary piece of text would otherwise end a reply mid-string)
+        accepting = self.matcher.is_accepting()
+        for token in self.eos_token_ids:
+            if token < self.vocab_size:
+                allowed[token] = accepting
         return allowed
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:

@@ -259,6 +259,30 @@ def distribution(logits: torch.Tensor, params: SamplingParams, history: torch.Te
     return warp(logits, params).softmax(-1)
 
 
+def candidate_distributions(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Sampling probabilities (..., k) over each row's top-k candidate ids (..., k) from penalised logits (..., V):
+    what distribution() gives, without its V-wide work, where top-k sampling keeps exactly k tokens in every row
+    (else None: top-k off, or a tie at the k-th logit)."""
+    found = _top_k(logits.float(), params.top_k)
+    if found is None:
+        return None
+    values, index = found
+    return _warp_sorted(values, params).softmax(-1), index
+
+
+def penalised_rows(logits: torch.Tensor, histories: list[torch.Tensor], penalty: float) -> torch.Tensor:
+    """apply_repetition_penalty on each row of logits (R, V) with its own history: one copy, each row's seen tokens
+    rewritten in place (a token seen twice is penalised once, as there)."""
+    if penalty == 1.0:
+        return logits
+    out = logits.clone()  # (R, V)
+    for row, history in zip(out, histories):
+        if history.numel():
+            seen = row[history]
+            row[history] = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return out
+
+
 def history_tensor(tokens: list[int], params: SamplingParams, device: torch.device | str) -> torch.Tensor:
     """The token ids the repetition penalty looks at: the newest repeat_last_n of `tokens` (empty when it is off, to
     skip building the tensor)."""

@@ -35,7 +35,8 @@ from edge.errors import SamplingError
 from edge.model.kv_cache import KVCache
 from edge.model.kernel_glue import verifies_trees
 from edge.model.transformer import Transformer, keep_rows
-from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, distribution, history_tensor
+from edge.decoding.sampling import (SamplingParams, candidate_distributions, distribution, history_tensor,
+                                   penalised_rows)
 from edge.decoding.verify import Verdict, verify_greedy, verify_stochastic
 
 if TYPE_CHECKING:
@@ -332,14 +333,16 @@ class SpeculativeDecoding:
     def _verify(self, tokens: list[int], draft: Draft, logits: torch.Tensor) -> Verdict:
         if self.params.penalty != 1.0:
             seen = tokens + draft.tokens
-            logits = torch.stack([
-                apply_repetition_penalty(row, history_tensor(seen[: len(tokens) + i], self.params, self.device),
-                                         self.params.penalty)
-                for i, row in enumerate(logits)
-            ])  # (n + 1, V): position i has seen the drafts before it (the newest repeat_last_n tokens, as plain)
+            histories = [history_tensor(seen[: len(tokens) + i], self.params, self.device) for i in range(len(logits))]
+            # (n + 1, V): position i has seen the drafts before it (the newest repeat_last_n tokens, as plain)
+            logits = penalised_rows(logits, histories, self.params.penalty)
         if self.params.greedy:
             return verify_greedy(draft.tokens, logits.argmax(-1))
-        no_history = torch.empty(0, dtype=torch.long, device=self.device)
         unpenalised = dataclasses.replace(self.params, repetition_penalty=1.0)  # already applied above
+        candidates = candidate_distributions(logits, unpenalised)  # (n + 1, k) each: top-k's handful per position
+        if candidates is not None:
+            probs, ids = candidates
+            return verify_stochastic(draft.tokens, draft.probs, probs, self.generator, target_ids=ids)
+        no_history = torch.empty(0, dtype=torch.long, device=self.device)
         target_probs = distribution(logits, unpenalised, no_history)  # (n + 1, V)
         return verify_stochastic(draft.tokens, draft.probs, target_probs, self.generator)

@@ -83,8 +83,9 @@ def test_a_verify_pass_penalizes_each_position_as_plain_decoding_does(llama_dir,
     seen = {}
 
     def capture(name):
-        def verify(*args):
+        def verify(*args, target_ids=None):
             seen[name] = args[2] if name == "probs" else args[1]  # the target's distributions, or its choices
+            seen["ids"] = target_ids  # the candidates' ids where the distributions are top-k's handful
             return speculative_module.Verdict(0, 0)
         return verify
     monkeypatch.setattr(speculative_module, "verify_stochastic", capture("probs"))
@@ -96,4 +97,7 @@ def test_a_verify_pass_penalizes_each_position_as_plain_decoding_does(llama_dir,
         if params.greedy:
             assert int(seen["choice"][i]) == int(expected.argmax())
         else:
-            torch.testing.assert_close(seen["probs"][i], expected)
+            probs = seen["probs"][i]
+            if seen["ids"] is not None:  # (k,) over candidate ids -> (V,)
+                probs = torch.zeros_like(expected).index_put_((seen["ids"][i],), probs)
+            torch.testing.assert_close(probs, expected)

@@ -186,3 +186,18 @@ def test_json_schema_replies_validate_on_fuzzed_schemas(builtin_engines, schema)
     events = list(fast.chat(messages, max_new_tokens=200, response_format=response_format, temperature=0.0))
     check_reply(events, response_format)
     assert ids_of(events) == ids_of(plain.chat(messages, max_new_tokens=200, response_format=response_format, temperature=0.0))
+
+
+def test_every_end_of_sequence_id_is_forbidden_until_the_grammar_may_end(checkpoints):  # noqa: F811
+    """The test tokenizer ends a reply at two ids, the second also an ordinary piece of text ('ac'): inside a JSON
+    string the grammar allows that text, but the reply would end there, so neither id may come before the end."""
+    from edge.decoding.constrained import response_format_grammar
+
+    engine = Engine.load(checkpoints["target"], max_context=512)
+    assert len(engine.eos_token_ids) > 1
+    constraint = engine.constraint(response_format_grammar(FORMATS[0]))
+    constraint.consume(engine.tokenizer.encode('{"name": "', add_special_tokens=False))
+    allowed = constraint.allowed()
+    assert not any(bool(allowed[token]) for token in engine.eos_token_ids)
+    constraint.consume(engine.tokenizer.encode('x", "tags": [], "age": 3, "kind": "cat"}', add_special_tokens=False))
+    assert all(bool(constraint.allowed()[token]) for token in engine.eos_token_ids)

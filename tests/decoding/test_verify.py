@@ -31,7 +31,8 @@ def markov(seed: int, sharpness: float) -> torch.Tensor:
 TARGET, DRAFT = markov(1, 1.5), markov(2, 1.0)
 
 
-def speculative_sequence(verifier, generator: torch.Generator, k: int, deterministic: bool) -> tuple[int, ...]:
+def speculative_sequence(verifier, generator: torch.Generator, k: int, deterministic: bool,
+                         target: torch.Tensor = TARGET) -> tuple[int, ...]:
     """Generate LENGTH tokens after token 0 with draft-then-verify over the two Markov chains."""
     out: list[int] = []
     last = 0
@@ -44,7 +45,7 @@ def speculative_sequence(verifier, generator: torch.Generator, k: int, determini
             rows.append(q)
             prev = token
         contexts = [last, *draft]
-        target_probs = torch.stack([TARGET[c] for c in contexts])  # (k + 1, V)
+        target_probs = torch.stack([target[c] for c in contexts])  # (k + 1, V)
         draft_probs = None if deterministic else torch.stack(rows)  # (k, V)
         verdict = verifier(draft, draft_probs, target_probs, generator)
         emitted = verdict.tokens(draft)
@@ -53,19 +54,23 @@ def speculative_sequence(verifier, generator: torch.Generator, k: int, determini
     return tuple(out[:LENGTH])
 
 
-def chi_square_p_value(verifier, k: int, deterministic: bool = False, seed: int = 0) -> float:
+def chi_square_p_value(verifier, k: int, deterministic: bool = False, seed: int = 0,
+                       target: torch.Tensor = TARGET) -> float:
     generator = torch.Generator().manual_seed(seed)
     counts: dict[tuple[int, ...], int] = {}
     for _ in range(SAMPLES):
-        sequence = speculative_sequence(verifier, generator, k, deterministic)
+        sequence = speculative_sequence(verifier, generator, k, deterministic, target)
         counts[sequence] = counts.get(sequence, 0) + 1
     statistic, cells = 0.0, 0
     for sequence in itertools.product(range(VOCAB), repeat=LENGTH):
         probability, prev = 1.0, 0
         for token in sequence:
-            probability *= float(TARGET[prev, token])
+            probability *= float(target[prev, token])
             prev = token
         expected = probability * SAMPLES
+        if expected == 0:  # a sequence the target never emits must never be emitted
+            assert counts.get(sequence, 0) == 0, sequence
+            continue
         statistic += (counts.get(sequence, 0) - expected) ** 2 / expected
         cells += 1
     degrees = torch.tensor((cells - 1) / 2, dtype=torch.float64)
@@ -95,3 +100,24 @@ def resample_from_target(draft, draft_probs, target_probs, generator):
 @pytest.mark.parametrize("broken", [accept_everything, resample_from_target])
 def test_the_statistical_test_catches_a_broken_verifier(broken):
     assert chi_square_p_value(broken, k=2) < 1e-6
+
+
+def candidate_verifier(draft, draft_probs, target_probs, generator):
+    """verify_stochastic given each position's distribution as candidates: the tokens of nonzero probability in a
+    shuffled order, as a top-k sampler hands them over."""
+    order = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(len(draft)))
+    ids = torch.stack([order[row[order] > 0] for row in target_probs])  # (n + 1, K)
+    probs = target_probs.gather(1, ids)  # (n + 1, K)
+    return verify_stochastic(draft, draft_probs, probs, generator, target_ids=ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k, deterministic", [(3, False), (2, True)])
+def test_stochastic_verification_over_candidates_keeps_the_target_distribution(k, deterministic):
+    """The same chi-square test with the target's distributions handed over as candidate ids and probabilities,
+    one token of each row outside the candidates (probability 0), so a rejected draft's residual is sampled over
+    the candidates alone."""
+    truncated = TARGET.clone()
+    truncated[torch.arange(VOCAB), (torch.arange(VOCAB) + 1) % VOCAB] = 0.0  # (V, V): one impossible next token
+    target = truncated / truncated.sum(-1, keepdim=True)
+    assert chi_square_p_value(candidate_verifier, k, deterministic, target=target) > 1e-3

@@ -103,6 +103,14 @@ def capture_struct(capture: LayerCapture | None):
                                  "row_stride": rows.stride(0)})
 
 
+def row_slots_struct(rows: tuple[torch.Tensor, torch.Tensor] | None):
+    """The C side's RowSlots of (slots, firsts) (T,) int64 each, NULL for none; the caller keeps them alive."""
+    if rows is None:
+        return ffi.NULL
+    slots, firsts = rows
+    return ffi.new("RowSlots *", {"slots": pointer(slots), "firsts": pointer(firsts)})
+
+
 class KernelCache:
     """The KV cache a fused call reads and writes: float32 keys/values (L, 1, Hkv, S, Dh), or QuantSpec's hierarchical
     one (hierarchical()). Holds the tensors it points at."""
@@ -311,20 +319,24 @@ class CpuKernel:
 
     def forward_step(self, view, tokens: torch.Tensor, start: int, order: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, cache: KernelCache, parents: torch.Tensor | None = None,
-                     capture: LayerCapture | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     capture: LayerCapture | None = None,
+                     rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode step or verify pass through the whole model in one call (forward_step_f32): tokens (T,) int64 at
         positions [start, start + T) through the layers `order`, the final norm and the head -> (hidden (T, D),
         logits (T, V)) float32. cos/sin (T, rope_stride) are the rows' rotary tables, `cache` the whole KV cache
         (KernelCache); the view and its tensors must outlive the call. `parents` (T,) int64 makes the rows a token tree
         (row t continues row parents[t], -1 the cache; cos/sin then hold each row's depth position); `capture` copies
-        out the residual streams after the layers it names (row t: the pass's row t, a tree's included)."""
+        out the residual streams after the layers it names (row t: the pass's row t, a tree's included). `rows`
+        (slots, firsts), (T,) int64 each, makes the rows several sequences' (RowSlots in interface.h): row t writes
+        slot slots[t] and attends to [firsts[t], slots[t]]; `start` must then be 1 + the largest slot - T."""
         steps, library = tokens.numel(), self.library
         scratch = self._scratch(steps, library.forward_step_scratch(view, steps, start, cache.quantized))
         hidden = torch.empty(steps, view.D, dtype=torch.float32)  # (T, D)
         logits = torch.empty(steps, view.V, dtype=torch.float32)  # (T, V)
         library.forward_step_f32(view, pointer(tokens), steps, start, pointer(order), order.numel(), pointer(cos),
-                                 pointer(sin), *cache.arguments(), pointer(parents), capture_struct(capture),
-                                 pointer(hidden), pointer(logits), pointer(scratch), self.thread_count())
+                                 pointer(sin), *cache.arguments(), pointer(parents), row_slots_struct(rows),
+                                 capture_struct(capture), pointer(hidden), pointer(logits), pointer(scratch),
+                                 self.thread_count())
         return hidden, logits
 
     def draft_greedy(self, view, request: DraftRequest, order: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],

@@ -176,6 +176,24 @@ class KernelRunner:
             rope, tree = _tree_rope(model, start, parents), torch.tensor(parents, dtype=torch.int64)  # (T,)
         return self._fused.step(model.ends(), tokens[0], start, cache.kernel_cache(), rope, tree, capture)
 
+    def step_rows(self, model, tokens: torch.Tensor, slots: torch.Tensor, firsts: torch.Tensor,
+                  cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Several sequences' rows in one pass (continuous batching): tokens, slots, firsts (T,) int64; row t is the
+        token at cache slot slots[t] of the sequence whose region starts at firsts[t] (its position slots[t] -
+        firsts[t]), and sees that sequence's slots up to its own. -> hidden (T, D), logits (T, V); None where the
+        fused step cannot run it. Each row computes what it computes in a pass of its sequence alone. The caller
+        keeps each sequence's length."""
+        steps = tokens.numel()
+        span = int(slots.max()) + 1
+        if not (steps <= FUSED_CHUNK and span <= cache.max_len and bool((firsts <= slots).all())
+                and self.fuses(model, steps, model.dtype, cache)):
+            return None
+        positions = slots - firsts  # (T,)
+        cos, sin = model.rope(0, int(positions.max()) + 1)  # (S, W) each
+        rows = (slots.to(torch.int64).contiguous(), firsts.to(torch.int64).contiguous())
+        return self._fused.step(model.ends(), tokens.to(torch.int64).contiguous(), span - steps,
+                                cache.kernel_cache(), (cos[positions], sin[positions]), None, None, rows)
+
     def verifies_trees(self, model, cache, rows: int = 2) -> bool:
         """Whether a token tree of `rows` rows can be verified in one pass (step() with parents): the fused step over
         this cache."""
@@ -280,23 +298,26 @@ class FusedWeights:
 
     def step(self, ends: ModelEnds, tokens: torch.Tensor, start: int, cache: KernelCache,
              rope: tuple[torch.Tensor, torch.Tensor], parents: torch.Tensor | None = None,
-             capture: LayerCapture | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+             capture: LayerCapture | None = None,
+             rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """tokens (T,) int64 at positions [start, start + T) through the embedding, every layer, the final norm and the
         head in one C call -> (hidden (T, D), logits (T, rows)) float32; None where it does not read the ends.
         rope: cos, sin (T, W) of the rows' positions; `parents` (T,) int64 makes the rows a token tree
-        (CpuKernel.forward_step); `capture`: residual streams to copy out."""
+        (CpuKernel.forward_step); `capture`: residual streams to copy out; `rows` (slots, firsts): several
+        sequences' rows (CpuKernel.forward_step)."""
         view = self._view(ends)
         if view is None:
             return None
         cos, sin = rope
-        rows, governor = tokens.numel(), self._team()
+        count, governor = tokens.numel(), self._team()
         if governor is None:
-            return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents, capture)
-        threads = governor.next(rows)
+            return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents, capture,
+                                            rows)
+        threads = governor.next(count)
         started = time.perf_counter()
         out = self._kernels[threads].forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents,
-                                                  capture)
-        governor.record(threads, rows, time.perf_counter() - started)
+                                                  capture, rows)
+        governor.record(threads, count, time.perf_counter() - started)
         return out
 
     def _team(self) -> ThreadGovernor | None:

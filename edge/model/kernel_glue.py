@@ -131,3 +131,10 @@ def verifies_trees(model: nn.Module, cache, rows: int = 2) -> bool:
     """Whether a token tree of `rows` rows can be verified in one pass (Transformer.forward_logits(parents=...)): the
     fused CPU step over this cache."""
     return model.runner.verifies_trees(ModelTensors(model), cache, rows)
+
+
+def step_rows(model: nn.Module, tokens: torch.Tensor, slots: torch.Tensor, firsts: torch.Tensor,
+              cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Several sequences' rows in one fused pass over one cache whose regions they own (KernelRunner.step_rows):
+    tokens, slots, firsts (T,) int64 -> hidden (T, D), logits (T, V); None where the fused CPU step cannot run it."""
+    return model.runner.step_rows(ModelTensors(model), tokens, slots, firsts, cache)

@@ -172,7 +172,7 @@ static void weighted_values(const float *const *weights, float *const *results, 
  * there are fewer KV heads than threads. Each query's arithmetic is the same however the queries are grouped. */
 void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
                      int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
-                     float scale, const int64_t *parents, int part, int parts) {
+                     float scale, const int64_t *parents, const RowSlots *rows, int part, int parts) {
     const int64_t group = H / Hkv, span = start + T, per_head = group * T;
     int64_t splits = (parts + Hkv - 1) / Hkv;
     if (splits > per_head) splits = per_head;
@@ -201,8 +201,9 @@ void attention_share(const float *q, const float *keys, const float *values, flo
             int64_t lo[VALUE_QUERIES], hi[VALUE_QUERIES];
             const int n = end - i0 < VALUE_QUERIES ? (int)(end - i0) : VALUE_QUERIES;
             for (int i = 0; i < n; i++) {
-                const int64_t ht = kv * per_head + i0 + i, t = ht % T, position = start + t;  /* head ht / T */
-                lo[i] = (window > 0 && position - window + 1 > 0) ? position - window + 1 : 0;
+                const int64_t ht = kv * per_head + i0 + i, t = ht % T;  /* head ht / T */
+                const int64_t position = rows ? rows->slots[t] : start + t, first = rows ? rows->firsts[t] : 0;
+                lo[i] = (window > 0 && position - window + 1 > first) ? position - window + 1 : first;
                 hi[i] = position;
                 float *scores = scratch + ht * span;
                 inverse[i] = 1.0f / query_scores(q + ht * D, k, scores, lo[i], hi[i], D, scale);
@@ -218,6 +219,6 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
                            int64_t H, int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start,
                            int64_t window, float scale, int threads) {
 #pragma omp parallel num_threads(threads)
-    attention_share(q, keys, values, out, scratch, H, Hkv, T, D, kv_head_stride, start, window, scale, NULL,
+    attention_share(q, keys, values, out, scratch, H, Hkv, T, D, kv_head_stride, start, window, scale, NULL, NULL,
                     omp_get_thread_num(), omp_get_num_threads());
 }

@@ -130,6 +130,16 @@ typedef struct {
     int64_t row_stride;            /* floats from one row to the next (>= count * D) */
 } Capture;
 
+/* ---- rows of several sequences in one pass (continuous batching) ----
+ * Each sequence owns a contiguous region of the cache; its rows continue it. Row t writes its keys/values to slot
+ * slots[t] and attends to slots [firsts[t], slots[t]] (its own sequence's, up to itself); its rotary rows are those of
+ * its position in its sequence (slots[t] - firsts[t]). The pass's `start` is then span - T, span being 1 + the
+ * largest slot, so that the scratch the *_scratch functions size for start + T positions covers every row's. */
+typedef struct {
+    const int64_t *slots;          /* (T) */
+    const int64_t *firsts;         /* (T) */
+} RowSlots;
+
 /* ---- one greedy draft ----
  * What a draft asks beside the model (its ModelView) and the cache: the first step's rows, the layers to run, the
  * rotary tables, how many tokens to draft and when to stop, and where the drafted tokens go. */
@@ -254,7 +264,7 @@ void rowwise_attention_f32(const float *q, const float *keys, const float *value
                            int64_t window, float scale, int threads);
 void attention_share(const float *q, const float *keys, const float *values, float *out, float *scratch, int64_t H,
                      int64_t Hkv, int64_t T, int64_t D, int64_t kv_head_stride, int64_t start, int64_t window,
-                     float scale, const int64_t *parents, int part, int parts);
+                     float scale, const int64_t *parents, const RowSlots *rows, int part, int parts);
 void rms_norm_f32(const float *x, const void *w, float *out, int64_t T, int64_t D, float eps, int format);
 
 /* layers.c: the fused passes, and the scratch floats each one carves */
@@ -265,7 +275,8 @@ void fused_layers_f32(const ModelView *m, float *x, int64_t T, int64_t start, co
 void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
                       int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
                       const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, const int64_t *parents,
-                      const Capture *capture, float *hidden, float *logits, float *scratch, int threads);
+                      const RowSlots *rows, const Capture *capture, float *hidden, float *logits, float *scratch,
+                      int threads);
 int64_t draft_greedy_f32(const ModelView *m, const DraftArgs *a, float *keys, float *values,
                          const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, float *scratch,
                          int threads);

@@ -74,8 +74,8 @@ static void add_residual(float *x, float *out, const void *post_norm, int64_t T,
  * with `hier`. */
 static void layer_team(const ModelView *m, int64_t l, float *x, int64_t T, const float *cos_table,
                        const float *sin_table, float *keys, float *values, const HierarchicalCache *hier,
-                       int64_t S_max, int64_t start, const int64_t *parents, float *scratch, void *prepared, int part,
-                       int parts) {
+                       int64_t S_max, int64_t start, const int64_t *parents, const RowSlots *rows, float *scratch,
+                       void *prepared, int part, int parts) {
     const int64_t D = m->D, H = m->H, Hkv = m->Hkv, Dh = m->Dh, I = m->I, R = m->R, window = m->windows[l];
     const float eps = m->eps;
     const int format = m->format;
@@ -110,9 +110,10 @@ static void layer_team(const ModelView *m, int64_t l, float *x, int64_t T, const
         }
         rope_rows(row, cos_rows + t * m->rope_stride, sin_rows + t * m->rope_stride, H, Dh, R);
         rope_rows(row + Q, cos_rows + t * m->rope_stride, sin_rows + t * m->rope_stride, Hkv, Dh, R);
+        const int64_t slot = rows ? rows->slots[t] : start + t;  /* RowSlots: each sequence's own region */
         for (int64_t h = 0; h < Hkv && !hier; h++) {
-            memcpy(keys + (h * S_max + start + t) * Dh, row + Q + h * Dh, Dh * sizeof(float));
-            memcpy(values + (h * S_max + start + t) * Dh, row + Q + KV + h * Dh, Dh * sizeof(float));
+            memcpy(keys + (h * S_max + slot) * Dh, row + Q + h * Dh, Dh * sizeof(float));
+            memcpy(values + (h * S_max + slot) * Dh, row + Q + KV + h * Dh, Dh * sizeof(float));
         }
         for (int64_t h = 0; h < H; h++) memcpy(q_heads + (h * T + t) * Dh, row + h * Dh, Dh * sizeof(float));
     }
@@ -122,10 +123,10 @@ static void layer_team(const ModelView *m, int64_t l, float *x, int64_t T, const
         hierarchical_load_share(hier, l, cached_keys, cached_values, start + T, Hkv, Dh, S_max, part, parts);
 #pragma omp barrier
         attention_share(q_heads, cached_keys, cached_values, attended, scores, H, Hkv, T, Dh, (start + T) * Dh, start,
-                        window, m->scale, parents, part, parts);
+                        window, m->scale, parents, NULL, part, parts);
     } else {
         attention_share(q_heads, keys, values, attended, scores, H, Hkv, T, Dh, S_max * Dh, start, window, m->scale,
-                        parents, part, parts);
+                        parents, rows, part, parts);
     }
 #pragma omp barrier
 #pragma omp single
@@ -173,12 +174,12 @@ static void capture_rows(const Capture *capture, int64_t l, const float *x, int6
 static void layers_in_team(const ModelView *m, float *x, int64_t T, int64_t start, const int64_t *order,
                            int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
                            const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride,
-                           const int64_t *parents, const Capture *capture, float *scratch, void *prepared, int part,
-                           int parts) {
+                           const int64_t *parents, const RowSlots *rows, const Capture *capture, float *scratch,
+                           void *prepared, int part, int parts) {
     for (int64_t i = 0; i < count; i++) {
         const int64_t l = order[i];
         layer_team(m, l, x, T, cos_table, sin_table, hier ? NULL : keys + l * layer_stride,
-                   hier ? NULL : values + l * layer_stride, hier, S_max, start, parents, scratch, prepared, part,
+                   hier ? NULL : values + l * layer_stride, hier, S_max, start, parents, rows, scratch, prepared, part,
                    parts);
         if (capture) {  /* layer_team ends in a single's barrier: every thread has finished x */
 #pragma omp single
@@ -202,7 +203,7 @@ void fused_layers_f32(const ModelView *m, float *x, int64_t T, int64_t start, co
     void *prepared = layers_prepared(m, T);
 #pragma omp parallel num_threads(threads)
     layers_in_team(m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride, NULL,
-                   capture, scratch, prepared, omp_get_thread_num(), omp_get_num_threads());
+                   NULL, capture, scratch, prepared, omp_get_thread_num(), omp_get_num_threads());
     free(prepared);
 }
 
@@ -217,12 +218,15 @@ int64_t fused_layers_scratch(const ModelView *m, int64_t T, int64_t start, int h
  * (L, Hkv, S_max, Dh), layer l at + l * layer_stride, or `hier` (as in fused_layers_f32). With parents (T) the rows
  * are a token tree (attention.c): row t continues row parents[t] (-1: the cache), its rotary rows are those of its
  * depth's position, and its keys/values are still stored at slot start + t (the caller keeps the accepted path's
- * slots and moves them into place). `capture` as in fused_layers_f32. scratch holds forward_step_scratch(m, T, start,
+ * slots and moves them into place). With rows (RowSlots, else NULL) the rows are several sequences' (continuous
+ * batching): row t's keys/values go to slot rows->slots[t] and it attends to its own sequence's slots; `start` is then
+ * 1 + the largest slot - T (interface.h). `capture` as in fused_layers_f32. scratch holds forward_step_scratch(m, T, start,
  * hier != NULL) floats. */
 void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int64_t start, const int64_t *order,
                       int64_t count, const float *cos_table, const float *sin_table, float *keys, float *values,
                       const HierarchicalCache *hier, int64_t S_max, int64_t layer_stride, const int64_t *parents,
-                      const Capture *capture, float *hidden, float *logits, float *scratch, int threads) {
+                      const RowSlots *rows, const Capture *capture, float *hidden, float *logits, float *scratch,
+                      int threads) {
     const int64_t D = m->D;
     float *x = scratch, *layer_scratch = scratch + T * D;
     for (int64_t t = 0; t < T; t++) embed_token(m, tokens[t], x + t * D);
@@ -231,7 +235,7 @@ void forward_step_f32(const ModelView *m, const int64_t *tokens, int64_t T, int6
     {
         const int part = omp_get_thread_num(), parts = omp_get_num_threads();
         layers_in_team(m, x, T, start, order, count, cos_table, sin_table, keys, values, hier, S_max, layer_stride,
-                       parents, capture, layer_scratch, prepared, part, parts);
+                       parents, rows, capture, layer_scratch, prepared, part, parts);
 #pragma omp single
         rms_norm_rows(x, m->norm, hidden, T, D, m->eps, m->norm_format);
         team_matmul(hidden, m->head, NULL, logits, T, m->V, D, m->head_format, prepared, part, parts);

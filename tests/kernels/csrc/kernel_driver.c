@@ -130,7 +130,7 @@ int main(int argc, char **argv) {
         int64_t *parents = read_exactly(T * sizeof(int64_t));
         float *out = malloc(H * T * D * sizeof(float)), *scratch = malloc(H * T * S * sizeof(float));
         attention_share(q, keys, values, out, scratch, H, Hkv, T, D, S * D, start, 0, 1.0f / sqrtf((float)D), parents,
-                        0, 1);
+                        NULL, 0, 1);
         write_floats(out, H * T * D);
         return 0;
     }

@@ -1,0 +1,85 @@
+"""Continuous batching: sequences that share one fused pass a step, joining and leaving at any step, reply token for
+token as each does alone (greedy, and seeded sampling with the repetition penalty), on GGUF block formats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edge import Engine
+from edge.decoding.batch import SequenceBatch
+from edge.decoding.sampling import SamplingParams
+from edge.errors import SamplingError
+from tests.gguf_files import Q4_K_M, write_gguf
+from tests.helpers import greedy
+
+PROMPTS = [[5, 9, 14, 3, 22, 7], list(range(30, 110)), [41, 2, 17], [8, 8, 8, 8, 19, 26, 4, 11, 13]]
+
+
+@pytest.fixture(scope="module", params=["q8_0", "q4_k_m"])
+def engine(request, llama_dir, tokenizer_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("batch")
+    if request.param == "q4_k_m":  # the k-quants need matrices of whole 256-wide blocks
+        from tests.conftest import build_checkpoint
+
+        wide = build_checkpoint(folder / "wide", "llama3", tokenizer_dir, hidden_size=256, intermediate_size=512)
+        return Engine.load(write_gguf(wide, folder / "tiny.q4_k_m.gguf", Q4_K_M), max_context=256)
+    return Engine.load(write_gguf(llama_dir, folder / "tiny.q8_0.gguf", "q8_0"), max_context=256)
+
+
+def run_batch(engine, params: list[SamplingParams], max_new_tokens: int, joins: list[int]) -> list[list[int]]:
+    """Every prompt through one batch of 3 regions: prompt i joins at step joins[i] (or when a region frees up)."""
+    batch = SequenceBatch(engine.model, regions=3, context=128, prefill_chunk=16)
+    waiting, added, step = list(range(len(PROMPTS))), {}, 0
+    while waiting or batch.running:
+        for i in list(waiting):
+            if joins[i] <= step and batch.free_regions():
+                added[i] = batch.add(PROMPTS[i], params[i], max_new_tokens)
+                waiting.remove(i)
+        batch.step()
+        for sequence in [s for s in batch.sequences if s.finish is not None]:
+            batch.remove(sequence)  # its region goes to the next prompt at once
+        step += 1
+    return [added[i].generated for i in range(len(PROMPTS))]
+
+
+def test_greedy_replies_in_a_batch_are_the_replies_alone(engine):
+    alone = [greedy(engine, prompt, 20) for prompt in PROMPTS]
+    together = run_batch(engine, [SamplingParams(temperature=0)] * len(PROMPTS), 20, joins=[0, 0, 3, 5])
+    assert together == alone
+
+
+def test_seeded_sampled_replies_in_a_batch_are_the_replies_alone(engine):
+    params = [SamplingParams(temperature=0.9, seed=10 + i, repetition_penalty=1.3, repeat_last_n=8)
+              for i in range(len(PROMPTS))]
+    alone = [greedy(engine, prompt, 16, **{name: getattr(p, name) for name in
+                                           ("temperature", "seed", "repetition_penalty", "repeat_last_n", "top_k",
+                                            "top_p", "min_p")}, loop_stop=0)
+             for prompt, p in zip(PROMPTS, params)]
+    together = run_batch(engine, params, 16, joins=[1, 0, 0, 2])
+    assert together == alone
+
+
+def test_a_full_batch_and_a_prompt_too_long_are_one_line_errors(engine):
+    batch = SequenceBatch(engine.model, regions=1, context=32)
+    batch.add([1, 2, 3], SamplingParams(temperature=0), 8)
+    with pytest.raises(SamplingError, match="all 1 sequences"):
+        batch.add([1, 2, 3], SamplingParams(temperature=0), 8)
+    batch = SequenceBatch(engine.model, regions=2, context=32)
+    with pytest.raises(SamplingError, match="do not fit"):
+        batch.add(list(range(30)), SamplingParams(temperature=0), 8)
+
+
+def test_a_sequence_sees_only_its_own_region(engine):
+    """The same prompt alone and beside a different one: the neighbour's keys never enter its attention."""
+    batch = SequenceBatch(engine.model, regions=2, context=64)
+    first = batch.add(PROMPTS[0], SamplingParams(temperature=0), 12)
+    batch.add(PROMPTS[3], SamplingParams(temperature=0), 12)
+    while batch.running:
+        batch.step()
+    alone = SequenceBatch(engine.model, regions=1, context=64)
+    only = alone.add(PROMPTS[0], SamplingParams(temperature=0), 12)
+    while alone.running:
+        alone.step()
+    assert first.generated == only.generated
+    assert torch.equal(torch.tensor(first.generated), torch.tensor(greedy(engine, PROMPTS[0], 12)))

@@ -117,7 +117,9 @@ def drafter_description(drafter: DrafterSpec, spec: LoadSpec):
     if is_bundle(folder):
         bundle = read_bundle(folder, verify=False)
         if not bundle.has_drafter:
-            raise SamplingError(f"the bundle {folder} holds no drafter; export it with --drafter, or use ngram")
+            raise SamplingError(f"the bundle {folder} holds no drafter; draft from the prompt with --drafter ngram, "
+                                "or export the bundle again with --drafter DRAFT (a smaller checkpoint with the same "
+                                "tokenizer)")
         return bundle.config("drafter").shape(), BUNDLE_WEIGHT_DTYPES[bundle.manifest["quantization"]["weights"]]
     return (ModelConfig.from_dir(folder).shape(),
             spec.draft.weights or kept_weight_dtype(folder, spec.dtype, spec.device))

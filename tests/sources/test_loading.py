@@ -240,7 +240,7 @@ def test_weights_symlinked_to_a_device_are_refused_as_not_a_regular_file(llama_d
 
 
 def test_a_bundle_whose_tokenizer_does_not_match_its_manifest_is_refused(llama_dir, tmp_path):
-    from edge.backends.bundle import FORMAT, MANIFEST, read_bundle
+    from edge.backends.bundle import FORMAT, MANIFEST, read_bundle, sealed
     from edge.errors import BundleError
     from edge.text.tokenizer import Tokenizer
 
@@ -249,10 +249,11 @@ def test_a_bundle_whose_tokenizer_does_not_match_its_manifest_is_refused(llama_d
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(llama_dir / name, folder / name)
     vocab = Tokenizer.from_dir(folder).fingerprint()["vocab_sha256"]
-    manifest = {"format": FORMAT, "format_version": 1, "files": {}, "tokenizer": {"sha256": vocab}}
-    (folder / MANIFEST).write_text(json.dumps(manifest))
+    manifest = {"format": FORMAT, "format_version": 1, "files": {}, "tokenizer": {"sha256": vocab},
+                "validation": {}}
+    (folder / MANIFEST).write_text(json.dumps(sealed(manifest)))
     read_bundle(folder)  # matches
-    (folder / MANIFEST).write_text(json.dumps({**manifest, "tokenizer": {"sha256": "0" * 64}}))
+    (folder / MANIFEST).write_text(json.dumps(sealed({**manifest, "tokenizer": {"sha256": "0" * 64}})))
     with pytest.raises(BundleError) as error:
         read_bundle(folder)
     assert_one_line(error.value, "does not match the tokenizer.sha256 of its manifest", "re-export")

@@ -41,6 +41,7 @@ from edge.decoding.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
 from edge.errors import BundleError, EdgeError, UnsupportedModelError
 from edge.sources.gguf_checkpoint import gguf_index
+from edge.sources.loading import not_a_folder
 from edge.text.tokenizer import Tokenizer
 from edge.export.bundle_files import (
     CONFIG_FILES,
@@ -183,7 +184,7 @@ def _interrupts_deferred():
 def _unsupported_by_edge(checkpoint: Path) -> UnsupportedModelError | None:
     """None when edge's model file covers the checkpoint; else the error saying why (optimum may export it)."""
     if not checkpoint.is_dir():
-        raise BundleError(f"checkpoint folder {checkpoint} does not exist; pass the folder holding config.json")
+        raise BundleError(not_a_folder(checkpoint))
     try:
         config = ModelConfig.from_dir(checkpoint)
     except UnsupportedModelError as error:

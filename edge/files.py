@@ -54,9 +54,10 @@ def read_regular(path: str | Path, limit: int) -> bytes:
         raise FileRefused(path, kind)
     if path.is_dir():
         raise FileRefused(path, "a folder")
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a pipe swapped in here cannot block
-    with os.fdopen(descriptor, "rb") as handle:
-        mode, size = os.fstat(descriptor).st_mode, os.fstat(descriptor).st_size
+    nonblocking = getattr(os, "O_NONBLOCK", 0)  # a pipe swapped in since the check cannot block the open
+    with open(path, "rb", opener=lambda name, flags: os.open(name, flags | nonblocking)) as handle:
+        status = os.fstat(handle.fileno())
+        mode, size = status.st_mode, status.st_size
         if not stat.S_ISREG(mode):
             raise FileRefused(path, _described(path, mode))
         if size > limit:

@@ -33,14 +33,16 @@ import torch
 
 from edge.model.config import ModelConfig
 from edge.errors import BundleError
+from edge.files import read_regular
 
 FORMAT = "edge-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 * 2**20  # a manifest is a few KiB; its drafter's vocabulary map is a file of its own
 SEAL = "manifest_sha256"  # the manifest's own hash: the sha256 of its other fields (manifest_digest)
 # the folders edge-export works in beside its output NAME: .NAME.partial-XXXX (mkdtemp), .NAME.replaced-PID (an old
 # bundle renamed aside during --overwrite)
-UNFINISHED = re.compile(r"\.(?P<name>.+)\.(?:partial|replaced)-[^/]*")
+UNFINISHED = re.compile(r"\.(?P<name>.+)\.(?P<kind>partial|replaced)-[^/]*")
 _validating: ContextVar[Path | None] = ContextVar("validating_bundle", default=None)
 # what an export folder holds before its manifest is written: a graph or program of the target
 GRAPH_FILES = ("target/model.onnx", "target/model.ts", "target/model.pt2")
@@ -66,6 +68,10 @@ def refuse_unfinished(path: str | Path) -> None:
     for a bundle folder whose manifest is missing; nothing for anything else."""
     root = Path(path)
     match = UNFINISHED.fullmatch(root.name)
+    if match is not None and match["kind"] == "replaced":
+        raise BundleError(f"{root} is an old bundle edge-export set aside while replacing "
+                          f"{root.parent / match['name']} (the export was killed then), which is never loaded; load "
+                          f"{root.parent / match['name']}, and delete this folder")
     if match is not None and _validating.get() != root.resolve():
         raise BundleError(f"{root} is an unfinished edge-export (the export was stopped before it validated the "
                           f"bundle), which is never loaded; export again to {root.parent / match['name']} (that "
@@ -159,9 +165,12 @@ def read_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
     root = Path(path)
     refuse_unfinished(root)
     try:
-        manifest = json.loads((root / MANIFEST).read_text())
+        manifest = json.loads(read_regular(root / MANIFEST, MAX_MANIFEST_BYTES))
     except FileNotFoundError:
         raise BundleError(f"{root} has no {MANIFEST}; it is not an edge bundle (make one with edge-export)") from None
+    except RecursionError:
+        raise BundleError(f"{root / MANIFEST} is nested too deeply to be a manifest; re-export the bundle with "
+                          "edge-export") from None
     except (OSError, ValueError) as error:
         raise BundleError(f"{root / MANIFEST} is unreadable ({error}); re-export the bundle with edge-export") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

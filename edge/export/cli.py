@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MAX_CALIBRATION_BYTES = 256 * 2**20  # text whose tokens are counted: far more than a calibration needs
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
@@ -159,8 +160,13 @@ def _options(args, ExportOptions, QuantSettings, read_template_file):
         raise ValueError(f"--calibration-tokens must be at least 1, got {args.calibration_tokens}")
     text = None
     if args.calibration_text is not None:
+        from edge.files import FileRefused, read_regular
+
         try:
-            text = args.calibration_text.read_text(encoding="utf-8")
+            text = read_regular(args.calibration_text, MAX_CALIBRATION_BYTES).decode("utf-8")
+        except FileRefused as error:
+            raise ValueError(f"--calibration-text {args.calibration_text} is {error.reason}; pass a UTF-8 text "
+                             "file") from None
         except (OSError, UnicodeDecodeError) as error:
             raise ValueError(f"cannot read --calibration-text {args.calibration_text}: {error}") from None
     quant = QuantSettings(args.weights, block_size=args.block_size, accuracy_level=args.accuracy_level)

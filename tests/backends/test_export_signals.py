@@ -100,3 +100,15 @@ def test_a_bundle_without_its_manifest_says_so_not_that_config_json_is_missing(t
     message = str(caught.value)
     assert "holds an exported graph (target/model.onnx) but no manifest.json" in message
     assert "config.json" not in message and "\n" not in message
+
+
+def test_a_pipe_as_calibration_text_is_refused_not_waited_on(llama_dir, tmp_path, capsys):
+    import os
+
+    from edge.export.cli import main as export_main
+
+    os.mkfifo(tmp_path / "text")
+    assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--calibration-text", str(tmp_path / "text"),
+                        "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (f"edge-export: --calibration-text {tmp_path / 'text'} is a named "
+                                               "pipe; pass a UTF-8 text file")

@@ -30,7 +30,7 @@ EDGE_LAYERS = {  # subpackage of edge -> the subpackages it may import
     "backends": {"model", "text"},  # exported bundles run behind the Transformer calls
     "decoding": {"model", "text", "sources", "backends"},  # loop, speculation, sampling, grammars, drafters, registry
 }
-EDGE_LEAVES = {"errors", "events"}
+EDGE_LEAVES = {"errors", "events", "files"}
 EDGE_TOP = {"engine", "load_spec", "planning"}
 
 

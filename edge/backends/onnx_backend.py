@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edge.errors import BundleError
 from edge.model.config import ModelConfig
 from edge.backends.exported_model import ExportedModel
 from edge.model.kv_cache import KVCache
@@ -54,6 +55,7 @@ class OnnxModel(ExportedModel):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3  # errors only: no notices about unused initializers
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        check_graph(self.session, config, path, len(vocab_map) if vocab_map is not None else config.vocab_size)
         outputs = [output.name for output in self.session.get_outputs()]
         layers = range(config.num_layers)
         self._past_names = [(f"past_key.{i}", f"past_value.{i}") for i in layers]
@@ -75,3 +77,27 @@ class OnnxModel(ExportedModel):
             cache.key_arrays[layer, start:end] = outputs[key_index]  # (T, Hkv, Dh)
             cache.value_arrays[layer, start:end] = outputs[value_index]
         return torch.from_numpy(outputs[self._logits])  # (T, V')
+
+
+def check_graph(session, config: ModelConfig, path: Path, vocab: int) -> None:
+    """The graph's inputs and outputs have the shapes its config gives (a past key and value per layer of
+    Hkv x Dh, logits over `vocab` tokens); a BundleError naming the first that does not."""
+    inputs = {item.name: item.shape for item in session.get_inputs()}
+    outputs = {item.name: item.shape for item in session.get_outputs()}
+    expected = {"logits": (outputs, [vocab])}
+    for layer in range(config.num_layers):
+        for name in (f"past_key.{layer}", f"past_value.{layer}"):
+            expected[name] = (inputs, [config.num_kv_heads, config.head_dim])
+        for name in (f"key.{layer}", f"value.{layer}"):
+            expected[name] = (outputs, [config.num_kv_heads, config.head_dim])
+    for name, (table, tail) in expected.items():
+        shape = table.get(name)
+        if shape is None:
+            problem = f"has no {'input' if table is inputs else 'output'} {name}"
+        elif any(isinstance(got, int) and got != want for got, want in zip(shape[-len(tail):], tail)):
+            problem = f"gives {name} the shape {list(shape)}, not [..., {', '.join(map(str, tail))}]"
+        else:
+            continue
+        raise BundleError(f"the graph {path} {problem}, which its config ({config.num_layers} layers, "
+                          f"{config.num_kv_heads} KV heads of {config.head_dim}, {vocab} tokens) needs; the bundle's "
+                          "files do not belong together: re-export it with edge-export")

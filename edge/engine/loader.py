@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from edge.backends.bundle import is_bundle, read_bundle
+from edge.backends.bundle import is_bundle, read_bundle, refuse_unfinished
 from edge.errors import BundleError, CheckpointError
 from edge.load_spec import LoadSpec
 from edge.model.config import ModelConfig
@@ -46,6 +46,7 @@ def load_engine(spec: LoadSpec, progress: Progress | None = None, *, engine_clas
     report = progress or _quiet
     if not spec.path.is_dir():
         raise CheckpointError(not_a_folder(spec.path))
+    refuse_unfinished(spec.path)  # an export's work folder, or a bundle without its manifest
     bundled = is_bundle(spec.path)
     spec.check_combination(bundled)
     if bundled:

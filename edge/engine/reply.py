@@ -26,7 +26,9 @@ from edge.decoding.repetition import LoopDetector
 from edge.decoding.sampling import history_tensor, next_token
 from edge.decoding.speculative import DraftLength, SpeculativeDecoding
 from edge.engine.options import GenerationOptions
+from edge.errors import CheckpointError
 from edge.events import Event, Stats
+from edge.model.finite import nonfinite_logits, nonfinite_tensor
 from edge.model.kv_cache import KVCache, common_prefix
 from edge.model.transformer import Transformer
 from edge.text.stopping import StopStrings
@@ -81,6 +83,7 @@ class Reply:
         with torch.inference_mode():
             hidden = self.model(torch.tensor([todo], device=self.device), reuse, self.cache)  # (1, T, D)
             logits = self.model.logits(hidden[:, -1:])[0, -1]  # (V,)
+            check_logits(self.model, logits)
             t1 = time.perf_counter()
             if self.constraint is not None:
                 logits = self.constraint.mask(logits)
@@ -155,6 +158,20 @@ class Reply:
         if opts.should_stop is not None and opts.should_stop():
             return ev.FINISH_STOPPED
         return None
+
+
+def check_logits(model, logits: torch.Tensor) -> None:
+    """A reply's first logits (V,) must be usable: NaN or +Inf there (damaged weights, an overflow) would decode
+    garbage or nothing and finish as if all were well. A CheckpointError, one line naming the tensor that holds
+    NaN or Inf when a search of the model's weights finds one."""
+    problem = nonfinite_logits(logits)
+    if problem is None:
+        return
+    found = nonfinite_tensor(model, everything=True) if isinstance(model, torch.nn.Module) else None
+    cause = (f"its tensor {found[0]} holds {found[1]}: the weights are damaged; download the model again"
+             if found is not None else "no weight it holds is NaN or Inf, so a computation overflowed; load it with "
+             "--dtype float32 (or download it again)")
+    raise CheckpointError(f"the model's first logits hold {problem}; {cause}")
 
 
 def count_step(stats: Stats, step: Step, new_tokens: int, wall_s: float | None) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 
 import edge
-from edge.backends.bundle import is_bundle, sha256_file
+from edge.backends.bundle import is_bundle, read_bundle, sha256_file
+from edge.errors import BundleError
 from edge.export import bundle as exporter
 from edge.export.quantize import QuantSettings
 from edge.kernels.cache import cache_folder
@@ -32,6 +33,18 @@ def _fingerprint(folder: Path) -> list[str]:
     return [f"{p.name}:{sha256_file(p)}" for p in sorted(folder.iterdir()) if p.is_file()]
 
 
+def _current(folder: Path) -> bool:
+    """A finished bundle whose manifest this edge reads (one from an older edge-export, unsealed, is exported
+    again)."""
+    if not is_bundle(folder):
+        return False
+    try:
+        read_bundle(folder, verify=False)
+    except BundleError:
+        return False
+    return True
+
+
 def cached_bundle(checkpoint: str | Path, *, draft: Path | None = None, weights: str = DEFAULT_WEIGHTS,
                   progress: bool = False) -> Path:
     """The bundle of `checkpoint` (carrying the draft checkpoint `draft` when given) in the cache; exported now if
@@ -43,11 +56,11 @@ def cached_bundle(checkpoint: str | Path, *, draft: Path | None = None, weights:
 
     base = f"{checkpoint.name}-{weights}-{digest([edge.__version__, weights, *_fingerprint(checkpoint)])}"
     bundle = cache_dir() / (f"{base}-{digest(_fingerprint(draft))}" if draft else base)
-    if is_bundle(bundle):
+    if _current(bundle):
         return bundle
     if draft is None:  # any cached bundle of this checkpoint serves: a drafter it carries is simply not used
         for candidate in sorted(cache_dir().glob(f"{base}*")):
-            if is_bundle(candidate):
+            if _current(candidate):
                 return candidate
     bundle.parent.mkdir(parents=True, exist_ok=True)
     options = exporter.ExportOptions(quant=QuantSettings(weights), drafter=str(draft) if draft else None,

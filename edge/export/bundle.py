@@ -2,9 +2,11 @@
 
     manifest = export_bundle("ckpt/", "ckpt.bundle", ExportOptions(quant=QuantSettings("int4"), drafter="builtin"))
 
-Everything is written into a temporary folder beside the output and moved into place (one rename) only after the
-graphs pass validation, so an interrupted or failed export leaves nothing half-written behind. See
-edge/backends/bundle.py for the layout and for how the runtime checks it.
+Everything is written into a temporary folder beside the output (.NAME.partial-XXXX) and moved into place (one
+rename, the last step) only after the graphs pass validation, so an interrupted or failed export leaves nothing
+half-written behind. The export holds a lock on that folder while it works; a folder of the same output that nobody
+holds (its export was killed) is removed by the next export of that output, and the loader refuses such folders by
+name. See edge/backends/bundle.py for the layout and for how the runtime checks it.
 
 Validation runs every exported backend through the runtime (`Engine.load(bundle, backend=...)`) and compares with
 eager edge:
@@ -32,13 +34,14 @@ from pathlib import Path
 import onnx
 import torch
 
-from edge.backends.bundle import MANIFEST, read_bundle
+from edge.backends.bundle import MANIFEST, kv_per_token, read_bundle, validating
 from edge.text.chat_template import check_template
 from edge.model.config import ModelConfig
 from edge.decoding.registry import DrafterSpec, load_draft_model
 from edge.engine import Engine
 from edge.errors import BundleError, EdgeError, TokenizerError, UnsupportedModelError
 from edge.sources.gguf_checkpoint import gguf_index
+from edge.sources.loading import not_a_folder
 from edge.text.tokenizer import Tokenizer
 from edge.export.bundle_files import (
     CONFIG_FILES,
@@ -46,16 +49,16 @@ from edge.export.bundle_files import (
     TOLERANCE,
     copy_files,
     file_table,
-    kv_per_token,
     manifest_head,
     write_chat_template,
-    write_json_atomic,
+    write_manifest,
 )
 from edge.export.onnx_graph import build_graph
 from edge.export.optimum_export import export_with_optimum
 from edge.export.progress import StageProgress
 from edge.export.quantize import QuantSettings, quantize
 from edge.export.vocab_trim import CALIBRATION_PROMPTS, calibrate, prompt_ids
+from edge.export.workdir import WorkFolder, remove_stale_work_folders
 
 VALIDATION_TOKENS = 32
 
@@ -87,7 +90,9 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
         check_template(options.chat_template, options.chat_template_origin or "the chat template")
     unsupported = _unsupported_by_edge(checkpoint)
     stages = 4 + (2 if options.drafter else 0) if unsupported is None else 4
-    workdir = _make_workdir(output)
+    remove_stale_work_folders(output)
+    work = _make_workdir(output)
+    workdir = work.path
     progress = StageProgress(stages, enabled=show_progress)
     try:
         try:
@@ -97,7 +102,7 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
                 manifest = export_with_optimum(checkpoint, workdir, options, progress, unsupported)
             progress.stage("writing the manifest and moving the bundle into place")
             manifest["files"] = file_table(workdir)
-            write_json_atomic(workdir / MANIFEST, manifest)
+            manifest = write_manifest(workdir, manifest)  # with its validation record: a bundle from here on
             _move_into_place(workdir, output)
         except OSError as error:  # a full disk, a folder removed under the export...
             if isinstance(error, EdgeError):
@@ -108,8 +113,7 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
         raise
     finally:
         progress.close()
-        if workdir.exists():
-            shutil.rmtree(workdir, ignore_errors=True)
+        work.remove()
     return manifest
 
 
@@ -121,11 +125,12 @@ def _stopped(error: OSError, output: Path) -> str:
     return f"the export stopped: {error.strerror or error}{where}; nothing was written to {output}; {fix}"
 
 
-def _make_workdir(output: Path) -> Path:
-    """The temporary folder beside `output` the bundle is written into: its first write, so an output folder that
-    cannot be written is refused before any work, naming the folder, why, and one that can be written."""
+def _make_workdir(output: Path) -> WorkFolder:
+    """The temporary folder beside `output` the bundle is written into, locked while the export runs: its first
+    write, so an output folder that cannot be written is refused before any work, naming the folder, why, and one
+    that can be written."""
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+        return WorkFolder.create(output)
     except OSError as error:
         raise BundleError(f"cannot write the bundle to {output}: creating a folder in {output.parent} failed "
                           f"({error.strerror or error}); pass -o a folder you can write to, e.g. -o "
@@ -158,23 +163,28 @@ def _move_into_place(workdir: Path, output: Path) -> None:
             shutil.rmtree(aside, ignore_errors=True)
 
 
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 @contextmanager
 def _interrupts_deferred():
-    """Inside, Ctrl+C (SIGINT) is held back; once the block is done the export has completed, so it is dropped."""
+    """Inside, Ctrl+C (SIGINT), SIGTERM and SIGHUP are held back; once the block is done the export has completed,
+    so they are dropped."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    previous = {number: signal.signal(number, lambda signum, frame: None) for number in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
 
 
 def _unsupported_by_edge(checkpoint: Path) -> UnsupportedModelError | None:
     """None when edge's model file covers the checkpoint; else the error saying why (optimum may export it)."""
     if not checkpoint.is_dir():
-        raise BundleError(f"checkpoint folder {checkpoint} does not exist; pass the folder holding config.json")
+        raise BundleError(not_a_folder(checkpoint))
     try:
         config = ModelConfig.from_dir(checkpoint)
     except UnsupportedModelError as error:
@@ -219,8 +229,9 @@ def _export_edge_graphs(checkpoint: Path, workdir: Path, options: ExportOptions,
     progress.stage("validating the graphs against eager edge")
     manifest["memory"] = _memory(workdir, manifest, engine, draft_engine)
     manifest["files"] = file_table(workdir)
-    (workdir / MANIFEST).write_text(json.dumps(manifest, indent=1))  # read by the validating engine
-    manifest["validation"] = validate(workdir, engine, draft_engine["model"] if draft_engine else None, options)
+    write_manifest(workdir, manifest)  # read by the validating engine
+    with validating(workdir):
+        manifest["validation"] = validate(workdir, engine, draft_engine["model"] if draft_engine else None, options)
     return manifest
 
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import edge
-from edge.backends.bundle import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
+from edge.backends.bundle import FORMAT, FORMAT_VERSION, MANIFEST, kv_per_token, sealed, sha256_file
 from edge.text.tokenizer import Tokenizer
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 6e-2, "int4": 0.3}  # max relative logits error per format
@@ -63,17 +63,16 @@ def copy_files(source: Path, destination: Path, names: tuple[str, ...]) -> None:
             shutil.copyfile(source / name, destination / name)
 
 
-def kv_per_token(config) -> int:
-    """Bytes of keys and values per position for a float32 cache (what the exported backends allocate)."""
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
-
-
 def file_table(root: Path) -> dict:
     return {str(path.relative_to(root)): {"sha256": sha256_file(path), "bytes": path.stat().st_size}
             for path in sorted(root.rglob("*")) if path.is_file() and path.name != MANIFEST}
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
+def write_manifest(root: Path, manifest: dict) -> dict:
+    """The manifest, sealed (edge.backends.bundle.sealed: its own sha256 over its fields), written in one rename;
+    returns what was written."""
+    path, manifest = root / MANIFEST, sealed(manifest)
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(data, indent=1))
+    temporary.write_text(json.dumps(manifest, indent=1))
     os.replace(temporary, path)
+    return manifest

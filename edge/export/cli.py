@@ -72,14 +72,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MAX_CALIBRATION_BYTES = 256 * 2**20  # text whose tokens are counted: far more than a calibration needs
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl+C raises KeyboardInterrupt: the export cleans up the same way."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     existed, manifest = args.output.exists(), None
     nothing_written = (f"edge-export: export interrupted; nothing was written to {args.output}"
                        + (" (the bundle already there is unchanged)" if existed else ""))
     try:
-        # the first seconds import torch and onnx: Ctrl+C there ends the process at once (nothing is written yet,
-        # and an import cut short fails in its own ways, a RecursionError inside numpy among them)
+        # the first seconds import torch and onnx: Ctrl+C (or SIGTERM, SIGHUP) there ends the process at once
+        # (nothing is written yet, and an import cut short fails in its own ways, a RecursionError inside numpy
+        # among them)
         previous = _exit_on_interrupt(nothing_written)
         try:
             from edge.errors import EdgeError
@@ -92,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         finally:
             _restore_interrupt(previous)
+        _stop_on_termination()
         try:
             options = _options(args, ExportOptions, QuantSettings, read_template_file)
             checkpoint = _checkpoint(args.checkpoint)
@@ -104,29 +118,41 @@ def main(argv: list[str] | None = None) -> int:
             print(f"edge-export: note: {checkpoint} has no chat template, so {args.output} is a completion model "
                   "(it continues text rather than answering chats); to chat with it, export again with "
                   "--chat-template FILE", file=sys.stderr)
-    except KeyboardInterrupt:  # export_bundle has removed its temporary folder
+    except KeyboardInterrupt as stop:  # export_bundle has removed its temporary folder
         print(f"edge-export: interrupted after the bundle was written to {args.output}" if manifest is not None
               else nothing_written, file=sys.stderr)
-        return 130
+        return 128 + (stop.signum if isinstance(stop, Stopped) else signal.SIGINT)
     return 0
 
 
 def _exit_on_interrupt(message: str):
-    """Until _restore_interrupt, Ctrl+C prints `message` and exits with 130 at once; returns the handler it
-    replaced (None off the main thread, where signals cannot be handled)."""
+    """Until _restore_interrupt, Ctrl+C, SIGTERM and SIGHUP print `message` and exit at once (128 + the signal's
+    number); returns the handlers they replaced (None off the main thread, where signals cannot be handled)."""
     def leave(signum, frame):
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(128 + signum)
 
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGINT, leave)
+    return {number: signal.signal(number, leave) for number in STOP_SIGNALS}
 
 
 def _restore_interrupt(previous) -> None:
-    if previous is not None:
-        signal.signal(signal.SIGINT, previous)
+    for number, handler in (previous or {}).items():
+        signal.signal(number, handler)
+
+
+def _stop_on_termination() -> None:
+    """From here on SIGTERM and SIGHUP stop the export as Ctrl+C does (KeyboardInterrupt), so that it removes its
+    work folder and says so, rather than dying with it half-written."""
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for number in STOP_SIGNALS:
+            if number != signal.SIGINT:
+                signal.signal(number, stop)
 
 
 def _options(args, ExportOptions, QuantSettings, read_template_file):
@@ -134,8 +160,13 @@ def _options(args, ExportOptions, QuantSettings, read_template_file):
         raise ValueError(f"--calibration-tokens must be at least 1, got {args.calibration_tokens}")
     text = None
     if args.calibration_text is not None:
+        from edge.files import FileRefused, read_regular
+
         try:
-            text = args.calibration_text.read_text(encoding="utf-8")
+            text = read_regular(args.calibration_text, MAX_CALIBRATION_BYTES).decode("utf-8")
+        except FileRefused as error:
+            raise ValueError(f"--calibration-text {args.calibration_text} is {error.reason}; pass a UTF-8 text "
+                             "file") from None
         except (OSError, UnicodeDecodeError) as error:
             raise ValueError(f"cannot read --calibration-text {args.calibration_text}: {error}") from None
     quant = QuantSettings(args.weights, block_size=args.block_size, accuracy_level=args.accuracy_level)

@@ -9,7 +9,6 @@ decoding on the bundle.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import warnings
@@ -22,8 +21,9 @@ import torch
 from edge.engine import Engine
 from edge.errors import BundleError, UnsupportedModelError
 from edge.text.tokenizer import Tokenizer
-from edge.export.bundle_files import (CONFIG_FILES, TOKENIZER_FILES, TOLERANCE, copy_files, file_table, kv_per_token,
-                                 manifest_head, write_chat_template)
+from edge.backends.bundle import kv_per_token, validating
+from edge.export.bundle_files import (CONFIG_FILES, TOKENIZER_FILES, TOLERANCE, copy_files, file_table,
+                                      manifest_head, write_chat_template, write_manifest)
 from edge.export.progress import StageProgress
 from edge.export.quantize import quantize
 
@@ -75,8 +75,9 @@ def export_with_optimum(checkpoint: Path, workdir: Path, options, progress: Stag
         manifest["target"]["onnx_data"] = "target/model.onnx.data"
     progress.stage("validating against transformers")
     manifest["files"] = file_table(workdir)
-    (workdir / "manifest.json").write_text(json.dumps(manifest, indent=1))  # read by the validating engine
-    manifest["validation"], manifest["memory"] = validate_optimum(workdir, reference, tokenizer, options)
+    write_manifest(workdir, manifest)  # read by the validating engine
+    with validating(workdir):
+        manifest["validation"], manifest["memory"] = validate_optimum(workdir, reference, tokenizer, options)
     return manifest
 
 

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edge.errors import CheckpointError, UnsupportedModelError
+from edge.files import FileRefused, read_regular, special_kind
 from edge.memory.footprint import ModelShape
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the feed-forward gate's activation (SwiGLU, GeGLU)
+MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is a few KiB (Phi-3's LongRoPE factors: tens)
 
 
 @dataclass(frozen=True)
@@ -315,15 +317,21 @@ def _check(config: ModelConfig, source: str) -> None:
 def read_config_json(folder: str | Path) -> dict[str, Any]:
     """A checkpoint folder's config.json as a JSON object, or one CheckpointError naming what is wrong with it."""
     config_path = Path(folder) / "config.json"
+    fix = "fix the file, or download the checkpoint's config.json again"
+    kind = special_kind(config_path)
+    if kind is not None:  # a pipe or a device under its name: never read
+        raise CheckpointError(f"{config_path} is {kind}, not a config file; {fix}")
     if not config_path.is_file():
         raise CheckpointError(
             f"{config_path} not found: a checkpoint folder needs the Hugging Face config.json next to its weights"
         )
-    fix = "fix the file, or download the checkpoint's config.json again"
     try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON ({exc}); {fix}") from None
+        raw = json.loads(read_regular(config_path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+        raise CheckpointError(f"{config_path} is not valid JSON ({reason}); {fix}") from None
+    except FileRefused as exc:
+        raise CheckpointError(f"{config_path} is {exc.reason}, not a config file; {fix}") from None
     except OSError as exc:
         raise CheckpointError(f"cannot read {config_path}: {exc.strerror or exc}") from None
     if not isinstance(raw, dict):

@@ -267,6 +267,8 @@ def _reason(error: Exception) -> str:
     """A reader's failure in a few words: numpy's own messages (an index out of bounds, a buffer too small) all mean
     the file ends before what its header describes."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if "larger dtype" in text or "divisor of the total size" in text:  # a tensor's bytes cut short by the file's end
+        return "it is truncated: it ends inside the tensor data its header describes"
     if isinstance(error, (IndexError, struct.error)) or "out of bounds" in text or "buffer" in text or \
             "mmap" in text or "cannot reshape" in text:
         return "it ends before the header it starts with, or that header is damaged"
@@ -329,10 +331,14 @@ def _shape(metadata: dict, arch: str, tensors: dict, source_name: str) -> dict:
     embedding = tensors.get("token_embd.weight")
     if embedding is None:
         raise CheckpointError(f"{source_name} has no token_embd.weight; the file is incomplete, download it again")
-    columns, vocab = (int(size) for size in embedding.shape.tolist()[:2]) if len(embedding.shape) == 2 else (0, 0)
+    dims = [int(size) for size in reversed(embedding.shape.tolist())]  # rows first; ggml lists columns first
+    if 0 in dims:
+        raise CheckpointError(f"{source_name}: token_embd.weight is {dims}, with a dimension of 0 (no tokens or no "
+                              "width); the file is damaged or mis-converted: download it again")
+    vocab, columns = dims if len(dims) == 2 else (0, 0)
     if columns != hidden:
-        raise CheckpointError(f"{source_name}: token_embd.weight is {list(embedding.shape)[::-1]} but "
-                              f"embedding_length is {hidden}; the file is damaged or mis-converted")
+        raise CheckpointError(f"{source_name}: token_embd.weight is {dims} but embedding_length is {hidden}; the "
+                              "file is damaged or mis-converted")
     return {"hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "inner": inner,
             "layers": layers, "vocab": vocab}
 
@@ -398,6 +404,9 @@ def _entry(name: str, tensor, hf_name: str, wanted: tuple, heads: int | None, fi
     dims = tuple(int(size) for size in reversed(tensor.shape.tolist()))  # ggml lists ne0 (columns) first
     while len(dims) > len(wanted) and dims[0] == 1:
         dims = dims[1:]
+    if 0 in dims:
+        raise CheckpointError(f"{source_name}: tensor {name} is {list(dims)}, with a dimension of 0 (the metadata "
+                              f"implies {list(wanted)}); the file is damaged or mis-converted: download it again")
     if dims != wanted:
         raise CheckpointError(f"{source_name}: tensor {name} is {list(dims)} but the metadata implies "
                               f"{list(wanted)}; the file is damaged or mis-converted: download it again")

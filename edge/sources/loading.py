@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
-import stat
 import struct
 from pathlib import Path
 
 import torch
 
 from edge.model.config import ModelConfig, read_config_json
+from edge.model.finite import nonfinite_tensor
 from edge.errors import CheckpointError, SettingError
+from edge.files import special_kind
 from edge.sources.checkpoint_names import TEXT_MODEL_PREFIXES, layer_names
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.model.kernel_glue import use_kernel
@@ -56,22 +56,6 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return DTYPES[name.lower()]
     except KeyError:
         raise CheckpointError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16") from None
-
-
-def special_kind(path: Path) -> str | None:
-    """What `path` is when it is neither a regular file nor a folder nor absent: "a character device", "a named
-    pipe", ..., or a symlink to one ("a symlink to /dev/zero, a character device"); None otherwise."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return f"a symlink to {os.readlink(path)}, which does not exist" if os.path.islink(path) else None
-    except OSError as error:
-        return f"unreadable ({error.strerror or error})"
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
-            "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-    return f"a symlink to {os.path.realpath(path)}, {kind}" if os.path.islink(path) else kind
 
 
 def not_a_folder(path: Path) -> str:
@@ -390,7 +374,7 @@ def load_model(
 
         kernel = cpu_kernel() if device.type == "cpu" and dtype == torch.float32 else None
         if gguf_weights.runs_as_blocks(index) and not dequantize and kernel is not None:
-            return gguf_weights.block_model(folder, index, kernel, config)
+            return check_finite(gguf_weights.block_model(folder, index, kernel, config), folder, index)
         mapped = gguf_weights.float_tensors(folder, index, config)
         source = mapped.source_dtype
     else:
@@ -412,4 +396,26 @@ def load_model(
         model.compute_dtype = dtype  # 16-bit weights, float32 activations and KV cache (see storage_dtype)
     if device.type == "cpu" and dtype == torch.float32:
         use_kernel(model, cpu_kernel())  # exact speculation: verify rows == decode rows, bit for bit
-    return model.eval().requires_grad_(False)
+    return check_finite(model.eval().requires_grad_(False), folder, index)
+
+
+def check_finite(model: Transformer, folder: Path, index: dict | None) -> Transformer:
+    """`model`, once its norms, biases and a sample of its embedding are seen to hold no NaN or Inf
+    (edge/model/finite.py); else a CheckpointError naming the tensor as the file names it."""
+    found = nonfinite_tensor(model)
+    if found is None:
+        return model
+    name, holds = found
+    source = index["file"] if index is not None else folder  # a folder read from a GGUF file: the file
+    raise CheckpointError(f"{source}: tensor {checkpoint_tensor_name(model.config, name, index)} holds {holds}; "
+                          "the weights are damaged: download the model again (or re-convert it)")
+
+
+def checkpoint_tensor_name(config: ModelConfig, name: str, index: dict | None) -> str:
+    """The name the checkpoint file gives edge's tensor `name` (its first part, for a fused one): the safetensors
+    name, or the GGUF name for a folder read from a GGUF file; `name` itself when none is known."""
+    sources = weight_recipe(config).get(name, [name])
+    if index is not None:
+        by_name = {entry["name"]: entry["gguf"] for entry in index.get("tensors", [])}
+        return by_name.get(sources[0], sources[0])
+    return sources[0]

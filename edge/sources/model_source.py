@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from edge.errors import CheckpointError
+from edge.files import special_kind
 from edge.sources.catalogue import lookup, not_pulled, pulled_file
 
 DOWNLOAD_PATTERNS = ["model*.safetensors", "*.json", "*.jinja"]
@@ -77,6 +78,10 @@ def resolve_model(name: str | Path, *, progress: bool = True) -> Path:
         if found is None:
             raise not_pulled(entry)
         return _from_file(found, report)
+    kind = special_kind(path)
+    if kind is not None:  # a pipe, a device, a dangling symlink: never read, never taken for a Hub id
+        raise CheckpointError(f"{path} is {kind}, not a model; pass a checkpoint folder (holding config.json), a "
+                              ".gguf file or a Hub id (org/name)")
     hub = HubName.parse(str(name)) if not Path(name).is_absolute() else None
     if hub is None and path.suffix.lower() == ".gguf":
         raise CheckpointError(f"{path} does not exist; pass an existing .gguf file")

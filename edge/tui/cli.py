@@ -139,6 +139,19 @@ class ConsoleChat:
                                    raw=raw)
         if is_completion_model(engine) and not raw:
             print(f"edge-chat: {completion_note(model_name)}", file=sys.stderr)
+        self.reported_save_problem: str | None = None
+        self.report_saving()
+
+    def report_saving(self) -> None:
+        """One line on stderr when the chat cannot be saved (at start, or when a save first fails), and one when
+        saving works again; nothing while that stays the same."""
+        problem = self.session.save_problem
+        if problem is not None and problem != self.reported_save_problem:
+            print(f"edge-chat: {problem}", file=sys.stderr)
+        elif problem is None and self.reported_save_problem is not None:
+            print(f"edge-chat: the chat is saved again ({self.session.store.path(self.conversation.id)})",
+                  file=sys.stderr)
+        self.reported_save_problem = problem
 
     @property
     def engine(self) -> Engine:
@@ -168,6 +181,7 @@ class ConsoleChat:
                     turn.throw(KeyboardInterrupt())
             out.write(" [stopped]")
         out.write("\n")
+        self.report_saving()
         outcome = self.session.outcome
         if outcome.finish_reason == FINISH_CONTEXT:
             print(f"edge-chat: the reply was cut: the context ({self.engine.max_context} tokens) is full; /reset "

@@ -4,20 +4,31 @@
 
 A write goes to a temporary file in the same folder, is flushed to disk, and replaces the old file in one rename,
 so a crash leaves either the old or the new version, never a torn file. A file that cannot be read is listed as
-unreadable and left untouched, never overwritten.
+unreadable, with the reason, and left untouched, never overwritten. Only regular files of at most MAX_CHAT_BYTES
+are read (a named pipe or a symlink to /dev/zero under a chat's name is listed as what it is, never opened for
+reading), and their JSON only MAX_DEPTH brackets deep. A chat's id is its file name: letters, digits, '.', '_' and
+'-', not starting with a dot, so that no id names a file outside the folder.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from edge.files import FileRefused, read_regular
+
 FORMAT_VERSION = 1
+MAX_CHAT_BYTES = 64 * 2**20  # a chat of a thousand long replies is a few MiB
+MAX_DEPTH = 64  # brackets deep; a saved chat nests four or five
+CHAT_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 FIELD_TYPES = {"id": (str,), "title": (str,), "created": (float, int), "updated": (float, int), "model": (str,),
                "system": (str,), "messages": (list,)}  # what a saved chat's fields must be to be opened
 
@@ -51,12 +62,16 @@ class Conversation:
 
     @classmethod
     def from_json(cls, data: dict) -> "Conversation":
+        if not isinstance(data, dict):
+            raise ValueError(f"it holds a JSON {type(data).__name__}, not an edge-chat conversation (an object)")
         if data.get("format_version") != FORMAT_VERSION or not isinstance(data.get("messages"), list):
             raise ValueError("not an edge-chat conversation (format_version 1)")
         fields = {key: value for key, value in data.items() if key in FIELD_TYPES}
         for key, value in fields.items():
             if not isinstance(value, FIELD_TYPES[key]) or isinstance(value, bool):
                 raise ValueError(f"its {key!r} is {type(value).__name__}, not {FIELD_TYPES[key][0].__name__}")
+        if "id" in fields:
+            check_id(fields["id"])
         for index, message in enumerate(fields["messages"]):
             if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                     and isinstance(message.get("content"), str)):
@@ -73,12 +88,60 @@ class SavedChat:
     error: str | None = None  # why the file could not be read
 
 
+def check_id(conversation_id: str) -> str:
+    """`conversation_id` when it can name a file in the chats folder; ValueError otherwise."""
+    if not isinstance(conversation_id, str) or not CHAT_ID.fullmatch(conversation_id):
+        shown = conversation_id if isinstance(conversation_id, str) else type(conversation_id).__name__
+        raise ValueError(f"its id {shown[:80]!r} is not a chat id (letters, digits, '.', '_' and '-', not "
+                         "starting with a dot, at most 128)")
+    return conversation_id
+
+
+def parse_chat(data: bytes) -> object:
+    """The JSON value of a chat file's bytes, refused (ValueError) when nested more than MAX_DEPTH deep, so that no
+    file can exhaust the parser's recursion."""
+    text = data.decode("utf-8")
+    if _depth(data) > MAX_DEPTH:
+        raise ValueError(f"its JSON is nested more than {MAX_DEPTH} deep; a saved chat never is")
+    try:
+        return json.loads(text)
+    except RecursionError:  # in case the count above missed a form of nesting
+        raise ValueError(f"its JSON is nested more than {MAX_DEPTH} deep; a saved chat never is") from None
+
+
+def _depth(data: bytes) -> int:
+    """The deepest bracket nesting of JSON `data`, strings left out (counted in numpy: a file of brackets only is
+    counted as fast as one of text)."""
+    bare = re.sub(rb'"[^"\\]*(?:\\.[^"\\]*)*"', b"", data, flags=re.DOTALL)
+    codes = np.frombuffer(bare, dtype=np.uint8)
+    steps = (np.isin(codes, (ord("["), ord("{"))).astype(np.int64) - np.isin(codes, (ord("]"), ord("}"))))
+    return int(steps.cumsum().max()) if steps.size else 0
+
+
 class ConversationStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = (root or default_data_dir()) / "chats"
 
     def path(self, conversation_id: str) -> Path:
-        return self.root / f"{conversation_id}.json"
+        """The file of the chat `conversation_id` (ValueError for an id that could name a file elsewhere)."""
+        return self.root / f"{check_id(conversation_id)}.json"
+
+    def problem(self) -> str | None:
+        """Why chats cannot be saved here, in one line naming the folder and the fix; None when they can (the
+        folder is made if need be)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            handle, probe = tempfile.mkstemp(prefix=".write-check.", dir=self.root)
+            os.close(handle)
+            os.unlink(probe)
+        except OSError as error:
+            return self.describe(error)
+        return None
+
+    def describe(self, error: OSError) -> str:
+        """A failed save in one line: the folder, why, and the fix."""
+        return (f"cannot save chats in {self.root} ({error.strerror or error}); this chat is kept in memory and "
+                "saved once that works: make the folder writable, or set EDGE_DATA_DIR to a writable folder")
 
     def save(self, conversation: Conversation) -> Path:
         """Write the conversation atomically; an empty chat is not saved."""
@@ -100,22 +163,41 @@ class ConversationStore:
         return target
 
     def load(self, path: Path) -> Conversation:
+        """The chat saved at `path`; ValueError, one line naming the file and the reason, when it cannot be read."""
         try:
-            return Conversation.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError) as error:
+            return Conversation.from_json(parse_chat(read_regular(path, MAX_CHAT_BYTES)))
+        except FileRefused as error:
+            raise ValueError(f"cannot open the saved chat {Path(path).name}: it is {error.reason}") from None
+        except UnicodeDecodeError as error:
+            raise ValueError(f"cannot open the saved chat {Path(path).name}: it is not UTF-8 text (byte "
+                             f"{error.start})") from None
+        except OSError as error:
+            raise ValueError(f"cannot open the saved chat {Path(path).name}: {error.strerror or error}") from None
+        except (ValueError, TypeError) as error:
             raise ValueError(f"cannot open the saved chat {Path(path).name}: {error}") from None
 
     def list(self) -> list[SavedChat]:
         """Saved chats, newest first; unreadable files are listed with the reason, never deleted."""
         chats = []
-        for path in self.root.glob("*.json"):
+        try:
+            paths = sorted(self.root.glob("*.json"))
+        except OSError:  # the folder itself cannot be read: nothing to list
+            paths = []
+        for path in paths:
             try:
                 conversation = self.load(path)
             except ValueError as error:
-                chats.append(SavedChat(path, path.stem, path.stat().st_mtime, 0, str(error)))
+                chats.append(SavedChat(path, path.stem, _modified(path), 0, str(error)))
                 continue
             chats.append(SavedChat(path, conversation.title, conversation.updated, len(conversation.messages)))
         return sorted(chats, key=lambda chat: chat.updated, reverse=True)
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def title_from(text: str, width: int = 48) -> str:

@@ -51,6 +51,9 @@ class ChatSession:
         self.baseline_tokens_per_s: float | None = None
         self.plan_steps: list[str] = []  # what the memory plan gave up to fit the budget, shown in the chat
         self.dropped_turns = 0  # oldest messages left out of the last reply's prompt because the context is full
+        # why the chat cannot be saved (one line), None while it can: checked now, then at every save; until a
+        # save works the chat lives in memory, and each reply tries again
+        self.save_problem: str | None = store.problem() if store is not None else None
 
     # -- conversation ----------------------------------------------------------------------------------------
 
@@ -80,9 +83,19 @@ class ChatSession:
         replies = [m["content"] for m in self.conversation.messages if m["role"] == "assistant"]
         return replies[-1] if replies else None
 
-    def save(self) -> None:
-        if self.store is not None:
+    def save(self) -> bool:
+        """Save the chat; False when that failed (`save_problem` says why; the chat stays in memory, and the next
+        save tries again)."""
+        if self.store is None:
+            return True
+        try:
             self.store.save(self.conversation)
+        except (OSError, ValueError) as error:  # an unwritable folder, a full disk; an id no file can have
+            self.save_problem = self.store.describe(error) if isinstance(error, OSError) else \
+                f"cannot save this chat: {error}; it is kept in memory"
+            return False
+        self.save_problem = None
+        return True
 
     # -- generation (worker thread) --------------------------------------------------------------------------
 

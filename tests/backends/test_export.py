@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("onnx")
 
-from edge.backends.bundle import read_bundle  # noqa: E402
+from edge.backends.bundle import read_bundle, sealed  # noqa: E402
 from edge.decoding.drafters import DraftSampler  # noqa: E402
 from edge.engine import Engine  # noqa: E402
 from edge.errors import BundleError, EdgeError  # noqa: E402
@@ -287,7 +287,7 @@ def test_newer_format_version_is_refused(small_bundle, tmp_path):
     bundle = _copy(small_bundle, tmp_path)
     manifest = json.loads((bundle / "manifest.json").read_text())
     manifest["format_version"] = 99
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    (bundle / "manifest.json").write_text(json.dumps(sealed(manifest)))
     with pytest.raises(BundleError, match="format 99, newer than this edge reads"):
         Engine.load(bundle)
 
@@ -296,16 +296,54 @@ def test_drafter_with_another_tokenizer_is_refused(small_bundle, tmp_path):
     bundle = _copy(small_bundle, tmp_path)
     manifest = json.loads((bundle / "manifest.json").read_text())
     manifest["drafter"]["tokenizer_sha256"] = "0" * 64
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    (bundle / "manifest.json").write_text(json.dumps(sealed(manifest)))
     with pytest.raises(BundleError, match="different tokenizer"):
         Engine.load(bundle, drafter="bundle")
 
 
+def edit_manifest(bundle: Path, change, *, seal: bool) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    change(manifest)
+    (bundle / "manifest.json").write_text(json.dumps(sealed(manifest) if seal else manifest))
+
+
+def test_an_edited_manifest_is_refused(small_bundle, tmp_path):
+    """The manifest is covered by its own sha256: a block size edited in it no longer loads."""
+    bundle = _copy(small_bundle, tmp_path)
+    edit_manifest(bundle, lambda manifest: manifest["quantization"].update(block_size=64), seal=False)
+    with pytest.raises(BundleError, match="does not match its manifest_sha256") as caught:
+        Engine.load(bundle)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m["quantization"].update(block_size=24), "block size of 24 for its int8 weights"),
+    (lambda m: m["memory"].update(target_weights_bytes=12), "counts 12 bytes of target weights"),
+    (lambda m: m["memory"].update(target_kv_bytes_per_token=8), "sizes the KV cache at 8 bytes per token"),
+    (lambda m: m.pop("validation"), "has no validation record"),
+], ids=["block-size", "weights-bytes", "kv-bytes", "unvalidated"])
+def test_a_manifest_that_disagrees_with_its_files_is_refused(small_bundle, tmp_path, change, message):
+    """Even sealed again after the edit: what the manifest says is checked against the files it describes."""
+    bundle = _copy(small_bundle, tmp_path)
+    edit_manifest(bundle, change, seal=True)
+    with pytest.raises(BundleError, match=message):
+        Engine.load(bundle)
+
+
+def test_a_graph_whose_shapes_disagree_with_its_config_is_refused(small_bundle, tmp_path):
+    bundle = _copy(small_bundle, tmp_path)
+    config = json.loads((bundle / "target" / "config.json").read_text())
+    config["num_key_value_heads"] = config["num_attention_heads"]  # 2 -> 4 KV heads: not what the graph takes
+    (bundle / "target" / "config.json").write_text(json.dumps(config))
+    edit_manifest(bundle, lambda m: (m["files"].pop("target/config.json"),
+                                     m["memory"].pop("target_kv_bytes_per_token")), seal=True)
+    with pytest.raises(BundleError, match=r"gives past_key.0 the shape .* config \(3 layers, 4 KV heads"):
+        Engine.load(bundle)
+
+
 def test_a_bundle_without_a_drafter_names_the_drafters_that_work(small_bundle, tmp_path):
     bundle = _copy(small_bundle, tmp_path)
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    del manifest["drafter"]
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    edit_manifest(bundle, lambda manifest: manifest.pop("drafter"), seal=True)
     with pytest.raises(BundleError, match="holds no drafter; draft from the prompt with --drafter ngram") as raised:
         Engine.load(bundle, drafter="bundle")
     assert "\n" not in str(raised.value)

@@ -346,6 +346,43 @@ def test_a_truncated_file_says_so(llama_dir, tmp_path):
     assert "index" not in str(caught.value) and "axis" not in str(caught.value)
 
 
+@pytest.mark.parametrize("short_by", [1, 3])
+def test_a_file_a_few_bytes_short_says_it_is_truncated_not_what_numpy_said(llama_dir, tmp_path, short_by):
+    gguf = write_gguf(llama_dir, tmp_path / "short.gguf", "q8_0")
+    gguf.write_bytes(gguf.read_bytes()[:-short_by])
+    with pytest.raises(CheckpointError) as caught:
+        Engine.load(gguf)
+    message = str(caught.value)
+    assert "it is truncated: it ends inside the tensor data its header describes" in message
+    assert "dtype" not in message and "download it again" in message
+
+
+@pytest.mark.parametrize("tensor, keep, message", [
+    ("token_embd.weight", lambda values: values[:, :0], r"token_embd.weight is \[320, 0\], with a dimension of 0"),
+    ("token_embd.weight", lambda values: values[:0], r"token_embd.weight is \[0, 64\], with a dimension of 0"),
+    ("blk.1.ffn_down.weight", lambda values: values[:0],
+     r"tensor blk.1.ffn_down.weight is \[0, 128\], with a dimension of 0 \(the metadata implies \[64, 128\]\)"),
+], ids=["embedding-width", "embedding-rows", "layer-matrix"])
+def test_a_dimension_of_0_is_named_in_plain_numbers(llama_dir, tmp_path, tensor, keep, message):
+    gguf = write_gguf(llama_dir, tmp_path / "zero.gguf", "f32",
+                      keep=lambda name, values: keep(values) if name == tensor else values)
+    with pytest.raises(CheckpointError, match=message) as caught:
+        Engine.load(gguf)
+    assert "np." not in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not os.path.exists("/dev/zero"), reason="needs pipes, /dev/zero")
+def test_a_gguf_name_holding_a_pipe_or_a_device_is_named_for_what_it_is(tmp_path):
+    os.mkfifo(tmp_path / "pipe.gguf")
+    (tmp_path / "zero.gguf").symlink_to("/dev/zero")
+    (tmp_path / "gone.gguf").symlink_to(tmp_path / "nowhere.gguf")
+    for name, kind in [("pipe.gguf", "a named pipe"), ("zero.gguf", "a symlink to /dev/zero, a character device"),
+                       ("gone.gguf", f"a symlink to {tmp_path / 'nowhere.gguf'}, which does not exist")]:
+        with pytest.raises(CheckpointError) as caught:
+            Engine.load(tmp_path / name)
+        assert str(caught.value).startswith(f"{tmp_path / name} is {kind}, not a model; pass a checkpoint folder")
+
+
 @pytest.mark.parametrize("family", ["smollm", "qwen2", "qwen3", "llama_bias_linear_rope"])
 def test_each_gguf_family_decodes_as_the_original(checkpoint_factory, tmp_path, family):
     """Tied embeddings (no output.weight), Qwen's q/k/v biases (rows not permuted), Qwen3's q/k norms, Llama's

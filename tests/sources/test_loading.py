@@ -239,8 +239,40 @@ def test_weights_symlinked_to_a_device_are_refused_as_not_a_regular_file(llama_d
     assert_one_line(error.value, "model.safetensors is a symlink to /dev/zero, a character device, not a regular file")
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs named pipes")
+def test_a_pipe_or_a_device_as_config_json_is_named_for_what_it_is(llama_dir, tmp_path):
+    import os
+
+    from edge import Engine
+
+    folder = copy_checkpoint(llama_dir, tmp_path)
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")
+    with pytest.raises(CheckpointError) as error:
+        Engine.load(folder)
+    assert_one_line(error.value, "config.json is a named pipe, not a config file")
+    (folder / "config.json").unlink()
+    (folder / "config.json").symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError) as error:
+        Engine.load(folder)
+    assert_one_line(error.value, "config.json is a symlink to /dev/zero, a character device, not a config file")
+
+
+def test_exporting_a_pipe_names_it(tmp_path):
+    import os
+
+    pytest.importorskip("onnx")
+    from edge.errors import BundleError
+    from edge.export.bundle import export_bundle
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(BundleError) as error:
+        export_bundle(tmp_path / "pipe", tmp_path / "out.bundle", show_progress=False)
+    assert_one_line(error.value, "pipe is a named pipe, not a model")
+
+
 def test_a_bundle_whose_tokenizer_does_not_match_its_manifest_is_refused(llama_dir, tmp_path):
-    from edge.backends.bundle import FORMAT, MANIFEST, read_bundle
+    from edge.backends.bundle import FORMAT, MANIFEST, read_bundle, sealed
     from edge.errors import BundleError
     from edge.text.tokenizer import Tokenizer
 
@@ -249,10 +281,11 @@ def test_a_bundle_whose_tokenizer_does_not_match_its_manifest_is_refused(llama_d
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(llama_dir / name, folder / name)
     vocab = Tokenizer.from_dir(folder).fingerprint()["vocab_sha256"]
-    manifest = {"format": FORMAT, "format_version": 1, "files": {}, "tokenizer": {"sha256": vocab}}
-    (folder / MANIFEST).write_text(json.dumps(manifest))
+    manifest = {"format": FORMAT, "format_version": 1, "files": {}, "tokenizer": {"sha256": vocab},
+                "validation": {}}
+    (folder / MANIFEST).write_text(json.dumps(sealed(manifest)))
     read_bundle(folder)  # matches
-    (folder / MANIFEST).write_text(json.dumps({**manifest, "tokenizer": {"sha256": "0" * 64}}))
+    (folder / MANIFEST).write_text(json.dumps(sealed({**manifest, "tokenizer": {"sha256": "0" * 64}})))
     with pytest.raises(BundleError) as error:
         read_bundle(folder)
     assert_one_line(error.value, "does not match the tokenizer.sha256 of its manifest", "re-export")

@@ -85,6 +85,7 @@ class ChatScreen(Screen):
         self._queued: list[MessageView] = []  # messages sent while a reply streams, oldest first
         self._drafted_before = self._steps_before = 0
         self.pacer = UpdatePacer(ui_duty(torch.get_num_threads()))  # how often a streaming reply is drawn
+        self._reported_save_problem: str | None = None  # the save problem last shown, if any
 
     # -- layout --------------------------------------------------------------------------------------------
 
@@ -115,6 +116,15 @@ class ChatScreen(Screen):
         if self.session.plan_steps:
             self.set_status("memory plan: " + "; ".join(self.session.plan_steps))
             self.notify("\n".join(self.session.plan_steps), title="to fit the memory budget", timeout=10)
+        self.report_saving()
+
+    def report_saving(self) -> None:
+        """A warning when the chat cannot be saved (at start, or when a save first fails); nothing while that stays
+        the same. The chat goes on in memory, and each reply's save tries again."""
+        problem = self.session.save_problem
+        if problem is not None and problem != self._reported_save_problem:
+            self.notify(problem, title="not saved", severity="warning", timeout=10)
+        self._reported_save_problem = problem
 
     async def show_conversation(self) -> None:
         """Rebuild the message list from the session's conversation (after opening or starting a chat)."""
@@ -217,6 +227,7 @@ class ChatScreen(Screen):
         if self.session.dropped_turns:
             status = f"context full: the oldest {self.session.dropped_turns} messages were left out " + status
         self.set_status(status.strip())
+        self.report_saving()
         if self._queued:
             await self._send_queued()
 

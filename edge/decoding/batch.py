@@ -8,11 +8,14 @@ for all of them. Sequences join and leave between any two steps.
         for sequence, token in batch.step():      # the tokens this step chose, one per sequence that chose one
             ...
     batch.remove(first)                            # (a cancelled request): its region is free at once
+    batch.add(prompt_ids, params, 128, drafter=NGramDrafter(), draft_length=4)   # speculative, in the same passes
 
 Each sequence owns a region of one KV cache (`context` positions); its rows write and attend only there, at the
 positions they have in it (edge/kernels/csrc/interface.h RowSlots). Every row computes what it computes when the
 sequence runs alone, so a greedy reply is token for token the one plain decoding gives, and a seeded sampled one
-the same reply as alone (its own generator, penalty and history).
+the same reply as alone (its own generator, penalty and history). A sequence with a drafter adds its verify rows
+(its last token and its draft) to the pass and keeps what its own verification accepts (edge/decoding/verify.py),
+so each sequence's acceptance is its own; greedy replies stay those of plain decoding.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from edge.decoding.drafters.base import Draft, DraftSampler, Drafter
 from edge.decoding.sampling import SamplingParams, history_tensor, next_token
+from edge.decoding.speculative import verify_rows
 from edge.errors import SamplingError
 from edge.model.kernel_glue import step_rows
 from edge.model.transformer import Transformer
@@ -40,8 +45,14 @@ class Sequence:
     generator: torch.Generator
     max_new_tokens: int
     eos_token_ids: frozenset[int]
+    drafter: Drafter | None = None  # proposes the tokens its verify rows check (None: one plain row a step)
+    draft_length: int = 0
+    sampler: DraftSampler | None = None
     cached: int = 0  # tokens whose keys/values its region holds
     finish: str | None = None  # "eos" or "length" once it has ended
+    steps: int = 0  # passes that chose its tokens
+    drafted: int = 0  # tokens its drafter proposed, and those accepted
+    accepted: int = 0
 
     @property
     def generated(self) -> list[int]:
@@ -69,8 +80,10 @@ class SequenceBatch:
         return [region for region in range(self.regions) if region not in taken]
 
     def add(self, prompt: list[int], params: SamplingParams, max_new_tokens: int, eos_token_ids=frozenset(),
-            generator: torch.Generator | None = None) -> Sequence:
-        """A new sequence in a free region; it runs from the next step."""
+            generator: torch.Generator | None = None, drafter: Drafter | None = None,
+            draft_length: int = 4) -> Sequence:
+        """A new sequence in a free region; it runs from the next step. With a drafter (its own instance: a drafter
+        keeps state about the tokens it drafts for), each decode step verifies up to `draft_length` drafted tokens."""
         free = self.free_regions()
         if not free:
             raise SamplingError(f"all {self.regions} sequences of the batch are running; remove one or wait")
@@ -78,8 +91,10 @@ class SequenceBatch:
             raise SamplingError(f"a prompt of {len(prompt)} tokens and {max_new_tokens} new ones do not fit a "
                                 f"sequence's {self.context} positions; shorten it or ask for fewer tokens")
         params = params.resolved()
-        sequence = Sequence(free[0], list(prompt), len(prompt), params, generator or params.generator(self.device),
-                            max_new_tokens, frozenset(eos_token_ids))
+        generator = generator or params.generator(self.device)
+        sequence = Sequence(free[0], list(prompt), len(prompt), params, generator, max_new_tokens,
+                            frozenset(eos_token_ids), drafter, draft_length if drafter is not None else 0,
+                            DraftSampler(params, generator, None, self.model.config.vocab_size))
         self.sequences.append(sequence)
         return sequence
 
@@ -88,21 +103,24 @@ class SequenceBatch:
         self.sequences.remove(sequence)
 
     def step(self) -> list[tuple[Sequence, int]]:
-        """One fused pass over every running sequence's pending rows; each sequence whose pass reached its last
-        token chooses the next one. Returns (sequence, token) for each choice made."""
-        plan = []  # (sequence, first token index, end index) of the rows each sequence adds
+        """One fused pass over every running sequence's pending rows (a prompt's chunk, or its last token and its
+        draft); each sequence whose pass reached its last token chooses what comes next. Returns (sequence, token)
+        for each token chosen, in order."""
+        plan = []  # (sequence, first token index, rows' tokens, draft) of the rows each sequence adds
         for sequence in self.running:
             pending = len(sequence.tokens) - sequence.cached  # 1 while decoding
+            draft = self._draft(sequence) if pending == 1 else Draft(tokens=[])
             count = min(pending, self.prefill_chunk)
-            plan.append((sequence, sequence.cached, sequence.cached + count))
+            rows = sequence.tokens[sequence.cached:sequence.cached + count] + draft.tokens
+            plan.append((sequence, sequence.cached, rows, draft))
         if not plan:
             return []
         tokens, slots, firsts = [], [], []
-        for sequence, begin, end in plan:
+        for sequence, begin, rows, _ in plan:
             base = sequence.region * self.context
-            tokens += sequence.tokens[begin:end]
-            slots += range(base + begin, base + end)
-            firsts += [base] * (end - begin)
+            tokens += rows
+            slots += range(base + begin, base + begin + len(rows))
+            firsts += [base] * len(rows)
         with torch.inference_mode():
             passed = step_rows(self.model, torch.tensor(tokens), torch.tensor(slots), torch.tensor(firsts),
                                self.cache)
@@ -111,17 +129,47 @@ class SequenceBatch:
                                 "not use; serve one request at a time (--parallel 1)")
         logits = passed[1]  # (T, V)
         chosen, row = [], 0
-        for sequence, begin, end in plan:
-            row += end - begin
-            sequence.cached = end
-            if end < len(sequence.tokens):
-                continue  # more of its prompt to run before it chooses
-            token = next_token(logits[row - 1], sequence.params,
-                               history_tensor(sequence.tokens, sequence.params, self.device), sequence.generator)
-            sequence.tokens.append(token)
-            chosen.append((sequence, token))
-            if token in sequence.eos_token_ids:
-                sequence.finish = "eos"
-            elif len(sequence.generated) >= sequence.max_new_tokens:
-                sequence.finish = "length"
+        for sequence, begin, rows, draft in plan:
+            own = logits[row:row + len(rows)]  # (rows, V)
+            row += len(rows)
+            if draft.tokens:
+                emitted = self._verified(sequence, draft, own)
+            else:
+                sequence.cached = begin + len(rows)
+                if sequence.cached < len(sequence.tokens):
+                    continue  # more of its prompt to run before it chooses
+                emitted = [next_token(own[-1], sequence.params,
+                                      history_tensor(sequence.tokens, sequence.params, self.device),
+                                      sequence.generator)]
+            sequence.steps += 1
+            for token in emitted:
+                sequence.tokens.append(token)
+                chosen.append((sequence, token))
+                if token in sequence.eos_token_ids:
+                    sequence.finish = "eos"
+                elif len(sequence.generated) >= sequence.max_new_tokens:
+                    sequence.finish = "length"
+                if sequence.finish is not None:
+                    break
+            sequence.cached = min(sequence.cached, len(sequence.tokens) - 1)
         return chosen
+
+    def _draft(self, sequence: Sequence) -> Draft:
+        """The sequence's draft for this step: at most draft_length tokens, never past its token budget or region."""
+        room = min(sequence.draft_length, sequence.max_new_tokens - len(sequence.generated) - 1,
+                   self.context - len(sequence.tokens))
+        if sequence.drafter is None or room <= 0:
+            return Draft(tokens=[])
+        draft = sequence.drafter.propose(sequence.tokens, room, sequence.sampler)
+        return draft if len(draft.tokens) <= room else Draft(tokens=draft.tokens[:room],
+                                                             probs=None if draft.probs is None else draft.probs[:room])
+
+    def _verified(self, sequence: Sequence, draft: Draft, logits: torch.Tensor) -> list[int]:
+        """The tokens a verify pass over the sequence's last token and draft emits: the accepted drafts and the
+        target's own next token; its region then holds the keys/values of every token but that last one."""
+        verdict = verify_rows(sequence.params, sequence.tokens, draft, logits, sequence.generator)
+        sequence.drafter.observe(verdict.accepted, len(draft.tokens), 0.0)
+        sequence.drafted += len(draft.tokens)
+        sequence.accepted += verdict.accepted
+        sequence.cached = len(sequence.tokens) + verdict.accepted  # the last token and the accepted drafts
+        return verdict.tokens(draft.tokens)

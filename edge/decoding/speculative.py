@@ -252,6 +252,29 @@ class DraftLength:
                 max(min(self.k - 1, accepted + 1), self.min_k)
 
 
+def verify_rows(params: SamplingParams, tokens: list[int], draft: Draft, logits: torch.Tensor,
+                generator: torch.Generator) -> Verdict:
+    """The verdict on `draft` from the target's logits (n + 1, V) at the rows after tokens[-1] and each drafted
+    token: greedy, or stochastic under `params` (each position penalised by the tokens before it, as plain decoding
+    does at that position)."""
+    device = logits.device
+    if params.penalty != 1.0:
+        seen = tokens + draft.tokens
+        histories = [history_tensor(seen[: len(tokens) + i], params, device) for i in range(len(logits))]
+        # (n + 1, V): position i has seen the drafts before it (the newest repeat_last_n tokens, as plain)
+        logits = penalised_rows(logits, histories, params.penalty)
+    if params.greedy:
+        return verify_greedy(draft.tokens, logits.argmax(-1))
+    unpenalised = dataclasses.replace(params, repetition_penalty=1.0)  # already applied above
+    candidates = candidate_distributions(logits, unpenalised)  # (n + 1, k) each: top-k's handful per position
+    if candidates is not None:
+        probs, ids = candidates
+        return verify_stochastic(draft.tokens, draft.probs, probs, generator, target_ids=ids)
+    no_history = torch.empty(0, dtype=torch.long, device=device)
+    target_probs = distribution(logits, unpenalised, no_history)  # (n + 1, V)
+    return verify_stochastic(draft.tokens, draft.probs, target_probs, generator)
+
+
 class SpeculativeDecoding:
     name = "speculative"
 
@@ -331,18 +354,4 @@ class SpeculativeDecoding:
                     draft_s=t1 - t0, verify_s=t2 - t1, sample_s=t3 - t2)
 
     def _verify(self, tokens: list[int], draft: Draft, logits: torch.Tensor) -> Verdict:
-        if self.params.penalty != 1.0:
-            seen = tokens + draft.tokens
-            histories = [history_tensor(seen[: len(tokens) + i], self.params, self.device) for i in range(len(logits))]
-            # (n + 1, V): position i has seen the drafts before it (the newest repeat_last_n tokens, as plain)
-            logits = penalised_rows(logits, histories, self.params.penalty)
-        if self.params.greedy:
-            return verify_greedy(draft.tokens, logits.argmax(-1))
-        unpenalised = dataclasses.replace(self.params, repetition_penalty=1.0)  # already applied above
-        candidates = candidate_distributions(logits, unpenalised)  # (n + 1, k) each: top-k's handful per position
-        if candidates is not None:
-            probs, ids = candidates
-            return verify_stochastic(draft.tokens, draft.probs, probs, self.generator, target_ids=ids)
-        no_history = torch.empty(0, dtype=torch.long, device=self.device)
-        target_probs = distribution(logits, unpenalised, no_history)  # (n + 1, V)
-        return verify_stochastic(draft.tokens, draft.probs, target_probs, self.generator)
+        return verify_rows(self.params, tokens, draft, logits, self.generator)

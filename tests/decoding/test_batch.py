@@ -83,3 +83,31 @@ def test_a_sequence_sees_only_its_own_region(engine):
         alone.step()
     assert first.generated == only.generated
     assert torch.equal(torch.tensor(first.generated), torch.tensor(greedy(engine, PROMPTS[0], 12)))
+
+
+def drafting_batch(engine, params: SamplingParams, regions: int, prompts, max_new_tokens: int):
+    from edge.decoding.drafters.ngram import NGramDrafter
+
+    batch = SequenceBatch(engine.model, regions=regions, context=128, prefill_chunk=16)
+    added = [batch.add(prompt, params, max_new_tokens, drafter=NGramDrafter(), draft_length=3) for prompt in prompts]
+    while batch.running:
+        batch.step()
+    return added
+
+
+def test_speculating_sequences_in_a_batch_reply_as_plain_decoding_alone(engine):
+    """Each sequence verifies its own draft in the shared pass: greedy replies are plain decoding's, whatever the
+    others accept, and the drafter does get tokens accepted."""
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], PROMPTS[0], [9, 9, 9, 9, 9, 9]]
+    together = drafting_batch(engine, SamplingParams(temperature=0), 3, prompts, 24)
+    assert [sequence.generated for sequence in together] == [greedy(engine, prompt, 24) for prompt in prompts]
+    assert sum(sequence.accepted for sequence in together) > 0
+    assert any(sequence.steps < len(sequence.generated) for sequence in together)  # fewer passes than tokens
+
+
+def test_a_seeded_speculating_sequence_replies_the_same_among_others_as_alone(engine):
+    params = SamplingParams(temperature=0.9, seed=4, repetition_penalty=1.2, repeat_last_n=16)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], PROMPTS[3]]
+    together = drafting_batch(engine, params, 2, prompts, 20)
+    alone = [drafting_batch(engine, params, 1, [prompt], 20)[0] for prompt in prompts]
+    assert [sequence.generated for sequence in together] == [sequence.generated for sequence in alone]

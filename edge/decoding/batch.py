@@ -28,10 +28,12 @@ from edge.decoding.drafters.base import Draft, DraftSampler, Drafter
 from edge.decoding.sampling import SamplingParams, history_tensor, next_token
 from edge.decoding.speculative import verify_rows
 from edge.errors import SamplingError
+from edge.kernels.runner import FUSED_CHUNK
 from edge.model.kernel_glue import step_rows
 from edge.model.transformer import Transformer
 
 PREFILL_CHUNK = 64  # prompt rows a sequence adds to one pass: a long prompt does not stall the others' steps
+MAX_ROWS = FUSED_CHUNK  # rows of one pass, every sequence's together: what one fused call takes
 
 
 @dataclass(eq=False)
@@ -65,6 +67,7 @@ class SequenceBatch:
     regions: int
     context: int
     prefill_chunk: int = PREFILL_CHUNK
+    max_rows: int = MAX_ROWS
     sequences: list[Sequence] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -107,12 +110,18 @@ class SequenceBatch:
         draft); each sequence whose pass reached its last token chooses what comes next. Returns (sequence, token)
         for each token chosen, in order."""
         plan = []  # (sequence, first token index, rows' tokens, draft) of the rows each sequence adds
+        decoding = [sequence for sequence in self.running if len(sequence.tokens) - sequence.cached == 1]
+        for sequence in decoding:  # first: a decode step never waits for someone else's prompt
+            draft = self._draft(sequence)
+            plan.append((sequence, sequence.cached, sequence.tokens[-1:] + draft.tokens, draft))
+        room = self.max_rows - sum(len(rows) for _, _, rows, _ in plan)
         for sequence in self.running:
-            pending = len(sequence.tokens) - sequence.cached  # 1 while decoding
-            draft = self._draft(sequence) if pending == 1 else Draft(tokens=[])
-            count = min(pending, self.prefill_chunk)
-            rows = sequence.tokens[sequence.cached:sequence.cached + count] + draft.tokens
-            plan.append((sequence, sequence.cached, rows, draft))
+            if sequence in decoding or room <= 0:
+                continue
+            count = min(len(sequence.tokens) - sequence.cached, self.prefill_chunk, room)  # a chunk of its prompt
+            plan.append((sequence, sequence.cached, sequence.tokens[sequence.cached:sequence.cached + count],
+                         Draft(tokens=[])))
+            room -= count
         if not plan:
             return []
         tokens, slots, firsts = [], [], []

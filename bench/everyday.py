@@ -85,6 +85,9 @@ class Reply:
     looped: bool
     seconds: float
     text: str
+    steps: int = 0  # target passes (the prefill and every decode step)
+    drafted: int = 0  # tokens a drafter proposed, and those accepted
+    accepted: int = 0
 
 
 def run_prompt(engine: Engine, name: str, text: str, setting: str, seed: int | None, max_new_tokens: int) -> Reply:
@@ -98,8 +101,9 @@ def run_prompt(engine: Engine, name: str, text: str, setting: str, seed: int | N
     tokens = [token for event in events for token in event.token_ids]
     finish = events[-1].finish_reason
     looped = finish == FINISH_LOOP or loop_length(tokens, LOOP_TOKENS) is not None
+    stats = events[-1].stats
     return Reply(name, setting, options.get("seed"), len(tokens), finish, looped, seconds,
-                 "".join(event.text for event in events))
+                 "".join(event.text for event in events), stats.steps, stats.drafted, stats.accepted)
 
 
 def run(engine: Engine, settings: list[str], seeds: int, max_new_tokens: int, prompts=PROMPTS,
@@ -122,7 +126,8 @@ def run(engine: Engine, settings: list[str], seeds: int, max_new_tokens: int, pr
         print(f"{setting}: {sum(reply.looped for reply in mine)} of {len(mine)} replies loop "
               f"({len(looped)} of {len(prompts)} prompts{': ' + ', '.join(looped) if looped else ''}); "
               f"{sum(r.tokens for r in mine)} tokens at {sum(r.tokens for r in mine) / sum(r.seconds for r in mine):.1f}"
-              " tokens/s", file=out, flush=True)
+              f" tokens/s, {sum(r.tokens for r in mine) / max(1, sum(r.steps for r in mine)):.2f} a step; drafted "
+              f"{sum(r.drafted for r in mine)}, accepted {sum(r.accepted for r in mine)}", file=out, flush=True)
     return replies
 
 

@@ -20,9 +20,9 @@ ALLOWED = {  # package -> the project packages it may import
     "train": {"edge", "memory", "kernels"},
     "serve": {"edge", "frontend", "memory", "kernels"},
 }
-# Inside edge: subpackages in layers, each importing only the subpackages named here. The leaves (errors, events)
-# import nothing of the project and every part of edge may import them; the top-level modules (engine, load_spec,
-# planning, and the package's own face, edge/__init__.py) sit above every subpackage and may import any of them.
+# Inside edge: subpackages in layers, each importing only the subpackages named here. The leaves (errors, events,
+# activity) import nothing of the project and every part of edge may import them; the top-level modules (engine,
+# load_spec, planning, and the package's own face, edge/__init__.py) sit above every subpackage and may import any.
 EDGE_LAYERS = {  # subpackage of edge -> the subpackages it may import
     "model": set(),  # the transformer, its config, KV caches, weight formats, offload, calibration, trimmed head
     "text": set(),  # tokenizer, chat templates, stop strings
@@ -30,7 +30,7 @@ EDGE_LAYERS = {  # subpackage of edge -> the subpackages it may import
     "backends": {"model", "text"},  # exported bundles run behind the Transformer calls
     "decoding": {"model", "text", "sources", "backends"},  # loop, speculation, sampling, grammars, drafters, registry
 }
-EDGE_LEAVES = {"errors", "events", "files"}
+EDGE_LEAVES = {"errors", "events", "files", "activity"}
 EDGE_TOP = {"engine", "load_spec", "planning"}
 
 

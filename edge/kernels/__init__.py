@@ -1,6 +1,6 @@
 """Kernels with plain-torch references and a dispatcher.
 
-The CPU kernel (csrc/, C compiled on first use, one library per CPU path: cpu_paths) is batch-invariant: a row's
+The CPU kernel (csrc/, C compiled at install, one library per CPU path: cpu_paths) is batch-invariant: a row's
 result does not depend on how many rows share the call, so a (k + 1)-token verify pass equals k + 1 decode steps bit
 for bit and greedy speculative decoding is exactly plain decoding. `cpu_kernel.CpuKernel` binds the whole library
 (its matmuls, attention and fused passes) through cffi from its one header, csrc/interface.h, where every struct,

@@ -1,7 +1,7 @@
 """edge's CPU kernel library (csrc/): its matmuls, attention and fused passes, bound through cffi from the one header
-that declares its interface (csrc/interface.h). Built for this CPU's path on first use (cpu_paths.py) and cached.
-`CpuKernel.load()` returns None where it cannot be built (no C compiler with OpenMP); callers then use torch's
-matmul, which is fast but not batch-invariant.
+that declares its interface (csrc/interface.h). The install's library of this CPU's path (cpu_paths.py), else built
+once at run time and cached. `CpuKernel.load()` returns None where there is none and none can be built (no C
+compiler with OpenMP); callers then use torch's matmul, which is fast but not batch-invariant.
 
     kernel = CpuKernel.load()          # the best path here, or EDGE_CPU_KERNEL's
     kernel.path                        # "avx2", "avx512-vnni", "neon-dotprod", "portable", ...

@@ -1,5 +1,6 @@
-"""Load what the chat needs, reporting each stage: the engine (tokenizer, weights, KV cache, drafter), then a
-short plain-decoding run that measures the baseline the speedup is shown against."""
+"""Load what the chat needs, reporting each stage: the engine (tokenizer, weights, KV cache, drafter; a CPU kernel
+build, should one be needed, shows its progress here). The baseline the speedup is shown against is measured later,
+once the chat is up and nothing else of edge's runs (ChatSession.measure_baseline)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Callable
 from textual.highlight import highlight
 
 from edge.engine import Engine
+from edge.kernels import cpu_paths
 from edge.load_spec import LoadSpec
 from edge.sources.model_source import display_name
 from edge.tui.history import ConversationStore
@@ -32,8 +34,14 @@ class SessionLoader:
         return display_name(self.spec.path)
 
     def load(self, progress: Progress) -> ChatSession:
-        engine = Engine.from_spec(self.settings.applied_to(self.spec),
-                                  progress=lambda stage, fraction: progress(stage, 0.8 * fraction))
+        shown = [0.0]
+
+        def stage(text: str, fraction: float) -> None:
+            shown[0] = 0.8 * fraction
+            progress(text, shown[0])
+
+        with cpu_paths.notices(lambda line: progress(line.removeprefix("edge: "), shown[0])):
+            engine = Engine.from_spec(self.settings.applied_to(self.spec), progress=stage)
         settings = self.settings
         if engine.plan is not None:  # the plan may have stepped the drafter down
             drafter = engine.spec.drafter
@@ -42,9 +50,7 @@ class SessionLoader:
         session = ChatSession(engine, settings, self.store, model_name=self.name, drafter_spec=settings.drafter)
         session.plan_steps = list(engine.plan.steps) if engine.plan is not None else []
         session.apply(session.settings)  # checks the settings and the memory budget
-        if self.measure_baseline:
-            progress("measuring plain decoding speed (the speedup's reference)", 0.85)
-            session.measure_baseline()
+        session.baseline_pending = self.measure_baseline
         progress("preparing the Markdown view", 0.95)
         for language in WARM_LANGUAGES:
             highlight("x = 1", language=language)

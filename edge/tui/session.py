@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from edge import activity
 from edge.decoding.sampling import label
 from edge.engine import Engine, GenerationOptions
 from edge.errors import EdgeError, MemoryBudgetError
@@ -27,6 +28,7 @@ from edge.memory.budget import format_size
 from edge.tui.settings import ChatSettings
 
 BASELINE_PROMPT = "Write a Python function that returns the sum of a list of numbers."
+QUIET_POLL_S = 2.0  # how often the baseline looks again whether other edge work has finished
 
 
 @dataclass
@@ -49,6 +51,8 @@ class ChatSession:
         self.conversation = Conversation(model=model_name, system=settings.system_prompt)
         self.outcome: ReplyOutcome | None = None  # how the last reply ended
         self.baseline_tokens_per_s: float | None = None
+        self.baseline_pending = False  # a baseline is wanted and not measured yet (the panel says "measuring")
+        self._engine_lock = threading.Lock()  # one of a reply, the baseline or a settings change uses the engine
         self.plan_steps: list[str] = []  # what the memory plan gave up to fit the budget, shown in the chat
         self.dropped_turns = 0  # oldest messages left out of the last reply's prompt because the context is full
         # why the chat cannot be saved (one line), None while it can: checked now, then at every save; until a
@@ -103,6 +107,10 @@ class ChatSession:
         """Yield the reply's events, until it ends or `stop` is set; record the reply and save when it ends. An
         EdgeError drops the turn; Ctrl+C (KeyboardInterrupt, raised here or thrown in at a yield) keeps the reply as
         far as it got, as stopped."""
+        with self._engine_lock:
+            yield from self._stream(stop)
+
+    def _stream(self, stop: threading.Event | None) -> Iterator[Event]:
         text, runs, last = [], [], None
         try:
             for event in self._reply_events(stop):
@@ -148,6 +156,10 @@ class ChatSession:
         """Switch to new settings without reloading the model; return what changed, for the status line.
 
         Raises an EdgeError (one line, naming the fix) and keeps the old settings if one is wrong."""
+        with self._engine_lock:
+            return self._apply(settings)
+
+    def _apply(self, settings: ChatSettings) -> list[str]:
         settings.check()
         self._check_budget(settings)
         changed = []
@@ -178,17 +190,28 @@ class ChatSession:
             raise MemoryBudgetError(f"the memory budget {settings.memory_budget} is too small: the model, its KV cache "
                                     f"and drafter need {format_size(needed)}; raise the budget to at least that")
 
-    def measure_baseline(self, tokens: int = 64) -> float:
+    def measure_baseline(self, tokens: int = 64, stop: threading.Event | None = None) -> float | None:
         """Plain (autoregressive) decoding speed on this machine, the reference for the speedup shown: a chat reply
         like the ones the panel measures, decoded the same way without the drafter. A base model (no chat template)
-        continues the prompt as text."""
-        last = None
-        options = GenerationOptions(max_new_tokens=tokens, ignore_eos=True, speculate=False)
-        events, _ = reply_events(self.engine, [{"role": "user", "content": BASELINE_PROMPT}], 1, options)
-        for last in events:
-            pass
-        self.engine.reset()
+        continues the prompt as text.
+
+        Measured only when nothing else of edge's runs: it first waits while other edge work is busy on this
+        machine (a kernel build, another edge command decoding: edge/activity.py), then for this chat's own reply to
+        end. None, unmeasured, if `stop` is set while it waits."""
+        while activity.other_edge_work():
+            if stop is None:
+                time.sleep(QUIET_POLL_S)
+            elif stop.wait(QUIET_POLL_S):
+                return None
+        with self._engine_lock:
+            last = None
+            options = GenerationOptions(max_new_tokens=tokens, ignore_eos=True, speculate=False)
+            events, _ = reply_events(self.engine, [{"role": "user", "content": BASELINE_PROMPT}], 1, options)
+            for last in events:
+                pass
+            self.engine.reset()
         self.baseline_tokens_per_s = last.stats.tokens_per_s if last is not None else None
+        self.baseline_pending = False
         return self.baseline_tokens_per_s or 0.0
 
 

@@ -132,20 +132,18 @@ def test_the_engine_allocates_what_the_plan_says(shapes, checkpoint_factory):
     assert "".join(e.text for e in tight.chat([{"role": "user", "content": "hi"}], max_new_tokens=8))
 
 
-@pytest.mark.slow
-def test_edge_chat_plans_without_weights_and_reports_step_downs(checkpoint_factory, tmp_path):
+def test_edge_chat_plans_without_weights_and_reports_step_downs(checkpoint_factory, tmp_path, capsys):
+    from edge.tui.cli import main as chat_main
+
     config_only = tmp_path / "config-only"
     config_only.mkdir()
     shutil.copy(checkpoint_factory("llama3") / "config.json", config_only / "config.json")
-    done = subprocess.run([sys.executable, "-m", "edge.tui.cli", str(config_only), "--plan", "--max-context", "512",
-                           "--memory-budget", "1GiB", "--drafter", "ngram"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["drafter"] == "ngram"
-    bad = subprocess.run([sys.executable, "-m", "edge.tui.cli", str(config_only), "--plan", "--memory-budget", "lots"],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "cannot read the memory size 'lots'" in bad.stderr
-    assert len(bad.stderr.strip().splitlines()) == 1
+    assert chat_main([str(config_only), "--plan", "--max-context", "512", "--memory-budget", "1GiB",
+                      "--drafter", "ngram"]) == 0
+    assert json.loads(capsys.readouterr().out)["drafter"] == "ngram"
+    assert chat_main([str(config_only), "--plan", "--memory-budget", "lots"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the memory size 'lots'" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import shutil
 import threading
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from edge import activity
 from edge.decoding.drafters import NGramDrafter
 from edge.decoding.drafters.draft_model import DraftModelDrafter
 from edge.engine import Engine
@@ -20,6 +23,8 @@ from edge.tui.screens.chat import ChatScreen
 from edge.tui.screens.history import HistoryScreen
 from edge.tui.screens.loading import LoadingScreen
 from edge.tui.screens.settings import SettingsScreen
+from edge.tui import session as session_module
+from edge.tui.session import ChatSession
 from edge.tui.settings import ChatSettings
 from edge.tui.widgets.message import MessageView
 from edge.tui.widgets.prompt import PromptInput
@@ -361,20 +366,73 @@ def test_a_missing_model_is_a_readable_message_not_a_traceback(make_app, tmp_pat
     asyncio.run(scenario())
 
 
-@pytest.mark.slow
-def test_the_speedup_is_shown_against_a_measured_baseline(tiny_model, tmp_path):
+def panel_text(panel: StatsPanel) -> str:
+    console = Console(width=60, file=io.StringIO())
+    console.print(panel.content)
+    return console.file.getvalue()
+
+
+def test_the_speedup_is_shown_against_a_baseline_measured_once_edge_is_otherwise_quiet(tiny_model, tmp_path,
+                                                                                     monkeypatch):
+    busy = threading.Event()  # another edge job (a kernel build, a benchmark) runs until cleared
+    busy.set()
+    monkeypatch.setattr(activity, "other_edge_work", lambda sample_s=0.5: ["edge-bench"] if busy.is_set() else [])
+    monkeypatch.setattr(session_module, "QUIET_POLL_S", 0.01)
+
     async def scenario():
         loader = SessionLoader(tiny_model, ChatSettings(drafter="ngram").replace(max_new_tokens=16), ConversationStore(tmp_path))
         app = EdgeChatApp(loader, memory_probe=lambda: RSS)
         async with app.run_test() as pilot:
+            for _ in range(2000):  # the chat is up while the baseline still waits
+                if isinstance(app.screen, ChatScreen):
+                    break
+                await pilot.pause(0.01)
+            await pilot.pause()
+            screen = app.screen
+            panel = screen.query_one(StatsPanel)
+            assert "measuring" in panel_text(panel) and screen.session.baseline_tokens_per_s is None
+            busy.clear()
             screen = await ready(app, pilot)
-            assert screen.session.baseline_tokens_per_s > 0
+            assert screen.session.baseline_tokens_per_s > 0 and "measuring" not in panel_text(panel)
             assert screen.session.engine.history == []  # the measurement leaves no trace in the chat's cache
             await send(app, pilot, "hi")
-            panel = screen.query_one(StatsPanel)
             stats = screen.session.outcome.event.stats
             assert panel.speedup == pytest.approx(stats.tokens_per_s / screen.session.baseline_tokens_per_s)
     asyncio.run(scenario())
+
+
+def test_quitting_while_the_baseline_waits_for_quiet_measures_nothing(tiny_model, tmp_path, monkeypatch):
+    looks = {"count": 0, "over": False}
+
+    def never_quiet(sample_s=0.5):
+        if looks["over"]:  # a worker still looking after the app ended: end it, or the test would hang
+            raise RuntimeError("still waiting after the app ended")
+        looks["count"] += 1
+        return [activity.KERNEL_BUILD]
+
+    monkeypatch.setattr(activity, "other_edge_work", never_quiet)
+    monkeypatch.setattr(session_module, "QUIET_POLL_S", 0.01)
+    session = ChatSession(None, ChatSettings(), None)
+    stop = threading.Event()
+    stop.set()
+    assert session.measure_baseline(stop=stop) is None and session.baseline_tokens_per_s is None
+
+    async def scenario():
+        app = EdgeChatApp(SessionLoader(tiny_model, ChatSettings(), ConversationStore(tmp_path)),
+                          memory_probe=lambda: RSS)
+        async with app.run_test() as pilot:
+            for _ in range(2000):
+                if isinstance(app.screen, ChatScreen):
+                    break
+                await pilot.pause(0.01)
+            chatting = isinstance(app.screen, ChatScreen) and app.screen.session.baseline_pending
+            await pilot.press("ctrl+q")  # the waiting worker is cancelled: the app ends
+        count = looks["count"]
+        await asyncio.sleep(0.3)
+        stopped = looks["count"] == count
+        looks["over"] = True
+        return chatting, stopped
+    assert asyncio.run(scenario()) == (True, True)
 
 
 def test_conversation_store_writes_atomically(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label
+from textual.worker import get_current_worker
 
 from edge.errors import EdgeError
 from edge.events import FINISH_CONTEXT, FINISH_LOOP, Stats
@@ -106,7 +107,10 @@ class ChatScreen(Screen):
         self.sub_title = self.session.model_name
         self.query_one(StatsPanel).show(drafter=self.session.drafter_spec,
                                         draft_length=self.session.settings.draft_length,
-                                        baseline_tokens_per_s=self.session.baseline_tokens_per_s)
+                                        baseline_tokens_per_s=self.session.baseline_tokens_per_s,
+                                        measuring=self.session.baseline_pending)
+        if self.session.baseline_pending:
+            self.measure_baseline()
         self.refresh_memory()
         await self.show_conversation()
         self.query_one(PromptInput).focus()
@@ -188,6 +192,14 @@ class ChatScreen(Screen):
     def _begin_decoding(self, prompt: str) -> None:
         self.pacer.start(time.thread_time())
         self.generate(prompt)
+
+    @work(thread=True, group="baseline")
+    def measure_baseline(self) -> None:
+        """The speedup's reference, measured once nothing else of edge's runs (the panel says "measuring" until
+        then); a reply sent meanwhile waits the second or two it takes."""
+        if self.session.measure_baseline(stop=get_current_worker().cancelled_event) is not None:
+            self.app.call_from_thread(self.query_one(StatsPanel).show, measuring=False,
+                                      baseline_tokens_per_s=self.session.baseline_tokens_per_s)
 
     @work(thread=True, exclusive=True, group="reply")
     def generate(self, prompt: str) -> None:

@@ -17,6 +17,7 @@ class LiveFigures:
     drafter: str = "none"
     draft_length: str = "adaptive"
     baseline_tokens_per_s: float | None = None  # measured plain decoding on this machine
+    measuring: bool = False  # the baseline is wanted and not measured yet
     stats: Stats | None = None
     last_k: int = 0  # tokens drafted per step lately
 
@@ -55,9 +56,10 @@ class StatsPanel(Static):
         table.add_row("draft length", length if f.drafter != "none" else "-")
         table.add_row("tokens/s", f"{s.tokens_per_s:.1f}" if s and s.decode_s else "-")
         baseline = f.baseline_tokens_per_s
-        table.add_row("plain tok/s", f"{baseline:.1f}" if baseline else "-")
+        unknown = "measuring" if f.measuring and not baseline else "-"
+        table.add_row("plain tok/s", f"{baseline:.1f}" if baseline else unknown)
         speedup = self.speedup
-        table.add_row("speedup", Text(f"{speedup:.2f}x", style="bold") if speedup else "-")
+        table.add_row("speedup", Text(f"{speedup:.2f}x", style="bold") if speedup else unknown)
         table.add_row("accepted", f"{s.acceptance_rate:.0%}" if s and s.drafted else "-")
         table.add_row("tokens/step", f"{s.mean_accepted_tokens:.2f}" if s and s.steps else "-")
         table.add_row("tokens", f"{s.generated_tokens}" if s else "-")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 from typing import TYPE_CHECKING
@@ -77,6 +78,8 @@ def serve_on_ray(args: argparse.Namespace, config: ServeConfig, spec: LoadSpec,
               f"{INSTALL}", file=sys.stderr)
         return 2
     try:
+        if not answers(args.ray):  # Ray itself would wait minutes on an address nobody listens at
+            raise ConnectionError("nothing listens there")
         ray.init(address=args.ray, logging_level="warning")
     except ConnectionError as error:
         print(f"edge-serve: error: no Ray cluster at {args.ray} ({error}); start one with `ray start --head` and "
@@ -97,6 +100,19 @@ def serve_on_ray(args: argparse.Namespace, config: ServeConfig, spec: LoadSpec,
     finally:
         serve.delete(APPLICATION)
         ray.shutdown()
+
+
+def answers(address: str, timeout_s: float = 5.0) -> bool:
+    """Whether something accepts a connection at a host:port address; True for any other form ('auto', ray://),
+    which Ray resolves itself."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or "://" in address:
+        return True
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def wait_for_stop() -> None:

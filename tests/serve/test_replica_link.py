@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import time
 
@@ -149,3 +150,13 @@ def test_ray_without_the_cluster_extra_says_how_to_install_it(builtin_default, m
     monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed
     assert main(["--ray", "auto"]) == 2
     assert "pip install 'edge[cluster]'" in capsys.readouterr().err
+
+
+def test_ray_at_an_address_nobody_listens_at_is_one_line(builtin_default, capsys):
+    pytest.importorskip("ray.serve", reason="the cluster extra is not installed (pip install -e '.[cluster]')")
+    with socket.socket() as probe:  # a free port, closed again: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["--ray", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert f"no Ray cluster at 127.0.0.1:{port}" in err and "ray start --head" in err

@@ -3,6 +3,7 @@
     edge-serve [MODEL_OR_BUNDLE]                     the default model when MODEL is omitted
     edge-serve MODEL --port 8080 --api-key KEY       clients send "Authorization: Bearer KEY"
     edge-serve --cors http://localhost:5173          a web page at that origin may call the API
+    edge-serve MODEL --ray HEAD:6379 --replicas 2    on a Ray cluster: replicas with one engine each (ray_cli.py)
 
 The model, drafter, weights and memory options are edge-chat's (edge/frontend/options.py, one load spec); the sampling
 flags set the defaults of requests that leave a field out. The server listens at once and loads in the background
@@ -31,6 +32,7 @@ from edge.frontend.options import (
 from edge.sources import default_model
 from edge.engine import Engine
 from edge.errors import EdgeError
+from edge.serve.ray_cli import add_ray_arguments, cluster_options, serve_on_ray
 
 try:  # the serve extra (FastAPI, uvicorn): without it edge-serve says how to install it
     import uvicorn
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "edge-builtin); requests may name any model")
     server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="uvicorn's log level (default: info)")
+    add_ray_arguments(parser)
     add_speculation_arguments(parser)
     add_sampling_arguments(parser, max_new_tokens=512)
     return parser
@@ -102,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         config = serve_config(args)  # the server's own options first: a bad one is reported before the model is read
+        cluster = cluster_options(args)
         spec = command_spec(args)
         if spec is None:  # --plan
             return 0
@@ -114,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edge-serve: warning: listening on {args.host}, not only this machine: other machines can reach the "
               f"server{'' if config.api_key else '; set an API key (--api-key or ' + API_KEY_VARIABLE + ')'}",
               file=sys.stderr)
+    if cluster is not None:
+        return serve_on_ray(args, config, spec, cluster)
     generations = GenerationQueue(args.queue_size)
     server = StoppingServer(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S),

@@ -1,6 +1,8 @@
 """edge-bench: decoding speed and memory of edge's methods (and of transformers, where installed), side by side.
 
     edge-bench [MODEL] [--methods ar,ngram,early-exit,adaptive,builtin] [--draft-lengths adaptive,4] [--peers]
+    edge-bench [MODEL] --quick                  a short run: plain decoding and the model's default drafter, one
+                                                prompt per category, 64 tokens, one pass (about a minute or less)
     edge-bench [MODEL] --ar [--peers [NAMES]]   plain decoding throughput on one prompt, edge vs transformers and
                                                 llama.cpp (at the precision matching edge's weights)
     edge-bench --scaling R1,R2,R3 --out DIR     suite reports side by side, by the target's weight bytes
@@ -10,6 +12,7 @@ decoding and each speculative method, checks that every greedy output is identic
 and writes a JSON report, a Markdown table and a plot. Each method runs in its own process, one after the other
 in the same run, so peak memory is measured separately and speeds are comparable; with --interleave every
 method (the peers too) runs in one process instead, prompt by prompt, which keeps speed ratios steady on a noisy machine.
+Progress goes to stderr as each prompt finishes: the pass, the method, the prompts done and the time left (ETA).
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ from bench import llama_cpp, llama_server, scaling, suite
 from bench.arguments import bench_parser
 from bench.checkpoints import source_checkpoint
 from bench.process import busy_processes, run_child
-from edge.frontend.options import print_plan, resolve_model_path
+from bench.progress import RunProgress
+from bench.prompts import PROMPTS, quick_prompts
+from edge.frontend.options import default_drafter, print_plan, resolve_model_path
+from edge.sources.builtin import builtin_model_path, shipped_datastores, shipped_for
 from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.sources.gguf_checkpoint import gguf_index
 from edge.decoding.registry import usage as drafter_usage
@@ -40,6 +46,10 @@ from edge.model.packed_weights import FORMATS as WEIGHT_QUANTIZATIONS
 from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
 from edge.text.tokenizer import Tokenizer
 PEERS = ("transformers", "llama.cpp", "llama-server")
+
+SUITE_METHODS = "ar,ngram,early-exit,adaptive"  # the suite's methods on any model; the defaults add what ships for it
+QUICK = {"max_new_tokens": 64, "repeats": 1}  # --quick's defaults, where the flags leave them out
+FULL = {"max_new_tokens": 128, "repeats": 3}
 
 DEFAULT_PROMPT = (
     "Write a short Python function that reads a text file and returns the ten most common words with their "
@@ -53,13 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
         model="checkpoint folder, edge-export bundle, .gguf file or Hub id (org/name; from the Hugging Face cache, "
               "else downloaded); " + DEFAULT_MODEL_HELP + ". With a bundle, the suite runs on ONNX Runtime and peers "
               "run its source checkpoint",
-        methods={"default": "ar,ngram,early-exit,adaptive,builtin",
+        methods={"default": None,
                  "help": f"suite: comma-separated methods: ar and drafter specs ({drafter_usage()}; draft:PATH may "
-                         "be a checkpoint or a bundle, bundle is a bundle's own drafter)"},
-        max_new_tokens=128,
-        repeats={"default": 3, "help": "timed repeats (--ar: per backend; suite: passes over every method, each "
-                                       "method in its own process each time, or passes over the prompts with "
-                                       "--interleave); medians are reported"},
+                         f"be a checkpoint or a bundle, bundle is a bundle's own drafter); default: {SUITE_METHODS}, "
+                         "and builtin on the built-in model, retrieval where a datastore ships for the model; "
+                         "--quick: ar and the drafter edge-chat --temperature 0 uses on the model (else ngram)"},
+        max_new_tokens={"default": None, "help": f"tokens per reply (default: {FULL['max_new_tokens']}; --quick: "
+                                                 f"{QUICK['max_new_tokens']})"},
+        repeats={"default": None, "help": "timed repeats (--ar: per backend; suite: passes over every method, each "
+                                          "method in its own process each time, or passes over the prompts with "
+                                          "--interleave); medians are reported (default: "
+                                          f"{FULL['repeats']}; --quick: {QUICK['repeats']})"},
         dtype={"default": "float32", "choices": DTYPES},
         weights={"choices": WEIGHT_QUANTIZATIONS,
                  "help": "quantize edge's target (layers and head) to int8 or int4 at load "
@@ -72,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "float32, and hierarchical for quantspec, which then runs on a target of its own"},
         json={"type": Path, "help": "--ar: write the results as JSON here"})
     parser.add_argument("--ar", action="store_true", help="plain decoding throughput on one prompt (not the suite)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"suite: a short run, about a minute on 2 cores on the default model: one prompt of "
+                             f"each category ({len(quick_prompts())} of {len(PROMPTS)}), "
+                             f"{QUICK['max_new_tokens']} tokens, {QUICK['repeats']} pass, interleaved (one process, "
+                             "one load), plain decoding against the model's default drafter; flags given as well "
+                             "override these")
     parser.add_argument("--background-load", type=int, default=0, metavar="N",
                         help="run N busy processes (one spinning core each) beside every runtime while it is measured, "
                              "as a laptop's other work does (default: 0, a quiet machine)")
@@ -124,10 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def print_bench_plan(args: argparse.Namespace) -> int:
     """--plan: the plan for the first speculative method of --methods, with the suite's load options."""
-    methods = [method for method in args.methods.split(",") if method and method != "ar"]
     lengths = [length for length in args.draft_lengths.split(",") if length]
     try:
-        print_plan(LoadSpec.from_options(resolve_model_path(args.model), memory_budget=args.memory_budget,
+        model = resolve_model_path(args.model)
+        methods = [method for method in (args.methods or suite_methods(args, model)).split(",")
+                   if method and method != "ar"]
+        print_plan(LoadSpec.from_options(model, memory_budget=args.memory_budget,
                                          dtype=args.dtype, weights=args.weights, kv_cache=args.kv_cache,
                                          max_context=suite.SUITE_CONTEXT, drafter=methods[0] if methods else None,
                                          draft_length=lengths[0] if lengths else "adaptive",
@@ -139,7 +161,7 @@ def print_bench_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = fill_defaults(build_parser().parse_args(argv))
     if args.background_load < 0:
         print(f"edge-bench: error: --background-load must be 0 or more, got {args.background_load}", file=sys.stderr)
         return 2
@@ -147,6 +169,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edge-bench: {args.background_load} busy process(es) beside the runtimes", file=sys.stderr)
     with busy_processes(args.background_load):
         return run(args, argv)
+
+
+def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The run's sizes where the flags leave them out: --quick's, else the full run's (methods: `suite_methods`)."""
+    sizes = QUICK if args.quick and not args.ar else FULL
+    for name, value in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.quick and not args.ar:
+        args.interleave = True
+    return args
+
+
+def suite_methods(args: argparse.Namespace, model: Path) -> str:
+    """--methods where none is given: plain decoding and the drafters that fit `model` (see --methods' help)."""
+    if args.quick:
+        drafter = default_drafter(argparse.Namespace(drafter=None, temperature=0, model=args.model))
+        return f"ar,{drafter or 'ngram'}"
+    extra = []
+    if builtin_model_path() is not None and model.resolve() == builtin_model_path().resolve():
+        extra.append("builtin")
+    elif shipped_for(Tokenizer.from_dir(model), shipped_datastores()) is not None:
+        extra.append("retrieval")
+    return ",".join([SUITE_METHODS, *extra])
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
@@ -208,7 +254,11 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     except EdgeError as error:
         print(f"edge-bench: error: {error}", file=sys.stderr)
         return 2
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    try:
+        methods = [m.strip() for m in (args.methods or suite_methods(args, model)).split(",") if m.strip()]
+    except EdgeError as error:
+        print(f"edge-bench: error: {error}", file=sys.stderr)
+        return 2
     lengths = [d.strip() for d in args.draft_lengths.split(",") if d.strip()]
     if "ar" not in methods:
         methods.insert(0, "ar")
@@ -219,24 +269,30 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     except EdgeError as error:
         print(f"edge-bench: error: {error}", file=sys.stderr)
         return 2
+    prompts = quick_prompts() if args.quick else list(range(len(PROMPTS)))
+    print(f"edge-bench: {', '.join(suite.label(m, d) for m, d in edge_runs + peers)} on {len(prompts)} prompts, "
+          f"{args.max_new_tokens} tokens each, {args.repeats} pass(es)", file=sys.stderr)
     if args.interleave:
-        print(f"edge-bench: {len(edge_runs) + len(peers)} methods interleaved prompt by prompt, {args.repeats} "
-              "passes ...", file=sys.stderr)
+        progress = RunProgress(args.repeats * len(prompts))
         results = suite.run_interleaved(model, edge_runs + peers, args.repeats, args.max_new_tokens, args.dtype,
-                                        args.kv_cache, args.weights, args.draft_weights)
+                                        args.kv_cache, args.weights, args.draft_weights, prompts=prompts,
+                                        on_progress=interleaved_progress(progress, args.repeats, len(prompts),
+                                                                         len(edge_runs + peers)))
         runs = []
     else:  # plain decoding again at the end: the baseline is the faster of the two
         results, runs = [], edge_runs + peers + [("ar-end", "adaptive")]
+        progress = RunProgress(args.repeats * len(runs) * len(prompts))
     passes: list[list[dict]] = []
     for number in range(args.repeats):  # whole passes over the methods: a slow spell of the machine hits one pass
         passes.append([])
         for method, length in runs:
-            print(f"edge-bench: pass {number + 1}/{args.repeats}: {suite.label(method, length)} ...",
-                  file=sys.stderr)
+            report = progress.step(f"pass {number + 1}/{args.repeats}: {suite.label(method, length)}")
             result = suite.run_method(model, "ar" if method == "ar-end" else method, length,
                                       args.max_new_tokens, args.dtype, args.kv_cache,
-                                      None if suite.is_peer(method) else args.weights, args.draft_weights)
+                                      None if suite.is_peer(method) else args.weights, args.draft_weights,
+                                      prompts=prompts, on_progress=report)
             passes[-1].append({**result, "method": method})
+    progress.close()
     results += [suite.median_of_passes(runs_of_method) for runs_of_method in zip(*passes)]
     baseline = results[0] if args.interleave else suite.faster_baseline(results[0], results[-1])
     rows = [suite.summarise(result, baseline) for result in results]
@@ -255,6 +311,18 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     print(table)
     print(f"\nwrote {args.out / 'suite.json'}, suite.md" + (", suite.png" if plotted else ""), file=sys.stderr)
     return 0 if all(row["identical_to_ar"] for row in rows if not suite.is_peer(row["method"])) else 1
+
+
+def interleaved_progress(progress: RunProgress, passes: int, prompts: int, methods: int):
+    """An interleaved worker's reports (prompts done over all its passes) as per-pass steps of `progress`."""
+    def report(done: int, total: int) -> None:
+        number = min((done - 1) // prompts, passes - 1) if done else 0
+        label = f"pass {number + 1}/{passes}: all {methods} methods, prompt by prompt"
+        if progress.label != label:
+            progress.step(label)
+        progress.update(done - number * prompts, prompts)
+    progress.step(f"pass 1/{passes}: loading, then all {methods} methods, prompt by prompt")
+    return report
 
 
 def suite_peer_runs(args: argparse.Namespace, model: Path, methods: list[str]) -> list[tuple[str, str]]:

@@ -70,3 +70,11 @@ PROMPTS: list[BenchPrompt] = [
     BenchPrompt("code", _user("Write a Python function `flatten(items)` that flattens a nested list.")),
     BenchPrompt("code", _user("Write a Python class `Stack` with push, pop and is_empty methods.")),
 ]
+
+
+def quick_prompts() -> list[int]:
+    """edge-bench --quick's prompts: the first of each category (indices into PROMPTS)."""
+    first: dict[str, int] = {}
+    for index, prompt in enumerate(PROMPTS):
+        first.setdefault(prompt.category, index)
+    return list(first.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Callable
 
 from bench import llama_server
 from bench.process import run_child
@@ -13,24 +14,30 @@ from bench.prompts import CATEGORIES
 SUITE_CONTEXT = 2048  # the context every edge method of the suite loads with (and --plan plans for)
 
 SPEC_BENCH_CATEGORIES = [c for c in CATEGORIES if c != "code"]  # Spec-Bench's six; "code" is reported on its own
+Progress = Callable[[int, int], None]  # (prompts done, prompts in all), as a worker reports them
 
 
 def run_method(model: Path, method: str, draft_length: str, max_new_tokens: int, dtype: str,
-               kv_cache: str | None = None, weights: str | None = None, draft_weights: str | None = None) -> dict:
-    """One method over the prompt set in a worker process of its own (bench.suite_worker.measure)."""
+               kv_cache: str | None = None, weights: str | None = None, draft_weights: str | None = None, *,
+               prompts: list[int] | None = None, on_progress: Progress | None = None) -> dict:
+    """One method over the prompt set (`prompts`: indices into it; default all) in a worker process of its own
+    (bench.suite_worker.measure); `on_progress(done, total)` hears of each finished prompt."""
     request = {"model": str(model), "method": method, "draft_length": draft_length, "max_new_tokens": max_new_tokens,
-               "dtype": dtype, "kv_cache": kv_cache, "weights": weights, "draft_weights": draft_weights}
-    return run_child("bench.suite_worker:measure", request, label(method, draft_length))
+               "dtype": dtype, "kv_cache": kv_cache, "weights": weights, "draft_weights": draft_weights,
+               "prompts": prompts}
+    return run_child("bench.suite_worker:measure", request, label(method, draft_length), on_progress=on_progress)
 
 
 def run_interleaved(model: Path, runs: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
                     kv_cache: str | None = None, weights: str | None = None,
-                    draft_weights: str | None = None) -> list[dict]:
-    """Every method (method, draft length) in one worker process, prompt by prompt (bench.suite_worker.measure)."""
+                    draft_weights: str | None = None, *, prompts: list[int] | None = None,
+                    on_progress: Progress | None = None) -> list[dict]:
+    """Every method (method, draft length) in one worker process, prompt by prompt (bench.suite_worker.measure);
+    `on_progress(done, total)` hears of each prompt finished by every method, over all the passes."""
     request = {"model": str(model), "interleave": [list(run) for run in runs], "passes": passes,
                "max_new_tokens": max_new_tokens, "dtype": dtype, "kv_cache": kv_cache, "weights": weights,
-               "draft_weights": draft_weights}
-    return run_child("bench.suite_worker:measure", request, "interleaved run")["runs"]
+               "draft_weights": draft_weights, "prompts": prompts}
+    return run_child("bench.suite_worker:measure", request, "interleaved run", on_progress=on_progress)["runs"]
 
 
 def median_of_passes(results: list[dict]) -> dict:

@@ -4,6 +4,9 @@ through bench.process (bench/suite.py: run_method, run_interleaved).
     {"model": PATH, "method": METHOD, "draft_length": "adaptive" or K, "max_new_tokens": N, ...}  -> one result
     {"model": PATH, "interleave": [["ar", "adaptive"], ["ngram", "2"]], "passes": P, ...}        -> {"runs": [...]}
 
+"prompts" (indices into bench.prompts.PROMPTS; default: all of them) picks the prompts run. Each finished prompt is
+reported to the parent (bench.process.report_progress): edge-bench's progress line and ETA.
+
 Interleaved, one process runs every listed method on each prompt in turn (edge's methods on one loaded target, plain
 decoding first; a peer on its own model), for P passes: one result per method, like the single-method form, each
 prompt's time the median over the passes. Methods timed seconds apart share the machine's slow spells, which on a
@@ -24,7 +27,7 @@ from typing import Callable
 
 from bench import llama_cpp, llama_server
 from bench.checkpoints import source_checkpoint
-from bench.process import peak_rss_mib
+from bench.process import peak_rss_mib, report_progress
 from bench.prompts import PROMPTS
 from bench.suite import SUITE_CONTEXT, is_peer
 
@@ -60,8 +63,9 @@ def generate_once(engine, prompt_ids: list[int], new_tokens: int) -> tuple[list[
 
 def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, max_new_tokens: int, dtype: str,
                      kv_cache: str | None = None, weights: str | None = None,
-                     draft_weights: str | None = None) -> list[dict]:
-    """Every (method, draft length) on each prompt in turn, `passes` times over the prompt set, in this process:
+                     draft_weights: str | None = None, chosen: list[int] | None = None) -> list[dict]:
+    """Every (method, draft length) on each prompt in turn (the `chosen` indices of PROMPTS, default all), `passes`
+    times over them, in this process:
     edge's methods share a loaded target per KV cache format (each drafter built once; QuantSpec's has its own
     hierarchical cache), a peer loads its own model."""
     import statistics
@@ -105,16 +109,19 @@ def interleaved_runs(model: str, methods: list[tuple[str, str]], passes: int, ma
 
     for run in runners:
         timed(run, prompts[0], 16)  # warm-up
-    records: list[list[list]] = [[[] for _ in PROMPTS] for _ in methods]  # [method][prompt] -> runs
-    for _ in range(passes):
-        for index, ids in enumerate(prompts):
+    chosen = list(range(len(PROMPTS))) if chosen is None else chosen
+    records: list[list[list]] = [[[] for _ in chosen] for _ in methods]  # [method][prompt] -> runs
+    for number_of_pass in range(passes):
+        for index, prompt_index in enumerate(chosen):
             for number, run in enumerate(runners):
-                records[number][index].append(timed(run, ids, max_new_tokens))
+                records[number][index].append(timed(run, prompts[prompt_index], max_new_tokens))
+            report_progress(number_of_pass * len(chosen) + index + 1, passes * len(chosen))
     peak = peak_rss_mib()
     results = []
     for (method, length), by_prompt in zip(methods, records):
         rows = []
-        for prompt, ids, runs in zip(PROMPTS, prompts, by_prompt):
+        for prompt_index, runs in zip(chosen, by_prompt):
+            prompt, ids = PROMPTS[prompt_index], prompts[prompt_index]
             out, stats, _ = runs[0]
             if any(run_ids != out for run_ids, _, _ in runs):
                 raise SystemExit(f"{method} gave different outputs in different passes")
@@ -217,10 +224,11 @@ def measure(request: dict) -> dict:
     "interleave" ([[method, draft length], ...]) every method prompt by prompt for "passes" passes, as {"runs": [...]};
     both on "model" with "max_new_tokens", "dtype", "kv_cache", "weights" and "draft_weights"."""
     model, new_tokens, dtype = request["model"], request["max_new_tokens"], request["dtype"]
+    chosen = request.get("prompts")
     if request.get("interleave"):
         methods = [(method, length) for method, length in request["interleave"]]
         return {"runs": interleaved_runs(model, methods, request["passes"], new_tokens, dtype, request["kv_cache"],
-                                         request["weights"], request["draft_weights"])}
+                                         request["weights"], request["draft_weights"], chosen)}
     method, draft_length = request["method"], request["draft_length"]
     weight_bytes = {}
     if is_peer(method):
@@ -230,13 +238,16 @@ def measure(request: dict) -> dict:
                                                  request["weights"], request["draft_weights"])
         weight_bytes = {"target_weight_bytes": target_bytes}
     run(prompts[0], 16)  # warm-up
+    chosen = list(range(len(PROMPTS))) if chosen is None else chosen
     results = []
-    for prompt, ids in zip(PROMPTS, prompts):
+    for done, prompt_index in enumerate(chosen, 1):
+        prompt, ids = PROMPTS[prompt_index], prompts[prompt_index]
         prepare(run)
         t0 = time.perf_counter()
         out, stats = run(ids, new_tokens)
         seconds = time.perf_counter() - t0
         results.append({"category": prompt.category, "prompt_tokens": len(ids), "new_tokens": len(out),
                         "seconds": seconds, "token_ids": out, **stats})
+        report_progress(done, len(chosen))
     return {"method": method, "draft_length": draft_length, "prompts": results, "peak_rss_mib": peak_rss_mib(),
             **weight_bytes}

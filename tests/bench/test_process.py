@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
 
-from bench.process import WorkerError, busy_processes, run_child
+from bench.process import WorkerError, busy_processes, report_progress, run_child
 
 
 def echo(request: dict) -> dict:
     print("python's stdout")  # neither may reach the result
     os.write(1, b"a C library's stdout\n")
     return {"request": request, "variable": os.environ.get("BENCH_TEST_VARIABLE"), "pid": os.getpid()}
+
+
+def counting(request: dict) -> dict:
+    print("a line of the work's own", file=sys.stderr)
+    for done in range(1, request["total"] + 1):
+        report_progress(done, request["total"])
+    return {"counted": request["total"]}
 
 
 def broken(request: dict) -> None:
@@ -27,6 +35,14 @@ def stuck(request: dict) -> None:
 def test_the_request_goes_in_and_the_result_comes_back_alone():
     result = run_child("tests.bench.test_process:echo", {"ids": [1, 2, 3]}, "echo", env={"BENCH_TEST_VARIABLE": "x"})
     assert result["request"] == {"ids": [1, 2, 3]} and result["variable"] == "x" and result["pid"] != os.getpid()
+
+
+def test_progress_reports_reach_the_parent_as_made_and_stay_out_of_errors_and_results():
+    reports = []
+    result = run_child("tests.bench.test_process:counting", {"total": 3}, "count",
+                       on_progress=lambda done, total: reports.append((done, total)))
+    assert result == {"counted": 3} and reports == [(1, 3), (2, 3), (3, 3)]
+    assert run_child("tests.bench.test_process:counting", {"total": 2}, "count") == {"counted": 2}  # nobody listens
 
 
 def test_a_failure_names_the_work_and_ends_with_the_child_error():

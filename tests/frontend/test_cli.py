@@ -196,7 +196,7 @@ def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "suite.json").read_text())
     assert [row["method"] for row in report["summary"]] == ["ar", "early-exit:1 (k=2)"]
-    assert "interleaved" in done.stderr and "pass 1/3" not in done.stderr  # one worker, not one per method
+    assert "pass 3/3: all 2 methods" in done.stderr and "pass 1/3: ar" not in done.stderr  # one worker for all
     for run in report["runs"]:
         first = run["prompts"][0]
         assert len(first["pass_seconds"]) == 3 and first["seconds"] == sorted(first["pass_seconds"])[1]
@@ -207,6 +207,57 @@ def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
     assert all(row["decode_speedup_six"] > 0 and row["decode_speedup_by_category"]["code"] > 0
                for row in report["summary"])
     assert "decode steps only" in (tmp_path / "suite.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_quick_is_a_short_run_with_progress_and_an_eta(llama_dir, tmp_path):
+    from bench.prompts import CATEGORIES
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.cli", str(llama_dir), "--quick", "--max-new-tokens", "6", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "suite.json").read_text())
+    assert [row["method"] for row in report["summary"]] == ["ar", "ngram (k=adaptive)"]  # no draft beside the model
+    assert report["max_new_tokens"] == 6  # a flag given overrides --quick's 64
+    prompts = report["runs"][0]["prompts"]
+    assert [p["category"] for p in prompts] == list(CATEGORIES) and len(prompts[0]["pass_seconds"]) == 1
+    lines = done.stderr.splitlines()
+    assert f"edge-bench: pass 1/1: all 2 methods, prompt by prompt  1/{len(CATEGORIES)} prompts  ETA " in "\n".join(lines)
+    assert any(line.endswith(f"{len(CATEGORIES)}/{len(CATEGORIES)} prompts  ETA 0:00") for line in lines)
+    assert lines[-1].startswith("wrote ") and any(line.startswith("edge-bench: done in ") for line in lines)
+
+
+def test_bench_suite_reports_each_prompt_of_each_pass(llama_dir, tmp_path, monkeypatch, capsys):
+    from bench import cli, suite
+    from bench.prompts import PROMPTS
+
+    def fake_run(model, method, length, max_new_tokens, *options, prompts, on_progress):
+        rows = []
+        for done, index in enumerate(prompts, 1):
+            rows.append({"category": PROMPTS[index].category, "prompt_tokens": 3, "new_tokens": 2, "seconds": 0.1,
+                         "token_ids": [1, 2], "steps": 2, "drafted": 0, "accepted": 0})
+            on_progress(done, len(prompts))
+        return {"method": method, "draft_length": length, "prompts": rows, "peak_rss_mib": 1.0}
+
+    monkeypatch.setattr(suite, "run_method", fake_run)
+    assert cli.main([str(llama_dir), "--methods", "ar", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    err, total = capsys.readouterr().err, len(PROMPTS)
+    for number in (1, 2):
+        for label in ("ar", "ar (again, at the end)"):
+            assert f"edge-bench: pass {number}/2: {label}  1/{total} prompts  ETA " in err
+            assert f"edge-bench: pass {number}/2: {label}  {total}/{total} prompts  ETA " in err
+    assert err.count(" prompts  ETA ") == 2 * 2 * total and "ETA 0:00\n" in err
+
+
+def test_every_edge_bench_and_edge_chat_option_has_help():
+    from bench.cli import build_parser as bench_parser
+    from edge.tui.cli import build_parser as chat_parser
+
+    for parser in (bench_parser(), chat_parser()):
+        missing = [action.dest for action in parser._actions if not (action.help or "").strip()]
+        assert not missing, f"{parser.prog}: no help for {missing}"
 
 
 @pytest.mark.slow
@@ -221,7 +272,7 @@ def test_bench_suite_interleaves_the_peers_with_the_same_draft_model(llama_dir, 
     report = json.loads((tmp_path / "suite.json").read_text())
     assert [row["method"] for row in report["summary"]] == [
         "ar", f"draft:{llama_dir} (k=2)", "hf", "hf-lookup", f"hf-assisted:{llama_dir}"]  # the draft the methods name
-    assert "pass 1/1" not in done.stderr  # the peers take turns with edge prompt by prompt, in the one worker
+    assert "pass 1/1: all 5 methods" in done.stderr and "pass 1/1: hf" not in done.stderr  # turns, in one worker
     assert all(row["tokens_per_s"] > 0 for row in report["summary"])
     assert report["summary"][2]["decode_speedup_six"] == {}  # peers report whole replies only
 

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import inspect
 import sys
+import time
 from typing import Iterable, Iterator, TextIO
 
 from edge.sources import default_model
@@ -51,12 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template "
                         "(console output, not the app)")
-    parser.add_argument("--stats", action="store_true", help="print tokens/s, acceptance and token counts per reply "
-                        "(--prompt and --plain)")
+    parser.add_argument("--stats", action="store_true",
+                        help="after each reply (--prompt and --plain) print the load time, the time to the first "
+                             "token, decode tokens/s, tokens per step, acceptance and, with a drafter, the speedup "
+                             "over plain decoding (measured once after loading unless --no-baseline)")
     parser.add_argument("--plain", action="store_true", help="line-by-line console chat instead of the app; with "
                         "text piped in, one message per line (/reset, /quit); saved like the app's chats")
     parser.add_argument("--no-baseline", action="store_true",
-                        help="skip the short plain-decoding run at start that the app's speedup figure compares to")
+                        help="skip the short plain-decoding run at start that the app's speedup figure (and --stats') "
+                             "compares to")
     add_speculation_arguments(parser)
     add_sampling_arguments(parser, max_new_tokens=CHAT_MAX_NEW_TOKENS)
     return parser
@@ -76,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompt is None and not (args.plain or args.raw) and sys.stdin.isatty() and sys.stdout.isatty():
         return run_app(args, spec)
     try:
+        started = time.perf_counter()
         engine = Engine.from_spec(spec)
+        load_s = time.perf_counter() - started
         for step in engine.plan.steps if engine.plan else ():
             print(f"edge-chat: memory plan: {step}", file=sys.stderr)
         piped = not sys.stdin.isatty()
@@ -86,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             args.prompt = sys.stdin.read().strip()  # text piped in without --plain: one message
         chat = ConsoleChat(engine, options, system=args.system, raw=args.raw, show_stats=args.stats,
                            model_name=args.model or spec.path.name,
-                           store=ConversationStore() if args.prompt is None else None)
+                           store=ConversationStore() if args.prompt is None else None, load_s=load_s)
+        if args.stats and chat.speculates and not args.no_baseline:
+            print("edge-chat: measuring plain decoding for --stats' speedup (--no-baseline skips it)",
+                  file=sys.stderr)
+            chat.session.measure_baseline()
         if args.prompt is not None:
             chat.reply(args.prompt, sys.stdout)
         else:
@@ -130,8 +140,9 @@ class ConsoleChat:
 
     def __init__(self, engine: Engine, options: GenerationOptions, *, system: str | None = None,
                  raw: bool = False, show_stats: bool = False, model_name: str = "",
-                 store: ConversationStore | None = None) -> None:
-        self.show_stats = show_stats
+                 store: ConversationStore | None = None, load_s: float | None = None) -> None:
+        """`load_s`: how long the engine took to load, shown with the first reply's stats."""
+        self.show_stats, self.load_s = show_stats, load_s
         drafter = engine.spec.drafter if engine.spec is not None else None
         # the settings carry the system prompt; the options, whole from the command line, replace their sampling
         self.session = ChatSession(engine, ChatSettings(system_prompt=system or ""), store, model_name=model_name,
@@ -158,6 +169,11 @@ class ConsoleChat:
         return self.session.engine
 
     @property
+    def speculates(self) -> bool:
+        """Whether replies draft (a drafter is loaded and the options let it): then a speedup can be measured."""
+        return self.engine.drafter is not None and self.session.generation_options().speculate
+
+    @property
     def conversation(self) -> Conversation:
         return self.session.conversation
 
@@ -168,8 +184,11 @@ class ConsoleChat:
         """Send one user message, stream the reply to `out`, and record both in the conversation."""
         self.session.begin(text)
         turn = self.session.stream()
+        sent, first_token_s = time.perf_counter(), None
         try:
             for index, event in enumerate(turn):
+                if first_token_s is None and event.token_ids:
+                    first_token_s = time.perf_counter() - sent
                 if index == 0 and self.session.dropped_turns:
                     print(f"(context full: the oldest {self.session.dropped_turns} messages are left out)",
                           file=sys.stderr)
@@ -190,7 +209,10 @@ class ConsoleChat:
             print("edge-chat: the reply was stopped: it kept repeating itself (--loop-stop 0 turns the loop stop "
                   "off)", file=sys.stderr)
         if self.show_stats and outcome.event is not None:
-            out.write(stats_line(outcome.event))
+            out.write(stats_line(outcome.event, load_s=self.load_s, first_token_s=first_token_s,
+                                 baseline_tokens_per_s=self.session.baseline_tokens_per_s if self.speculates else None,
+                                 speculates=self.speculates))
+            self.load_s = None  # said once
         return outcome.text
 
     def interactive(self, lines: Iterable[str] | None = None) -> None:
@@ -212,12 +234,27 @@ class ConsoleChat:
                     print(f"error: {error}", file=sys.stderr if lines is not None else sys.stdout)
 
 
-def stats_line(last: Event) -> str:
+def stats_line(last: Event, *, load_s: float | None = None, first_token_s: float | None = None,
+               baseline_tokens_per_s: float | None = None, speculates: bool = False) -> str:
+    """--stats after a reply: load time (`load_s`, when given), time to the first token, decode speed, tokens per
+    step, acceptance and the speedup over the measured plain-decoding speed (where one was measured)."""
     stats = last.stats
-    speculation = (f", {stats.mean_accepted_tokens:.2f} tokens/step, {stats.acceptance_rate:.0%} accepted"
-                   if stats.drafted else "")
-    return (f"[{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s{speculation}, "
-            f"prefill {stats.prefill_tokens} tokens, reused {stats.reused_tokens}, {last.finish_reason}]\n")
+    parts = [f"load {load_s:.2f} s"] if load_s is not None else []
+    if first_token_s is not None:
+        parts.append(f"first token {first_token_s:.2f} s")
+    parts.append(f"{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s decoding")
+    parts.append(f"{stats.mean_accepted_tokens:.2f} tokens/step")
+    if not speculates:
+        parts.append("plain decoding (no drafter)")
+    else:
+        parts.append(f"{stats.acceptance_rate:.0%} of {stats.drafted} drafted accepted")
+        if baseline_tokens_per_s and stats.decode_s:
+            parts.append(f"speedup {stats.tokens_per_s / baseline_tokens_per_s:.2f}x over plain decoding "
+                         f"({baseline_tokens_per_s:.1f} tokens/s)")
+        else:
+            parts.append("speedup not measured (--no-baseline)")
+    parts.append(f"prefill {stats.prefill_tokens} tokens, reused {stats.reused_tokens}, {last.finish_reason}")
+    return f"[{', '.join(parts)}]\n"
 
 
 def _typed_lines() -> Iterator[str]:

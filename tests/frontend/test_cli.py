@@ -21,7 +21,23 @@ def test_chat_prompt_prints_the_reply(llama_dir, capsys):
     expected = "".join(e.text for e in Engine.load(llama_dir).chat([{"role": "user", "content": "Hello"}],
                                                                      max_new_tokens=8, temperature=0.0))
     assert out.startswith(expected + "\n")
-    assert "tokens/s" in out
+    stats = out.splitlines()[-1]
+    assert stats.startswith("[load ") and " s, first token " in stats and "tokens/s decoding" in stats
+    assert "1.00 tokens/step, plain decoding (no drafter)" in stats
+
+
+def test_chat_stats_show_acceptance_and_the_speedup_over_measured_plain_decoding(llama_dir, capsys):
+    assert chat_main([str(llama_dir), "--prompt", "the cat the cat the cat", "--max-new-tokens", "16", "--stats",
+                      "--temperature", "0", "--drafter", "ngram"]) == 0
+    captured = capsys.readouterr()
+    stats = captured.out.splitlines()[-1]
+    assert "measuring plain decoding" in captured.err
+    assert stats.startswith("[load ") and "first token " in stats and "tokens/step" in stats
+    assert "drafted accepted" in stats and "x over plain decoding (" in stats
+    assert chat_main([str(llama_dir), "--prompt", "the cat", "--max-new-tokens", "4", "--stats", "--temperature", "0",
+                      "--drafter", "ngram", "--no-baseline"]) == 0
+    captured = capsys.readouterr()
+    assert "speedup not measured (--no-baseline)" in captured.out and "measuring" not in captured.err
 
 
 def test_chat_reads_the_prompt_from_a_pipe(llama_dir, monkeypatch, capsys):

@@ -1,5 +1,7 @@
 """edge-bench's progress on stderr: which pass and method runs, how many of its prompts are done, and an estimate of
-the time the whole run has left (the time per prompt so far, model loads included, times the prompts still to run).
+the time the whole run has left: the time per prompt since the first one finished (later model loads included), times
+the prompts still to run; until a second one finishes, the time so far per prompt (the first load and warm-up
+included, so that first estimate runs high).
 
     edge-bench: pass 1/2: ar  3/7 prompts  ETA 0:24
 
@@ -30,14 +32,21 @@ class RunProgress:
         self.done = 0  # prompt runs finished in the whole run
         self.step_done = 0  # ... in the current step (one method in one pass)
         self.label = ""
+        self._first: tuple[float, int] | None = None  # (when, prompts done) at the first finished prompt
         self.in_place = self.stream.isatty()
         self._open_line = False
 
     def eta(self) -> float | None:
-        """Seconds the run has left, by the time per prompt run so far; None before the first finished."""
+        """Seconds the run has left, by the time per prompt run (see the module's note); None before one finished."""
         if not self.done:
             return None
-        return (self.clock() - self.started) / self.done * (self.total - self.done)
+        now = self.clock()
+        if self._first is None:
+            self._first = (now, self.done)
+        since, done_then = self._first
+        if self.done > done_then:
+            return (now - since) / (self.done - done_then) * (self.total - self.done)
+        return (now - self.started) / self.done * (self.total - self.done)
 
     def step(self, label: str) -> Callable[[int, int], None]:
         """A new step (e.g. "pass 1/2: ar") starts; returns what its worker's progress reports go to."""

@@ -24,21 +24,21 @@ def test_each_finished_prompt_is_a_line_with_the_pass_the_method_and_the_time_le
     progress = RunProgress(2 * 2 * 3, stream=out, clock=clock)  # 2 passes x 2 methods x 3 prompts
     report = progress.step("pass 1/2: ar")
     clock.now += 6
-    report(1, 3)  # 1 of 12 in 6 s: 11 left at 6 s each
-    clock.now += 6
-    report(2, 3)
-    clock.now += 6
+    report(1, 3)  # 1 of 12 in 6 s (a load and a warm-up among them): 11 left at 6 s each
+    clock.now += 3
+    report(2, 3)  # since the first: 1 in 3 s, 10 left
+    clock.now += 3
     report(3, 3)
     report = progress.step("pass 1/2: ngram (k=adaptive)")
-    clock.now += 2
-    report(1, 3)  # 4 of 12 in 20 s: 8 left at 5 s each
+    clock.now += 3
+    report(1, 3)  # since the first: 3 in 9 s, 8 left
     progress.close()
     lines = out.getvalue().splitlines()
     assert lines[0] == "edge-bench: pass 1/2: ar ..."
     assert lines[1] == "edge-bench: pass 1/2: ar  1/3 prompts  ETA 1:06"
-    assert lines[2] == "edge-bench: pass 1/2: ar  2/3 prompts  ETA 1:00"
-    assert lines[5] == "edge-bench: pass 1/2: ngram (k=adaptive)  1/3 prompts  ETA 0:40"
-    assert lines[-1] == "edge-bench: done in 0:20"
+    assert lines[2] == "edge-bench: pass 1/2: ar  2/3 prompts  ETA 0:30"
+    assert lines[5] == "edge-bench: pass 1/2: ngram (k=adaptive)  1/3 prompts  ETA 0:24"
+    assert lines[-1] == "edge-bench: done in 0:15"
 
 
 def test_on_a_terminal_the_line_is_rewritten_in_place():

@@ -13,12 +13,12 @@ from edge.load_spec import LoadSpec
 from edge.decoding.speculative import DraftLength
 from edge.memory.budget import BudgetError, parse_size
 
-DRAFTER_CHOICES = (
-    ("n-gram lookup, then the feature drafter", "hybrid:feature"),
-    ("feature drafter (on the model's own states)", "feature"),
-    ("n-gram lookup, then the built-in drafter", "hybrid:builtin"),
+DRAFTER_CHOICES = (  # names short enough to show whole in the settings' drafter field at 80 columns
+    ("n-gram lookup, then feature drafter", "hybrid:feature"),
+    ("feature drafter (model's own states)", "feature"),
+    ("n-gram lookup, then built-in drafter", "hybrid:builtin"),
     ("built-in drafter model", "builtin"),
-    ("retrieval (the model's own replies) and prompt lookup", "retrieval"),
+    ("retrieval (own replies) + prompt lookup", "retrieval"),
     ("n-gram prompt lookup", "ngram"),
     ("early exit (self-speculative)", "early-exit"),
     ("adaptive layer skip (self-speculative)", "adaptive"),
@@ -77,6 +77,20 @@ class ChatSettings:
         return self
 
 
+def repetition_guard(options: SamplingParams) -> str:
+    """The repetition guard in force, in words: the penalty (set, or the default the temperature gives) over how many
+    tokens, and the loop stop."""
+    penalty = options.penalty
+    if penalty == 1.0 or options.repeat_last_n == 0:
+        parts = ["no repetition penalty"]
+    else:
+        source = "" if options.repetition_penalty is not None else ", sampling's default"
+        window = "the whole context" if options.repeat_last_n < 0 else f"the last {options.repeat_last_n} tokens"
+        parts = [f"penalty {penalty:g} over {window}{source}"]
+    parts.append(f"loop stop after {options.loop_stop} tokens" if options.loop_stop else "loop stop off")
+    return "repetition guard: " + "; ".join(parts)
+
+
 def form_value(name: str, text: str) -> int | float | None:
     """A generation option's form field as its value, or a one-line SamplingError naming the field as the form labels
     it (top-p), its limits and the text; empty is none for an option that takes none (seed)."""
@@ -105,4 +119,4 @@ def parse_number(text: str, name: str, kind: type = float):
 
 
 __all__ = ["CHAT_MAX_NEW_TOKENS", "ChatSettings", "DRAFTER_CHOICES", "FORM_OPTIONS", "form_text", "form_value",
-           "parse_number"]
+           "parse_number", "repetition_guard"]

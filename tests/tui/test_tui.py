@@ -517,3 +517,130 @@ def test_the_app_chats_on_an_exported_bundle_with_its_drafter(make_app, tiny_mod
             stats = screen.query_one(StatsPanel).figures.stats
             assert stats.generated_tokens == 24 and stats.drafted > 0
     asyncio.run(scenario())
+
+
+def key_name(key: str) -> str:
+    """A binding's key as the palette's help writes it: ctrl+q -> Ctrl+Q, escape -> Esc, f3 -> F3."""
+    return {"escape": "Esc"}.get(key) or "+".join(part.capitalize() if len(part) > 1 else part.upper()
+                                                  for part in key.split("+"))
+
+
+def shown_text(widget) -> str:
+    """The lines a widget draws, border included, as text."""
+    return "\n".join(line.text for line in widget.render_lines(widget.region.reset_offset))
+
+
+def visible_footer_keys(screen) -> set[str]:
+    """The footer's keys drawn whole at the current width, left of the command palette's key."""
+    from textual.widgets._footer import FooterKey
+
+    keys = list(screen.query(FooterKey))
+    palette = next(key for key in keys if key.has_class("-command-palette"))
+    return {key.key for key in keys if key is palette or (key.region.width and key.region.right <= palette.region.x)}
+
+
+def test_every_key_is_in_the_footer_at_80_columns_and_in_the_palette_with_its_key(make_app):
+    from textual.binding import Binding
+
+    async def scenario():
+        app = make_app(max_new_tokens=400)
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await ready(app, pilot)
+            bindings = [b for b in (*ChatScreen.BINDINGS, *EdgeChatApp.BINDINGS) if isinstance(b, Binding)]
+            helps = " | ".join(command.help for command in app.get_system_commands(screen))
+            for binding in bindings:  # the palette names every key
+                assert key_name(binding.key) in helps, binding.key
+            shown = {b.key for b in bindings if b.show}
+            idle = visible_footer_keys(screen)
+            assert shown - {"escape"} <= idle and "ctrl+q" in idle and "ctrl+p" in idle  # nothing cut off
+            gate = await start_slow_reply(screen, pilot, "tell me everything")
+            await pilot.pause()
+            await pilot.pause()
+            streaming = visible_footer_keys(screen)
+            assert shown - {"ctrl+r"} <= streaming and "escape" in streaming  # Esc stops the reply that streams
+            await pilot.press("escape")
+            gate.set()
+            await settle(app, pilot)
+    asyncio.run(scenario())
+
+
+def test_the_colours_legend_sits_above_the_input_and_covers_nothing(make_app):
+    async def scenario():
+        app = make_app(drafter="ngram", max_new_tokens=8)
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await ready(app, pilot)
+            await send(app, pilot, "the cat the cat")
+            legend = screen.query_one("#legend")
+            assert not legend.display
+            await pilot.press("f2")
+            await pilot.pause()
+            prompt, messages = screen.query_one(PromptInput), screen.query_one("#messages")
+            assert legend.display and "drafted and accepted" in str(legend.render())
+            assert legend.region.bottom <= prompt.region.y and legend.region.y >= messages.region.bottom
+            assert not app._notifications  # no toast over the input
+            await pilot.press("f2")
+            await pilot.pause()
+            assert not legend.display
+    asyncio.run(scenario())
+
+
+def test_settings_show_each_drafter_name_whole_and_the_repetition_guard(make_app):
+    from rich.cells import cell_len
+    from textual.widgets import Select
+
+    from edge.tui.settings import DRAFTER_CHOICES
+
+    async def scenario():
+        app = make_app(temperature=0.8)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(app, pilot)
+            await pilot.press("f3")
+            await pilot.pause()
+            settings = app.screen
+            select = settings.query_one("#drafter", Select)
+            for name, value in DRAFTER_CHOICES:
+                select.value = value
+                await pilot.pause()
+                label = select.query_one("SelectCurrent #label")
+                assert str(label.render()) == name and cell_len(name) <= label.content_region.width, name
+            guard = settings.query_one("#repetition-guard")
+            assert str(guard.render()) == ("repetition guard: penalty 1.1 over the last 64 tokens, sampling's "
+                                           "default; loop stop after 64 tokens")
+            settings.query_one("#repetition_penalty").value = "1.3"
+            settings.query_one("#loop_stop").value = "0"
+            await pilot.pause()
+            assert str(guard.render()) == "repetition guard: penalty 1.3 over the last 64 tokens; loop stop off"
+            settings.query_one("#repeat_last_n").value = "many"
+            await pilot.pause()
+            assert "not valid yet" in str(guard.render())
+    asyncio.run(scenario())
+
+
+def test_a_new_chat_clears_the_last_replys_figures(make_app):
+    async def scenario():
+        app = make_app(drafter="ngram", max_new_tokens=8)
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await ready(app, pilot)
+            await send(app, pilot, "hello")
+            panel = screen.query_one(StatsPanel)
+            assert panel.figures.stats.generated_tokens == 8
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            assert panel.figures.stats is None and panel.figures.drafter == "ngram"
+            rows = [row.strip("│ ").split() for row in shown_text(screen.query_one("#stats")).splitlines()]
+            assert [row for row in rows if row[:1] in (["tokens"], ["tokens/s"], ["accepted"])] == [
+                ["tokens/s", "-"], ["accepted", "-"], ["tokens", "-"]]
+    asyncio.run(scenario())
+
+
+def test_the_memory_panel_explains_plan_and_resident_and_judges_the_gap(make_app):
+    async def scenario():
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await ready(app, pilot)
+            memory = screen.query_one("#memory")
+            text = shown_text(memory)
+            assert "plan: weights + KV + drafter" in text and "resident: RAM of the process" in text
+            assert "normal: runtime 300 MiB + plan" in text  # the probe's 300 MiB before and after the load
+            assert memory.region.bottom <= screen.query_one("#status").region.y  # all of it on an 80x24 screen
+    asyncio.run(scenario())

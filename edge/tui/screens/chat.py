@@ -21,6 +21,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
+from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label
 from textual.worker import get_current_worker
@@ -34,7 +35,7 @@ from edge.tui.pacing import UpdatePacer, ui_duty
 from edge.tui.provenance import provenance_pieces
 from edge.tui.session import FINISH_STOPPED, ChatSession, ReplyOutcome
 from edge.tui.settings import ChatSettings
-from edge.tui.widgets.message import MessageView
+from edge.tui.widgets.message import MessageView, provenance_legend
 from edge.tui.widgets.prompt import PromptInput
 from edge.tui.widgets.stats import MemoryBar, StatsPanel
 
@@ -62,24 +63,30 @@ class ReplyFailed(Message):
 
 
 class ChatScreen(Screen):
+    # every key is in the footer (short names; Esc while a reply streams, Ctrl+R while none does, so that they fit 80
+    # columns beside the app's Ctrl+Q and Ctrl+P) and in the command palette (EdgeChatApp.get_system_commands, each
+    # with its key)
     BINDINGS = [
-        Binding("escape", "stop", "Stop reply"),
+        Binding("escape", "stop", "Stop"),
         Binding("ctrl+c", "stop_or_copy", "Stop", show=False, priority=True),
         Binding("f2", "toggle_provenance", "Colours"),
         Binding("f3", "settings", "Settings"),
-        Binding("ctrl+o", "open_chat", "Open chat"),
-        Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+y", "copy_reply", "Copy reply", priority=True),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+o", "open_chat", "Open"),
+        Binding("ctrl+r", "regenerate", "Redo"),
+        Binding("ctrl+y", "copy_reply", "Copy", priority=True),
     ]
 
+    streaming = reactive(False, bindings=True)  # a reply is streaming; the footer's keys follow it
+
     def __init__(self, session: ChatSession, *, drafters: list[tuple[str, str]] | None = None,
-                 memory_probe=None) -> None:
+                 memory_probe=None, runtime_bytes: int | None = None) -> None:
+        """`runtime_bytes`: the process's resident memory before the model loaded (the memory panel's verdict)."""
         super().__init__()
         self.session = session
         self.drafters = drafters
-        self.memory_probe = memory_probe or (lambda: psutil.Process().memory_info().rss)
-        self.streaming = False
+        self.memory_probe = memory_probe or resident_bytes
+        self.runtime_bytes = runtime_bytes
         self.provenance = False
         self._stop = threading.Event()
         self._reply: MessageView | None = None
@@ -88,6 +95,14 @@ class ChatScreen(Screen):
         self.pacer = UpdatePacer(ui_duty(torch.get_num_threads()))  # how often a streaming reply is drawn
         self._reported_save_problem: str | None = None  # the save problem last shown, if any
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Stop is offered while a reply streams, Regenerate while none does (it waits for the reply anyway)."""
+        if action == "stop":
+            return self.streaming
+        if action == "regenerate":
+            return not self.streaming
+        return True
+
     # -- layout --------------------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
@@ -95,12 +110,13 @@ class ChatScreen(Screen):
         with Horizontal(id="main"):
             with Vertical(id="chat"):
                 yield VerticalScroll(id="messages")
+                yield Label(provenance_legend(), id="legend")
                 yield PromptInput(id="prompt", placeholder="Message · Enter sends · Ctrl+J new line")
             with Vertical(id="side"):
                 yield StatsPanel(id="stats")
                 yield MemoryBar(id="memory")
                 yield Label("", id="status")
-        yield Footer()
+        yield Footer(compact=True)  # every key fits 80 columns
 
     async def on_mount(self) -> None:
         self.title = "edge-chat"
@@ -146,7 +162,7 @@ class ChatScreen(Screen):
         plan = self.session.engine.plan
         planned = plan.footprint.total if plan is not None else self.session.engine.memory_footprint()["total"]
         budget = plan.budget if plan is not None else self.session.settings.budget_bytes
-        self.query_one(MemoryBar).show(planned, self.memory_probe(), budget)
+        self.query_one(MemoryBar).show(planned, self.memory_probe(), budget, runtime=self.runtime_bytes)
 
     def set_status(self, text: str) -> None:
         self.query_one("#status", Label).update(text)
@@ -276,8 +292,7 @@ class ChatScreen(Screen):
         self.provenance = not self.provenance
         for view in self.query(MessageView):
             view.show_provenance(self.provenance)
-        self.notify("colours: green = drafted and accepted, yellow = from the target" if self.provenance
-                    else "colours off (Markdown)", timeout=3)
+        self.query_one("#legend", Label).display = self.provenance  # above the input, in place of nothing
 
     def _busy(self) -> bool:
         if self.streaming:
@@ -301,7 +316,7 @@ class ChatScreen(Screen):
             return
         self.session.new_chat()
         await self.show_conversation()
-        self.query_one(StatsPanel).show(stats=None)
+        self.query_one(StatsPanel).reset_reply()
         self.set_status("new chat")
 
     def action_copy_reply(self) -> None:
@@ -343,7 +358,13 @@ class ChatScreen(Screen):
             self.notify(str(error), severity="error")
             return
         await self.show_conversation()
+        self.query_one(StatsPanel).reset_reply()  # the figures were the last reply's, of another chat
         self.set_status(f"opened: {self.session.conversation.title}")
+
+
+def resident_bytes() -> int:
+    """This process's resident memory."""
+    return psutil.Process().memory_info().rss
 
 
 def _note(message: dict) -> str:

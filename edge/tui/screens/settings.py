@@ -1,6 +1,6 @@
 """Settings: drafter (one of the list, or a draft model named as on the command line), draft length, the generation
 options (a field for each number SamplingParams declares, labelled as its flag; stop strings stay as the command line
-set them), memory budget and system prompt, applied in place."""
+set them) with the repetition guard they make in words, memory budget and system prompt, applied in place."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from textual.widgets import Button, Input, Label, Select, TextArea
 
 from edge.errors import EdgeError
 from edge.decoding.sampling import OPTIONS, label
-from edge.tui.settings import DRAFTER_CHOICES, FORM_OPTIONS, ChatSettings, form_text, form_value
+from edge.decoding.sampling import SamplingParams
+from edge.tui.settings import DRAFTER_CHOICES, FORM_OPTIONS, ChatSettings, form_text, form_value, repetition_guard
 
 
 class SettingsScreen(ModalScreen[ChatSettings | None]):
@@ -44,6 +45,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                     yield Label(label(name))
                     yield Input(form_text(getattr(s.options, name)), placeholder=OPTIONS[name].note, id=name,
                                 tooltip=OPTIONS[name].usage(), compact=True)
+            yield Label(repetition_guard(s.options), id="repetition-guard")
             yield Label("system prompt")
             yield TextArea(s.system_prompt, id="system_prompt", soft_wrap=True, compact=True)
             yield Label("", id="settings-error")
@@ -58,10 +60,24 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         return self.settings.replace(
             drafter=f"draft:{draft_model}" if draft_model else str(self.query_one("#drafter", Select).value),
             draft_length=value("draft_length").strip() or "adaptive",
-            **{name: form_value(name, value(name)) for name in FORM_OPTIONS},
+            options=self.form_options(),
             memory_budget=value("memory_budget").strip(),
             system_prompt=self.query_one("#system_prompt", TextArea).text.strip(),
         ).check()
+
+    def form_options(self) -> SamplingParams:
+        """The generation option fields as options; a SamplingError names a field that is wrong."""
+        values = {name: form_value(name, self.query_one(f"#{name}", Input).value) for name in FORM_OPTIONS}
+        return self.settings.replace(**values).options
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        """A generation option changed: the repetition guard line says what the fields now make."""
+        if event.input.id in FORM_OPTIONS:
+            try:
+                guard = repetition_guard(self.form_options())
+            except EdgeError:
+                guard = "repetition guard: (a field above is not valid yet)"
+            self.query_one("#repetition-guard", Label).update(guard)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.action_apply() if event.button.id == "apply" else self.action_cancel()

@@ -9,8 +9,15 @@ from textual.widgets import Label, Markdown, Static
 
 from edge.tui.provenance import extend_runs
 
-DRAFTED_STYLE = "#5fd787"  # drafted by the drafter and accepted by the target
-TARGET_STYLE = "#d7d7af"  # produced by the target itself
+# Blue against orange: apart in hue and for colour-blind eyes, and both entries of the 256-colour palette (75 and
+# 214), so a 256-colour terminal shows the very colours a truecolor one does
+DRAFTED_STYLE = "#5fafff"  # drafted by the drafter and accepted by the target
+TARGET_STYLE = "#ffaf00"  # produced by the target itself
+
+
+def provenance_legend() -> Text:
+    """The one-line key to the colours, shown above the input while they are on."""
+    return Text.assemble(("■ ", DRAFTED_STYLE), "drafted and accepted  ", ("■ ", TARGET_STYLE), "from the model")
 
 
 class MessageView(Vertical):

@@ -1,9 +1,11 @@
-"""The side panel: live speed and acceptance of the reply being generated, and memory plan against use."""
+"""The side panel: live speed and acceptance of the reply being generated, and memory: the plan against the process's
+resident memory, what each means, and whether the gap between them is the usual one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
@@ -29,6 +31,11 @@ class StatsPanel(Static):
 
     def on_mount(self) -> None:
         self.border_title = "speculation"
+        self.refresh_figures()
+
+    def reset_reply(self) -> None:
+        """A new chat: no reply's figures (the drafter, draft length and baseline stay)."""
+        self.figures.stats, self.figures.last_k = None, 0
         self.refresh_figures()
 
     def show(self, stats: Stats | None = None, *, last_k: int | None = None, **figures) -> None:
@@ -66,13 +73,34 @@ class StatsPanel(Static):
         self.update(table)
 
 
+GAP_SLACK = 64 * 2**20  # resident memory past plan + runtime that is still usual: buffers, allocator caches
+GAP_SLACK_SHARE = 0.1  # ... and this share of the plan
+
+
+def memory_verdict(planned: int, resident: int, runtime: int | None) -> tuple[str, str]:
+    """Whether resident memory is what the plan leads one to expect, as (one line, style): the process held `runtime`
+    bytes (Python, torch, the app) before the model loaded, so resident is about runtime + plan; more than that by
+    over GAP_SLACK (and GAP_SLACK_SHARE of the plan) is unusual."""
+    if resident <= planned:
+        return "normal: within the plan", "green"
+    if runtime is None:
+        return f"gap {format_size(resident - planned)}: runtime and buffers", "dim"
+    over = resident - planned - runtime
+    if over <= GAP_SLACK + GAP_SLACK_SHARE * planned:
+        return f"normal: runtime {format_size(runtime)} + plan", "green"
+    return f"high: {format_size(over)} over runtime + plan", "yellow"
+
+
 class MemoryBar(Static):
-    """Planned bytes (weights, KV caches, drafter) and the process's resident memory, against the budget."""
+    """Planned bytes (weights, KV caches, drafter) and the process's resident memory, against the budget, with a
+    legend and a verdict on the gap between the two (`memory_verdict`)."""
 
     def on_mount(self) -> None:
         self.border_title = "memory"
 
-    def show(self, planned: int, used: int, budget: int | None, width: int = 20) -> None:
+    def show(self, planned: int, used: int, budget: int | None, width: int = 20, *, runtime: int | None = None
+             ) -> None:
+        """`runtime`: the process's resident bytes before the model loaded (None: not measured)."""
         limit = budget or max(planned, used)
         filled = min(width, round(width * used / limit)) if limit else 0
         planned_mark = min(width, round(width * planned / limit)) if limit else 0
@@ -80,7 +108,12 @@ class MemoryBar(Static):
         bar.append("█" * min(filled, planned_mark), style="#5fafff")
         bar.append("█" * max(0, filled - planned_mark), style="#8787af" if used <= limit else "red")
         bar.append("░" * (width - max(filled, planned_mark)), style="dim")
-        lines = Text.assemble(bar, "\n",
-                              ("plan ", "dim"), format_size(planned), ("  use ", "dim"), format_size(used), "\n",
-                              ("budget ", "dim"), format_size(budget) if budget else "none set")
-        self.update(lines)
+        verdict, style = memory_verdict(planned, used, runtime)
+        figures = Table.grid(padding=(0, 1))
+        figures.add_column(style="dim")
+        figures.add_column(justify="right")
+        figures.add_row("plan", format_size(planned))
+        figures.add_row("resident", format_size(used))
+        figures.add_row("budget", format_size(budget) if budget else "none set")
+        legend = Text("plan: weights + KV + drafter\nresident: RAM of the process", style="dim italic")
+        self.update(Group(bar, figures, legend, Text(verdict, style=style)))

@@ -28,7 +28,7 @@ PROMPTS = {
     "markdown": "Write a README for a command-line tool in Markdown, with sections, nested lists and quotes.",
     "code": "Explain how Python dictionaries work, with examples.",
 }
-STATS_LINE = re.compile(r"\[(\d+) tokens, ([\d.]+) tokens/s")
+STATS_LINE = re.compile(r"[\[ ](\d+) tokens, ([\d.]+) tokens/s decoding")  # edge.tui.cli.stats_line
 READY_TEXT = "Message · Enter sends"
 
 

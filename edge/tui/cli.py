@@ -109,16 +109,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_app(args: argparse.Namespace, spec: LoadSpec) -> int:
     """The Textual chat app; loading errors are shown in the app, bad options here as one line."""
+    app = chat_app(args, spec)
+    app.run()
+    if app.load_error:
+        print(f"edge-chat: error: {app.load_error}", file=sys.stderr)
+    return app.return_code or 0
+
+
+def chat_app(args: argparse.Namespace, spec: LoadSpec) -> EdgeChatApp:
+    """The app edge-chat runs for these options (docs/screenshots/take.py runs the same one headless)."""
     builtin = args.model is None and default_model.packaged_file() is None  # the built-in model: its drafters fit
 
     def offered(drafter: str) -> bool:  # the built-in drafters fit the built-in model only; no datastore ships for it
         return builtin if "builtin" in drafter else not builtin if drafter == "retrieval" else True
 
-    app = EdgeChatApp(app_loader(args, spec), drafters=[choice for choice in DRAFTER_CHOICES if offered(choice[1])])
-    app.run()
-    if app.load_error:
-        print(f"edge-chat: error: {app.load_error}", file=sys.stderr)
-    return app.return_code or 0
+    return EdgeChatApp(app_loader(args, spec), drafters=[choice for choice in DRAFTER_CHOICES if offered(choice[1])])
 
 
 def app_loader(args: argparse.Namespace, spec: LoadSpec) -> SessionLoader:

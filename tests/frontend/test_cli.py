@@ -24,6 +24,9 @@ def test_chat_prompt_prints_the_reply(llama_dir, capsys):
     stats = out.splitlines()[-1]
     assert stats.startswith("[load ") and " s, first token " in stats and "tokens/s decoding" in stats
     assert "1.00 tokens/step, plain decoding (no drafter)" in stats
+    from bench.app_speed import STATS_LINE
+
+    assert STATS_LINE.search(stats).group(1) == "8"  # bench.app_speed reads the decode speed from it
 
 
 def test_chat_stats_show_acceptance_and_the_speedup_over_measured_plain_decoding(llama_dir, capsys):

@@ -270,6 +270,18 @@ def test_bench_suite_reports_each_prompt_of_each_pass(llama_dir, tmp_path, monke
     assert err.count(" prompts  ETA ") == 2 * 2 * total and "ETA 0:00\n" in err
 
 
+def test_bench_default_methods_fit_the_model(llama_dir):
+    import argparse
+
+    from bench.cli import SUITE_METHODS, suite_methods
+    from edge.sources.builtin import builtin_model_path
+
+    full = argparse.Namespace(quick=False, model=None)
+    assert suite_methods(full, llama_dir) == SUITE_METHODS  # no built-in drafter for another tokenizer, no datastore
+    assert suite_methods(full, builtin_model_path()) == SUITE_METHODS + ",builtin"
+    assert suite_methods(argparse.Namespace(quick=True, model=str(llama_dir)), llama_dir) == "ar,ngram"
+
+
 def test_every_edge_bench_and_edge_chat_option_has_help():
     from bench.cli import build_parser as bench_parser
     from edge.tui.cli import build_parser as chat_parser

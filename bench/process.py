@@ -52,7 +52,8 @@ def run_child(work: str, request: dict, label: str, *, prog: str = "edge-bench",
     environment = {**os.environ, **(env or {})}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), environment.get("PYTHONPATH")]))
     child = subprocess.Popen([sys.executable, "-m", "bench.process", work], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                             env=environment)  # a C library may print bytes that are not UTF-8
     stdout: list[str] = []
     reader = threading.Thread(target=lambda: stdout.append(child.stdout.read()), daemon=True)
     reader.start()

@@ -28,6 +28,11 @@ def broken(request: dict) -> None:
     raise ValueError(f"broken on purpose: {request['why']}")
 
 
+def garbled(request: dict) -> None:
+    os.write(2, b"\xff\xfe not UTF-8\n")  # as a C library may
+    raise ValueError("after the garbage")
+
+
 def stuck(request: dict) -> None:
     time.sleep(60)
 
@@ -50,6 +55,12 @@ def test_a_failure_names_the_work_and_ends_with_the_child_error():
         run_child("tests.bench.test_process:broken", {"why": "a test"}, "the broken method", prog="python -m bench.x")
     assert str(error.value.code).startswith("python -m bench.x: the broken method failed (exit 1):")
     assert error.value.last_line == "ValueError: broken on purpose: a test"
+
+
+def test_bytes_that_are_not_utf8_on_stderr_do_not_hide_the_error():
+    with pytest.raises(WorkerError) as error:
+        run_child("tests.bench.test_process:garbled", {}, "garbled")
+    assert error.value.last_line == "ValueError: after the garbage" and "not UTF-8" in str(error.value.code)
 
 
 def test_a_child_past_its_timeout_is_stopped():

@@ -15,6 +15,7 @@ from edge.tui.app import EdgeChatApp
 from edge.tui.history import Conversation, ConversationStore
 from edge.tui.loader import SessionLoader
 from edge.tui.settings import ChatSettings
+from edge.tui.widgets.prompt import PromptInput
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +48,7 @@ async def _open_saved_chat(pilot, path: Path) -> None:
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
     await pilot.app.screen._open_chat(path)
+    pilot.app.screen.query_one(PromptInput).cursor_blink = False  # the cursor drawn always, not by the clock
     await pilot.pause()
 
 

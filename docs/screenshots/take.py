@@ -6,13 +6,15 @@ saved as SVG next to this script:
 edge-chat-80x24.svg and edge-chat-200x50.svg: a reply with the provenance colours on (F2) and their legend above the
 input, the speculation and memory panels, every key in the footer; edge-chat-settings-80x24.svg: the settings (F3).
 The app is the one `edge-chat --temperature 0` runs (greedy, so the default model drafts with retrieval and the
-colours have drafted tokens to show); chats go to a throw-away folder.
+colours have drafted tokens to show), each size in a process of its own as a user starts it (the memory panel's
+figures are the process's); chats go to a throw-away folder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -54,11 +56,15 @@ async def take(size: tuple[int, int], *, settings: bool) -> None:
             print(f"wrote {HERE / name}")
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    if argv:  # one size, in this process: WIDTHxHEIGHT
+        width, height = (int(number) for number in argv[0].split("x"))
+        asyncio.run(take((width, height), settings=(width, height) == SIZES[0]))
+        return
     os.environ["EDGE_DATA_DIR"] = tempfile.mkdtemp(prefix="edge-screenshots-")
-    for size in SIZES:
-        asyncio.run(take(size, settings=size == SIZES[0]))
+    for width, height in SIZES:
+        subprocess.run([sys.executable, __file__, f"{width}x{height}"], check=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -57,7 +57,7 @@ class EdgeChatApp(App):
                 else command
         if isinstance(screen, ChatScreen):
             yield SystemCommand("Stop the reply", "Esc or Ctrl+C · stop the reply that streams (Ctrl+C with nothing "
-                                "streaming copies the selection, else quits)", screen.action_stop)
+                                "streaming copies the selection, else says how to quit)", screen.action_stop)
             yield SystemCommand("Toggle provenance colours", "F2 · colour each token by who produced it: drafted "
                                 "and accepted, or from the model", screen.action_toggle_provenance)
             yield SystemCommand("Settings", "F3 · drafter, sampling, repetition guard, max tokens, memory budget, "

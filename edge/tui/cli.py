@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import inspect
 import sys
+import threading
 import time
 from typing import Iterable, Iterator, TextIO
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.stats and chat.speculates and not args.no_baseline:
             print("edge-chat: measuring plain decoding for --stats' speedup (--no-baseline skips it)",
                   file=sys.stderr)
-            chat.session.measure_baseline()
+            measure_console_baseline(chat)
         if args.prompt is not None:
             chat.reply(args.prompt, sys.stdout)
         else:
@@ -126,6 +127,24 @@ def chat_app(args: argparse.Namespace, spec: LoadSpec) -> EdgeChatApp:
     return EdgeChatApp(app_loader(args, spec), drafters=[choice for choice in DRAFTER_CHOICES if offered(choice[1])])
 
 
+BASELINE_WAIT_S = 10.0  # how long --stats waits for other edge work to end before it leaves the speedup out
+
+
+def measure_console_baseline(chat: "ConsoleChat", wait_s: float | None = None) -> None:
+    """--stats' plain-decoding baseline, measured when no other edge work runs (ChatSession.measure_baseline); past
+    `wait_s` (default BASELINE_WAIT_S) of waiting for that, the speedup is left out and the stats say why."""
+    wait_s = BASELINE_WAIT_S if wait_s is None else wait_s
+    stop = threading.Event()
+    timer = threading.Timer(wait_s, stop.set)
+    timer.start()
+    try:
+        if chat.session.measure_baseline(stop=stop) is None:
+            chat.baseline_note = "other edge work kept the machine busy"
+            print(f"edge-chat: plain decoding not measured: other edge work ran for {wait_s:.0f} s", file=sys.stderr)
+    finally:
+        timer.cancel()
+
+
 def app_loader(args: argparse.Namespace, spec: LoadSpec) -> SessionLoader:
     """What the app loads: the command line's load spec and the chat settings that go with it."""
     return SessionLoader(spec, app_settings(args, spec), ConversationStore(),
@@ -148,6 +167,7 @@ class ConsoleChat:
                  store: ConversationStore | None = None, load_s: float | None = None) -> None:
         """`load_s`: how long the engine took to load, shown with the first reply's stats."""
         self.show_stats, self.load_s = show_stats, load_s
+        self.baseline_note = "--no-baseline"  # why a speedup is missing from the stats
         drafter = engine.spec.drafter if engine.spec is not None else None
         # the settings carry the system prompt; the options, whole from the command line, replace their sampling
         self.session = ChatSession(engine, ChatSettings(system_prompt=system or ""), store, model_name=model_name,
@@ -216,7 +236,7 @@ class ConsoleChat:
         if self.show_stats and outcome.event is not None:
             out.write(stats_line(outcome.event, load_s=self.load_s, first_token_s=first_token_s,
                                  baseline_tokens_per_s=self.session.baseline_tokens_per_s if self.speculates else None,
-                                 speculates=self.speculates))
+                                 speculates=self.speculates, baseline_note=self.baseline_note))
             self.load_s = None  # said once
         return outcome.text
 
@@ -240,7 +260,8 @@ class ConsoleChat:
 
 
 def stats_line(last: Event, *, load_s: float | None = None, first_token_s: float | None = None,
-               baseline_tokens_per_s: float | None = None, speculates: bool = False) -> str:
+               baseline_tokens_per_s: float | None = None, speculates: bool = False,
+               baseline_note: str = "--no-baseline") -> str:
     """--stats after a reply: load time (`load_s`, when given), time to the first token, decode speed, tokens per
     step, acceptance and the speedup over the measured plain-decoding speed (where one was measured)."""
     stats = last.stats
@@ -257,7 +278,7 @@ def stats_line(last: Event, *, load_s: float | None = None, first_token_s: float
             parts.append(f"speedup {stats.tokens_per_s / baseline_tokens_per_s:.2f}x over plain decoding "
                          f"({baseline_tokens_per_s:.1f} tokens/s)")
         else:
-            parts.append("speedup not measured (--no-baseline)")
+            parts.append(f"speedup not measured ({baseline_note})")
     parts.append(f"prefill {stats.prefill_tokens} tokens, reused {stats.reused_tokens}, {last.finish_reason}")
     return f"[{', '.join(parts)}]\n"
 

@@ -29,7 +29,10 @@ def test_chat_prompt_prints_the_reply(llama_dir, capsys):
     assert STATS_LINE.search(stats).group(1) == "8"  # bench.app_speed reads the decode speed from it
 
 
-def test_chat_stats_show_acceptance_and_the_speedup_over_measured_plain_decoding(llama_dir, capsys):
+def test_chat_stats_show_acceptance_and_the_speedup_over_measured_plain_decoding(llama_dir, capsys, monkeypatch):
+    from edge import activity
+
+    monkeypatch.setattr(activity, "other_edge_work", lambda: False)  # a quiet machine, whatever else runs here
     assert chat_main([str(llama_dir), "--prompt", "the cat the cat the cat", "--max-new-tokens", "16", "--stats",
                       "--temperature", "0", "--drafter", "ngram"]) == 0
     captured = capsys.readouterr()
@@ -41,6 +44,19 @@ def test_chat_stats_show_acceptance_and_the_speedup_over_measured_plain_decoding
                       "--drafter", "ngram", "--no-baseline"]) == 0
     captured = capsys.readouterr()
     assert "speedup not measured (--no-baseline)" in captured.out and "measuring" not in captured.err
+
+
+def test_chat_stats_leave_the_speedup_out_when_other_edge_work_keeps_running(llama_dir, capsys, monkeypatch):
+    from edge import activity
+    from edge.tui import cli
+
+    monkeypatch.setattr(activity, "other_edge_work", lambda: True)  # another edge command decoding, all along
+    monkeypatch.setattr(cli, "BASELINE_WAIT_S", 0.2)
+    assert chat_main([str(llama_dir), "--prompt", "the cat", "--max-new-tokens", "4", "--stats", "--temperature", "0",
+                      "--drafter", "ngram"]) == 0
+    captured = capsys.readouterr()
+    assert "plain decoding not measured" in captured.err
+    assert "speedup not measured (other edge work kept the machine busy)" in captured.out
 
 
 def test_chat_reads_the_prompt_from_a_pipe(llama_dir, monkeypatch, capsys):

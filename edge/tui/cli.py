@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template "
                         "(console output, not the app)")
+    parser.add_argument("--special-tokens-in-messages", action="store_true",
+                        help="let special-token strings typed in a message (<|im_end|>, ...) act as the model's "
+                             "control tokens; by default they are plain text, so a message cannot forge a turn")
     parser.add_argument("--stats", action="store_true", help="print tokens/s, acceptance and token counts per reply "
                         "(--prompt and --plain)")
     parser.add_argument("--plain", action="store_true", help="line-by-line console chat instead of the app; with "
@@ -85,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.prompt is None and piped and not args.plain:
             args.prompt = sys.stdin.read().strip()  # text piped in without --plain: one message
         chat = ConsoleChat(engine, options, system=args.system, raw=args.raw, show_stats=args.stats,
+                           special_tokens_in_messages=args.special_tokens_in_messages,
                            model_name=args.model or spec.path.name,
                            store=ConversationStore() if args.prompt is None else None)
         if args.prompt is not None:
@@ -113,8 +117,8 @@ def run_app(args: argparse.Namespace, spec: LoadSpec) -> int:
 
 def app_loader(args: argparse.Namespace, spec: LoadSpec) -> SessionLoader:
     """What the app loads: the command line's load spec and the chat settings that go with it."""
-    return SessionLoader(spec, app_settings(args, spec), ConversationStore(),
-                         measure_baseline=not args.no_baseline)
+    return SessionLoader(spec, app_settings(args, spec), ConversationStore(), measure_baseline=not args.no_baseline,
+                         special_tokens_in_messages=args.special_tokens_in_messages)
 
 
 def app_settings(args: argparse.Namespace, spec: LoadSpec | None = None) -> ChatSettings:
@@ -130,13 +134,13 @@ class ConsoleChat:
 
     def __init__(self, engine: Engine, options: GenerationOptions, *, system: str | None = None,
                  raw: bool = False, show_stats: bool = False, model_name: str = "",
-                 store: ConversationStore | None = None) -> None:
+                 store: ConversationStore | None = None, special_tokens_in_messages: bool = False) -> None:
         self.show_stats = show_stats
         drafter = engine.spec.drafter if engine.spec is not None else None
         # the settings carry the system prompt; the options, whole from the command line, replace their sampling
         self.session = ChatSession(engine, ChatSettings(system_prompt=system or ""), store, model_name=model_name,
                                    drafter_spec=str(drafter) if drafter is not None else None, options=options,
-                                   raw=raw)
+                                   raw=raw, special_tokens_in_messages=special_tokens_in_messages)
         if is_completion_model(engine) and not raw:
             print(f"edge-chat: {completion_note(model_name)}", file=sys.stderr)
         self.reported_save_problem: str | None = None

@@ -476,6 +476,8 @@ class Tokenizer:
 
         @lru_cache(maxsize=256)
         def spans(text: str) -> list[tuple[int, int]]:
+            if not text.isascii() and not _is_unicode(text):
+                return []  # a lone surrogate: no tokenizer takes the text, which the caller refuses as it is
             if normalizer is not None and any(token.normalized for token in tokens):
                 encoding = self._backend.encode(text, add_special_tokens=False)
                 return [offsets for token, offsets in zip(encoding.ids, encoding.offsets)
@@ -525,6 +527,15 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` is valid Unicode (no lone surrogates), as every tokenizer needs."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _as_id_list(ids: Iterable[int]) -> list[int]:

@@ -89,6 +89,7 @@ class _Worker:
                 stderr=subprocess.DEVNULL, env=env, start_new_session=True, close_fds=True)
         except OSError as error:
             raise WorkerError(f"cannot start a worker process ({sys.executable}): {error.strerror or error}") from None
+        self.owner = os.getpid()  # a forked child inherits this object, not the worker
         _live.add(self)
         try:
             ready = self._read(time.monotonic() + START_SECONDS)
@@ -229,9 +230,10 @@ _live: weakref.WeakSet[_Worker] = weakref.WeakSet()
 
 @atexit.register
 def _end_workers() -> None:
-    """At exit, idle and busy workers alike end with this process."""
+    """At exit, idle and busy workers alike end with this process (a forked child's copies are its parent's)."""
     for worker in list(_live):
-        worker.kill()
+        if worker.owner == os.getpid():
+            worker.kill()
 
 
 # ---------------------------------------------------------------------------------------------------------------

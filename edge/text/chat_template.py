@@ -427,6 +427,9 @@ def _render_isolated(source: str, variables: dict[str, Any], chars: int) -> dict
                                     memory=RENDER_MEMORY + 16 * chars)
     except limited_process.LimitExceeded as stopped:
         return {"kind": "limit", "detail": f"rendering {stopped.detail}"}
+    except limited_process.RequestError as error:
+        raise TokenizerError(f"the chat holds a value the chat template cannot be given ({error}); pass the messages "
+                             "and template keywords as plain data: text, numbers, lists and dicts") from None
     except limited_process.WorkerError as error:
         raise TokenizerError(f"cannot render the chat template: {error}; check that this Python can start "
                              "another copy of itself") from None

@@ -52,6 +52,10 @@ class WorkerError(RuntimeError):
     """The worker process could not be started or spoke out of turn (never the function's input's fault)."""
 
 
+class RequestError(ValueError):
+    """The request holds a value that cannot be sent to the worker (pickled here, or unpickled there)."""
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The caller's side
 # ---------------------------------------------------------------------------------------------------------------
@@ -60,7 +64,10 @@ class WorkerError(RuntimeError):
 def call(function: str, request: Any, *, seconds: float, memory: int) -> Any:
     """`function(request)` ("module:name") in a worker process within `seconds` (CPU and wall time) and `memory`
     bytes besides what the worker holds already. LimitExceeded past a limit; WorkerError when no worker starts."""
-    payload = pickle.dumps((function, request, seconds, memory), protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        payload = pickle.dumps((function, request, seconds, memory), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise RequestError(f"{type(error).__name__}: {error}") from None
     worker = _pool.take()
     finished = False
     try:
@@ -73,6 +80,8 @@ def call(function: str, request: Any, *, seconds: float, memory: int) -> Any:
             worker.kill()
     if "limit" in result:
         raise LimitExceeded(result["limit"], result["detail"])
+    if "unreadable" in result:
+        raise RequestError(result["unreadable"])
     return result["value"]
 
 
@@ -291,7 +300,11 @@ def _serve(requests: Any, replies: Any) -> None:
 
     send(b"ready")
     while (message := receive()) is not None:
-        name, request, seconds, memory = pickle.loads(message)
+        try:
+            name, request, seconds, memory = pickle.loads(message)
+        except Exception as error:  # noqa: BLE001 - a class this process cannot import, say
+            send(json.dumps({"unreadable": f"{type(error).__name__}: {error}"}).encode())
+            continue
         if name not in functions:
             module, _, attribute = name.partition(":")
             functions[name] = getattr(import_module(module), attribute)

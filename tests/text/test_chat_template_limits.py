@@ -235,3 +235,14 @@ def test_a_signal_during_a_render_is_handled_at_once(tmp_path, signum, status):
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_value_that_cannot_reach_the_worker_is_one_line_naming_the_fix():
+    import threading
+
+    with pytest.raises(chat_template.TokenizerError) as raised:
+        ChatTemplate("{{ lock }}").render(HI, lock=threading.Lock())
+    assert str(raised.value).startswith("the chat holds a value the chat template cannot be given (TypeError: ")
+    assert str(raised.value).endswith("pass the messages and template keywords as plain data: text, numbers, lists "
+                                      "and dicts")
+    assert ChatTemplate("{{ messages[0]['content'] }}").render(HI) == "Hi"

@@ -20,6 +20,7 @@ distributed as constrained sampling from the target.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from edge.decoding.drafters.base import Draft
+from edge.decoding.schema_cycles import endless_cycle
 from edge.errors import SamplingError
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # json.dumps' layout
@@ -55,9 +57,15 @@ class Grammar:
 
 def json_schema_grammar(schema: Any, what: str = "response_format.json_schema.schema") -> Grammar:
     """The grammar of JSON documents valid under `schema` (compact layout: json.dumps' separators, no other
-    whitespace). A keyword llguidance does not implement is a GrammarError naming it."""
+    whitespace). A keyword llguidance does not implement is a GrammarError naming it, and so is a cycle of $refs
+    that no finite document gets out of (edge/decoding/schema_cycles.py)."""
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"{what} must be a JSON schema (an object), got {type(schema).__name__}")
+    cycle = endless_cycle(schema)
+    if cycle is not None:
+        raise GrammarError(f"{what} has no finite instance: its $refs form a cycle every instance must follow "
+                           f"({' → '.join(cycle)}); make one step of it optional (leave the property out of "
+                           "required, let the array be empty, or add an anyOf branch without the $ref)")
     llg = _llguidance()
     try:
         text = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
@@ -117,14 +125,15 @@ class GrammarVocabulary:
         matcher = _llguidance().LLMatcher(self.tokenizer, grammar.text, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"{grammar.what}: {_feature(matcher.get_error())}")
-        return Constraint(matcher, self.vocab_size, self.eos_token_ids)
+        return Constraint(matcher, self.vocab_size, self.eos_token_ids, grammar.what)
 
 
 class Constraint:
     """The grammar's state for one reply: which tokens may come next, advanced by each emitted token."""
 
-    def __init__(self, matcher: Any, vocab_size: int, eos_token_ids: frozenset[int] = frozenset()) -> None:
-        self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
+    def __init__(self, matcher: Any, vocab_size: int, eos_token_ids: frozenset[int] = frozenset(),
+                 what: str = "the grammar") -> None:
+        self.matcher, self.vocab_size, self.eos_token_ids, self.what = matcher, vocab_size, eos_token_ids, what
 
     def allowed(self) -> torch.Tensor:
         """(V,) bool: the tokens the grammar allows next (end-of-sequence once it is complete)."""
@@ -153,7 +162,10 @@ class Constraint:
                 return
 
     def _broken(self, token: int) -> GrammarError:
-        return GrammarError(f"token {token} does not follow the grammar ({_first_line(self.matcher.get_error())})")
+        """The grammar engine gave up part way (a schema too tangled for it): said in the schema's terms."""
+        problem = re.sub(r"\btokens? (id )?\d+", "a token", _first_line(self.matcher.get_error() or "no reason"))
+        return GrammarError(f"{self.what}: the grammar engine (llguidance) gave up part way through the reply "
+                            f"({problem.removeprefix('parser error: ')}); simplify the schema")
 
     def check_draft(self, draft: Draft, keep_rejected: bool) -> tuple[Draft, torch.Tensor]:
         """The draft cut at the first token the grammar forbids, and the masks (rows, V) of the verify pass: row i

@@ -19,6 +19,7 @@ from edge.model.key_scales import outlier_key_scales
 from edge.model.kv_cache import KVCache
 from edge.model.quantized_kv_cache import QuantizedKVCache, kv_formats
 from edge.model.transformer import Transformer
+from edge.text.message_text import RenderedChat
 from edge.text.tokenizer import Tokenizer
 
 
@@ -37,10 +38,11 @@ def new_cache(model: Transformer, tokenizer: Tokenizer, max_context: int, kv_cac
     return cache
 
 
-def continued_tokens(tokenizer: Tokenizer, history: list[int], text: str) -> list[int]:
-    """Token ids for a rendered chat: the last call's tokens (`history`) as generated, if `text` continues them."""
+def continued_tokens(tokenizer: Tokenizer, history: list[int], chat: RenderedChat) -> list[int]:
+    """Token ids for a rendered chat: the last call's tokens (`history`) as generated, if the chat's text continues
+    them (and does not continue them inside a special-token string from a message, which encodes as text)."""
     if history:
         known = tokenizer.decode(history, skip_special_tokens=False)
-        if text.startswith(known):
-            return history + tokenizer.encode(text[len(known):], add_special_tokens=False)
-    return tokenizer.encode(text, add_special_tokens=False)
+        if chat.text.startswith(known) and not any(start < len(known) < end for start, end in chat.literal_spans):
+            return history + tokenizer.encode_rendered(chat, len(known))
+    return tokenizer.encode_rendered(chat)

@@ -8,22 +8,28 @@ from typing import Callable, Sequence
 from edge.engine.prompts import checked_text, context_fix
 from edge.errors import ContextLengthError
 from edge.text.chat_template import check_messages
+from edge.text.message_text import RenderedChat
 from edge.text.tokenizer import Tokenizer
 
 
-def fit_messages(messages: Sequence[dict], reserve: int, render: Callable[[list[dict]], str], tokenizer: Tokenizer,
-                 max_context: int, model_limit: int) -> tuple[list[dict], int]:
+def fit_messages(messages: Sequence[dict], reserve: int, render: Callable[[list[dict]], str | RenderedChat],
+                 tokenizer: Tokenizer, max_context: int, model_limit: int) -> tuple[list[dict], int]:
     """The messages to send and how many were dropped: whole turns from the oldest (a user turn with its reply) until
-    `render(messages)`, encoded with `tokenizer`, plus `reserve` tokens fits `max_context`. ContextLengthError when
-    even the last message alone does not fit (`model_limit`: the model's own limit, for the fix it names)."""
+    `render(messages)` (text, or a rendered chat), encoded with `tokenizer`, plus `reserve` tokens fits
+    `max_context`. ContextLengthError when even the last message alone does not fit (`model_limit`: the model's own
+    limit, for the fix it names)."""
     check_messages(messages)
     messages = list(messages)
     head = [m for m in messages[:1] if m.get("role") == "system"]
     turns = messages[len(head):]
     dropped = 0
     while True:
-        text = render(head + turns)
-        size = len(tokenizer.encode(checked_text(text, "the chat"), add_special_tokens=False))
+        rendered = render(head + turns)
+        if isinstance(rendered, RenderedChat):
+            checked_text(rendered.text, "the chat")
+            size = len(tokenizer.encode_rendered(rendered))
+        else:
+            size = len(tokenizer.encode(checked_text(rendered, "the chat"), add_special_tokens=False))
         if size + reserve <= max_context:
             return head + turns, dropped
         if len(turns) <= 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -35,6 +36,7 @@ from edge.model.static_step import MAX_ROWS, static_steps
 from edge.model.transformer import Transformer
 from edge.sources.default_model import installed_default_model
 from edge.text.chat_template import check_messages
+from edge.text.message_text import RenderedChat
 from edge.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -156,7 +158,8 @@ class Engine:
 
     def chat(self, messages: Sequence[dict], options: GenerationOptions | None = None, *,
              template_kwargs: dict | None = None, tools: Sequence[dict] | None = None,
-             tool_choice: str | dict | None = None, **overrides) -> Iterator[Event]:
+             tool_choice: str | dict | None = None, special_tokens_in_messages: bool = False, **overrides
+             ) -> Iterator[Event]:
         """Answer the last message of a conversation rendered with the checkpoint's chat template.
 
         `tools` (OpenAI's [{"type": "function", "function": {"name", "description", "parameters"}}]) go to a template
@@ -164,27 +167,27 @@ class Engine:
         `tool_choice` "required" or {"type": "function", "function": {"name": ...}} the reply is one JSON tool call by
         construction; "auto" (the default with tools) lets the model choose; "none" asks for text. Read the calls
         from the reply's text with `edge.decoding.tools.parse_tool_calls(text, tools)`. `options` and keywords as
-        for generate()."""
+        for generate(). `<|im_end|>` typed in a message is text, not a marker, unless `special_tokens_in_messages`."""
         opts = GenerationOptions.merged(options, overrides, self.recommended)
         check_messages(messages)
         plan = plan_tool_use(self.tokenizer, list(messages), tools, tool_choice)
         kwargs = {**(template_kwargs or {}), **plan.template_kwargs}
-        text = self.tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True, **kwargs)
+        chat = self.tokenizer.render_chat(plan.messages, special_tokens_in_messages=special_tokens_in_messages, **kwargs)
         grammar = plan.grammar or response_format_grammar(opts.response_format)
-        prompt_ids = continued_tokens(self.tokenizer, self._history, checked_text(text, "the chat"))
-        return self._stream(prompt_ids, opts, grammar)
+        checked_text(chat.text, "the chat")
+        return self._stream(continued_tokens(self.tokenizer, self._history, chat), opts, grammar)
 
-    def fit_chat(self, messages: Sequence[dict], reserve: int, *, template_kwargs: dict | None = None
-                 ) -> tuple[list[dict], int]:
+    def fit_chat(self, messages: Sequence[dict], reserve: int, *, template_kwargs: dict | None = None,
+                 special_tokens_in_messages: bool = False) -> tuple[list[dict], int]:
         """The context-full policy for chats: drop the oldest turns (never the system prompt or the last message)
         until the rendered chat plus `reserve` tokens for the reply fits the context. Returns the messages to send
         and how many were dropped; raises PromptError if even the last message alone does not fit."""
-        def render(kept: list[dict]) -> str:
-            return self.tokenizer.apply_chat_template(kept, add_generation_prompt=True, **(template_kwargs or {}))
+        render = partial(self.tokenizer.render_chat, special_tokens_in_messages=special_tokens_in_messages,
+                         **(template_kwargs or {}))
         return self.fit_messages(messages, reserve, render)
 
-    def fit_messages(self, messages: Sequence[dict], reserve: int, render: Callable[[list[dict]], str]
-                     ) -> tuple[list[dict], int]:
+    def fit_messages(self, messages: Sequence[dict], reserve: int,
+                     render: Callable[[list[dict]], "str | RenderedChat"]) -> tuple[list[dict], int]:
         """`fit_chat` for any rendering of the messages to prompt text (a base model's running text, say)."""
         return fit_messages(messages, reserve, render, self.tokenizer, self.max_context,
                             self.model.config.max_position_embeddings)

@@ -99,7 +99,31 @@ class AccessGuard:
             return ApiError(421, f"Host {host!r} is not a name of this server (it answers to "
                             f"{', '.join(sorted(self.names))}); to reach it under that name start edge-serve with "
                             "--allowed-host NAME", kind="invalid_request_error", code="host_not_allowed")
-        if origin is not None and origin.lower() not in self.origins:
-            return ApiError(403, f"a web page at {origin!r} may not use this server; to let it, start edge-serve with "
-                            f"--cors {origin}", kind="permission_error", code="origin_not_allowed")
+        if origin is not None and page_origin(origin) not in self.origins:
+            return ApiError(403, origin_refusal(origin), kind="permission_error", code="origin_not_allowed")
         return None
+
+
+def page_origin(origin: str) -> str | None:
+    """An Origin header as --cors names it (check_origin's form), or None for one no --cors can name."""
+    try:
+        return check_origin(origin)
+    except ValueError:
+        return None
+
+
+def origin_refusal(origin: str) -> str:
+    """Why a request with this Origin header is refused, and the fix that works for it: --cors for a web page's
+    origin; none for an empty, opaque ("null") or malformed one, which --cors cannot name."""
+    page = page_origin(origin)
+    if page is not None:
+        return f"a web page at {origin!r} may not use this server; to let it, start edge-serve with --cors {page}"
+    if not origin.strip():
+        return ("a request with an empty Origin header may not use this server; send no Origin header (as native "
+                "clients do), or the page's origin (scheme://host[:port]) started with --cors ORIGIN")
+    if origin.strip().lower() == "null":
+        return ("a page with the opaque origin 'null' (a file:// page or a sandboxed frame) may not use this server, "
+                "and --cors cannot allow it; serve the page over http (e.g. http://localhost:5173) and start "
+                "edge-serve with --cors http://localhost:5173")
+    return (f"the Origin header {origin!r} is not a web page's origin (scheme://host[:port]), so it may not use this "
+            "server; send no Origin header (as native clients do), or the page's origin started with --cors ORIGIN")

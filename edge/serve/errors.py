@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from edge.text.chat_template import TemplateLimitError
+from edge.text.chat_template import TemplateFaultError
 from edge.errors import ContextLengthError, EdgeError, EngineBusyError, PromptError
 
 
@@ -50,11 +50,11 @@ def field_path(location: tuple) -> str:
 
 def from_edge_error(error: EdgeError, param: str) -> ApiError:
     """edge's errors are about the request (edge/errors.py: bad input), so 400, with the one-line message; a
-    prompt that does not fit the context gets OpenAI's code for it. A chat template past its limits is the model's
-    fault: a 500 that says so."""
+    prompt that does not fit the context gets OpenAI's code for it. A chat template that fails by its own fault (past
+    its limits, refused by the sandbox, using an undefined name) is the model's fault: a 500 that says so."""
     if isinstance(error, EngineBusyError):  # never expected: one worker runs every generation
         return ApiError(503, str(error), kind="unavailable_error", code="engine_busy")
-    if isinstance(error, TemplateLimitError):  # the model's template is at fault, not the request
+    if isinstance(error, TemplateFaultError):  # the model's template is at fault, not the request
         return ApiError(500, str(error), kind="server_error", code="chat_template_error")
     if isinstance(error, ContextLengthError):
         return ApiError(400, str(error), param=param, code="context_length_exceeded")

@@ -81,6 +81,7 @@ class GenerationQueue:
         self._mean_job_s = 1.0  # running mean of a job's duration, for Retry-After
         self._thread: threading.Thread | None = None
         self._running: Job | None = None
+        self._running_since = 0.0  # when the running job started (time.perf_counter)
         self.closing = threading.Event()  # set by close(): the server is stopping
         self.metrics = ServerMetrics(self)  # GET /metrics: requests (counted by the app), replies' tokens (here)
 
@@ -111,7 +112,13 @@ class GenerationQueue:
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
-            raise QueueFull(max(1, math.ceil(self._mean_job_s * (self.waiting + 1)))) from None
+            raise QueueFull(self.retry_after_s()) from None
+
+    def retry_after_s(self) -> int:
+        """Seconds until a full queue likely has room: a place frees when the running job ends, so the mean job's
+        length less what the running one has run (at least 1 s); not the whole queue's, which overestimates."""
+        elapsed = time.perf_counter() - self._running_since if self._running is not None else 0.0
+        return max(1, math.ceil(self._mean_job_s - elapsed))
 
     def close(self) -> None:
         """The server is stopping (SIGINT, SIGTERM): from now on handlers refuse new requests and end open replies
@@ -154,7 +161,7 @@ class GenerationQueue:
         if job.cancelled.is_set():
             self._count("skipped")
             return
-        started = time.perf_counter()
+        started = self._running_since = time.perf_counter()
         self._running = job
         try:
             for event in job.generation(self.engine, job.cancelled.is_set):

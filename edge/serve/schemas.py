@@ -193,6 +193,9 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None  # accepted; a forced call is one call
     # text, json_object or json_schema: edge/decoding/constrained.py checks it
     response_format: dict[str, Any] | None = None
+    # edge's own: special-token strings in the messages' content (`<|im_end|>`) become control tokens, as
+    # transformers encodes them; by default they are text, so that a message cannot forge another role's turn
+    special_tokens_in_messages: bool = False
 
     @field_validator("logprobs")
     @classmethod

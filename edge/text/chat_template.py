@@ -6,11 +6,14 @@ was trained on. transformers 4.57 (`apply_chat_template(tokenize=False)`) render
 does not escape HTML, and the globals `raise_exception` and `strftime_now`. This module sets up the same environment,
 so the text edge feeds the model is byte-for-byte the text transformers would produce.
 
-A template comes with the model file, so it is untrusted code: besides Jinja's sandbox, every render has a time
-limit (a tracer on the template's own frames checks it at each line, so no loop runs on), an output limit, and
-refuses the operations that make one huge value in a single step (`'x' * 10**10`, `10**10**10`, `'%9999999999d' % 1`,
-`center(10**10)`, `join` and `replace` that multiply a string). Going past one is a `TemplateLimitError` that blames
-the template, not the messages.
+A template comes with the model file, so it is untrusted code. Every render runs in a separate worker process
+(edge/text/limited_process.py: started once, reused) whose CPU time and address space are limited by the kernel,
+and which is killed when it runs past the render's time limit, so work inside C-implemented filters and methods is
+bounded too; the caller's signal handlers run while it waits. Inside the worker, besides Jinja's sandbox, a tracer on
+the template's own frames checks the time limit at each line, the output is counted, and the operations that make
+one huge value in a single step (`'x' * 10**10`, `10**10**10`, `'%9999999999d' % 1`, `center(10**10)`, `join` and
+`replace` that multiply a string) are refused. Going past a limit is a `TemplateLimitError`; a template the sandbox
+stops, or one that uses a name nobody defines, is a `TemplateFaultError`: both blame the template, not the messages.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import jinja2.runtime
 import jinja2.sandbox
 
 from edge.errors import PromptError, TokenizerError
+from edge.text import limited_process
 
 _FIX_HINT = "fix the messages to fit the template, or pass another chat template"
 _TEMPLATE_FIX = ("the chat template is at fault, not the messages: fix it in the model's files (chat_template.jinja, "
@@ -41,11 +45,17 @@ _TEMPLATE_FIX = ("the chat template is at fault, not the messages: fix it in the
 RENDER_SECONDS = 5.0  # one render's time limit; chat templates take milliseconds
 RENDER_CHARS = 2**20  # the least text (and largest single value) a render may make; 4x the input's size if larger
 RANGE_ITEMS = 100_000  # items a range() may have (Jinja's sandbox limit)
+RENDER_MEMORY = 512 * 2**20  # memory a render may take besides its inputs (the worker's address space grows by at
+# most this plus 16 bytes per character of the output limit)
 
 
-class TemplateLimitError(TokenizerError):
-    """A chat template ran past its time limit or made too much text: a fault of the template (the model file's, or
-    the one passed), never of the messages."""
+class TemplateFaultError(TokenizerError):
+    """A chat template failed in a way that is its own fault (the model file's, or the one passed), never the
+    messages': a syntax error, an operation the sandbox forbids, a name nobody defines, a limit."""
+
+
+class TemplateLimitError(TemplateFaultError):
+    """A chat template ran past its time or memory limit or made too much text."""
 
 
 class _Limits:
@@ -272,14 +282,8 @@ def _one_line(text: str) -> str:
 
 @lru_cache(maxsize=64)
 def _compile(source: str) -> jinja2.Template:
-    """Compile a template once; later calls with the same source reuse it."""
-    try:
-        return _environment().from_string(source)
-    except jinja2.TemplateSyntaxError as error:
-        raise TokenizerError(
-            f"chat template error: line {error.lineno}: {_one_line(error.message or error)}; "
-            "fix the template (chat_template.jinja or tokenizer_config.json) or pass another chat template"
-        ) from None
+    """Compile a template once (in the worker process); later renders of the same source reuse it."""
+    return _environment().from_string(source)
 
 
 def read_template_file(path: str | Path) -> str:
@@ -304,22 +308,19 @@ def read_template_file(path: str | Path) -> str:
 
 def check_template(source: str, origin: str) -> None:
     """Raise TokenizerError, one line naming `origin`, unless `source` is a template that compiles and renders a
-    one-message chat."""
+    one-message chat (in the worker process, within the render's limits)."""
     if not isinstance(source, str) or not source.strip():
         raise TokenizerError(f"{origin} is empty; pass a Jinja chat template")
-    try:
-        _environment().from_string(source)
-    except jinja2.TemplateSyntaxError as error:
-        raise TokenizerError(f"{origin}, line {error.lineno}: {_one_line(error.message or error)}; fix the "
-                             "template") from None
-    try:
-        ChatTemplate(source).render([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
-    except TemplateLimitError as error:
-        raise TemplateLimitError(f"{origin}: {error}") from None
-    except TokenizerError as error:
-        detail = str(error).removeprefix("chat template error: ").rpartition("; ")[0] or str(error)
-        raise TokenizerError(f"{origin} does not render a one-message chat ({detail}); fix the template or pass "
-                             "another file") from None
+    reply = _render_isolated(source, {"messages": [{"role": "user", "content": "Hello"}], "tools": None,
+                                      "documents": None, "add_generation_prompt": True}, RENDER_CHARS)
+    if "text" in reply:
+        return
+    if reply["kind"] == "syntax":
+        raise TemplateFaultError(f"{origin}, line {reply['line']}: {reply['detail']}; fix the template") from None
+    if reply["kind"] == "limit":
+        raise TemplateLimitError(f"{origin}: chat template error: {reply['detail']}; {_TEMPLATE_FIX}")
+    raise TemplateFaultError(f"{origin} does not render a one-message chat ({reply['detail']}); fix the template or "
+                             "pass another file")
 
 
 def check_messages(messages: Any) -> None:
@@ -399,25 +400,72 @@ class ChatTemplate:
         documents = kwargs.pop("documents", None)
         _check_dict_list("tools", tools)
         _check_dict_list("documents", documents)
-        variables = {**self.special_tokens, **kwargs}
-        template = _compile(self.source)
         inputs = {"messages": messages, "tools": tools, "documents": documents, **kwargs}
-        limits = _Limits(RENDER_SECONDS, max(RENDER_CHARS, 4 * len(json.dumps(inputs, default=str))))
-        try:
-            return _limited_render(template, limits, messages=messages, tools=tools, documents=documents,
-                                   add_generation_prompt=add_generation_prompt, **variables)
-        except TemplateLimitError:
-            raise
-        except RecursionError:
-            raise TemplateLimitError(f"chat template error: rendering recursed too deep; {_TEMPLATE_FIX}") from None
-        except MemoryError:
-            raise TemplateLimitError(f"chat template error: rendering ran out of memory; {_TEMPLATE_FIX}") from None
-        except jinja2.TemplateError as error:
-            raise TokenizerError(f"chat template error: {_one_line(error.message or error)}; {_FIX_HINT}") from None
-        except Exception as error:  # a template bug surfacing as a Python error, e.g. str + int
-            raise TokenizerError(
-                f"chat template error: {type(error).__name__}: {_one_line(error)}; {_FIX_HINT}"
-            ) from None
+        chars = max(RENDER_CHARS, 4 * len(json.dumps(inputs, default=str)))
+        variables = {**self.special_tokens, **kwargs, "messages": messages, "tools": tools, "documents": documents,
+                     "add_generation_prompt": add_generation_prompt}
+        reply = _render_isolated(self.source, variables, chars)
+        if "text" in reply:
+            return reply["text"]
+        kind, detail = reply["kind"], reply["detail"]
+        if kind == "syntax":
+            raise TemplateFaultError(f"chat template error: line {reply['line']}: {detail}; fix the template "
+                                     "(chat_template.jinja or tokenizer_config.json) or pass another chat template")
+        if kind == "limit":
+            raise TemplateLimitError(f"chat template error: {detail}; {_TEMPLATE_FIX}")
+        if kind == "template":
+            raise TemplateFaultError(f"chat template error: {detail}; {_TEMPLATE_FIX}")
+        raise TokenizerError(f"chat template error: {detail}; {_FIX_HINT}")
+
+
+def _render_isolated(source: str, variables: dict[str, Any], chars: int) -> dict[str, Any]:
+    """`render_request` in the worker process, within RENDER_SECONDS, `chars` of output and RENDER_MEMORY: its
+    reply, with a limit the worker was stopped at (time, memory) as a "limit" reply."""
+    request = {"source": source, "variables": variables, "seconds": RENDER_SECONDS, "chars": chars}
+    try:
+        return limited_process.call("edge.text.chat_template:render_request", request, seconds=RENDER_SECONDS,
+                                    memory=RENDER_MEMORY + 16 * chars)
+    except limited_process.LimitExceeded as stopped:
+        return {"kind": "limit", "detail": f"rendering {stopped.detail}"}
+    except limited_process.RequestError as error:
+        raise TokenizerError(f"the chat holds a value the chat template cannot be given ({error}); pass the messages "
+                             "and template keywords as plain data: text, numbers, lists and dicts") from None
+    except limited_process.WorkerError as error:
+        raise TokenizerError(f"cannot render the chat template: {error}; check that this Python can start "
+                             "another copy of itself") from None
+
+
+def render_request(request: dict[str, Any]) -> dict[str, Any]:
+    """In the worker process: compile and render one template. {"text": ...}, or {"kind", "detail", "line"} naming
+    what failed: "syntax", "limit" (time, size, depth), "template" (the sandbox refused an operation, or a name is
+    undefined: the template's fault) or "messages" (the template refused the chat, or failed on it)."""
+    limits = _Limits(request["seconds"], request["chars"])
+    try:
+        template = _compile(request["source"])
+    except jinja2.TemplateSyntaxError as error:
+        return {"kind": "syntax", "detail": _one_line(error.message or error), "line": error.lineno}
+    except RecursionError:
+        return {"kind": "limit", "detail": "the template is nested too deep to compile"}
+    try:
+        return {"text": _limited_render(template, limits, **request["variables"])}
+    except TemplateLimitError as error:
+        return {"kind": "limit", "detail": str(error).removeprefix("chat template error: ").partition(
+            f"; {_TEMPLATE_FIX}")[0]}
+    except RecursionError:
+        return {"kind": "limit", "detail": "rendering recursed too deep"}
+    except jinja2.exceptions.SecurityError as error:
+        return {"kind": "template", "detail": f"the sandbox refused an operation ({_one_line(error).rstrip('.')})"}
+    except jinja2.exceptions.UndefinedError as error:
+        message = _one_line(error.message or error)
+        if message.endswith("is undefined"):
+            return {"kind": "template", "detail": f"{message}: the template uses a name nothing defines"}
+        return {"kind": "messages", "detail": message}
+    except jinja2.TemplateError as error:  # raise_exception() refusing the chat, among others
+        return {"kind": "messages", "detail": _one_line(error.message or error)}
+    except MemoryError:
+        raise  # the worker reports it, and ends
+    except Exception as error:  # noqa: BLE001 - a template bug surfacing as a Python error, e.g. str + int
+        return {"kind": "messages", "detail": f"{type(error).__name__}: {_one_line(error)}"}
 
 
 def _limited_render(template: jinja2.Template, limits: _Limits, **variables: Any) -> str:

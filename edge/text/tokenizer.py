@@ -3,21 +3,26 @@
 `Tokenizer.from_dir` reads the Hugging Face fast-tokenizer files of a checkpoint (tokenizer.json plus the optional
 tokenizer_config.json, chat_template.jinja, special_tokens_map.json, generation_config.json and config.json) and
 applies the same load-time adjustments transformers' `AutoTokenizer` does, so `encode`, `decode` and
-`apply_chat_template` give the same ids and text. `StreamDecoder` turns generated ids into text deltas that are safe
-to print as they arrive.
+`apply_chat_template` give the same ids and text. `encode_chat` (and `render_chat` with `encode_rendered`) encodes
+the special-token strings a message's content holds as plain text, unless asked not to (edge/text/message_text.py),
+so that a message cannot forge another role's markers. `StreamDecoder` turns generated ids into text deltas that are
+safe to print as they arrive.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
+from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import tokenizers
 from tokenizers import AddedToken, processors
 
-from edge.text.chat_template import ChatTemplate
+from edge.text.chat_template import ChatTemplate, check_messages
+from edge.text.message_text import MaskedMessages, RenderedChat
 from edge.errors import TokenizerError
 
 # The special-token names transformers knows, in its order; all but the last hold one token string.
@@ -409,11 +414,95 @@ class Tokenizer:
         template = self._pick_template(chat_template, kwargs.get("tools"))
         return template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    chat_template: str | None = None, *, special_tokens_in_messages: bool = False,
+                    **kwargs: Any) -> RenderedChat:
+        """The conversation rendered as `apply_chat_template` renders it, with the places of the special-token
+        strings inside the messages' content, which `encode_rendered` encodes as plain text. With
+        `special_tokens_in_messages` they are left to become control tokens, as transformers encodes them."""
+        template = self._pick_template(chat_template, kwargs.get("tools"))
+        if special_tokens_in_messages or self._backend.encode_special_tokens:
+            return RenderedChat(template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs))
+        check_messages(messages)
+        masked = MaskedMessages.of(messages, self._special_spans, json.dumps([messages, kwargs], default=str))
+        text = template.render(masked.messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        return masked.restore(text)
+
+    def encode_rendered(self, chat: RenderedChat, start: int = 0) -> list[int]:
+        """Token ids of `chat.text[start:]`: the template's special tokens as control tokens, the special-token
+        strings that came from the messages as plain text. `start` must not fall inside one of those."""
+        text = chat.text[start:]
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        spans = [(begin - start, end - start) for begin, end in chat.literal_spans if end > start]
+        if not spans:
+            return encoding.ids
+        if spans[0][0] < 0:
+            raise ValueError(f"start {start} falls inside a special-token string from the messages {spans[0]}")
+        special, starts, ids = self._special_ids, [begin for begin, _ in spans], []
+        for token, (begin, end) in zip(encoding.ids, encoding.offsets):
+            inside = bisect.bisect_left(starts, end) - 1  # the last span starting before the token ends
+            if token in special and inside >= 0 and spans[inside][1] > begin:
+                ids += self._as_text(text[begin:end])
+            else:
+                ids.append(token)
+        return ids
+
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    chat_template: str | None = None, **kwargs: Any) -> list[int]:
-        """Token ids of the rendered conversation (special tokens come from the template, none are added)."""
-        text = self.apply_chat_template(messages, add_generation_prompt, chat_template=chat_template, **kwargs)
-        return self.encode(text, add_special_tokens=False)
+                    chat_template: str | None = None, *, special_tokens_in_messages: bool = False,
+                    **kwargs: Any) -> list[int]:
+        """Token ids of the rendered conversation (special tokens come from the template, none are added; those
+        inside the messages' content are text unless `special_tokens_in_messages`)."""
+        return self.encode_rendered(self.render_chat(messages, add_generation_prompt, chat_template,
+                                                     special_tokens_in_messages=special_tokens_in_messages, **kwargs))
+
+    @cached_property
+    def _special_ids(self) -> frozenset[int]:
+        """Ids of the added tokens marked special: the control tokens a message may not forge."""
+        return frozenset(index for index, token in self._backend.get_added_tokens_decoder().items() if token.special)
+
+    @cached_property
+    def _special_spans(self) -> Callable[[str], list[tuple[int, int]]]:
+        """A function: the spans of a text that the tokenizer would take for special tokens (found by a tokenizer
+        that knows only those, matching them as this one does; remembered for the texts of the last few turns)."""
+        tokens = [token for token in self._backend.get_added_tokens_decoder().values() if token.special]
+        if not tokens:
+            return lambda text: []
+        other = "\ufdd0"
+        matcher = tokenizers.Tokenizer(tokenizers.models.WordLevel({other: 0}, unk_token=other))
+        matcher.add_special_tokens([AddedToken(token.content, single_word=token.single_word, lstrip=token.lstrip,
+                                               rstrip=token.rstrip, normalized=False, special=True)
+                                    for token in tokens])
+        normalizer = self._backend.normalizer
+
+        @lru_cache(maxsize=256)
+        def spans(text: str) -> list[tuple[int, int]]:
+            if not text.isascii() and not _is_unicode(text):
+                return []  # a lone surrogate: no tokenizer takes the text, which the caller refuses as it is
+            if normalizer is not None and any(token.normalized for token in tokens):
+                encoding = self._backend.encode(text, add_special_tokens=False)
+                return [offsets for token, offsets in zip(encoding.ids, encoding.offsets)
+                        if token in self._special_ids]
+            encoding = matcher.encode(text, add_special_tokens=False)
+            return [offsets for token, offsets in zip(encoding.ids, encoding.offsets) if token]
+
+        return spans
+
+    @cached_property
+    def _as_text(self) -> Callable[[str], list[int]]:
+        """A function: the ids of a special-token string encoded as plain text, as it reads after other text (a
+        tokenizer that marks the start of a text, SentencePiece's "▁", does not mark it)."""
+        textual = tokenizers.Tokenizer.from_str(self._backend.to_str())
+        textual.encode_special_tokens = True
+
+        @lru_cache(maxsize=256)
+        def as_text(text: str) -> list[int]:
+            anchor = textual.encode("\n", add_special_tokens=False).ids
+            anchored = textual.encode("\n" + text, add_special_tokens=False).ids
+            if anchored[:len(anchor)] == anchor:
+                return anchored[len(anchor):]
+            return textual.encode(text, add_special_tokens=False).ids
+
+        return as_text
 
     def _pick_template(self, chat_template: str | None, tools: Any) -> ChatTemplate:
         """Choose the template as transformers does: named or given source, else tool_use (with tools) or default."""
@@ -438,6 +527,15 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` is valid Unicode (no lone surrogates), as every tokenizer needs."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _as_id_list(ids: Iterable[int]) -> list[int]:

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template "
                         "(console output, not the app)")
+    parser.add_argument("--special-tokens-in-messages", action="store_true",
+                        help="let special-token strings typed in a message (<|im_end|>, ...) act as the model's "
+                             "control tokens; by default they are plain text, so a message cannot forge a turn")
     parser.add_argument("--stats", action="store_true",
                         help="after each reply (--prompt and --plain) print the load time, the time to the first "
                              "token, decode tokens/s, tokens per step, acceptance and, with a drafter, the speedup "
@@ -92,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.prompt is None and piped and not args.plain:
             args.prompt = sys.stdin.read().strip()  # text piped in without --plain: one message
         chat = ConsoleChat(engine, options, system=args.system, raw=args.raw, show_stats=args.stats,
+                           special_tokens_in_messages=args.special_tokens_in_messages,
                            model_name=args.model or spec.path.name,
                            store=ConversationStore() if args.prompt is None else None, load_s=load_s)
         if args.stats and chat.speculates and not args.no_baseline:
@@ -147,8 +151,8 @@ def measure_console_baseline(chat: "ConsoleChat", wait_s: float | None = None) -
 
 def app_loader(args: argparse.Namespace, spec: LoadSpec) -> SessionLoader:
     """What the app loads: the command line's load spec and the chat settings that go with it."""
-    return SessionLoader(spec, app_settings(args, spec), ConversationStore(),
-                         measure_baseline=not args.no_baseline)
+    return SessionLoader(spec, app_settings(args, spec), ConversationStore(), measure_baseline=not args.no_baseline,
+                         special_tokens_in_messages=args.special_tokens_in_messages)
 
 
 def app_settings(args: argparse.Namespace, spec: LoadSpec | None = None) -> ChatSettings:
@@ -164,7 +168,8 @@ class ConsoleChat:
 
     def __init__(self, engine: Engine, options: GenerationOptions, *, system: str | None = None,
                  raw: bool = False, show_stats: bool = False, model_name: str = "",
-                 store: ConversationStore | None = None, load_s: float | None = None) -> None:
+                 store: ConversationStore | None = None, load_s: float | None = None,
+                 special_tokens_in_messages: bool = False) -> None:
         """`load_s`: how long the engine took to load, shown with the first reply's stats."""
         self.show_stats, self.load_s = show_stats, load_s
         self.baseline_note = "--no-baseline"  # why a speedup is missing from the stats
@@ -172,7 +177,7 @@ class ConsoleChat:
         # the settings carry the system prompt; the options, whole from the command line, replace their sampling
         self.session = ChatSession(engine, ChatSettings(system_prompt=system or ""), store, model_name=model_name,
                                    drafter_spec=str(drafter) if drafter is not None else None, options=options,
-                                   raw=raw)
+                                   raw=raw, special_tokens_in_messages=special_tokens_in_messages)
         if is_completion_model(engine) and not raw:
             print(f"edge-chat: {completion_note(model_name)}", file=sys.stderr)
         self.reported_save_problem: str | None = None

@@ -35,13 +35,13 @@ def running_text(messages: list[dict]) -> str:
     return text
 
 
-def reply_events(engine: Engine, messages: list[dict], reserve: int, options: GenerationOptions | None = None
-                 ) -> tuple[Iterator[Event], int]:
+def reply_events(engine: Engine, messages: list[dict], reserve: int, options: GenerationOptions | None = None, *,
+                 special_tokens_in_messages: bool = False) -> tuple[Iterator[Event], int]:
     """The events of the reply to the last message, generated with `options`, and how many of the oldest messages
-    were left out to fit the context: a chat through the model's template, or the running text for a completion
-    model."""
+    were left out to fit the context: a chat through the model's template (special-token strings in the messages
+    encoded as text unless `special_tokens_in_messages`), or the running text for a completion model."""
     if is_completion_model(engine):
         kept, dropped = engine.fit_messages(messages, reserve, running_text)
         return engine.generate(running_text(kept), options), dropped
-    kept, dropped = engine.fit_chat(messages, reserve)
-    return engine.chat(kept, options), dropped
+    kept, dropped = engine.fit_chat(messages, reserve, special_tokens_in_messages=special_tokens_in_messages)
+    return engine.chat(kept, options, special_tokens_in_messages=special_tokens_in_messages), dropped

@@ -23,11 +23,13 @@ WARM_LANGUAGES = ("python", "bash", "json")  # code-block lexers compiled here, 
 
 class SessionLoader:
     def __init__(self, model: "LoadSpec | str | Path", settings: ChatSettings, store: ConversationStore, *,
-                 measure_baseline: bool = True, **load_options) -> None:
+                 measure_baseline: bool = True, special_tokens_in_messages: bool = False, **load_options) -> None:
         """`model`: a load spec, or a checkpoint folder with Engine.load's keyword options. The settings' drafter
-        and draft length replace the spec's when loading (ChatSettings.applied_to)."""
+        and draft length replace the spec's when loading (ChatSettings.applied_to). `special_tokens_in_messages`:
+        as ChatSession takes it."""
         self.spec = model if isinstance(model, LoadSpec) else LoadSpec.from_options(model, **load_options)
         self.settings, self.store, self.measure_baseline = settings, store, measure_baseline
+        self.special_tokens_in_messages = special_tokens_in_messages
 
     @property
     def name(self) -> str:
@@ -47,7 +49,8 @@ class SessionLoader:
             drafter = engine.spec.drafter
             settings = settings.replace(drafter=str(drafter) if drafter is not None else "none",
                                         memory_budget=str(self.spec.memory_budget))
-        session = ChatSession(engine, settings, self.store, model_name=self.name, drafter_spec=settings.drafter)
+        session = ChatSession(engine, settings, self.store, model_name=self.name, drafter_spec=settings.drafter,
+                              special_tokens_in_messages=self.special_tokens_in_messages)
         session.plan_steps = list(engine.plan.steps) if engine.plan is not None else []
         session.apply(session.settings)  # checks the settings and the memory budget
         session.baseline_pending = self.measure_baseline

@@ -41,13 +41,16 @@ class ReplyOutcome:
 class ChatSession:
     def __init__(self, engine: Engine, settings: ChatSettings, store: ConversationStore | None, *,
                  model_name: str = "", drafter_spec: str | None = None, options: GenerationOptions | None = None,
-                 raw: bool = False) -> None:
+                 raw: bool = False, special_tokens_in_messages: bool = False) -> None:
         """`store`: where each reply is saved (None: nowhere). `options`: the replies' generation options, instead
         of the settings' (the console chat's come whole from its command line). `raw`: each message is continued as
-        text on its own, without the chat template or the earlier turns (edge-chat --raw)."""
+        text on its own, without the chat template or the earlier turns (edge-chat --raw).
+        `special_tokens_in_messages`: special-token strings typed in a message become control tokens (default:
+        text; edge-chat --special-tokens-in-messages)."""
         self.engine, self.settings, self.store, self.model_name = engine, settings, store, model_name
         self.drafter_spec = drafter_spec or "none"  # what the engine is loaded with
         self.options, self.raw = options, raw
+        self.special_tokens_in_messages = special_tokens_in_messages
         self.conversation = Conversation(model=model_name, system=settings.system_prompt)
         self.outcome: ReplyOutcome | None = None  # how the last reply ended
         self.baseline_tokens_per_s: float | None = None
@@ -138,7 +141,8 @@ class ChatSession:
             self.dropped_turns = 0
             return self.engine.generate(self.conversation.messages[-1]["content"], options)
         events, self.dropped_turns = reply_events(self.engine, self.conversation.chat_messages(),
-                                                  min(options.max_new_tokens, 256), options)
+                                                  min(options.max_new_tokens, 256), options,
+                                                  special_tokens_in_messages=self.special_tokens_in_messages)
         return events
 
     def _record(self, text: str, runs: list[list[int]], last: Event | None, finish: str) -> None:

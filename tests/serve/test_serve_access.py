@@ -5,6 +5,7 @@ or form POST skips the CORS preflight: 415), and come from no web page unless --
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import httpx
 import pytest
@@ -134,3 +135,24 @@ def test_the_command_line_sets_hosts_and_origins(capsys):
         assert main(["--cors", bad]) == 2
         error = capsys.readouterr().err
         assert error.startswith("edge-serve: error: --cors takes a web page's origin") and error.count("\n") == 1
+
+
+@pytest.mark.parametrize("origin, says", [
+    ("", "a request with an empty Origin header may not use this server; send no Origin header"),
+    ("null", "a page with the opaque origin 'null' (a file:// page or a sandboxed frame) may not use this server, and "
+             "--cors cannot allow it"),
+    ("not an origin", "the Origin header 'not an origin' is not a web page's origin (scheme://host[:port])"),
+])
+def test_an_origin_no_cors_can_name_is_refused_without_an_empty_suggestion(server, origin, says):
+    message = assert_error(post(server, {"Origin": origin, "Content-Type": "application/json"}), 403,
+                           "origin_not_allowed")
+    assert message.startswith(says)
+    assert not re.search(r"--cors\s*($|[;,)])", message)  # never a --cors with nothing after it
+
+
+def test_the_suggested_cors_value_lets_the_page_in(engine):
+    written = "HTTP://LocalHost:5173/"  # as a hand-made client may send it
+    guard = AccessGuard(None)
+    suggestion = guard.refusal("127.0.0.1", written).message.rpartition("--cors ")[2]
+    assert suggestion == PAGE
+    assert AccessGuard(None, cors_origins=(suggestion,)).refusal("127.0.0.1", written) is None

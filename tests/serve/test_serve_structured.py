@@ -129,3 +129,23 @@ def test_tools_with_auto_choice_answer_in_text_when_the_model_writes_no_call(cli
     assert reply.choices[0].finish_reason == "length" and not reply.choices[0].message.tool_calls
     assert reply.choices[0].message.content == engine_text(reference.chat(messages, max_new_tokens=32,
                                                                           tools=[WEATHER], temperature=0.0))
+
+
+@pytest.mark.parametrize("schema, cycle", [
+    ({"$defs": {"A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/B"}}, "required": ["b"]},
+                "B": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"]}},
+      "$ref": "#/$defs/A"}, "#/$defs/A → #/$defs/A/properties/b → #/$defs/B → #/$defs/B/properties/a → #/$defs/A"),
+    ({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}, "# → #/properties/next → #"),
+    ({"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"},
+     "#/$defs/A → #/$defs/B → #/$defs/A"),
+])
+def test_a_schema_without_a_finite_instance_is_a_400_naming_its_cycle(client, schema, cycle):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="any", messages=ASK, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    body = error.value.body
+    assert body["param"] == "response_format" and body["code"] == "invalid_response_format"
+    assert f"has no finite instance: its $refs form a cycle every instance must follow ({cycle})" in body["message"]
+    assert "token" not in body["message"]

@@ -120,3 +120,129 @@ def test_edge_serve_blames_the_models_template_and_goes_on(short_limit):
         assert reply.status_code == 500 and "0.3 s limit" in reply.json()["error"]["message"]
         text = httpx.post(running.url + "/v1/completions", json={"prompt": "The json", "max_tokens": 2}, timeout=30)
         assert text.status_code == 200  # the server goes on
+
+
+# Work inside C code (a repr, a list concatenation) escapes every Python-level check: the worker process's limits
+# (its CPU time, its address space, the caller's kill at the deadline) bound it.
+NESTED_DOUBLING = ("{% set ns = namespace(l=['x']) %}{% for i in range(60) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}"
+                   "{{ ns.l|string|length }}")
+GROWING_LIST = ("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + ['a' * (1000000 - i % 2)]"
+                " %}{% endfor %}{{ ns.l|length }}")
+
+
+def test_work_inside_c_code_is_stopped_at_the_time_limit(short_limit):
+    started = time.monotonic()
+    with pytest.raises(TemplateLimitError) as raised:
+        ChatTemplate(NESTED_DOUBLING).render(HI)
+    assert time.monotonic() - started < 10  # 0.3 s and a second's grace, generously
+    assert "rendering ran past its 0.3 s limit" in str(raised.value)
+    assert_blames_the_template(raised.value)
+    assert ChatTemplate("{{ messages[0]['content'] }}").render(HI) == "Hi"  # a fresh worker renders the next one
+
+
+def test_a_templates_total_memory_is_bounded_not_each_value(monkeypatch):
+    monkeypatch.setattr(chat_template, "RENDER_MEMORY", 64 * 2**20)
+    with pytest.raises(TemplateLimitError) as raised:
+        ChatTemplate(GROWING_LIST).render(HI)  # each value 1 MB, under the value limit; 100 GB in all
+    assert "rendering ran out of its 80 MiB of memory" in str(raised.value)  # 64 MiB and 16 bytes per output char
+    assert_blames_the_template(raised.value)
+
+
+def test_the_check_at_load_runs_under_the_same_limits(short_limit, tmp_path):
+    path = tmp_path / "hostile.jinja"
+    path.write_text(NESTED_DOUBLING)
+    started = time.monotonic()
+    with pytest.raises(TemplateLimitError) as raised:
+        chat_template.read_template_file(path)
+    assert time.monotonic() - started < 10
+    assert str(raised.value).startswith(f"chat template file {path}: chat template error: rendering ran past")
+    assert_blames_the_template(str(raised.value).partition(": ")[2])
+
+
+def test_renders_reuse_one_worker_process():
+    from edge.text import limited_process
+
+    template = ChatTemplate("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    template.render(HI)
+    workers = {worker.process.pid for worker in limited_process._pool._idle}
+    for _ in range(20):
+        assert template.render(HI) == "Hi"
+    assert {worker.process.pid for worker in limited_process._pool._idle} == workers
+
+
+@pytest.mark.parametrize("source, detail", [
+    ("{{ messages.append(1) }}", "the sandbox refused an operation (access to attribute 'append' of 'list' object is "
+                                 "unsafe)"),
+    ("{{ ''.__class__.__mro__ }}", "the sandbox refused an operation"),
+    ("{{ undefined_helper.format(messages) }}", "'undefined_helper' is undefined: the template uses a name nothing "
+                                                "defines"),
+])
+def test_a_template_the_sandbox_stops_or_that_uses_an_undefined_name_is_blamed(source, detail):
+    from edge.text.chat_template import TemplateFaultError
+
+    with pytest.raises(TemplateFaultError) as raised:
+        ChatTemplate(source).render(HI)
+    assert str(raised.value).startswith(f"chat template error: {detail}")
+    assert_blames_the_template(raised.value)
+
+
+def test_a_template_refusing_the_chat_still_asks_to_fix_the_messages():
+    with pytest.raises(chat_template.TokenizerError) as raised:
+        ChatTemplate("{{ raise_exception('Conversation roles must alternate') }}").render(HI)
+    assert not isinstance(raised.value, chat_template.TemplateFaultError)
+    assert str(raised.value) == ("chat template error: Conversation roles must alternate; fix the messages to fit the "
+                                 "template, or pass another chat template")
+
+
+RENDER_UNTIL_SIGNALLED = """
+import resource, signal, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))  # the old in-process render grew without bound
+from edge.text import chat_template
+chat_template.RENDER_SECONDS = 60.0
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(3))  # a Python handler, as edge-serve's uvicorn has
+print("rendering", flush=True)
+try:
+    chat_template.ChatTemplate(sys.argv[1]).render([{"role": "user", "content": "Hi"}])
+except KeyboardInterrupt:
+    sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("signum, status", [("SIGTERM", 3), ("SIGINT", 4)])
+def test_a_signal_during_a_render_is_handled_at_once(tmp_path, signum, status):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "render.py"
+    script.write_text(RENDER_UNTIL_SIGNALLED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen([sys.executable, str(script), NESTED_DOUBLING], stdout=subprocess.PIPE, env=env)
+    try:
+        assert process.stdout.readline() == b"rendering\n"
+        deadline = time.monotonic() + 30
+        busy = []
+        while not busy and time.monotonic() < deadline:  # until the worker has spent some CPU time on the render
+            busy = [child for child in psutil.Process(process.pid).children() if child.cpu_times().user > 0.8]
+            time.sleep(0.02)
+        assert busy, "no worker process rendered the template"
+        process.send_signal(getattr(signal, signum))
+        assert process.wait(5) == status  # handled while the render runs, not after its 60 s limit
+        assert not busy[0].is_running() or busy[0].status() == psutil.STATUS_ZOMBIE  # its worker ended with it
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_value_that_cannot_reach_the_worker_is_one_line_naming_the_fix():
+    import threading
+
+    with pytest.raises(chat_template.TokenizerError) as raised:
+        ChatTemplate("{{ lock }}").render(HI, lock=threading.Lock())
+    assert str(raised.value).startswith("the chat holds a value the chat template cannot be given (TypeError: ")
+    assert str(raised.value).endswith("pass the messages and template keywords as plain data: text, numbers, lists "
+                                      "and dicts")
+    assert ChatTemplate("{{ messages[0]['content'] }}").render(HI) == "Hi"

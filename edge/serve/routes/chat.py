@@ -38,7 +38,7 @@ async def chat_completions(request: Request, state: State) -> Response:
 
     def generation(engine: Engine, should_stop) -> Any:
         return engine.chat(messages, dataclasses.replace(options, should_stop=should_stop), tools=tools,
-                           tool_choice=tool_choice)
+                           tool_choice=tool_choice, special_tokens_in_messages=body.special_tokens_in_messages)
 
     reply = Reply(chat=True, model=state.config.model_id, tools=tuple(tools) if plan.parse else None)
     return await respond(request, state, reply, generation, body, "messages")
@@ -62,10 +62,13 @@ def checked_chat(state: ServerState, raw: bytes) -> tuple[ChatCompletionRequest,
         plan = plan_tool_use(tokenizer, messages, body.tool_list(), body.tool_choice_value())
     except EdgeError as error:
         raise ApiError(400, str(error), param="tools") from None
-    prompt_limits(state.config, engine, "messages", chat_chars(messages, body.tool_list()),
-                  lambda: len(tokenizer.encode(utf8(tokenizer.apply_chat_template(
-                      plan.messages, add_generation_prompt=True, **plan.template_kwargs), "the chat", "messages"),
-                      add_special_tokens=False)))
+    def prompt_tokens() -> int:
+        chat = tokenizer.render_chat(plan.messages, add_generation_prompt=True,
+                                     special_tokens_in_messages=body.special_tokens_in_messages, **plan.template_kwargs)
+        utf8(chat.text, "the chat", "messages")
+        return len(tokenizer.encode_rendered(chat))
+
+    prompt_limits(state.config, engine, "messages", chat_chars(messages, body.tool_list()), prompt_tokens)
     return body, messages, plan
 
 

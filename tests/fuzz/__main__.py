@@ -1,7 +1,8 @@
 """python -m tests.fuzz [--seconds N] [--target NAME]: each fuzz target for N seconds (default 60) of fresh random
 examples, in a pytest process of its own with its address space capped (tests/fuzz/harness.py). The exit status is
 1 when a target found something: pytest's report shows the smallest failing example, and an example that ended its
-process (a hang in C code, a crash) is shown from the record the harness keeps."""
+process (a hang in C code, a crash) is shown from the record the harness keeps. A target marked xfail (a fault
+known and being fixed) stops at its first failure and is listed as XFAIL."""
 
 from __future__ import annotations
 
@@ -26,12 +27,12 @@ def run_target(name: str, seconds: float) -> bool:
         record = Path(folder) / "example.txt"
         environment = {**os.environ, "EDGE_FUZZ_SECONDS": str(seconds), "EDGE_FUZZ_RECORD": str(record),
                        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rxX", "-p", "no:cacheprovider",
                                 str(Path(__file__).parent / TARGETS[name])], cwd=ROOT, env=environment)
         last = record.read_text() if record.is_file() else ""
     if last.strip():
         print(f"fuzz {name}: the process ended inside this example: {last.strip()}", flush=True)
-    print(f"fuzz {name}: {'nothing found' if code == 0 else 'FOUND SOMETHING'} "
+    print(f"fuzz {name}: {'no failure' if code == 0 else 'FOUND SOMETHING'} "
           f"({time.monotonic() - started:.0f} s)", flush=True)
     return code == 0
 

@@ -1,8 +1,8 @@
 """Fuzzed request bodies against edge-serve's app, in process (FastAPI's TestClient) on the built-in model: any JSON on
-the chat and text completion routes, and chats asking for `response_format` with any JSON schema (keywords nested
-in any way, `$ref`s to `$defs` that may form cycles, wild values). Each answer is a 2xx or a 4xx whose body is an
-OpenAI-style JSON error, never a 500, within the time limit; a whole reply under a schema that stopped by itself
-holds JSON valid under that schema."""
+the chat and text completion routes; chats asking for `response_format` with any JSON schema (keywords nested in
+any way, `$ref`s to `$defs` that may form cycles, wild values); tools whose parameters are such schemas, with any
+tool_choice. Each answer is a 2xx or a 4xx whose body is an OpenAI-style JSON error, never a 500, within the time
+limit; a whole reply under a schema that stopped by itself holds JSON valid under that schema."""
 
 from __future__ import annotations
 
@@ -55,13 +55,24 @@ response_formats = st.one_of(
     st.fixed_dictionaries({"type": st.sampled_from(["json_object", "text"]) | json_values}),
     json_values,
 )
+tools = st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": st.sampled_from(["get_weather", "f"]) | any_text},
+    optional={"description": any_text, "parameters": rooted_schemas | json_values})}) | json_values, max_size=2)
+tool_choices = st.sampled_from(["auto", "none", "required"]) | st.fixed_dictionaries(
+    {"type": st.just("function"), "function": st.fixed_dictionaries({"name": st.just("get_weather") | any_text})}) \
+    | json_values
 schema_bodies = st.fixed_dictionaries(
     {"messages": messages, "response_format": response_formats},
     optional={"max_tokens": st.integers(1, 12), "stream": st.booleans(), "temperature": st.floats(0, 2)})
+tool_bodies = st.fixed_dictionaries(
+    {"messages": messages, "tools": tools},
+    optional={"tool_choice": tool_choices, "max_tokens": st.integers(1, 12), "stream": st.booleans(),
+              "temperature": st.floats(0, 2)})
 requests = st.one_of(
     st.tuples(st.just("/v1/chat/completions"), chat_bodies),
     st.tuples(st.just("/v1/completions"), text_bodies),
     st.tuples(st.just("/v1/chat/completions"), schema_bodies), st.tuples(st.just("/v1/chat/completions"), schema_bodies),
+    st.tuples(st.just("/v1/chat/completions"), tool_bodies),
 )
 
 

@@ -1,7 +1,7 @@
-"""A hypothesis strategy for Jinja chat templates: statements (output, for, if, set, namespace attributes, macros,
-filter blocks, loop controls, raise_exception, generation blocks) around expressions built from the variables a
-chat template sees, literals of every size, operators, filters and string methods; with stray text, unclosed tags
-and random characters mixed in, so that parse errors are fuzzed too."""
+"""A hypothesis strategy for Jinja chat templates: statements (output, for, if, set, namespace attributes, values
+doubling in a loop, macros, filter blocks, loop controls, raise_exception, generation blocks) around expressions
+built from the variables a chat template sees, literals of every size, operators, filters and string methods; with
+stray text, unclosed tags and random characters mixed in, so that parse errors are fuzzed too."""
 
 from __future__ import annotations
 
@@ -62,7 +62,13 @@ def _blocks(inner: st.SearchStrategy) -> st.SearchStrategy:
     )
 
 
+# a value that doubles on each turn of a loop: the growth a render's limits (time, size, memory) must stop
+GROWTHS = ["[ns.v, ns.v]", "ns.v + ns.v", "ns.v ~ ns.v", "ns.v * 2", "(ns.v|string) * 2", "ns.v|tojson ~ ns.v",
+           "{'a': ns.v, 'b': ns.v}", "ns.v|list + ns.v|list"]
+growth = st.tuples(st.sampled_from([1, 10, 30, 60, 1000]), st.sampled_from(GROWTHS)).map(
+    lambda e: f"{{% for i in range({e[0]}) %}}{{% set ns.v = {e[1]} %}}{{% endfor %}}")
 statements = st.one_of(
+    growth,
     expressions.map(lambda e: f"{{{{ {e} }}}}"),
     st.tuples(names, expressions).map(lambda e: f"{{% set {e[0]} = {e[1]} %}}"),
     st.sampled_from(["{% break %}", "{% continue %}", "{{ raise_exception('no') }}", "{%- if true -%}",

@@ -53,3 +53,18 @@ def test_the_gguf_field_map_finds_each_field_where_the_reader_reads_it(llama_dir
         assert [fields[f"tensor {tensor.name} dim {i}"] for i in range(len(tensor.shape))] == list(tensor.shape)
         assert fields[f"tensor {tensor.name} type"] == tensor.tensor_type
     assert header_end(header_fields(data)) <= min(tensor.data_offset for tensor in reader.tensors)
+
+
+@pytest.mark.slow
+def test_the_runner_runs_a_target_for_its_seconds_in_a_process_of_its_own():
+    import subprocess
+    import sys
+
+    from tests.fuzz.__main__ import ROOT
+
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "tests.fuzz", "--seconds", "3", "--target", "chats"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "fuzz chats: 3 s" in run.stdout and "fuzz chats: no failure" in run.stdout
+    assert time.monotonic() - started >= 3

@@ -58,7 +58,7 @@ def run(example: Callable[..., None], **strategies: SearchStrategy) -> None:
     end, examples = time.monotonic() + SECONDS, FIRST_BATCH
     while True:
         started = time.monotonic()
-        settings(fuzz_settings(examples))(given(**strategies)(example))()
+        fuzz_settings(examples)(given(**strategies)(example))()
         left = end - time.monotonic()
         if left <= 0:
             return

@@ -125,6 +125,10 @@ class GrammarVocabulary:
         matcher = _llguidance().LLMatcher(self.tokenizer, grammar.text, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"{grammar.what}: {_feature(matcher.get_error())}")
+        matcher.compute_bitmask()  # a grammar no token can start (llguidance then reports an error)
+        if matcher.is_error():
+            raise GrammarError(f"{grammar.what} admits no JSON value: nothing can be written that it accepts (a "
+                               "$ref that only leads back to itself has no finite instance); fix the schema")
         return Constraint(matcher, self.vocab_size, self.eos_token_ids, grammar.what)
 
 

@@ -152,7 +152,9 @@ class ConversationStore:
         target = self.path(conversation.id)
         handle, temporary = tempfile.mkstemp(prefix=f".{conversation.id}.", suffix=".tmp", dir=self.root)
         try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
+            # backslashreplace: a lone surrogate (read from a "\ud800" escape; UTF-8 has no bytes for it) is
+            # written as that escape again, inside its JSON string
+            with os.fdopen(handle, "w", encoding="utf-8", errors="backslashreplace") as out:
                 json.dump(conversation.to_json(), out, ensure_ascii=False, indent=1)
                 out.flush()
                 os.fsync(out.fileno())

@@ -141,6 +141,20 @@ def test_unsupported_schema_features_are_one_line_errors_naming_them(checkpoints
         assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("schema", [{"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                                     "$ref": "#/$defs/a"}], ids=["self", "pair"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_schema_no_value_satisfies_is_one_line_not_an_empty_reply_or_a_crash(schema, temperature):
+    """A $ref that only leads back to itself: no token can start a reply (greedy used to end it at once, empty, and
+    sampling raised torch's "probability tensor contains inf or nan")."""
+    engine = Engine.load(builtin_model_path(), max_context=96)
+    response_format = {"type": "json_schema", "json_schema": {"name": "loop", "schema": schema}}
+    with pytest.raises(GrammarError, match="admits no JSON value") as error:
+        list(engine.chat([{"role": "user", "content": "hi"}], max_new_tokens=8, response_format=response_format,
+                         temperature=temperature))
+    assert "\n" not in str(error.value)
+
+
 # -- 100 fuzzed schemas on the built-in model -------------------------------------------------------------------
 
 NAMES = st.sampled_from(["a", "id", "name", "value", "items", "ok", "x_1"])

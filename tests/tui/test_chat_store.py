@@ -76,6 +76,18 @@ def test_brackets_inside_strings_do_not_count_as_nesting(store):
     assert store.load(store.path("deep-text")).messages == chat.messages
 
 
+def test_a_chat_holding_lone_surrogates_saves_back_as_it_was_read(store):
+    """JSON's "\\ud800" escapes read as lone surrogates, which UTF-8 cannot encode: saving such a chat again (its
+    next turn) must not fail."""
+    (store.root / "odd.json").write_text('{"format_version": 1, "id": "odd", "title": "\\udc00", '
+                                         '"messages": [{"role": "user", "content": "a\\ud800b"}]}')
+    chat = store.load(store.root / "odd.json")
+    assert chat.messages[0]["content"] == "a\ud800b"
+    store.save(chat)
+    again = store.load(store.root / "odd.json")
+    assert (again.title, again.messages) == ("\udc00", chat.messages)
+
+
 @pytest.mark.parametrize("bad_id", ["../../escape", "a/b", ".hidden", "..", "", "x" * 200, "a\\b", "nul\0"],
                          ids=["escape", "separator", "dot", "dots", "empty", "long", "backslash", "nul"])
 def test_a_chat_id_that_could_name_a_file_elsewhere_is_refused(store, tmp_path, bad_id):

@@ -316,7 +316,8 @@ def check_template(source: str, origin: str) -> None:
     if "text" in reply:
         return
     if reply["kind"] == "syntax":
-        raise TemplateFaultError(f"{origin}, line {reply['line']}: {reply['detail']}; fix the template") from None
+        where = f", line {reply['line']}" if reply.get("line") is not None else ""
+        raise TemplateFaultError(f"{origin}{where}: {reply['detail']}; fix the template") from None
     if reply["kind"] == "limit":
         raise TemplateLimitError(f"{origin}: chat template error: {reply['detail']}; {_TEMPLATE_FIX}")
     raise TemplateFaultError(f"{origin} does not render a one-message chat ({reply['detail']}); fix the template or "
@@ -409,7 +410,8 @@ class ChatTemplate:
             return reply["text"]
         kind, detail = reply["kind"], reply["detail"]
         if kind == "syntax":
-            raise TemplateFaultError(f"chat template error: line {reply['line']}: {detail}; fix the template "
+            where = f"line {reply['line']}: " if reply.get("line") is not None else ""
+            raise TemplateFaultError(f"chat template error: {where}{detail}; fix the template "
                                      "(chat_template.jinja or tokenizer_config.json) or pass another chat template")
         if kind == "limit":
             raise TemplateLimitError(f"chat template error: {detail}; {_TEMPLATE_FIX}")
@@ -446,6 +448,9 @@ def render_request(request: dict[str, Any]) -> dict[str, Any]:
         return {"kind": "syntax", "detail": _one_line(error.message or error), "line": error.lineno}
     except RecursionError:
         return {"kind": "limit", "detail": "the template is nested too deep to compile"}
+    except Exception as error:  # noqa: BLE001 - Jinja's compiler failing past its own checks ({% break %} outside a
+        # loop: Python's SyntaxError; a list as a dict key: TypeError): still the template's syntax, not the chat's
+        return {"kind": "syntax", "detail": f"{type(error).__name__}: {_one_line(error)}", "line": None}
     try:
         return {"text": _limited_render(template, limits, **request["variables"])}
     except TemplateLimitError as error:

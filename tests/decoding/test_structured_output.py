@@ -149,7 +149,7 @@ def test_a_schema_no_value_satisfies_is_one_line_not_an_empty_reply_or_a_crash(s
     sampling raised torch's "probability tensor contains inf or nan")."""
     engine = Engine.load(builtin_model_path(), max_context=96)
     response_format = {"type": "json_schema", "json_schema": {"name": "loop", "schema": schema}}
-    with pytest.raises(GrammarError, match="admits no JSON value") as error:
+    with pytest.raises(GrammarError, match="no finite instance|admits no JSON value") as error:
         list(engine.chat([{"role": "user", "content": "hi"}], max_new_tokens=8, response_format=response_format,
                          temperature=temperature))
     assert "\n" not in str(error.value)

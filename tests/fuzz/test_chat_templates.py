@@ -88,12 +88,6 @@ def worker():
     worker.stop()
 
 
-# Today's renderer checks its time limit in Python, so C code inside a filter (str() of a list that doubles in a
-# loop) escapes it; and a template Jinja compiles into bad Python (`{% break %}` outside a loop: SyntaxError) or
-# cannot fold (`{{ not {[0]: 0} }}`: TypeError) raises that error, not edge's. Rendering in a process with kernel
-# limits, which reports whatever the render raised as the template's fault, fixes both.
-@pytest.mark.xfail(strict=False, reason="today's renderer: C-level work outruns its Python-level time limit, and "
-                   "compile errors other than Jinja's escape as other exceptions; renders in a limited process fix it")
 def test_a_fuzzed_chat_template_renders_or_is_refused_in_one_line(worker):
     def one_template(source, messages):
         with harness.limited(LIMIT_S + 5, source):

@@ -436,3 +436,17 @@ def test_saved_files_are_what_transformers_writes(checkpoint):
     """Guards the fixture: 4.57 writes the template to chat_template.jinja, not tokenizer_config.json."""
     assert (checkpoint / "chat_template.jinja").read_text() == QWEN3
     assert "chat_template" not in json.loads((checkpoint / "tokenizer_config.json").read_text())
+
+
+@pytest.mark.parametrize("source", ["{% for m in messages %}{% endfor %}{% break %}", "{{ not {[0, 0]: 0} }}"])
+def test_a_template_jinja_cannot_compile_past_its_own_checks_is_the_templates_one_line_error(source):
+    """{% break %} outside a loop (Python's SyntaxError in Jinja's compiler) and a list as a dict key (TypeError while
+    compiling): blamed on the template, in one line, at load and at a render."""
+    from edge.errors import EdgeError
+    from edge.text.chat_template import ChatTemplate, check_template
+
+    for attempt in (lambda: check_template(source, "--chat-template t.jinja"),
+                    lambda: ChatTemplate(source).render([{"role": "user", "content": "hi"}])):
+        with pytest.raises(EdgeError, match="fix the template") as error:
+            attempt()
+        assert "\n" not in str(error.value)

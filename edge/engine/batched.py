@@ -30,6 +30,7 @@ from edge.engine.reply import ReplyText
 from edge.errors import SamplingError
 from edge.events import Event, Stats
 from edge.kernels.runner import FUSED_CHUNK
+from edge.model.kernel_glue import ModelTensors
 from edge.model.transformer import Transformer
 
 
@@ -45,7 +46,7 @@ def batch_rows(engine: Engine) -> int:
     if type(engine.cache) is not type(probe):
         return 0
     for rows in (FUSED_CHUNK, runner.max_rows):
-        if runner.fuses(model, rows, model.dtype, probe):
+        if runner.fuses(ModelTensors(model), rows, model.dtype, probe):
             return rows
     return 0
 

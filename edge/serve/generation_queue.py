@@ -122,8 +122,9 @@ class GenerationQueue:
 
     def _run(self, load: Callable[[], Engine], on_load_error: Callable[[BaseException], None] | None) -> None:
         try:
-            self.engine = load()
-            batch = self.batch(self.engine)
+            engine = load()
+            batch = self.batch(engine)
+            self.engine = engine  # handlers queue jobs from now on
         except BaseException as error:  # noqa: BLE001 - reported through /health and the command line
             self.load_error = error
             if on_load_error is not None:

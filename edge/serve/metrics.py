@@ -2,7 +2,7 @@
 for a scraper whose Accept header asks for it).
 
     edge_requests_total{route,status}        every HTTP answer, refusals included (unknown paths: route="other")
-    edge_queue_waiting, edge_queue_limit      requests waiting for the generation slot, and how many may
+    edge_queue_waiting, edge_queue_limit      requests waiting for a generation slot, and how many may
     edge_generating                           1 while a reply is being generated
     edge_slots, edge_slots_busy               replies generated together (--parallel), and how many are now
     edge_batch_size                           sequences in the batch's last fused pass
@@ -129,7 +129,7 @@ class ServerMetrics:
         for (route, status), count in sorted(requests.items()):
             family.add_metric([route, status], count)
         yield family
-        yield GaugeMetricFamily("edge_queue_waiting", "Requests waiting for the generation slot.", queue.waiting)
+        yield GaugeMetricFamily("edge_queue_waiting", "Requests waiting for a generation slot.", queue.waiting)
         yield GaugeMetricFamily("edge_queue_limit", "Requests that may wait (--queue-size).", queue.limit)
         yield GaugeMetricFamily("edge_generating", "1 while a reply is being generated.", int(queue.generating))
         yield from _slot_metrics(queue, slots)

@@ -213,3 +213,16 @@ def test_metrics_show_the_slots_and_a_grammar_request_takes_the_engines_loop(ser
     expected = "".join(event.text for event in reference.chat(CHATS[2], max_new_tokens=12, temperature=0.0,
                                                                response_format={"type": "json_object"}))
     assert text == expected
+
+
+def test_a_conversations_next_turn_reuses_its_slots_cache(server, reference):
+    first_turn = {"messages": CHATS[1], "max_tokens": 16, "temperature": 0}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        first = client.post("/v1/chat/completions", json=first_turn).json()
+        messages = CHATS[1] + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                               {"role": "user", "content": "And a tuple?"}]
+        second = client.post("/v1/chat/completions", json={**first_turn, "messages": messages}).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"] // 2
+    assert second["timings"]["prompt_n"] == second["usage"]["prompt_tokens"] - \
+        second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert second["choices"][0]["message"]["content"] == alone(reference, {**first_turn, "messages": messages})[0]

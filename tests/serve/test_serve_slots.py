@@ -199,20 +199,28 @@ def test_a_client_that_goes_away_frees_its_slot_at_once(server):
     assert generated < 450  # cut off, not run to its end
 
 
-def test_metrics_show_the_slots_and_a_grammar_request_takes_the_engines_loop(server, reference):
+def test_a_grammar_request_takes_the_engines_loop_beside_the_batch(server, reference, together):
     before = metrics(server)
-    request = {"messages": CHATS[2], "max_tokens": 12, "temperature": 0, "response_format": {"type": "json_object"}}
-    text, tokens, _ = send(server, request)
+    structured = {"messages": CHATS[2], "max_tokens": 12, "temperature": 0, "response_format": {"type": "json_object"}}
+    batched = [{"prompt": "The json module", "max_tokens": 40, "temperature": 0},
+               {"messages": CHATS[0], "max_tokens": 30, "temperature": 0, "stream": True}]
+    together.count = 3  # its steps come between the batch's
+    replies = concurrently(server, [structured, *batched])
+    together.count = 1
     after = metrics(server)
     assert after["edge_slots", ()] == 4 and after["edge_slots_busy", ()] == 0
     engine_loop = (("slot", "engine"),)
     assert after["edge_slot_replies_total", engine_loop] - before.get(("edge_slot_replies_total", engine_loop), 0) == 1
-    assert sum(value for key, value in after.items() if key[0] == "edge_slot_replies_total" and key[1] != engine_loop) \
-        >= 4  # the batch's slots, each counted
+    in_slots = [value - before.get(key, 0) for key, value in after.items()
+                if key[0] == "edge_slot_replies_total" and key[1] != engine_loop]
+    assert sum(in_slots) == 2
     reference.reset()
     expected = "".join(event.text for event in reference.chat(CHATS[2], max_new_tokens=12, temperature=0.0,
                                                                response_format={"type": "json_object"}))
-    assert text == expected
+    assert replies[0][0] == expected
+    for request, reply in zip(batched, replies[1:]):
+        text, tokens, finish = alone(reference, request)
+        assert reply == (text, tokens, FINISH[finish])
 
 
 def test_a_conversations_next_turn_reuses_its_slots_cache(server, reference):

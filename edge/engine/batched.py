@@ -13,9 +13,9 @@ reasons and the stats.
 A reply here decodes plainly (no drafter) and without a grammar; the engine's own loop runs those. Its stats count
 the passes it took part in: `prefill_s` the ones until its first token, each later pass as one decode step.
 
-A slot keeps the keys and values of the last reply it ran (`ReusingBatch`): a new reply takes the free slot that
-holds the longest prefix of its prompt and prefills only the rest, so a conversation's next turn, or a prompt that
-opens with the same system prompt as an earlier one, skips what is already there (`usage.cached_tokens`).
+A slot keeps the keys and values of the last reply it ran (SequenceBatch): a new reply starts from the longest prefix
+of its prompt any slot holds and prefills only the rest, so a conversation's next turn, or a prompt that opens with
+the same system prompt as an earlier one, skips what is already there (`usage.cached_tokens`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from edge.errors import SamplingError
 from edge.events import Event, Stats
 from edge.kernels.runner import FUSED_CHUNK
 from edge.model.kernel_glue import ModelTensors
-from edge.model.kv_cache import common_prefix
 from edge.model.transformer import Transformer
 
 
@@ -56,30 +55,6 @@ def batch_rows(engine: Engine) -> int:
     return 0
 
 
-class ReusingBatch(SequenceBatch):
-    """A SequenceBatch whose free regions remember the tokens their keys and values hold: a new sequence takes the
-    free region holding the longest prefix of its prompt, and its rows start after that prefix (its region's cache
-    there is what its own prefix computes; each row attends only to its region's positions up to its own)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.held: dict[int, list[int]] = {}  # region -> the tokens its cache holds, from position 0
-
-    def add(self, prompt: list[int], params, max_new_tokens: int, eos_token_ids=frozenset(), generator=None
-            ) -> Sequence:
-        free = self.free_regions()
-        reuse = {region: common_prefix(self.held.get(region, []), prompt[:-1]) for region in free}  # >= 1 row runs
-        sequence = super().add(prompt, params, max_new_tokens, eos_token_ids, generator)
-        sequence.region = max(free, key=lambda region: (reuse[region], -region))
-        sequence.cached = reuse[sequence.region]
-        self.held.pop(sequence.region, None)  # rewritten from `cached` on
-        return sequence
-
-    def remove(self, sequence: Sequence) -> None:
-        super().remove(sequence)
-        self.held[sequence.region] = sequence.tokens[:sequence.cached]
-
-
 @dataclass(eq=False)
 class BatchedReply:
     """One reply's sequence in the batch, and what its events are made from."""
@@ -94,14 +69,15 @@ class BatchedReply:
     def slot(self) -> int:
         return self.sequence.region
 
-    def advance(self, token: int) -> Event:
-        """The event of the token its sequence chose: the first closes its prefill, each later one a decode step."""
+    def advance(self, emitted: list[int]) -> Event:
+        """The event of the tokens its sequence chose in one pass: the first pass that chose closes its prefill,
+        each later one is a decode step."""
         first = self.stats.steps == 0
         wall_s, self.pass_s = self.pass_s, 0.0
         if first:
             self.stats.prefill_s = wall_s
-        appended = self.text.append(self.tokens, [token])
-        step = Step(tokens=[token], drafted=[False], verify_s=wall_s)
+        appended = self.text.append(self.tokens, emitted)
+        step = Step(tokens=emitted, drafted=[False] * len(emitted), verify_s=wall_s)
         return self.text.event(self.tokens, appended, step, self.stats, None if first else wall_s)
 
 
@@ -113,8 +89,9 @@ class BatchedReplies:
             raise SamplingError(f"{slots} slots do not fit one fused pass of this model, which takes at most {rows} "
                                 f"rows; use at most {rows}")
         self.engine = engine
-        chunk = max(1, min(PREFILL_CHUNK, rows // slots))  # every slot's rows together fit one pass
-        self.batch = ReusingBatch(engine.model, regions=slots, context=engine.max_context, prefill_chunk=chunk)
+        chunk = max(1, min(PREFILL_CHUNK, rows // slots))  # a prompt's chunk leaves the others' steps light
+        self.batch = SequenceBatch(engine.model, regions=slots, context=engine.max_context, prefill_chunk=chunk,
+                                   max_rows=rows)
         self.replies: dict[Sequence, BatchedReply] = {}
         self.last_size = 0  # sequences in the last pass
 
@@ -146,8 +123,8 @@ class BatchedReplies:
         sequence = self.batch.add(prompt_ids, sampling, min(opts.max_new_tokens, room),
                                   frozenset() if opts.ignore_eos else engine.eos_token_ids,
                                   sampling.generator(engine.device))
-        stats = Stats(prompt_tokens=len(prompt_ids), reused_tokens=sequence.cached,
-                      prefill_tokens=len(prompt_ids) - sequence.cached)
+        stats = Stats(prompt_tokens=len(prompt_ids), reused_tokens=sequence.reused,
+                      prefill_tokens=len(prompt_ids) - sequence.reused)
         reply = BatchedReply(sequence, ReplyText(engine.tokenizer, engine.eos_token_ids, engine.max_context, opts),
                              list(prompt_ids), stats)
         self.replies[sequence] = reply
@@ -164,10 +141,13 @@ class BatchedReplies:
         wall_s = time.perf_counter() - t0
         for reply in stepping:
             reply.pass_s += wall_s
-        events = []
+        emitted: dict[Sequence, list[int]] = {}
         for sequence, token in chosen:
+            emitted.setdefault(sequence, []).append(token)
+        events = []
+        for sequence, tokens in emitted.items():
             reply = self.replies[sequence]
-            event = reply.advance(token)
+            event = reply.advance(tokens)
             events.append((reply, event))
             if event.finished:
                 self.remove(reply)

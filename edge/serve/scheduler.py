@@ -134,7 +134,7 @@ class Scheduler:
             if event.finished:
                 del self.in_batch[reply]
                 self.queue.finished(job, event.finish_reason, event.stats, reply.slot)
-        return len(events)
+        return sum(len(event.token_ids) for _, event in events)
 
     def step_alone(self) -> int:
         """One step of the engine's own loop for its job; the tokens it added."""

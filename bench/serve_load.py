@@ -1,6 +1,7 @@
 """Load test of edge-serve: concurrent clients against a server on loopback for a fixed time, every reply checked.
 
     flock /tmp/edge-bench.lock python -m bench.serve_load --clients 8 --duration 60
+    flock /tmp/edge-bench.lock python -m bench.serve_load --clients 4 --parallel 4    # 4 replies generated together
 
 Starts `edge-serve` (the default model with its default drafter, or MODEL) in its own process, computes each
 request's greedy reference with `Engine.chat` / `Engine.generate` (plain decoding) here, then runs the clients:
@@ -233,6 +234,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "edge.serve.cli", *([args.model] if args.model else []), "--port", str(port),
                "--queue-size", str(args.queue_size), "--threads", str(args.threads), "--log-level", "warning",
+               *(["--parallel", str(args.parallel)] if args.parallel else []),
                *(["--drafter", args.drafter] if args.drafter else [])]
     server = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"
@@ -266,7 +268,8 @@ def summary(outcomes: list[Outcome], duration_s: float, rss_start: float, rss_en
     first_tokens = [outcome.first_token_s for outcome in served if outcome.first_token_s is not None]
     first_try = [outcome.latency_s for outcome in served if not outcome.rejected]
     return {
-        "clients": args.clients, "duration_s": duration_s, "queue_size": args.queue_size, "threads": args.threads,
+        "clients": args.clients, "parallel": args.parallel, "duration_s": duration_s, "queue_size": args.queue_size,
+        "threads": args.threads,
         "max_tokens": args.max_tokens, "requests": len(outcomes), "served": len(served),
         "problems": len(outcomes) - len(served), "rejected_429": sum(outcome.rejected for outcome in outcomes),
         "requests_per_s": len(served) / duration_s,
@@ -292,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue-size", type=int, default=4,
                         help="edge-serve's --queue-size; below the clients, some requests get 429s (default: 4)")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--parallel", type=int, default=None,
+                        help="edge-serve's --parallel: replies generated together (default: its own, from the memory "
+                             "plan)")
     parser.add_argument("--adversaries", action="store_true",
                         help="a quiet run, then one beside a slow reader and a 10 MB message sender (see above)")
     parser.add_argument("--slow-pause", type=float, default=0.2,

@@ -18,25 +18,23 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from edge.decoding.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary, response_format_grammar
+from edge.decoding.constrained import Constraint, Grammar, GrammarError, GrammarVocabulary
 from edge.decoding.drafters import Drafter
 from edge.decoding.registry import DrafterSpec, DraftTarget, trim_vocabulary
-from edge.decoding.tools import plan_tool_use
 from edge.engine import drafting
-from edge.engine.cache import continued_tokens, new_cache
+from edge.engine.cache import new_cache
 from edge.engine.context import fit_messages
 from edge.engine.loader import Progress, load_engine
 from edge.engine.options import GenerationOptions
-from edge.engine.prompts import check_prompt, checked_text, token_ids
+from edge.engine.prepared import chat_prompt, text_prompt
+from edge.engine.prompts import check_prompt
 from edge.engine.reply import Reply, decoding_strategy
-from edge.errors import EngineBusyError, PromptError
+from edge.errors import EngineBusyError
 from edge.events import Event, Stats
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
 from edge.model.static_step import MAX_ROWS, static_steps
 from edge.model.transformer import Transformer
 from edge.sources.default_model import installed_default_model
-from edge.text.chat_template import check_messages
-from edge.text.message_text import RenderedChat
 from edge.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -148,13 +146,7 @@ class Engine:
         """Continue a plain prompt (text, encoded with the tokenizer's special tokens, or token ids), with `options`
         (default: edge's, with the model's recommended sampling over them) and/or its fields as keywords."""
         opts = GenerationOptions.merged(options, overrides, self.recommended)
-        if isinstance(prompt, str):
-            if not prompt:
-                raise PromptError("the prompt is empty; pass some text to continue")
-            ids = self.tokenizer.encode(checked_text(prompt, "the prompt"), add_special_tokens=True)
-        else:
-            ids = token_ids(prompt)
-        return self._stream(ids, opts, response_format_grammar(opts.response_format))
+        return self._stream(*text_prompt(self.tokenizer, prompt, opts), opts)
 
     def chat(self, messages: Sequence[dict], options: GenerationOptions | None = None, *,
              template_kwargs: dict | None = None, tools: Sequence[dict] | None = None,
@@ -169,13 +161,10 @@ class Engine:
         from the reply's text with `edge.decoding.tools.parse_tool_calls(text, tools)`. `options` and keywords as
         for generate(). `<|im_end|>` typed in a message is text, not a marker, unless `special_tokens_in_messages`."""
         opts = GenerationOptions.merged(options, overrides, self.recommended)
-        check_messages(messages)
-        plan = plan_tool_use(self.tokenizer, list(messages), tools, tool_choice)
-        kwargs = {**(template_kwargs or {}), **plan.template_kwargs}
-        chat = self.tokenizer.render_chat(plan.messages, special_tokens_in_messages=special_tokens_in_messages, **kwargs)
-        grammar = plan.grammar or response_format_grammar(opts.response_format)
-        checked_text(chat.text, "the chat")
-        return self._stream(continued_tokens(self.tokenizer, self._history, chat), opts, grammar)
+        prompt_ids, grammar = chat_prompt(self.tokenizer, messages, opts, self._history,
+                                          template_kwargs=template_kwargs, tools=tools, tool_choice=tool_choice,
+                                          special_tokens_in_messages=special_tokens_in_messages)
+        return self._stream(prompt_ids, grammar, opts)
 
     def fit_chat(self, messages: Sequence[dict], reserve: int, *, template_kwargs: dict | None = None,
                  special_tokens_in_messages: bool = False) -> tuple[list[dict], int]:
@@ -217,8 +206,7 @@ class Engine:
                                                          self.eos_token_ids)
         return self._grammar_vocabulary.constraint(grammar)
 
-    def _stream(self, prompt_ids: list[int], opts: GenerationOptions, grammar: Grammar | None = None
-                ) -> Iterator[Event]:
+    def _stream(self, prompt_ids: list[int], grammar: Grammar | None, opts: GenerationOptions) -> Iterator[Event]:
         check_prompt(prompt_ids, self.max_context, self.model.config)
         generator = opts.sampling.generator(self.device)
         if grammar is not None and opts.ignore_eos:

@@ -6,7 +6,8 @@
     yield from reply.events(tokens, step, stats)
 
 Each event carries the text the step adds (after stop strings), its token ids, which of them came from accepted
-drafts, the stats so far and, on the last, why the reply ended. `count_step` adds a step to the stats.
+drafts, the stats so far and, on the last, why the reply ended (`ReplyText`, which the replies of a batch share).
+`count_step` adds a step to the stats.
 """
 
 from __future__ import annotations
@@ -52,6 +53,80 @@ def decoding_strategy(model: Transformer, cache: KVCache, opts: GenerationOption
 
 
 @dataclass
+class ReplyText:
+    """One reply's tokens as events: appended up to an end-of-sequence or a loop, decoded to text, cut at a stop
+    string, and the finish reason. What every decoding loop shares: one reply's (Reply.events) and the replies of a
+    batch decoded together (edge/engine/batched.py)."""
+
+    tokenizer: Tokenizer
+    eos_token_ids: frozenset[int]
+    max_context: int
+    opts: GenerationOptions
+    loops: LoopDetector | None = None  # the loop stop over this reply's tokens (made in __post_init__)
+    looped: bool = False  # the reply's tokens ended in a loop: it finishes with FINISH_LOOP
+
+    def __post_init__(self) -> None:
+        # ignore_eos (benchmarks) keeps going past loops too
+        self.loops = LoopDetector(self.opts.loop_stop) if self.opts.loop_stop and not self.opts.ignore_eos else None
+        self.text_stream = StreamDecoder(self.tokenizer)
+        self.stops = StopStrings(self.opts.stop)
+
+    def is_eos(self, token: int) -> bool:
+        return token in self.eos_token_ids and not self.opts.ignore_eos
+
+    def append(self, tokens: list[int], emitted: list[int]) -> list[int]:
+        """Append emitted tokens to `tokens` up to the first end-of-sequence, or up to the token that completes a
+        loop (then `looped`). Token by token, so that plain and speculative decoding stop at the same one."""
+        appended = []
+        for token in emitted:
+            appended.append(token)
+            if self.is_eos(token):
+                break
+            if self.loops is not None and self.loops.push(token):
+                self.looped = True
+                break
+        tokens.extend(appended)
+        return appended
+
+    def event(self, tokens: list[int], appended: list[int], step: Step, stats: Stats, wall_s: float | None) -> Event:
+        """The event of a step that appended `appended` to `tokens` (`wall_s`: the step's time, None for the
+        prefill's): its text after the stop strings, the stats counted, the finish reason if the reply ends."""
+        stops, text_stream = self.stops, self.text_stream
+        finish = ev.FINISH_EOS if self.is_eos(appended[-1]) else ev.FINISH_LOOP if self.looped else None
+        visible = appended[:-1] if finish else appended
+        drafted_count = sum(step.drafted[: len(visible)])  # accepted drafts lead each step's tokens
+        drafted_text, hit_stop = stops.push(text_stream.push(visible[:drafted_count]))
+        text = drafted_text
+        if not hit_stop:
+            target_text, hit_stop = stops.push(text_stream.push(visible[drafted_count:]))
+            text += target_text
+        count_step(stats, step, len(appended), wall_s)
+        finish = finish or self.finish_reason(stats, tokens, hit_stop)
+        if finish is not None and not hit_stop:
+            tail, hit_stop = stops.push(text_stream.flush())
+            text += tail if hit_stop else tail + stops.flush()
+            finish = ev.FINISH_STOP_STRING if hit_stop else finish
+        return Event(text, tuple(appended), tuple(step.drafted[: len(appended)]), stats.snapshot(), finish,
+                     drafted_chars=len(drafted_text))
+
+    def finish_reason(self, stats: Stats, tokens: list[int], hit_stop: bool) -> str | None:
+        opts = self.opts
+        if hit_stop:
+            return ev.FINISH_STOP_STRING
+        if stats.generated_tokens >= opts.max_new_tokens:
+            return ev.FINISH_MAX_TOKENS
+        if len(tokens) >= self.max_context:
+            return ev.FINISH_CONTEXT
+        if opts.should_stop is not None and opts.should_stop():
+            return ev.FINISH_STOPPED
+        return None
+
+    def budget(self, stats: Stats, tokens: list[int]) -> int:
+        """The most tokens the next step may add."""
+        return min(self.opts.max_new_tokens - stats.generated_tokens, self.max_context - len(tokens))
+
+
+@dataclass
 class Reply:
     """The loop of one reply over an engine's model and cache; the cache is kept one token behind `tokens`."""
 
@@ -65,12 +140,6 @@ class Reply:
     strategy: DecodingStrategy
     generator: torch.Generator
     constraint: Constraint | None = None
-    loops: LoopDetector | None = None  # the loop stop over this reply's tokens (made in __post_init__)
-    looped: bool = False  # the reply's tokens ended in a loop: it finishes with FINISH_LOOP
-
-    def __post_init__(self) -> None:
-        # ignore_eos (benchmarks) keeps going past loops too
-        self.loops = LoopDetector(self.opts.loop_stop) if self.opts.loop_stop and not self.opts.ignore_eos else None
 
     def prefill(self, tokens: list[int], cached: list[int], stats: Stats) -> Step:
         """Roll the cache back to the longest prefix of `tokens` it holds (`cached`: what the previous call left in
@@ -96,68 +165,22 @@ class Reply:
 
     def events(self, tokens: list[int], step: Step, stats: Stats) -> Iterator[Event]:
         """An event for the prefill's `step`, then one per decoding step, until a finish reason."""
-        opts = self.opts
-        text_stream = StreamDecoder(self.tokenizer)
-        stops = StopStrings(opts.stop)
+        text = ReplyText(self.tokenizer, self.eos_token_ids, self.max_context, self.opts)
         wall_s = None
         budget = 1  # the prefill emits exactly one token
         while True:
-            appended = self.append(tokens, step.tokens[:budget])
-            finish = ev.FINISH_EOS if self.is_eos(appended[-1]) else ev.FINISH_LOOP if self.looped else None
-            visible = appended[:-1] if finish else appended
-            drafted_count = sum(step.drafted[: len(visible)])  # accepted drafts lead each step's tokens
-            drafted_text, hit_stop = stops.push(text_stream.push(visible[:drafted_count]))
-            text = drafted_text
-            if not hit_stop:
-                target_text, hit_stop = stops.push(text_stream.push(visible[drafted_count:]))
-                text += target_text
-            count_step(stats, step, len(appended), wall_s)
-            finish = finish or self.finish_reason(stats, tokens, hit_stop)
-            if finish is not None and not hit_stop:
-                tail, hit_stop = stops.push(text_stream.flush())
-                text += tail if hit_stop else tail + stops.flush()
-                finish = ev.FINISH_STOP_STRING if hit_stop else finish
-            yield Event(text, tuple(appended), tuple(step.drafted[: len(appended)]), stats.snapshot(), finish,
-                        drafted_chars=len(drafted_text))
-            if finish is not None:
+            appended = text.append(tokens, step.tokens[:budget])
+            if self.cache.length > len(tokens) - 1:  # a step cached tokens past an end-of-sequence: keep it one behind
+                self.cache.rollback(len(tokens) - 1)
+            event = text.event(tokens, appended, step, stats, wall_s)
+            yield event
+            if event.finished:
                 return
-            budget = min(opts.max_new_tokens - stats.generated_tokens, self.max_context - len(tokens))
+            budget = text.budget(stats, tokens)
             t0 = time.perf_counter()
             with torch.inference_mode():
                 step = self.strategy.step(tokens, budget)
             wall_s = time.perf_counter() - t0
-
-    def is_eos(self, token: int) -> bool:
-        return token in self.eos_token_ids and not self.opts.ignore_eos
-
-    def append(self, tokens: list[int], emitted: list[int]) -> list[int]:
-        """Append emitted tokens up to the first end-of-sequence, or up to the token that completes a loop (then
-        `looped`); keep the cache one token behind `tokens`. Token by token, so that plain and speculative decoding
-        stop at the same one."""
-        appended = []
-        for token in emitted:
-            appended.append(token)
-            if self.is_eos(token):
-                break
-            if self.loops is not None and self.loops.push(token):
-                self.looped = True
-                break
-        tokens.extend(appended)
-        if self.cache.length > len(tokens) - 1:  # a step cached tokens past an end-of-sequence
-            self.cache.rollback(len(tokens) - 1)
-        return appended
-
-    def finish_reason(self, stats: Stats, tokens: list[int], hit_stop: bool) -> str | None:
-        opts = self.opts
-        if hit_stop:
-            return ev.FINISH_STOP_STRING
-        if stats.generated_tokens >= opts.max_new_tokens:
-            return ev.FINISH_MAX_TOKENS
-        if len(tokens) >= self.max_context:
-            return ev.FINISH_CONTEXT
-        if opts.should_stop is not None and opts.should_stop():
-            return ev.FINISH_STOPPED
-        return None
 
 
 def check_logits(model, logits: torch.Tensor) -> None:

@@ -17,6 +17,11 @@ When the request does not fit, the planner steps down in this order, recording e
 
 Speculation is what edge is for, so it is kept at the cost of context as long as it fits at all.
 
+Then the slots (edge-serve --parallel): each reply decoded together with others holds its own KV cache of the
+planned context beside the engine's, and their fused passes a buffer of BATCH_ROWS rows. `slots` asks for that many
+(fewer when fewer fit, a step-down with its reason), None for as many as fit up to AUTO_SLOTS; one slot allocates
+nothing more (replies one at a time, in the engine's own cache).
+
 (The design's last step - offloading layers to the CPU, on a GPU - joins the order as the engine
 learns them; a plan only ever asks for what the engine can allocate.) Below `minimum` - the plain model at
 `min_context` - nothing fits, and `make_plan` raises a BudgetError naming that minimum. `lower_bound` is the least
@@ -33,6 +38,8 @@ from edge.memory.footprint import Footprint, ModelShape, footprint
 # self: early exit / layer skip, sharing the target's weights and KV; quantspec: the same plus int4/int8 copies of
 # the projections, reading the target's (hierarchical) KV
 DRAFTERS = ("none", "ngram", "self", "quantspec", "model")
+AUTO_SLOTS = 4  # slots when none are asked for and more fit (llama-server's default); more gain little on a CPU
+BATCH_ROWS = 128  # the most rows of one fused pass of the batch (edge/kernels/runner.py FUSED_CHUNK)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class PlanRequest:
     quantizable_draft_kv: bool = False  # whether the engine can store the draft model's cache as int8 (a step-down)
     stored_weight_bytes: int | None = None  # the target's weights exactly, where the shape cannot say (a GGUF file's
     #                                         blocks); weight_dtype then only names them
+    slots: int | None = 1  # replies decoded together, each with its own KV cache (None: as many as fit, AUTO_SLOTS)
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -81,15 +89,22 @@ class Plan:
     offloaded_layers: list[int] = field(default_factory=list)  # target layers streamed from host memory
     runtime_overhead: int = 0  # the runtime's own memory (interpreter, torch, kernels), measured when planning;
     # reported beside the plan, not taken from the budget, which is for what the model allocates
+    slots: int = 1  # replies decoded together (edge-serve --parallel)
+    slot_bytes: int = 0  # what more than one slot allocates: a KV cache each, and the batch's pass buffers
+
+    @property
+    def total(self) -> int:
+        """Everything the plan allocates: the footprint and the slots'."""
+        return self.footprint.total + self.slot_bytes
 
     @property
     def expected_peak(self) -> int:
         """What the process should peak at: the runtime's own memory plus everything the plan allocates."""
-        return self.runtime_overhead + self.footprint.total
+        return self.runtime_overhead + self.total
 
     @property
     def fits(self) -> bool:
-        return self.footprint.total <= self.budget
+        return self.total <= self.budget
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -99,8 +114,9 @@ class Plan:
 
     def summary(self) -> str:
         speculation = "off" if self.drafter == "none" else f"{self.drafter}, k <= {self.draft_length}"
-        lines = [f"plan: {format_size(self.footprint.total)} of a {format_size(self.budget)} budget; context "
-                 f"{self.max_context} tokens; speculation {speculation}"]
+        slots = f"; {self.slots} slots ({format_size(self.slot_bytes)})" if self.slots > 1 else ""
+        lines = [f"plan: {format_size(self.total)} of a {format_size(self.budget)} budget; context "
+                 f"{self.max_context} tokens; speculation {speculation}{slots}"]
         if self.runtime_overhead:
             lines.append(f"  runtime: {format_size(self.runtime_overhead)} more for the interpreter and libraries "
                          f"(expected peak {format_size(self.expected_peak)})")
@@ -167,8 +183,25 @@ def make_plan(request: PlanRequest, budget: int) -> Plan:
                 request.weight_dtype, request.kv_dtype, _footprint(current, context), minimum, lower_bound, steps,
                 draft_context, "bfloat16" if narrowed else None,
                 current.draft_kv_dtype if current.drafter == "model" else None)
+    plan.slots, plan.slot_bytes = _slots(request, context, budget - plan.footprint.total, steps)
     assert plan.fits, "minimum was checked above"
     return plan
+
+
+def _slots(request: PlanRequest, context: int, room: int, steps: list[str]) -> tuple[int, int]:
+    """How many replies are decoded together, and the bytes their caches and pass buffers take from `room` (what
+    the rest of the plan left of the budget): those asked for (None: as many as fit, up to AUTO_SLOTS), fewer when
+    fewer fit (a step-down in `steps`); 1, allocating nothing, when fewer than two fit."""
+    if request.slots == 1:
+        return 1, 0
+    cache = request.target.kv_bytes(context, request.kv_dtype)
+    buffers = request.target.verify_buffer_bytes(BATCH_ROWS, context)
+    fitting = max(0, (room - buffers) // cache)
+    slots = min(AUTO_SLOTS if request.slots is None else request.slots, fitting)
+    if request.slots is not None and slots < request.slots:
+        steps.append(f"slots {request.slots} -> {max(slots, 1)}: {request.slots} replies' KV caches of {context} "
+                     f"tokens need {format_size(request.slots * cache + buffers)} beside the rest of the plan")
+    return (slots, slots * cache + buffers) if slots > 1 else (1, 0)
 
 
 def _offload_plan(request: PlanRequest, budget: int, minimum: int) -> Plan:

@@ -8,7 +8,7 @@ Before any route, edge/serve/access.py checks the Host (an allow-list), the Orig
 the --cors origins' preflights. Each route is in edge/serve/routes/ (a router a module) and reads the server's state (the
 configuration and the generation queue, edge/serve/state.py) through a dependency; every route but /health depends on
 `require_api_key`. A completion route reads the body (JSON only) and checks it in a worker thread, within the
-prompt limits (edge/serve/request_body.py), so a prompt that does not fit never takes the generation slot; it then queues
+prompt limits (edge/serve/request_body.py), so a prompt that does not fit never takes a generation slot; it then queues
 one job (429 with Retry-After when the queue is full) and relays the job's events as SSE chunks or one body
 (edge/serve/relay.py). A client that goes away cancels its job. edge/serve/error_handlers.py turns whatever a handler raised
 into an OpenAI-style error.

@@ -3,6 +3,7 @@
     edge-serve [MODEL_OR_BUNDLE]                     the default model when MODEL is omitted
     edge-serve MODEL --port 8080 --api-key KEY       clients send "Authorization: Bearer KEY"
     edge-serve --cors http://localhost:5173          a web page at that origin may call the API
+    edge-serve --parallel 4                          4 replies generated together (default: as many as fit, up to 4)
     edge-serve MODEL --ray HEAD:6379 --replicas 2    on a Ray cluster: replicas with one engine each (ray_cli.py)
 
 The model, drafter, weights and memory options are edge-chat's (edge/frontend/options.py, one load spec); the sampling
@@ -29,6 +30,7 @@ from edge.frontend.options import (
     model_options,
     generation_options,
 )
+from edge.planning import plan
 from edge.sources import default_model
 from edge.engine import Engine
 from edge.errors import EdgeError
@@ -54,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edge-serve",
         description="Serve a local model over the OpenAI HTTP API (POST /v1/chat/completions, /v1/completions; "
-        "GET /v1/models, /health). One model, one reply at a time: requests queue in arrival order.",
+        "GET /v1/models, /health). One model, several replies generated together (--parallel); the rest queue in "
+        "arrival order.",
     )
     add_model_arguments(parser)
     add_threads_argument(parser)
@@ -75,16 +78,24 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--api-key", default=None, metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' on every route but /health (default: the "
                              f"{API_KEY_VARIABLE} environment variable; neither: no key)")
+    server.add_argument("--parallel", type=int, default=None, metavar="N",
+                        help="slots: replies generated together, each request joining and leaving the running batch "
+                             "at any step (one fused pass a step carries them all; each holds its own KV cache). A "
+                             "request with a response format or a forced tool call, one the drafter speculates on, "
+                             "and every request on a model without edge's fused CPU step, is generated on its own "
+                             "beside them. Default: as many as the memory plan fits beside the model (--memory-budget, "
+                             "else the free memory), up to 4; --plan shows it. 1: one reply at a time, each reusing "
+                             "the KV cache of the conversation before it")
     server.add_argument("--queue-size", type=int, default=16, metavar="N",
-                        help="requests that may wait while one is generated; one more is answered 429 with "
-                             "Retry-After (default: 16)")
+                        help="requests that may wait while every slot is busy; one more is answered 429 with a "
+                             "Retry-After estimated from the measured tokens per second (default: 16)")
     server.add_argument("--max-prompt-chars", type=int, default=None, metavar="N",
                         help="the longest prompt (a chat's messages, or a completion's text) in characters, checked "
                              "before it is tokenized; longer ones get 400 (default: 16 per token of the context); "
                              "a prompt must also fit the context in tokens")
     server.add_argument("--write-timeout", type=float, default=5.0, metavar="SECONDS",
                         help="a streamed reply whose client reads nothing for this long is cut off and its "
-                             "generation stopped, so a stalled client cannot hold the one generation slot "
+                             "generation stopped, so a stalled client cannot hold a generation slot "
                              "(default: 5)")
     server.add_argument("--model-name", default=None, metavar="NAME",
                         help="the model's id in /v1/models and in replies (default: the folder's name, or "
@@ -111,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         # the flags over the model's recommended sampling: the defaults of the fields a request leaves out
         config = dataclasses.replace(config, defaults=model_options(args, spec))
+        slots = serve_slots(args, spec)
     except (EdgeError, ValueError) as error:
         print(f"edge-serve: error: {error}", file=sys.stderr)
         return 2
@@ -120,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     if cluster is not None:
         return serve_on_ray(args, config, spec, cluster)
-    generations = GenerationQueue(args.queue_size)
+    generations = GenerationQueue(args.queue_size, slots)
     server = StoppingServer(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S),
                             generations)
@@ -163,7 +175,23 @@ def loaded(spec) -> Engine:
     return engine
 
 
+def serve_slots(args: argparse.Namespace, spec) -> int:
+    """--parallel, or without it as many slots as the memory plan fits; a budget asked for (--memory-budget) also
+    caps the slots asked for. Without a budget, a model the planner cannot read runs one slot (said on stderr)."""
+    if args.parallel is not None and spec.memory_budget is None:
+        return args.parallel
+    try:
+        return plan(spec, slots=args.parallel).slots
+    except EdgeError as error:
+        if spec.memory_budget is not None:
+            raise
+        print(f"edge-serve: warning: one slot, as the memory planner cannot size more: {error}", file=sys.stderr)
+        return 1
+
+
 def serve_config(args: argparse.Namespace) -> ServeConfig:
+    if args.parallel is not None and args.parallel < 1:
+        raise ValueError(f"--parallel must be at least 1, got {args.parallel}")
     if args.queue_size < 1:
         raise ValueError(f"--queue-size must be at least 1, got {args.queue_size}")
     if not 0 <= args.port <= 65535:

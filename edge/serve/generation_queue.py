@@ -1,97 +1,80 @@
-"""One worker thread loads the engine, then runs every generation in arrival order from a bounded queue.
+"""One generation thread loads the engine, then runs every generation: `--parallel` slots decoded together and the
+engine's own loop beside them (edge/serve/scheduler.py), fed from a bounded queue in arrival order.
 
-    HTTP handlers (asyncio) ──submit(job)──> queue.Queue(maxsize) ──> worker thread: engine.chat / engine.generate
-            ▲                                   (full: QueueFull -> 429)        │ one Event per step
-            └──────────── EventChannel (loop.call_soon_threadsafe) ◄────────────┘
+    HTTP handlers (asyncio) ──submit(job)──> WaitingJobs(limit) ──> generation thread: the batch's slots, one fused
+            ▲                              (full: QueueFull -> 429)    pass a step; the engine's loop for the rest
+            │                                                                 │ one Event per step
+            └──────────── EventChannel (loop.call_soon_threadsafe) ◄──────────┘
 
-An engine runs one generation at a time, so one worker is all the engine can use; serving in arrival order also
-keeps a conversation's turns in order, and the engine reuses the KV cache of the longest prefix it already holds
-(the earlier turns). A job whose client went away is skipped if it has not started, and stops at the next step
-(`should_stop`) if it has.
+One thread runs every pass, so the model never runs two at once. With one slot (--parallel 1) every job takes the
+engine's loop in arrival order, which also reuses the KV cache of the longest prefix the engine already holds (a
+conversation's earlier turns). A job whose client went away is skipped if it has not started, leaves the batch at
+once if it is in it, and stops at the next step (`should_stop`) in the engine's loop. A refused request's
+Retry-After is the queued work (its jobs' expected tokens) over the measured throughput (`Throughput`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
-import queue
 import threading
-import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 from edge.engine import Engine
-from edge.errors import EdgeError
-from edge.events import Event
+from edge.engine.batched import BatchedReplies
+from edge.events import Stats
+from edge.serve.jobs import EventChannel, Generation, Job, QueueFull, Throughput, WaitingJobs
 from edge.serve.metrics import ServerMetrics
+from edge.serve.scheduler import Scheduler
+
+__all__ = ["EventChannel", "Generation", "GenerationQueue", "Job", "QueueFull"]
 
 log = logging.getLogger(__name__)
 
-# a job's work: given the engine and the job's should_stop, the events of one generation
-Generation = Callable[[Engine, Callable[[], bool]], Iterator[Event]]
-
-
-class QueueFull(Exception):
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(f"the queue is full; retry in {retry_after_s} s")
-        self.retry_after_s = retry_after_s
-
-
-class EventChannel:
-    """Carries one job's events (or the exception that ended it) from the worker thread to the asyncio side."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._items: asyncio.Queue[Event | BaseException] = asyncio.Queue()
-
-    def put(self, item: Event | BaseException) -> None:  # worker thread
-        try:
-            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
-
-    async def get(self) -> Event | BaseException:  # event loop
-        return await self._items.get()
-
-
-@dataclass
-class Job:
-    generation: Generation
-    channel: EventChannel
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-
 class GenerationQueue:
-    """`start(load)` loads in the worker thread (`loaded` is set when it ends, `engine` or `load_error` says how);
-    `submit(job)` queues a job or raises QueueFull."""
+    """`start(load)` loads in the generation thread (`loaded` is set when it ends, `engine` or `load_error` says
+    how); `submit(job)` queues a job or raises QueueFull. `slots` replies are decoded together where the model
+    allows (--parallel)."""
 
-    def __init__(self, limit: int) -> None:
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=limit)
+    def __init__(self, limit: int, slots: int = 1) -> None:
+        self.waiting_jobs = WaitingJobs(limit)
         self.limit = limit
+        self.requested_slots = slots
         self.engine: Engine | None = None
         self.load_error: BaseException | None = None
         self.loaded = threading.Event()
         self._finished: Counter[str] = Counter()  # jobs by finish reason ("skipped": cancelled before starting)
         self._finished_lock = threading.Lock()
-        self._mean_job_s = 1.0  # running mean of a job's duration, for Retry-After
+        self.throughput = Throughput()
         self._thread: threading.Thread | None = None
-        self._running: Job | None = None
-        self._running_since = 0.0  # when the running job started (time.perf_counter)
+        self.scheduler: Scheduler | None = None
         self.closing = threading.Event()  # set by close(): the server is stopping
         self.metrics = ServerMetrics(self)  # GET /metrics: requests (counted by the app), replies' tokens (here)
 
     @property
     def waiting(self) -> int:
-        return self._jobs.qsize()
+        return len(self.waiting_jobs)
 
     @property
     def generating(self) -> bool:
-        return self._running is not None
+        return self.busy_slots > 0
+
+    @property
+    def slots(self) -> int:
+        """Replies decoded together: the batch's slots (1 until loaded, and where the model has no fused step)."""
+        scheduler = self.scheduler
+        return scheduler.batch.slots if scheduler is not None and scheduler.batch is not None else 1
+
+    @property
+    def busy_slots(self) -> int:
+        scheduler = self.scheduler
+        return scheduler.busy if scheduler is not None else 0
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences in the batch's last pass."""
+        scheduler = self.scheduler
+        return scheduler.batch.last_size if scheduler is not None and scheduler.batch is not None else 0
 
     def replies(self) -> dict[str, int]:
         """Jobs so far by how they ended: edge's finish reasons, "skipped" (the client left before it started),
@@ -99,9 +82,15 @@ class GenerationQueue:
         with self._finished_lock:
             return dict(self._finished)
 
-    def _count(self, outcome: str) -> None:
+    def count(self, outcome: str) -> None:
         with self._finished_lock:
             self._finished[outcome] += 1
+
+    def finished(self, job: Job, outcome: str, stats: Stats, slot: int | None) -> None:
+        """A reply that ended (its last event sent, or its client gone): counted by outcome, slot and tokens."""
+        self.count(outcome)
+        self.metrics.count_reply(stats, slot)
+        self.throughput.count_reply(stats.generated_tokens)
 
     def start(self, load: Callable[[], Engine], on_load_error: Callable[[BaseException], None] | None = None) -> None:
         self._thread = threading.Thread(target=self._run, args=(load, on_load_error), name="edge-serve-generation",
@@ -109,44 +98,33 @@ class GenerationQueue:
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(self.retry_after_s()) from None
-
-    def retry_after_s(self) -> int:
-        """Seconds until a full queue likely has room: a place frees when the running job ends, so the mean job's
-        length less what the running one has run (at least 1 s); not the whole queue's, which overestimates."""
-        elapsed = time.perf_counter() - self._running_since if self._running is not None else 0.0
-        return max(1, math.ceil(self._mean_job_s - elapsed))
+        if not self.waiting_jobs.put(job):
+            raise QueueFull(self.throughput.retry_after_s(self.waiting_jobs.snapshot()))
 
     def close(self) -> None:
         """The server is stopping (SIGINT, SIGTERM): from now on handlers refuse new requests and end open replies
-        with an error; the running job stops at its next step, the waiting ones are skipped."""
+        with an error; the running jobs stop at once, the waiting ones are skipped."""
         self.closing.set()
-        running = self._running
-        if running is not None:
-            running.cancel()
-        for job in list(self._jobs.queue):
-            if job is not None:
-                job.cancel()
+        scheduler = self.scheduler
+        running = list(scheduler.in_batch.values()) if scheduler is not None else []
+        alone = scheduler.alone if scheduler is not None else None
+        for job in running + ([alone[0]] if alone else []) + self.waiting_jobs.snapshot():
+            job.cancel()
 
     def stop(self) -> None:
-        """Finish the running job, drop the waiting ones, and end the worker."""
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel()
-        self._jobs.put(None)
+        """Finish the running jobs, drop the waiting ones, and end the generation thread."""
+        for job in self.waiting_jobs.take_all():
+            job.cancel()
+            self.count("skipped")
+        self.waiting_jobs.stop()
         if self._thread is not None and self.loaded.is_set():  # a load under way is not waited for (daemon thread)
             self._thread.join(timeout=30)
 
     def _run(self, load: Callable[[], Engine], on_load_error: Callable[[BaseException], None] | None) -> None:
         try:
-            self.engine = load()
+            engine = load()
+            batch = self.batch(engine)
+            self.engine = engine  # handlers queue jobs from now on
         except BaseException as error:  # noqa: BLE001 - reported through /health and the command line
             self.load_error = error
             if on_load_error is not None:
@@ -154,28 +132,19 @@ class GenerationQueue:
             return
         finally:
             self.loaded.set()
-        while (job := self._jobs.get()) is not None:
-            self._serve(job)
+        self.scheduler = Scheduler(self, self.engine, batch)
+        self.scheduler.run()
 
-    def _serve(self, job: Job) -> None:
-        if job.cancelled.is_set():
-            self._count("skipped")
-            return
-        started = self._running_since = time.perf_counter()
-        self._running = job
-        try:
-            for event in job.generation(self.engine, job.cancelled.is_set):
-                job.channel.put(event)
-                if event.finished:
-                    self._count(event.finish_reason)
-                    self.metrics.count_reply(event.stats)
-        except EdgeError as error:  # about the request: the client gets a 400
-            self._count("refused")
-            job.channel.put(error)
-        except Exception as error:  # noqa: BLE001 - the worker must outlive any one request
-            log.exception("generation failed")
-            self._count("failed")
-            job.channel.put(error)
-        finally:
-            self._running = None
-        self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
+    def batch(self, engine: Engine) -> BatchedReplies | None:
+        """The slots decoded together (None with one slot, or where the model has no fused step: said in the log)."""
+        if self.requested_slots <= 1:
+            return None
+        batch = BatchedReplies.for_engine(engine, self.requested_slots)
+        if batch is None:
+            log.warning("--parallel %d: this model does not run on edge's fused CPU step (a GGUF file, packed int8 or "
+                        "int4 weights, or a checkpoint on the CPU in float32 with a plain KV cache does), so replies "
+                        "are generated one at a time", self.requested_slots)
+        elif batch.slots < self.requested_slots:
+            log.warning("--parallel %d: one fused pass of this model takes %d rows, so %d slots run",
+                        self.requested_slots, batch.slots, batch.slots)
+        return batch

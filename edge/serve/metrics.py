@@ -2,8 +2,14 @@
 for a scraper whose Accept header asks for it).
 
     edge_requests_total{route,status}        every HTTP answer, refusals included (unknown paths: route="other")
-    edge_queue_waiting, edge_queue_limit      requests waiting for the generation slot, and how many may
+    edge_queue_waiting, edge_queue_limit      requests waiting for a generation slot, and how many may
     edge_generating                           1 while a reply is being generated
+    edge_slots, edge_slots_busy               replies generated together (--parallel), and how many are now
+    edge_batch_size                           sequences in the batch's last fused pass
+    edge_batch_passes_total, edge_batch_sequences_total   fused passes of the batch, and the sequences they carried
+                                              (their ratio: the mean batch size)
+    edge_slot_replies_total{slot}, edge_slot_tokens_total{slot}   replies and generated tokens per slot of the
+                                              batch (slot="engine": the engine's own loop, one reply at a time)
     edge_replies_total{outcome}               replies by how they ended (edge's finish reasons, refused, failed...)
     edge_prompt_tokens_total, edge_generated_tokens_total, edge_decode_tokens_total, edge_decode_seconds_total,
     edge_decode_steps_total, edge_drafted_tokens_total, edge_accepted_tokens_total
@@ -54,6 +60,15 @@ class QueueView(Protocol):
     @property
     def generating(self) -> bool: ...
 
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def busy_slots(self) -> int: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
     def replies(self) -> dict[str, int]: ...
 
 
@@ -66,6 +81,9 @@ class ServerMetrics:
     requests: Counter = field(default_factory=Counter)  # (route, status) -> count
     tokens: Counter = field(default_factory=Counter)  # name -> total
     decode_s: float = 0.0
+    slot_replies: Counter = field(default_factory=Counter)  # slot label -> replies
+    slot_tokens: Counter = field(default_factory=Counter)  # slot label -> generated tokens
+    batch: Counter = field(default_factory=Counter)  # "passes", "sequences"
     lock: threading.Lock = field(default_factory=threading.Lock)
     registry: CollectorRegistry = field(init=False)
 
@@ -77,13 +95,22 @@ class ServerMetrics:
         with self.lock:
             self.requests[path if path in self.routes else "other", str(status)] += 1
 
-    def count_reply(self, stats: Stats) -> None:
-        """A finished reply's counters (the worker thread)."""
+    def count_reply(self, stats: Stats, slot: int | None = None) -> None:
+        """A finished reply's counters (the generation thread); `slot`: the batch's slot it ran in (None: the
+        engine's own loop)."""
+        label = "engine" if slot is None else str(slot)
         with self.lock:
+            self.slot_replies[label] += 1
+            self.slot_tokens[label] += stats.generated_tokens
             self.tokens.update(prompt=stats.prompt_tokens, generated=stats.generated_tokens,
                                decode=stats.decode_tokens, steps=max(stats.steps - 1, 0), drafted=stats.drafted,
                                accepted=stats.accepted)
             self.decode_s += stats.decode_s
+
+    def count_pass(self, sequences: int) -> None:
+        """One fused pass of the batch, carrying `sequences` sequences."""
+        with self.lock:
+            self.batch.update(passes=1, sequences=sequences)
 
     def exposition(self, accept: str = "") -> tuple[bytes, str]:
         """The page GET /metrics answers and its content type, as the request's Accept header asks: Prometheus'
@@ -95,15 +122,17 @@ class ServerMetrics:
         """prometheus_client's collector protocol: every metric, as of now."""
         with self.lock:
             requests, tokens, decode_s = dict(self.requests), Counter(self.tokens), self.decode_s
+            slots = {"replies": dict(self.slot_replies), "tokens": dict(self.slot_tokens), **self.batch}
         queue = self.queue
         family = CounterMetricFamily("edge_requests_total", "HTTP requests answered, by route and status.",
                                      labels=["route", "status"])
         for (route, status), count in sorted(requests.items()):
             family.add_metric([route, status], count)
         yield family
-        yield GaugeMetricFamily("edge_queue_waiting", "Requests waiting for the generation slot.", queue.waiting)
+        yield GaugeMetricFamily("edge_queue_waiting", "Requests waiting for a generation slot.", queue.waiting)
         yield GaugeMetricFamily("edge_queue_limit", "Requests that may wait (--queue-size).", queue.limit)
         yield GaugeMetricFamily("edge_generating", "1 while a reply is being generated.", int(queue.generating))
+        yield from _slot_metrics(queue, slots)
         family = CounterMetricFamily("edge_replies_total", "Replies by how they ended.", labels=["outcome"])
         for outcome, count in sorted(queue.replies().items()):
             family.add_metric([outcome], count)
@@ -114,6 +143,22 @@ class ServerMetrics:
         yield from _ratios(tokens, decode_s)
         yield GaugeMetricFamily("process_resident_memory_bytes", "Resident memory size in bytes.",
                                 psutil.Process().memory_info().rss)
+
+
+def _slot_metrics(queue: QueueView, slots: dict) -> Iterator[Metric]:
+    """The slots' occupancy, the batch's size and what each slot generated."""
+    yield GaugeMetricFamily("edge_slots", "Replies generated together (--parallel).", queue.slots)
+    yield GaugeMetricFamily("edge_slots_busy", "Replies being generated now.", queue.busy_slots)
+    yield GaugeMetricFamily("edge_batch_size", "Sequences in the batch's last fused pass.", queue.batch_size)
+    yield CounterMetricFamily("edge_batch_passes_total", "Fused passes of the batch.", slots.get("passes", 0))
+    yield CounterMetricFamily("edge_batch_sequences_total", "Sequences the batch's fused passes carried.",
+                              slots.get("sequences", 0))
+    for key, name, help_text in (("replies", "edge_slot_replies_total", "Replies finished, by slot."),
+                                 ("tokens", "edge_slot_tokens_total", "Tokens generated, by slot.")):
+        family = CounterMetricFamily(name, help_text, labels=["slot"])
+        for slot, count in sorted(slots[key].items()):
+            family.add_metric([slot], count)
+        yield family
 
 
 def _ratios(tokens: Counter, decode_s: float) -> Iterator[Metric]:

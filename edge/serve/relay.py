@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from edge.decoding.tools import ToolCallStream
 from edge.events import Event
 from edge.serve.errors import ApiError, api_error
-from edge.serve.generation_queue import EventChannel, Generation, Job, QueueFull
+from edge.serve.jobs import BatchPrompt, EventChannel, Generation, Job, QueueFull
 from edge.serve.responses import Reply, server_sent_event
 from edge.serve.schemas import SamplingRequest
 from edge.serve.state import ServerState
@@ -38,10 +38,12 @@ class ClientGone(Exception):
 
 
 async def respond(request: Request, state: ServerState, reply: Reply, generation: Generation, body: SamplingRequest,
-                  param: str) -> Response:
-    """Queue `generation` as one job and answer with its events: streamed when the body asks for it, else whole."""
+                  param: str, batch_prompt: BatchPrompt | None = None, max_tokens: int = 0) -> Response:
+    """Queue `generation` as one job and answer with its events: streamed when the body asks for it, else whole.
+    With `batch_prompt` the job may run in a slot of the batch instead (edge/serve/scheduler.py); `max_tokens`, its
+    token budget, counts toward the Retry-After of a later refusal."""
     generations = state.generations
-    job = Job(generation, EventChannel(asyncio.get_running_loop()))
+    job = Job(generation, EventChannel(asyncio.get_running_loop()), batch_prompt, max_tokens)
     submit(state, job)
     try:
         first = await next_event(job, request, param, generations.closing)
@@ -71,8 +73,9 @@ def submit(state: ServerState, job: Job) -> None:
     try:
         generations.submit(job)
     except QueueFull as full:
-        raise ApiError(429, f"{full}: edge-serve generates one reply at a time and {generations.limit} "
-                       "requests are already waiting", kind="rate_limit_error", code="queue_full",
+        raise ApiError(429, f"{full}: edge-serve generates {generations.slots} "
+                       f"repl{'y' if generations.slots == 1 else 'ies'} at a time and {generations.limit} requests are "
+                       "already waiting", kind="rate_limit_error", code="queue_full",
                        headers={"Retry-After": str(full.retry_after_s)}) from None
 
 

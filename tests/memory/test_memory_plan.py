@@ -12,7 +12,7 @@ import torch
 
 from edge import Engine
 from edge.model.config import ModelConfig
-from edge.memory.budget import BudgetError
+from edge.memory.budget import BudgetError, format_size
 from edge.memory.plan import PlanRequest, make_plan
 
 MiB = 2**20
@@ -200,3 +200,21 @@ def test_the_builtin_feature_drafter_is_planned_like_a_small_draft_model():
     planned = engine.plan.footprint.drafter_weights + engine.plan.footprint.draft_kv
     # it counts the drafter's copy of the embedding, which edge shares, about as much as the feature buffer it omits
     assert 0.5 * planned <= engine.memory_footprint()["drafter"] <= 1.5 * planned
+
+
+def test_slots_count_a_kv_cache_each_and_step_down_to_what_fits(shapes):
+    target = shapes[0]
+    one = make_plan(request(shapes, drafter="none", drafter_shape=None), 1 << 30)
+    assert (one.slots, one.slot_bytes) == (1, 0)  # one reply at a time: the engine's own cache only
+    auto = make_plan(request(shapes, drafter="none", drafter_shape=None, slots=None), 1 << 30)
+    cache, buffers = target.kv_bytes(512), target.verify_buffer_bytes(128, 512)
+    assert (auto.slots, auto.slot_bytes) == (4, 4 * cache + buffers) and auto.steps == []
+    assert auto.total == auto.footprint.total + auto.slot_bytes and "4 slots" in auto.summary()
+    budget = one.footprint.total + buffers + 2 * cache + cache // 2  # room for two caches, not three
+    asked = make_plan(request(shapes, drafter="none", drafter_shape=None, slots=6), budget)
+    assert (asked.slots, asked.max_context) == (2, 512) and asked.fits
+    assert asked.steps == [f"slots 6 -> 2: 6 replies' KV caches of 512 tokens need "
+                           f"{format_size(6 * cache + buffers)} beside the rest of the plan"]
+    assert make_plan(request(shapes, drafter="none", drafter_shape=None, slots=None), budget).slots == 2
+    alone = make_plan(request(shapes, drafter="none", drafter_shape=None, slots=None), one.footprint.total + cache)
+    assert (alone.slots, alone.slot_bytes) == (1, 0)  # fewer than two fit: nothing more is allocated

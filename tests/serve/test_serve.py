@@ -15,10 +15,11 @@ from edge import Engine
 from edge.sources.builtin import builtin_model_path
 from edge.errors import CheckpointError
 from edge.load_spec import LoadSpec
+from edge.planning import plan
 from edge.serve.app import ServeConfig
 from edge.serve.background import BackgroundServer
-from edge.frontend.options import default_drafter
-from edge.serve.cli import build_parser, is_loopback, main, model_id, serve_config
+from edge.frontend.options import command_spec, default_drafter
+from edge.serve.cli import build_parser, is_loopback, main, model_id, serve_config, serve_slots
 
 QUESTIONS = ["What does the json module do?", "Explain os.path.join", "How do I sort a list?"]
 
@@ -278,6 +279,7 @@ def test_model_ids_name_what_was_loaded(tmp_path, monkeypatch):
     (["--threads", "0"], "--threads"),
     (["--temperature", "-1"], "temperature"),
     (["--port", "70000"], "--port"),
+    (["--parallel", "0"], "--parallel"),
 ])
 def test_bad_options_are_one_line_errors(capsys, argv, needle):
     assert main(argv) == 2
@@ -288,6 +290,19 @@ def test_bad_options_are_one_line_errors(capsys, argv, needle):
 def test_plan_prints_the_memory_plan_without_serving(capsys):
     assert main(["--plan", "--memory-budget", "1GiB"]) == 0
     assert json.loads(capsys.readouterr().out)["budget"] == 2**30
+
+
+def test_the_plan_counts_the_slots(capsys):
+    assert main(["--plan", "--memory-budget", "4GiB", "--parallel", "3"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["slots"] == 3 and printed["slot_bytes"] > 0
+    args = build_parser().parse_args(["--memory-budget", "4GiB"])
+    assert serve_slots(args, command_spec(args)) == 4  # as many as fit, up to 4
+    alone = plan(command_spec(args))  # one slot in 4 GiB: the budget below leaves no room for another cache
+    args = build_parser().parse_args(["--memory-budget", str(alone.total + 2**20), "--parallel", "4"])
+    assert serve_slots(args, command_spec(args)) == 1
+    args = build_parser().parse_args(["--parallel", "7"])  # no budget: as asked
+    assert serve_slots(args, command_spec(args)) == 7
 
 
 def test_without_the_serve_extra_it_says_how_to_install_it(monkeypatch, capsys):

@@ -115,16 +115,3 @@ def test_a_client_that_stops_reading_is_cut_off_and_frees_the_slot(server):
             assert running.generations.replies().get("stopped") == 1
         finally:
             stalled.close()
-
-
-def test_retry_after_is_the_running_jobs_expected_rest_not_the_whole_queues():
-    from edge.serve.generation_queue import GenerationQueue, Job, QueueFull
-
-    generations = GenerationQueue(limit=2)
-    generations._mean_job_s = 30.0  # jobs take about 30 s
-    generations._running, generations._running_since = Job(None, None), time.perf_counter() - 10  # 10 s in
-    generations.submit(Job(None, None))
-    generations.submit(Job(None, None))
-    with pytest.raises(QueueFull) as full:
-        generations.submit(Job(None, None))
-    assert full.value.retry_after_s == 20  # a place frees when the running job ends, in about 20 s (not 90)

@@ -18,7 +18,8 @@ from starlette.responses import Response
 
 from edge.decoding.constrained import response_format_grammar
 from edge.decoding.tools import ToolPlan, plan_tool_use
-from edge.engine import Engine
+from edge.engine import Engine, GenerationOptions
+from edge.engine.prepared import chat_prompt
 from edge.errors import EdgeError
 from edge.serve.errors import ApiError
 from edge.serve.relay import respond
@@ -40,8 +41,14 @@ async def chat_completions(request: Request, state: State) -> Response:
         return engine.chat(messages, dataclasses.replace(options, should_stop=should_stop), tools=tools,
                            tool_choice=tool_choice, special_tokens_in_messages=body.special_tokens_in_messages)
 
+    def batch_prompt(engine: Engine, should_stop) -> tuple[list[int], GenerationOptions] | None:
+        opts = GenerationOptions.merged(dataclasses.replace(options, should_stop=should_stop), {})
+        ids, grammar = chat_prompt(engine.tokenizer, messages, opts, [], tools=tools, tool_choice=tool_choice,
+                                   special_tokens_in_messages=body.special_tokens_in_messages)
+        return (ids, opts) if grammar is None else None
+
     reply = Reply(chat=True, model=state.config.model_id, tools=tuple(tools) if plan.parse else None)
-    return await respond(request, state, reply, generation, body, "messages")
+    return await respond(request, state, reply, generation, body, "messages", batch_prompt, options.max_new_tokens)
 
 
 def checked_chat(state: ServerState, raw: bytes) -> tuple[ChatCompletionRequest, list[dict], ToolPlan]:

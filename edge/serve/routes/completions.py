@@ -9,7 +9,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from edge.engine import Engine
+from edge.engine import Engine, GenerationOptions
+from edge.engine.prepared import text_prompt
 from edge.serve.relay import respond
 from edge.serve.request_body import engine_options, parsed, parsed_body, prompt_limits, utf8
 from edge.serve.responses import Reply
@@ -27,7 +28,13 @@ async def completions(request: Request, state: State) -> Response:
     def generation(engine: Engine, should_stop) -> Any:
         return engine.generate(prompt, dataclasses.replace(options, should_stop=should_stop))
 
-    return await respond(request, state, Reply(chat=False, model=state.config.model_id), generation, body, "prompt")
+    def batch_prompt(engine: Engine, should_stop) -> tuple[list[int], GenerationOptions] | None:
+        opts = GenerationOptions.merged(dataclasses.replace(options, should_stop=should_stop), {})
+        ids, grammar = text_prompt(engine.tokenizer, prompt, opts)
+        return (ids, opts) if grammar is None else None
+
+    return await respond(request, state, Reply(chat=False, model=state.config.model_id), generation, body, "prompt",
+                         batch_prompt, options.max_new_tokens)
 
 
 def checked_completion(state: ServerState, raw: bytes) -> CompletionRequest:

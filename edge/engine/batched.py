@@ -1,0 +1,159 @@
+"""Several replies decoded together: edge-serve's slots. Each reply is one sequence of a SequenceBatch
+(edge/decoding/batch.py), whose every step is one fused pass over all of them, and ReplyText (edge/engine/reply.py)
+turns its tokens into the events the same reply alone gives: text cut at stop strings, the loop stop, the finish
+reasons and the stats.
+
+    replies = BatchedReplies.for_engine(engine, slots=4)     # None where the engine's model has no fused step
+    reply = replies.start(prompt_ids, opts)                  # prompt_ids, grammar = chat_prompt(...) (prepared.py)
+    while replies.running:
+        for reply, event in replies.step():                  # one event per reply that chose a token this step
+            ...
+    replies.remove(reply)                                    # a cancelled request: its slot is free at once
+
+A reply here decodes plainly (no drafter) and without a grammar; the engine's own loop runs those. Its stats count
+the passes it took part in: `prefill_s` the ones until its first token, each later pass as one decode step.
+
+A slot keeps the keys and values of the last reply it ran (SequenceBatch): a new reply starts from the longest prefix
+of its prompt any slot holds and prefills only the rest, so a conversation's next turn, or a prompt that opens with
+the same system prompt as an earlier one, skips what is already there (`usage.cached_tokens`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from edge.decoding.batch import PREFILL_CHUNK, Sequence, SequenceBatch
+from edge.decoding.loop import Step
+from edge.engine.engine import Engine
+from edge.engine.options import GenerationOptions
+from edge.engine.prompts import check_prompt
+from edge.engine.reply import ReplyText
+from edge.errors import SamplingError
+from edge.events import Event, Stats
+from edge.kernels.runner import FUSED_CHUNK
+from edge.model.kernel_glue import ModelTensors
+from edge.model.transformer import Transformer
+
+
+def batch_rows(engine: Engine) -> int:
+    """The most rows one fused pass of the engine's model takes over a plain KV cache (FUSED_CHUNK; a float32
+    checkpoint's fewer); 0 where its replies cannot be decoded together: a model that does not run on edge's fused
+    CPU step (an exported bundle, a GPU, a 16-bit dtype), or a quantized KV cache, which the batch's cache is not."""
+    model = engine.model
+    runner = getattr(model, "runner", None)
+    if not isinstance(model, Transformer) or runner is None:
+        return 0
+    probe = model.new_cache(1)
+    if type(engine.cache) is not type(probe):
+        return 0
+    for rows in (FUSED_CHUNK, runner.max_rows):
+        if runner.fuses(ModelTensors(model), rows, model.dtype, probe):
+            return rows
+    return 0
+
+
+@dataclass(eq=False)
+class BatchedReply:
+    """One reply's sequence in the batch, and what its events are made from."""
+
+    sequence: Sequence
+    text: ReplyText
+    tokens: list[int]  # the prompt, then the reply's tokens as ReplyText appended them
+    stats: Stats
+    pass_s: float = 0.0  # time of the passes it took part in since its last token
+
+    @property
+    def slot(self) -> int:
+        return self.sequence.region
+
+    def advance(self, emitted: list[int]) -> Event:
+        """The event of the tokens its sequence chose in one pass: the first pass that chose closes its prefill,
+        each later one is a decode step."""
+        first = self.stats.steps == 0
+        wall_s, self.pass_s = self.pass_s, 0.0
+        if first:
+            self.stats.prefill_s = wall_s
+        appended = self.text.append(self.tokens, emitted)
+        step = Step(tokens=emitted, drafted=[False] * len(emitted), verify_s=wall_s)
+        return self.text.event(self.tokens, appended, step, self.stats, None if first else wall_s)
+
+
+class BatchedReplies:
+    """The replies of one SequenceBatch over an engine's model: `slots` sequences, each with the engine's context."""
+
+    def __init__(self, engine: Engine, slots: int, rows: int) -> None:
+        if not 1 <= slots <= rows:
+            raise SamplingError(f"{slots} slots do not fit one fused pass of this model, which takes at most {rows} "
+                                f"rows; use at most {rows}")
+        self.engine = engine
+        chunk = max(1, min(PREFILL_CHUNK, rows // slots))  # a prompt's chunk leaves the others' steps light
+        self.batch = SequenceBatch(engine.model, regions=slots, context=engine.max_context, prefill_chunk=chunk,
+                                   max_rows=rows)
+        self.replies: dict[Sequence, BatchedReply] = {}
+        self.last_size = 0  # sequences in the last pass
+
+    @classmethod
+    def for_engine(cls, engine: Engine, slots: int) -> "BatchedReplies | None":
+        """`slots` replies decoded together on this engine's model, or None where it cannot (batch_rows)."""
+        rows = batch_rows(engine)
+        return cls(engine, min(slots, rows), rows) if rows else None
+
+    @property
+    def slots(self) -> int:
+        return self.batch.regions
+
+    @property
+    def free(self) -> int:
+        return len(self.batch.free_regions())
+
+    @property
+    def running(self) -> list[BatchedReply]:
+        return list(self.replies.values())
+
+    def start(self, prompt_ids: list[int], opts: GenerationOptions) -> BatchedReply:
+        """A reply to `prompt_ids` in a free slot, from the next step on; a PromptError for a prompt that does not
+        fit the context, a SamplingError when every slot is taken."""
+        engine = self.engine
+        check_prompt(prompt_ids, engine.max_context, engine.model.config)
+        sampling = opts.sampling
+        room = engine.max_context - len(prompt_ids)
+        sequence = self.batch.add(prompt_ids, sampling, min(opts.max_new_tokens, room),
+                                  frozenset() if opts.ignore_eos else engine.eos_token_ids,
+                                  sampling.generator(engine.device))
+        stats = Stats(prompt_tokens=len(prompt_ids), reused_tokens=sequence.reused,
+                      prefill_tokens=len(prompt_ids) - sequence.reused)
+        reply = BatchedReply(sequence, ReplyText(engine.tokenizer, engine.eos_token_ids, engine.max_context, opts),
+                             list(prompt_ids), stats)
+        self.replies[sequence] = reply
+        return reply
+
+    def step(self) -> list[tuple[BatchedReply, Event]]:
+        """One fused pass over every running reply; an event for each that chose a token. A finished reply leaves
+        the batch at once."""
+        stepping = [self.replies[sequence] for sequence in self.batch.running]
+        self.last_size = len(stepping)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            chosen = self.batch.step()
+        wall_s = time.perf_counter() - t0
+        for reply in stepping:
+            reply.pass_s += wall_s
+        emitted: dict[Sequence, list[int]] = {}
+        for sequence, token in chosen:
+            emitted.setdefault(sequence, []).append(token)
+        events = []
+        for sequence, tokens in emitted.items():
+            reply = self.replies[sequence]
+            event = reply.advance(tokens)
+            events.append((reply, event))
+            if event.finished:
+                self.remove(reply)
+        return events
+
+    def remove(self, reply: BatchedReply) -> None:
+        """Drop a reply (finished, or its request cancelled): its slot is free for the next start()."""
+        if self.replies.pop(reply.sequence, None) is not None:
+            self.batch.remove(reply.sequence)

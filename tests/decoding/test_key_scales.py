@@ -70,7 +70,7 @@ def quantspec_acceptance(engine: Engine) -> float:
     accepted = drafted = 0
     for prompt in PROMPTS:
         engine.reset()
-        stats = list(engine.chat([{"role": "user", "content": prompt}], max_new_tokens=48))[-1].stats
+        stats = list(engine.chat([{"role": "user", "content": prompt}], max_new_tokens=48, temperature=0.0))[-1].stats
         accepted, drafted = accepted + stats.accepted, drafted + stats.drafted
     return accepted / drafted
 

@@ -195,11 +195,18 @@ void attention_share(const float *q, const float *keys, const float *values, flo
             }
             continue;
         }
-        for (int64_t i0 = first; i0 < end; i0 += VALUE_QUERIES) {
+        for (int64_t i0 = first, n = 0; i0 < end; i0 += n) {
             const float *weights[VALUE_QUERIES];
             float *results[VALUE_QUERIES], inverse[VALUE_QUERIES];
             int64_t lo[VALUE_QUERIES], hi[VALUE_QUERIES];
-            const int n = end - i0 < VALUE_QUERIES ? (int)(end - i0) : VALUE_QUERIES;
+            n = end - i0 < VALUE_QUERIES ? (int)(end - i0) : VALUE_QUERIES;
+            if (rows)  /* several sequences' rows: a group stays within one sequence's region, or the value rows
+                        * between the regions would be walked for nothing (a query's sums do not depend on its group) */
+                for (int64_t i = 1; i < n; i++)
+                    if (rows->firsts[(kv * per_head + i0 + i) % T] != rows->firsts[(kv * per_head + i0) % T]) {
+                        n = i;
+                        break;
+                    }
             for (int i = 0; i < n; i++) {
                 const int64_t ht = kv * per_head + i0 + i, t = ht % T;  /* head ht / T */
                 const int64_t position = rows ? rows->slots[t] : start + t, first = rows ? rows->firsts[t] : 0;

@@ -210,6 +210,10 @@ def test_a_forced_path_the_cpu_lacks_is_a_one_line_error_at_load(llama_dir, monk
 
 
 def test_without_a_compiler_edge_falls_back_to_torch(monkeypatch, tmp_path):
+    """Neither the install's libraries nor a compiler: torch's matmul (an install built with EDGE_BUILD_PATHS=none)."""
+    from edge.kernels import cpu_paths
+
+    monkeypatch.setattr(cpu_paths, "PREBUILT_DIR", tmp_path / "no-prebuilt")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path))
     assert CpuKernel.for_path.__wrapped__("portable") is None

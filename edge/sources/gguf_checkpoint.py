@@ -12,8 +12,9 @@ The weights stay in the file: edge/sources/gguf_weights.py maps them from there 
 Families: llama (Llama 2/3.x, TinyLlama, SmolLM, Mistral), qwen2 and qwen3 (dense models), gemma3 (Gemma 3 text) and
 phi3 (Phi-3, Phi-3.5-mini, Phi-4-mini).
 
-Before anything is written the file is checked whole: every metadata value a model needs, every tensor of every
-layer with the shape the metadata implies, every byte range inside the file. A file that fails is never cached, and
+Before anything is written the file is checked whole: its header's counts and lengths against the file's size
+(edge/sources/gguf_header.py, before the `gguf` package's reader walks them), every metadata value a model needs,
+every tensor of every layer with the shape the metadata implies, every byte range inside the file. A file that fails is never cached, and
 the error names what is wrong with it.
 
 - llama.cpp permutes the q and k rows of a Llama layer for its rotary layout (convert_hf_to_gguf.py,
@@ -53,6 +54,7 @@ import numpy as np
 
 from edge.model.config import ModelConfig
 from edge.errors import CheckpointError, EdgeError, UnsupportedModelError
+from edge.sources.gguf_header import HeaderError, check_header
 from edge.sources.gguf_tokenizer import TokenizerFiles
 from edge.sources.sampling_config import gguf_generation_config
 from edge.model.rope import inverse_frequencies
@@ -254,6 +256,10 @@ def convert_gguf(path: str | Path, folder: Path, *, reader: Any = None) -> dict:
 def _open(path: Path):
     from gguf import GGUFReader  # the gguf package costs ~0.2 s to import; only GGUF files need it
 
+    try:
+        check_header(path)  # before the reader, which would walk a damaged array's count item by item
+    except HeaderError as error:
+        raise CheckpointError(f"{path} is not a readable GGUF file ({error}); download it again") from None
     try:
         reader = GGUFReader(path)
         _ = [(tensor.name, tensor.tensor_type) for tensor in reader.tensors]
@@ -497,10 +503,16 @@ def _llama3_scaling(config: dict, factors: np.ndarray, original: int, source_nam
     rope_freqs). The file keeps only the factors; low_freq_factor and high_freq_factor are read back from where
     the factors leave 1 and reach their maximum (Meta's 1 and 4 when they fit), and the result is checked against
     the frequencies edge computes from it."""
+    base = inverse_frequencies(ModelConfig.from_hf({**config, "rope_scaling": None})).numpy()  # (D/2,)
+    if factors.shape != base.shape:
+        raise CheckpointError(f"{source_name}'s rope_freqs.weight is {list(factors.shape)}; its heads' rotary "
+                              f"dimensions imply {list(base.shape)}; download it again")
+    if not (np.isfinite(factors).all() and (factors > 0).all()):
+        raise CheckpointError(f"{source_name}'s rope_freqs.weight holds values that are not positive numbers; "
+                              "download it again")
     factor = float(factors.max())
     if factor == 1.0:
         return None
-    base = inverse_frequencies(ModelConfig.from_hf({**config, "rope_scaling": None})).numpy()  # (D/2,)
     position = original * base / (2 * math.pi)  # original context / wavelength
     wanted = base / factors
     candidates = [(1.0, 4.0), _fitted_band(position, factors, factor)]

@@ -538,3 +538,37 @@ def test_a_file_from_llama_cpps_own_converter_decodes_as_the_original(llama_dir,
     assert greedy_24(out) == greedy_24(llama_dir)
     ours, original = Tokenizer.from_dir(checkpoint_from_gguf(out)), Tokenizer.from_dir(llama_dir)
     assert [ours.encode(text) for text in TEXTS] == [original.encode(text) for text in TEXTS]
+
+
+def _array_count_offset(data: bytes, key: str) -> int:
+    from tests.fuzz.gguf_fields import header_fields
+
+    return next(field.offset for field in header_fields(data) if field.name == f"kv {key} count")
+
+
+def test_a_damaged_array_count_is_refused_before_the_reader_walks_it(llama_dir, tmp_path):
+    """One flipped byte made a 320-item array 16.8 million items long: the gguf package's reader walked it item by
+    item (seconds on a 1 MiB file, hours on a real one) before it failed."""
+    gguf = write_gguf(llama_dir, tmp_path / "count.gguf", "f32")
+    data = bytearray(gguf.read_bytes())
+    count = _array_count_offset(bytes(data), "tokenizer.ggml.token_type")  # a little-endian u64: 320
+    data[count + 3] = 1
+    gguf.write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"tokenizer.ggml.token_type claims 16,777,536 items, past any model's "
+                                              r"2,097,152\); download it again") as caught:
+        Engine.load(gguf)
+    assert "\n" not in str(caught.value)
+    data[count + 3], data[count + 2] = 0, 0x10  # 1,048,896 items: fewer than any cap, more than the file holds
+    gguf.write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"tokenizer.ggml.token_type needs 4,195,584 bytes but the file has "
+                                              r"[\d,]+ left"):
+        Engine.load(gguf)
+
+
+def test_an_array_longer_than_any_vocabulary_is_refused(llama_dir, tmp_path, monkeypatch):
+    from edge.sources import gguf_header
+
+    gguf = write_gguf(llama_dir, tmp_path / "long.gguf", "f32")
+    monkeypatch.setattr(gguf_header, "MAX_ARRAY_ITEMS", 100)  # the file's vocabulary holds 320
+    with pytest.raises(CheckpointError, match=r"tokenizer.ggml.tokens claims 320 items, past any model's 100"):
+        Engine.load(gguf)

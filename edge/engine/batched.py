@@ -10,8 +10,11 @@ reasons and the stats.
             ...
     replies.remove(reply)                                    # a cancelled request: its slot is free at once
 
-A reply here decodes plainly (no drafter) and without a grammar; the engine's own loop runs those. Its stats count
-the passes it took part in: `prefill_s` the ones until its first token, each later pass as one decode step.
+A reply here runs without a grammar (the engine's own loop runs those). Where the engine's drafter has no weights or
+cache of its own (ngram, retrieval: a drafter with `fresh()`), a reply that speculates drafts with its own copy of
+it, and its verify rows (its last token and up to the engine's draft length of drafted ones) ride in the same pass
+as everyone else's rows; its acceptance is its own. Else it decodes plainly, one row a pass. Its stats count the
+passes it took part in: `prefill_s` the ones until its first token, each later pass as one decode step.
 
 A slot keeps the keys and values of the last reply it ran (SequenceBatch): a new reply starts from the longest prefix
 of its prompt any slot holds and prefills only the rest, so a conversation's next turn, or a prompt that opens with
@@ -27,6 +30,7 @@ import torch
 
 from edge.decoding.batch import PREFILL_CHUNK, Sequence, SequenceBatch
 from edge.decoding.loop import Step
+from edge.decoding.speculative import DraftLength
 from edge.engine.engine import Engine
 from edge.engine.options import GenerationOptions
 from edge.engine.prompts import check_prompt
@@ -64,6 +68,7 @@ class BatchedReply:
     tokens: list[int]  # the prompt, then the reply's tokens as ReplyText appended them
     stats: Stats
     pass_s: float = 0.0  # time of the passes it took part in since its last token
+    counted: tuple[int, int] = (0, 0)  # its sequence's accepted and drafted tokens its events have counted
 
     @property
     def slot(self) -> int:
@@ -71,13 +76,17 @@ class BatchedReply:
 
     def advance(self, emitted: list[int]) -> Event:
         """The event of the tokens its sequence chose in one pass: the first pass that chose closes its prefill,
-        each later one is a decode step."""
+        each later one is a decode step (its accepted drafts, then the target's own token)."""
         first = self.stats.steps == 0
         wall_s, self.pass_s = self.pass_s, 0.0
         if first:
             self.stats.prefill_s = wall_s
+        sequence = self.sequence
+        accepted, drafted = sequence.accepted - self.counted[0], sequence.drafted - self.counted[1]
+        self.counted = (sequence.accepted, sequence.drafted)
         appended = self.text.append(self.tokens, emitted)
-        step = Step(tokens=emitted, drafted=[False] * len(emitted), verify_s=wall_s)
+        marks = [True] * accepted + [False] * max(0, len(emitted) - accepted)
+        step = Step(tokens=emitted, drafted=marks[:len(emitted)], drafted_count=drafted, verify_s=wall_s)
         return self.text.event(self.tokens, appended, step, self.stats, None if first else wall_s)
 
 
@@ -89,6 +98,10 @@ class BatchedReplies:
             raise SamplingError(f"{slots} slots do not fit one fused pass of this model, which takes at most {rows} "
                                 f"rows; use at most {rows}")
         self.engine = engine
+        # a speculating reply's rows a pass: its last token and its draft, every slot's within one fused call
+        length = engine.draft_length  # adaptive: the length it starts from
+        wanted = DraftLength().k if length.adaptive else length.k
+        self.draft_length = max(0, min(wanted, rows // slots - 1)) if self._drafts_per_slot(engine) else 0
         chunk = max(1, min(PREFILL_CHUNK, rows // slots))  # a prompt's chunk leaves the others' steps light
         self.batch = SequenceBatch(engine.model, regions=slots, context=engine.max_context, prefill_chunk=chunk,
                                    max_rows=rows)
@@ -100,6 +113,15 @@ class BatchedReplies:
         """`slots` replies decoded together on this engine's model, or None where it cannot (batch_rows)."""
         rows = batch_rows(engine)
         return cls(engine, min(slots, rows), rows) if rows else None
+
+    @staticmethod
+    def _drafts_per_slot(engine: Engine) -> bool:
+        return engine.drafter is not None and callable(getattr(engine.drafter, "fresh", None))
+
+    @property
+    def speculates(self) -> bool:
+        """Whether a reply that speculates drafts here (each with its own copy of the engine's drafter)."""
+        return self.draft_length > 0
 
     @property
     def slots(self) -> int:
@@ -120,9 +142,10 @@ class BatchedReplies:
         check_prompt(prompt_ids, engine.max_context, engine.model.config)
         sampling = opts.sampling
         room = engine.max_context - len(prompt_ids)
+        drafter = engine.drafter.fresh() if opts.speculate and self.speculates else None
         sequence = self.batch.add(prompt_ids, sampling, min(opts.max_new_tokens, room),
                                   frozenset() if opts.ignore_eos else engine.eos_token_ids,
-                                  sampling.generator(engine.device))
+                                  sampling.generator(engine.device), drafter=drafter, draft_length=self.draft_length)
         stats = Stats(prompt_tokens=len(prompt_ids), reused_tokens=sequence.reused,
                       prefill_tokens=len(prompt_ids) - sequence.reused)
         reply = BatchedReply(sequence, ReplyText(engine.tokenizer, engine.eos_token_ids, engine.max_context, opts),

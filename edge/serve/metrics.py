@@ -10,6 +10,7 @@ for a scraper whose Accept header asks for it).
                                               (their ratio: the mean batch size)
     edge_slot_replies_total{slot}, edge_slot_tokens_total{slot}   replies and generated tokens per slot of the
                                               batch (slot="engine": the engine's own loop, one reply at a time)
+    edge_slot_drafted_tokens_total{slot}, edge_slot_accepted_tokens_total{slot}   each slot's speculation
     edge_replies_total{outcome}               replies by how they ended (edge's finish reasons, refused, failed...)
     edge_prompt_tokens_total, edge_generated_tokens_total, edge_decode_tokens_total, edge_decode_seconds_total,
     edge_decode_steps_total, edge_drafted_tokens_total, edge_accepted_tokens_total
@@ -83,6 +84,8 @@ class ServerMetrics:
     decode_s: float = 0.0
     slot_replies: Counter = field(default_factory=Counter)  # slot label -> replies
     slot_tokens: Counter = field(default_factory=Counter)  # slot label -> generated tokens
+    slot_drafted: Counter = field(default_factory=Counter)  # slot label -> drafted tokens
+    slot_accepted: Counter = field(default_factory=Counter)  # slot label -> drafted tokens accepted
     batch: Counter = field(default_factory=Counter)  # "passes", "sequences"
     lock: threading.Lock = field(default_factory=threading.Lock)
     registry: CollectorRegistry = field(init=False)
@@ -102,6 +105,8 @@ class ServerMetrics:
         with self.lock:
             self.slot_replies[label] += 1
             self.slot_tokens[label] += stats.generated_tokens
+            self.slot_drafted[label] += stats.drafted
+            self.slot_accepted[label] += stats.accepted
             self.tokens.update(prompt=stats.prompt_tokens, generated=stats.generated_tokens,
                                decode=stats.decode_tokens, steps=max(stats.steps - 1, 0), drafted=stats.drafted,
                                accepted=stats.accepted)
@@ -122,7 +127,8 @@ class ServerMetrics:
         """prometheus_client's collector protocol: every metric, as of now."""
         with self.lock:
             requests, tokens, decode_s = dict(self.requests), Counter(self.tokens), self.decode_s
-            slots = {"replies": dict(self.slot_replies), "tokens": dict(self.slot_tokens), **self.batch}
+            slots = {"replies": dict(self.slot_replies), "tokens": dict(self.slot_tokens),
+                     "drafted": dict(self.slot_drafted), "accepted": dict(self.slot_accepted), **self.batch}
         queue = self.queue
         family = CounterMetricFamily("edge_requests_total", "HTTP requests answered, by route and status.",
                                      labels=["route", "status"])
@@ -146,7 +152,7 @@ class ServerMetrics:
 
 
 def _slot_metrics(queue: QueueView, slots: dict) -> Iterator[Metric]:
-    """The slots' occupancy, the batch's size and what each slot generated."""
+    """The slots' occupancy, the batch's size and what each slot generated, drafted and had accepted."""
     yield GaugeMetricFamily("edge_slots", "Replies generated together (--parallel).", queue.slots)
     yield GaugeMetricFamily("edge_slots_busy", "Replies being generated now.", queue.busy_slots)
     yield GaugeMetricFamily("edge_batch_size", "Sequences in the batch's last fused pass.", queue.batch_size)
@@ -154,7 +160,9 @@ def _slot_metrics(queue: QueueView, slots: dict) -> Iterator[Metric]:
     yield CounterMetricFamily("edge_batch_sequences_total", "Sequences the batch's fused passes carried.",
                               slots.get("sequences", 0))
     for key, name, help_text in (("replies", "edge_slot_replies_total", "Replies finished, by slot."),
-                                 ("tokens", "edge_slot_tokens_total", "Tokens generated, by slot.")):
+                                 ("tokens", "edge_slot_tokens_total", "Tokens generated, by slot."),
+                                 ("drafted", "edge_slot_drafted_tokens_total", "Tokens drafted, by slot."),
+                                 ("accepted", "edge_slot_accepted_tokens_total", "Drafted tokens accepted, by slot.")):
         family = CounterMetricFamily(name, help_text, labels=["slot"])
         for slot, count in sorted(slots[key].items()):
             family.add_metric([slot], count)

@@ -7,7 +7,8 @@
 Every turn of the loop drops the cancelled jobs (a client that went away frees its slot at once), admits waiting
 jobs into free slots in arrival order, then runs one batch step and one step of the engine's loop, sending each
 job's events to its channel. A job joins the batch when its route can give its prompt as token ids
-(`Job.batch_prompt`) and the engine would not speculate on it; else it takes the engine's loop, one after another,
+(`Job.batch_prompt`) and, if the engine would speculate on it, each slot can draft with its own copy of the
+engine's drafter (ngram, retrieval: BatchedReplies.speculates); else it takes the engine's loop, one after another,
 in arrival order. One thread runs both, so the model never runs two passes at once.
 """
 
@@ -99,11 +100,13 @@ class Scheduler:
 
     def route(self, job: Job) -> tuple | str:
         """The batch's prompt ids and options for `job`, or ENGINE_LOOP: no batch, a route that cannot give them
-        (a grammar), or a reply the engine would speculate on."""
+        (a grammar), or a reply the engine would speculate on with a drafter the batch's slots cannot each have (a
+        draft model: its cache is one sequence's)."""
         if self.batch is None or job.batch_prompt is None:
             return ENGINE_LOOP
         prepared = job.batch_prompt(self.engine, job.cancelled.is_set)
-        if prepared is None or (self.engine.drafter is not None and prepared[1].speculate):
+        if prepared is None or (self.engine.drafter is not None and prepared[1].speculate and
+                                not self.batch.speculates):
             return ENGINE_LOOP
         return prepared
 

@@ -44,6 +44,15 @@ def test_the_draft_follows_what_most_occurrences_continue_with():
         TokenStore.from_replies([[SEPARATOR]])
 
 
+def test_a_fresh_copy_shares_the_store_and_keeps_its_own_prompt_lookup():
+    """A batch's slots each draft with a fresh copy: one conversation's lookup must not draft for another's."""
+    drafter = RetrievalDrafter(TokenStore.from_replies([[1, 2, 3, 4]]))
+    other = drafter.fresh()
+    assert other.store is drafter.store and other.lookup is not drafter.lookup
+    assert drafter.propose([7, 8, 9, 7, 8], 2, None).tokens == [9, 7]  # its own context repeats
+    assert other.propose([5, 6, 8], 2, None).tokens == []  # 8 follows nothing in its own tokens
+
+
 @pytest.fixture(scope="module")
 def builtin_store(tmp_path_factory):
     """A datastore of the built-in model's own greedy replies to PROMPTS, written as train.datastore writes one."""

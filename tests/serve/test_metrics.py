@@ -82,7 +82,8 @@ def test_metrics_keep_their_names_types_and_help(server):
     families = {family.name: family for family in text_string_to_metric_families(response.text)}
     counters = {"edge_requests", "edge_replies", "edge_prompt_tokens", "edge_generated_tokens", "edge_decode_tokens",
                 "edge_decode_steps", "edge_drafted_tokens", "edge_accepted_tokens", "edge_decode_seconds",
-                "edge_batch_passes", "edge_batch_sequences", "edge_slot_replies", "edge_slot_tokens"}
+                "edge_batch_passes", "edge_batch_sequences", "edge_slot_replies", "edge_slot_tokens",
+                "edge_slot_drafted_tokens", "edge_slot_accepted_tokens"}
     gauges = {"edge_queue_waiting", "edge_queue_limit", "edge_generating", "edge_decode_tokens_per_second",
               "edge_slots", "edge_slots_busy", "edge_batch_size",
               "edge_acceptance_ratio", "edge_draft_length", "process_resident_memory_bytes"}

@@ -15,9 +15,9 @@ def job(batch_prompt=None, max_tokens: int = 0) -> Job:
                batch_prompt=batch_prompt, max_tokens=max_tokens)
 
 
-def scheduler(drafter=None, batch=True) -> Scheduler:
+def scheduler(drafter=None, batch=True, speculates=False) -> Scheduler:
     host = SimpleNamespace(waiting_jobs=WaitingJobs(4))
-    return Scheduler(host, SimpleNamespace(drafter=drafter), object() if batch else None)
+    return Scheduler(host, SimpleNamespace(drafter=drafter), SimpleNamespace(speculates=speculates) if batch else None)
 
 
 def test_the_batch_takes_a_prompt_and_the_engines_loop_the_rest():
@@ -27,7 +27,8 @@ def test_the_batch_takes_a_prompt_and_the_engines_loop_the_rest():
     assert scheduler(batch=False).route(plain) == ENGINE_LOOP  # --parallel 1, or a model without the fused step
     assert scheduler().route(job()) == ENGINE_LOOP  # a route that gives no prompt ids
     assert scheduler().route(job(lambda engine, should_stop: None)) == ENGINE_LOOP  # a grammar
-    assert scheduler(drafter=object()).route(plain) == ENGINE_LOOP  # the drafter would speculate on it
+    assert scheduler(drafter=object()).route(plain) == ENGINE_LOOP  # a draft model would speculate on it
+    assert scheduler(drafter=object(), speculates=True).route(plain) != ENGINE_LOOP  # each slot drafts (ngram)
     unspeculated = job(lambda engine, should_stop: ([1], GenerationOptions(temperature=0.7, speculate=False)))
     assert scheduler(drafter=object()).route(unspeculated) != ENGINE_LOOP
 

@@ -234,3 +234,39 @@ def test_a_conversations_next_turn_reuses_its_slots_cache(server, reference):
     assert second["timings"]["prompt_n"] == second["usage"]["prompt_tokens"] - \
         second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert second["choices"][0]["message"]["content"] == alone(reference, {**first_turn, "messages": messages})[0]
+
+
+@pytest.fixture(scope="module")
+def drafting_server(model_file):
+    """A server whose engine speculates with n-gram lookup: each slot drafts with its own copy."""
+    with BackgroundServer(lambda: Engine.load(model_file, max_context=CONTEXT, drafter="ngram"), ServeConfig("tiny"),
+                          parallel=4) as running:
+        running.generations.loaded.wait(60)
+        yield running
+
+
+def test_each_slot_speculates_with_its_own_drafter_and_replies_as_alone(drafting_server, reference, together):
+    requests = [{"messages": CHATS[0], "max_tokens": 80, "temperature": 0, "ignore_eos": True},
+                {"messages": CHATS[1], "max_tokens": 60, "temperature": 0, "stream": True, "ignore_eos": True},
+                {"prompt": "The os module", "max_tokens": 70, "temperature": 0, "ignore_eos": True},
+                {"prompt": "Sorting a list", "max_tokens": 50, "temperature": 0.9, "seed": 5, "stream": True}]
+    sampled_alone = send(drafting_server, requests[3])  # speculative sampling: the seed fixes the reply
+    before = metrics(drafting_server)
+    together.count = 4
+    replies = concurrently(drafting_server, requests)
+    together.count = 1
+    after = metrics(drafting_server)
+    for request, reply in zip(requests[:3], replies):
+        text, tokens, finish = alone(reference, request)  # plain greedy decoding
+        assert reply == (text, tokens, FINISH[finish])
+    assert replies[3] == sampled_alone
+    engine_loop = (("slot", "engine"),)
+    assert after.get(("edge_slot_replies_total", engine_loop), 0) == 0  # every reply ran in a slot
+    drafted = {key[1]: value - before.get(key, 0) for key, value in after.items()
+               if key[0] == "edge_slot_drafted_tokens_total"}
+    accepted = {key[1]: value - before.get(key, 0) for key, value in after.items()
+                if key[0] == "edge_slot_accepted_tokens_total"}
+    assert sum(drafted.values()) > 0 and sum(accepted.values()) > 0
+    passes = after["edge_batch_passes_total", ()] - before["edge_batch_passes_total", ()]
+    sequences = after["edge_batch_sequences_total", ()] - before["edge_batch_sequences_total", ()]
+    assert sequences >= 3 * passes / 2  # they ran together

@@ -97,6 +97,10 @@ class Drafter(Protocol):
 
     def memory_bytes(self) -> int: ...
 
+    # Optional, on drafters without weights or a cache of their own (ngram, retrieval): `fresh()` returns another
+    # drafter with the same settings and read-only data for another sequence, so that each of a batch's sequences
+    # drafts with its own state (edge/engine/batched.py). A drafter without it drafts for one sequence at a time.
+
 
 def draft_autoregressively(
     step: Callable[[list[int], int], torch.Tensor], tokens: list[int], first_feed: list[int], start: int, k: int,

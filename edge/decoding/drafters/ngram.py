@@ -52,5 +52,9 @@ class NGramDrafter:
     def reset(self) -> None:
         self._indexed, self._index = [], {}
 
+    def fresh(self) -> "NGramDrafter":
+        """Another drafter with these settings for another sequence (its index is its own)."""
+        return NGramDrafter(self.max_ngram, self.min_ngram)
+
     def memory_bytes(self) -> int:
         return 0

@@ -136,6 +136,10 @@ class RetrievalDrafter:
     def reset(self) -> None:
         self.lookup.reset()
 
+    def fresh(self) -> "RetrievalDrafter":
+        """Another drafter over the same (read-only) datastore for another sequence: its prompt lookup is its own."""
+        return RetrievalDrafter(self.store, self.min_match)
+
     def memory_bytes(self) -> int:
         return self.store.nbytes
 

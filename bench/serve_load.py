@@ -12,6 +12,14 @@ end. It fails (exit 1) when a reply is incomplete or differs from its reference,
 
     flock /tmp/edge-bench.lock python -m bench.serve_load --clients 8 --duration 60 --adversaries
 
+    python -m bench.serve_load MODEL.gguf --clients 4 --parallel 4 --threads 2 \
+        --llama-server PATH/llama-server --llama-server-args "-md DRAFT.gguf --draft-max 8"
+
+With --llama-server the same clients run against llama.cpp's server on the same file (--parallel slots, continuous
+batching, its --threads, and any further flags of its own), instead of edge-serve: replies are checked for being
+whole (a finish reason, the stream's [DONE]) but not against edge's references (its arithmetic differs), and the
+count of replies equal to them is reported (`equal_to_edge`).
+
 With --adversaries the clients run twice: alone (the quiet run), then beside a slow reader (streamed chats read one
 event per --slow-pause seconds) and a sender of 10 MB messages (each must be refused, 400 string_above_max_length).
 It then also reports, and fails unless: no normal client's reply was lost, every reply equals its greedy
@@ -22,7 +30,9 @@ flat (grows by at most --rss-slack MiB from the start of the quiet run to the en
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import shlex
 import socket
 import statistics
 import subprocess
@@ -48,6 +58,7 @@ class Request:
     path: str
     body: dict
     expected: str  # the reply's text from Engine.chat / Engine.generate, greedy
+    compare: bool = True  # a reply that differs from `expected` is a problem (not for a peer's server)
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,7 @@ class Outcome:
     tokens: int
     rejected: int  # 429s before it was taken
     problem: str | None  # an error, an incomplete reply or a reply that differs from its reference
+    equal: bool = False  # the reply's text equals its greedy reference
 
 
 def workload(engine: Engine, max_tokens: int) -> list[Request]:
@@ -102,7 +114,7 @@ def whole_outcome(reply: dict, request: Request, started: float, rejected: int) 
     choice = reply["choices"][0]
     text = choice["message"]["content"] if request.path == CHAT else choice["text"]
     return Outcome(time.perf_counter() - started, None, reply["usage"]["completion_tokens"], rejected,
-                   checked(text, choice["finish_reason"], request))
+                   checked(text, choice["finish_reason"], request), text == request.expected)
 
 
 def streamed_outcome(response: httpx.Response, request: Request, started: float, rejected: int) -> Outcome:
@@ -124,14 +136,15 @@ def streamed_outcome(response: httpx.Response, request: Request, started: float,
                 first_token_s = time.perf_counter() - started
             parts.append(text)
             finish = choice["finish_reason"] or finish
-    problem = checked("".join(parts), finish, request) if done else "the stream ended before [DONE]"
-    return Outcome(time.perf_counter() - started, first_token_s, tokens, rejected, problem)
+    text = "".join(parts)
+    problem = checked(text, finish, request) if done else "the stream ended before [DONE]"
+    return Outcome(time.perf_counter() - started, first_token_s, tokens, rejected, problem, text == request.expected)
 
 
 def checked(text: str, finish: str | None, request: Request) -> str | None:
     if finish not in ("stop", "length"):
         return f"incomplete reply (finish_reason {finish!r})"
-    if text != request.expected:
+    if request.compare and text != request.expected:
         return f"differs from its greedy reference: {text[:60]!r} != {request.expected[:60]!r}"
     return None
 
@@ -232,24 +245,38 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:  # a free port, handed to the server
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    if args.llama_server:
+        if not args.model:
+            raise SystemExit("serve_load: --llama-server needs the MODEL file both servers run")
+        slots = args.parallel or 1
+        command = [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
+                   "-np", str(slots), "-c", str(slots * args.slot_context), "-t", str(args.threads),
+                   *(["--no-cache-prompt"] if args.no_prompt_cache else []), "--log-disable",
+                   *shlex.split(args.llama_server_args)]
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return server, _ready(server, f"http://127.0.0.1:{port}")
     command = [sys.executable, "-m", "edge.serve.cli", *([args.model] if args.model else []), "--port", str(port),
                "--queue-size", str(args.queue_size), "--threads", str(args.threads), "--log-level", "warning",
                *(["--parallel", str(args.parallel)] if args.parallel else []),
                *(["--drafter", args.drafter] if args.drafter else [])]
     server = subprocess.Popen(command)
-    url = f"http://127.0.0.1:{port}"
+    return server, _ready(server, f"http://127.0.0.1:{port}")
+
+
+def _ready(server: subprocess.Popen, url: str) -> str:
+    """`url` once the server answers /health with 200 (llama-server: once its model is loaded)."""
     deadline = time.monotonic() + 300
     while True:
         if server.poll() is not None:
-            raise SystemExit(f"serve_load: edge-serve exited with {server.returncode}")
+            raise SystemExit(f"serve_load: the server exited with {server.returncode}")
         try:
             if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return server, url
+                return url
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
             server.kill()
-            raise SystemExit("serve_load: edge-serve did not become ready in 300 s")
+            raise SystemExit("serve_load: the server did not become ready in 300 s")
         time.sleep(0.2)
 
 
@@ -281,6 +308,8 @@ def summary(outcomes: list[Outcome], duration_s: float, rss_start: float, rss_en
         "first_try_latency_p50_s": percentile(first_try, 0.50),
         "first_try_latency_p95_s": percentile(first_try, 0.95),
         "rss_start_mib": rss_start, "rss_end_mib": rss_end,
+        "equal_to_edge": sum(outcome.equal for outcome in served),
+        "server": "llama-server" if args.llama_server else "edge-serve",
     }
 
 
@@ -304,11 +333,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="the slow reader's pause per server-sent event, in seconds (default: 0.2)")
     parser.add_argument("--rss-slack", type=float, default=64.0,
                         help="MiB the server's memory may grow across the runs and still count as flat (default: 64)")
+    parser.add_argument("--llama-server", default=None, metavar="PATH",
+                        help="run the clients against this llama-server on MODEL instead of edge-serve (see above)")
+    parser.add_argument("--llama-server-args", default="", metavar="FLAGS",
+                        help="more flags for llama-server, e.g. its speculation: '-md DRAFT.gguf --draft-max 8'")
+    parser.add_argument("--slot-context", type=int, default=4096,
+                        help="llama-server's context per slot (its -c is this times --parallel; default: 4096)")
+    parser.add_argument("--no-prompt-cache", action="store_true",
+                        help="llama-server's --no-cache-prompt (default: it keeps a slot's prompt, as edge does)")
     args = parser.parse_args(argv)
 
     print("serve_load: greedy references ...", file=sys.stderr)
     # edge-serve with no MODEL runs the default model (the built-in one where it is not installed): so do these
     requests = workload(Engine.load(args.model or default_model_path()), args.max_tokens)
+    if args.llama_server:
+        requests = [dataclasses.replace(request, compare=False) for request in requests]
     server, url = start_server(args)
     try:
         with httpx.Client(base_url=url, timeout=300) as client:  # warm-up: every request once

@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--parallel", type=int, default=None, metavar="N",
                         help="slots: replies generated together, each request joining and leaving the running batch "
                              "at any step (one fused pass a step carries them all; each holds its own KV cache). A "
-                             "reply speculates with its own copy of an ngram or retrieval drafter; a request with a response "
-                             "format or a forced tool call, one a draft model speculates on, "
+                             "reply speculates with its own copy of an ngram or retrieval drafter, and with a draft model a "
+                             "greedy reply among others decodes plainly in a slot; a request with a response format "
+                             "or a forced tool call, a sampled one a draft model speculates on, "
                              "and every request on a model without edge's fused CPU step, is generated on its own "
                              "beside them. Default: as many as the memory plan fits beside the model (--memory-budget, "
                              "else the free memory), up to 4; --plan shows it. 1: one reply at a time, each reusing "

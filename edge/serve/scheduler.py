@@ -8,12 +8,14 @@ Every turn of the loop drops the cancelled jobs (a client that went away frees i
 jobs into free slots in arrival order, then runs one batch step and one step of the engine's loop, sending each
 job's events to its channel. A job joins the batch when its route can give its prompt as token ids
 (`Job.batch_prompt`) and, if the engine would speculate on it, each slot can draft with its own copy of the
-engine's drafter (ngram, retrieval: BatchedReplies.speculates); else it takes the engine's loop, one after another,
+engine's drafter (ngram, retrieval: BatchedReplies.speculates), or it is greedy and not alone (it then decodes
+plainly in the batch: the same reply); else it takes the engine's loop, one after another,
 in arrival order. One thread runs both, so the model never runs two passes at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Iterator, Protocol
@@ -101,14 +103,25 @@ class Scheduler:
     def route(self, job: Job) -> tuple | str:
         """The batch's prompt ids and options for `job`, or ENGINE_LOOP: no batch, a route that cannot give them
         (a grammar), or a reply the engine would speculate on with a drafter the batch's slots cannot each have (a
-        draft model: its cache is one sequence's)."""
+        draft model: its cache is one sequence's) and that is sampled (the seed's reply is the speculative one) or
+        alone (speculation is the faster then). A greedy one among others joins the batch plainly: its reply is the
+        same, and its rows share the others' passes."""
         if self.batch is None or job.batch_prompt is None:
             return ENGINE_LOOP
         prepared = job.batch_prompt(self.engine, job.cancelled.is_set)
-        if prepared is None or (self.engine.drafter is not None and prepared[1].speculate and
-                                not self.batch.speculates):
+        if prepared is None:
             return ENGINE_LOOP
-        return prepared
+        prompt_ids, opts = prepared
+        if self.engine.drafter is None or not opts.speculate or self.batch.speculates:
+            return prepared
+        if opts.greedy and self.others_than(job):  # the same reply plainly, in a pass shared with the others
+            return prompt_ids, dataclasses.replace(opts, speculate=False)
+        return ENGINE_LOOP
+
+    def others_than(self, job: Job) -> bool:
+        """Whether a reply is being generated, or another job waits, beside `job`."""
+        return bool(self.in_batch) or self.alone is not None or any(other is not job for other in
+                                                                    self.waiting.snapshot())
 
     def drop_cancelled(self) -> None:
         """Replies whose client went away (or the server is stopping) leave the batch now: their slots are free."""

@@ -3,6 +3,7 @@ runs, the waiting queue's bound, and Retry-After from the measured throughput.""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from edge.engine import GenerationOptions
@@ -29,6 +30,11 @@ def test_the_batch_takes_a_prompt_and_the_engines_loop_the_rest():
     assert scheduler().route(job(lambda engine, should_stop: None)) == ENGINE_LOOP  # a grammar
     assert scheduler(drafter=object()).route(plain) == ENGINE_LOOP  # a draft model would speculate on it
     assert scheduler(drafter=object(), speculates=True).route(plain) != ENGINE_LOOP  # each slot drafts (ngram)
+    busy = scheduler(drafter=object())
+    busy.waiting.put(job())  # another request waits: a greedy reply is the same plainly, in the shared pass
+    assert busy.route(plain) == ([1, 2, 3], dataclasses.replace(greedy, speculate=False))
+    seeded = job(lambda engine, should_stop: ([1], GenerationOptions(temperature=0.7, seed=3)))
+    assert busy.route(seeded) == ENGINE_LOOP  # its seed's reply is the speculative one
     unspeculated = job(lambda engine, should_stop: ([1], GenerationOptions(temperature=0.7, speculate=False)))
     assert scheduler(drafter=object()).route(unspeculated) != ENGINE_LOOP
 

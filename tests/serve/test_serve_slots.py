@@ -102,7 +102,8 @@ def together(monkeypatch):
 
     def gated(self):
         deadline = time.monotonic() + 10
-        while len(self.waiting) < gate.count and not self.in_batch and time.monotonic() < deadline:
+        while len(self.waiting) < gate.count and not self.in_batch and self.alone is None and \
+                time.monotonic() < deadline:
             time.sleep(0.005)
         admit(self)
 
@@ -270,3 +271,34 @@ def test_each_slot_speculates_with_its_own_drafter_and_replies_as_alone(drafting
     passes = after["edge_batch_passes_total", ()] - before["edge_batch_passes_total", ()]
     sequences = after["edge_batch_sequences_total", ()] - before["edge_batch_sequences_total", ()]
     assert sequences >= 3 * passes / 2  # they ran together
+
+
+@pytest.fixture(scope="module")
+def draft_model_server(model_file):
+    """A server whose engine speculates with a draft model (the same tiny file): its cache is one sequence's."""
+    with BackgroundServer(lambda: Engine.load(model_file, max_context=CONTEXT, drafter=f"draft:{model_file}"),
+                          ServeConfig("tiny"), parallel=4) as running:
+        running.generations.loaded.wait(60)
+        yield running
+
+
+def test_with_a_draft_model_greedy_replies_among_others_share_the_batch(draft_model_server, reference, together):
+    requests = [{"messages": CHATS[0], "max_tokens": 40, "temperature": 0},
+                {"messages": CHATS[1], "max_tokens": 50, "temperature": 0, "stream": True},
+                {"prompt": "The os module", "max_tokens": 30, "temperature": 0}]
+    before = metrics(draft_model_server)
+    together.count = 3
+    replies = concurrently(draft_model_server, requests)
+    together.count = 1
+    after = metrics(draft_model_server)
+    for request, reply in zip(requests, replies):
+        text, tokens, finish = alone(reference, request)
+        assert reply == (text, tokens, FINISH[finish])
+    in_slots = sum(value - before.get(key, 0) for key, value in after.items()
+                   if key[0] == "edge_slot_replies_total" and key[1] != (("slot", "engine"),))
+    assert in_slots == 3  # none waited for the engine's loop, one at a time
+    alone_reply = send(draft_model_server, requests[0])  # alone, it speculates with the draft model
+    final = metrics(draft_model_server)
+    assert alone_reply == replies[0]
+    assert final["edge_slot_replies_total", (("slot", "engine"),)] - after.get(
+        ("edge_slot_replies_total", (("slot", "engine"),)), 0) == 1

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import socket
 import statistics
@@ -84,6 +85,23 @@ def workload(engine: Engine, max_tokens: int) -> list[Request]:
         completion = {"model": "edge", "prompt": text, "max_tokens": max_tokens, "temperature": 0}
         expected = "".join(event.text for event in engine.generate(text, max_new_tokens=max_tokens, temperature=0.0))
         requests.append(Request(TEXT, {**completion, "stream": not stream}, expected))
+    return requests
+
+
+def cached_workload(args: argparse.Namespace) -> list[Request]:
+    """The workload, its greedy references read from --references where that file holds them for this model and
+    --max-tokens (computing them takes minutes on a 1B model), else computed and written there."""
+    model = str(args.model or default_model_path())
+    key = {"model": model, "max_tokens": args.max_tokens, "prompts": [prompt.messages for prompt in PROMPTS]}
+    if args.references and os.path.exists(args.references):
+        with open(args.references) as handle:
+            stored = json.load(handle)
+        if stored.get("key") == key:
+            return [Request(item["path"], item["body"], item["expected"]) for item in stored["requests"]]
+    requests = workload(Engine.load(model), args.max_tokens)
+    if args.references:
+        with open(args.references, "w") as handle:
+            json.dump({"key": key, "requests": [dataclasses.asdict(request) for request in requests]}, handle)
     return requests
 
 
@@ -333,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the slow reader's pause per server-sent event, in seconds (default: 0.2)")
     parser.add_argument("--rss-slack", type=float, default=64.0,
                         help="MiB the server's memory may grow across the runs and still count as flat (default: 64)")
+    parser.add_argument("--references", default=None, metavar="FILE",
+                        help="keep the greedy references in this JSON file and reuse them while the model and "
+                             "--max-tokens are the same")
     parser.add_argument("--llama-server", default=None, metavar="PATH",
                         help="run the clients against this llama-server on MODEL instead of edge-serve (see above)")
     parser.add_argument("--llama-server-args", default="", metavar="FLAGS",
@@ -345,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("serve_load: greedy references ...", file=sys.stderr)
     # edge-serve with no MODEL runs the default model (the built-in one where it is not installed): so do these
-    requests = workload(Engine.load(args.model or default_model_path()), args.max_tokens)
+    requests = cached_workload(args)
     if args.llama_server:
         requests = [dataclasses.replace(request, compare=False) for request in requests]
     server, url = start_server(args)

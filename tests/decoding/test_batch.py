@@ -134,3 +134,22 @@ def test_a_prompt_starts_from_the_longest_prefix_any_region_holds(engine):
     while batch.running:
         batch.step()
     assert third.generated == greedy(engine, follow_up, 8)
+
+
+def test_batched_replies_are_the_replies_alone_on_every_cpu_path(llama_dir, tmp_path, monkeypatch):
+    """Each path this CPU runs (portable, avx2, avx512): greedy plain and speculating sequences among others, and a
+    seeded sampled one, reply as alone (the rows' regions, RowSlots, on each path's attention and matmul)."""
+    from edge.kernels import cpu_paths
+
+    gguf = write_gguf(llama_dir, tmp_path / "tiny.q8_0.gguf", "q8_0")
+    sampled = SamplingParams(temperature=0.9, seed=3, repetition_penalty=1.2, repeat_last_n=8)
+    for path in cpu_paths.runnable_paths():
+        monkeypatch.setenv("EDGE_CPU_KERNEL", path)
+        engine = Engine.load(gguf, max_context=256)
+        assert engine.model.runner.matmul.path.startswith(path)
+        together = run_batch(engine, [SamplingParams(temperature=0)] * 3 + [sampled], 12, joins=[0, 0, 2, 3])
+        assert together[:3] == [greedy(engine, prompt, 12) for prompt in PROMPTS[:3]], path
+        assert together[3] == greedy(engine, PROMPTS[3], 12, temperature=0.9, seed=3, repetition_penalty=1.2,
+                                     repeat_last_n=8, loop_stop=0), path
+        drafted = drafting_batch(engine, SamplingParams(temperature=0), 3, PROMPTS[:3], 12)
+        assert [sequence.generated for sequence in drafted] == [greedy(engine, p, 12) for p in PROMPTS[:3]], path

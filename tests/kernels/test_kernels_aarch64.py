@@ -202,3 +202,26 @@ def test_token_tree_attention_on_aarch64(driver):
         _, out = run(program, ["attention", heads, kv_heads, 1, dim, len(slots) - 1, 0],
                      [q[:, row:row + 1], keys[:, slots], values[:, slots]], heads * dim)
         assert torch.equal(tree[:, row], out[: heads * dim].view(heads, dim)), row
+
+
+def test_rows_of_several_sequences_attend_to_their_own_regions_on_aarch64(driver):
+    """Continuous batching's rows (RowSlots): each row attends only to its own sequence's slots up to its own, close to
+    torch's attention over that range, and bit for bit what it computes alone."""
+    _, program = driver
+    heads, kv_heads, dim = 4, 2, 24
+    firsts = [0, 0, 16, 16, 16, 32]  # three sequences' regions of 16 slots: a decode row, a prompt chunk, two rows
+    slots = [6, 7, 20, 21, 22, 35]
+    steps, span = len(slots), max(slots) + 1
+    generator = torch.Generator().manual_seed(17)
+    q = torch.randn(heads, steps, dim, generator=generator)
+    keys = torch.randn(kv_heads, span, dim, generator=generator)
+    values = torch.randn(kv_heads, span, dim, generator=generator)
+    _, out = run(program, ["regions", heads, kv_heads, steps, dim, span],
+                 [q, keys, values, torch.tensor(slots), torch.tensor(firsts)], heads * steps * dim)
+    whole, alone = out[: heads * steps * dim].view(heads, steps, dim), out[heads * steps * dim:].view(heads, steps, dim)
+    assert torch.equal(whole, alone)
+    for row, (first, slot) in enumerate(zip(firsts, slots)):
+        seen = slice(first, slot + 1)
+        expected = F.scaled_dot_product_attention(q[None, :, row:row + 1], keys[None, :, seen], values[None, :, seen],
+                                                  enable_gqa=True)[0, :, 0]
+        torch.testing.assert_close(whole[:, row], expected, rtol=1e-5, atol=1e-5)

@@ -7,6 +7,9 @@
  *                 > out (H*T*D f32), then out again computed one query position per call
  *   kernel_driver tree H HKV T D START < q (H*T*D), keys, values (HKV*(START+T)*D each), parents (T int64)
  *                 > out (H*T*D f32): the T rows as a token tree (row t continues row parents[t], -1 the cache)
+ *   kernel_driver regions H HKV T D SPAN < q (H*T*D), keys, values (HKV*SPAN*D each), slots, firsts (T int64 each)
+ *                 > out (H*T*D f32): rows of several sequences (RowSlots: row t attends to slots firsts[t] ..
+ *                 slots[t]; SPAN is 1 + the largest slot), then out again computed one row per call
  *   kernel_driver hierarchical T HKV D < keys, values ((T, HKV, D) f32 each) > for keys then values: the upper and
  *                 lower planes ((HKV, T, D/2) bytes each), step and low ((HKV, T) float16 bits each); then the keys
  *                 read back for the target and for the draft ((HKV, T, D) f32 each)
@@ -134,6 +137,29 @@ int main(int argc, char **argv) {
         write_floats(out, H * T * D);
         return 0;
     }
+    if (argc == 7 && !strcmp(argv[1], "regions")) {
+        const int64_t H = atoll(argv[2]), Hkv = atoll(argv[3]), T = atoll(argv[4]), D = atoll(argv[5]);
+        const int64_t span = atoll(argv[6]);
+        float *q = read_exactly(H * T * D * sizeof(float));
+        float *keys = read_exactly(Hkv * span * D * sizeof(float));
+        float *values = read_exactly(Hkv * span * D * sizeof(float));
+        int64_t *slots = read_exactly(T * sizeof(int64_t)), *firsts = read_exactly(T * sizeof(int64_t));
+        float *out = malloc(H * T * D * sizeof(float)), *scratch = malloc(H * T * span * sizeof(float));
+        const float scale = 1.0f / sqrtf((float)D);
+        const RowSlots rows = {slots, firsts};
+        attention_share(q, keys, values, out, scratch, H, Hkv, T, D, span * D, span - T, 0, scale, NULL, &rows, 0, 1);
+        write_floats(out, H * T * D);
+        float *one_q = malloc(H * D * sizeof(float)), *one_out = malloc(H * D * sizeof(float));
+        for (int64_t t = 0; t < T; t++) {  /* each row alone: (H, 1, D) */
+            for (int64_t h = 0; h < H; h++) memcpy(one_q + h * D, q + (h * T + t) * D, D * sizeof(float));
+            const RowSlots one = {slots + t, firsts + t};
+            attention_share(one_q, keys, values, one_out, scratch, H, Hkv, 1, D, span * D, slots[t], 0, scale, NULL,
+                            &one, 0, 1);
+            for (int64_t h = 0; h < H; h++) memcpy(out + (h * T + t) * D, one_out + h * D, D * sizeof(float));
+        }
+        write_floats(out, H * T * D);
+        return 0;
+    }
     if (argc == 5 && !strcmp(argv[1], "hierarchical")) {
         const int64_t T = atoll(argv[2]), Hkv = atoll(argv[3]), D = atoll(argv[4]), slots = Hkv * T;
         float *keys = read_exactly(T * Hkv * D * sizeof(float)), *values = read_exactly(T * Hkv * D * sizeof(float));
@@ -161,6 +187,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     fprintf(stderr, "usage: kernel_driver matmul FORMAT M N K BIAS | blocks TYPE M N K | quantize TYPE N K | "
-                    "attention H HKV T D START WINDOW | tree H HKV T D START | hierarchical T HKV D\n");
+                    "attention H HKV T D START WINDOW | tree H HKV T D START | regions H HKV T D SPAN | "
+                    "hierarchical T HKV D\n");
     return 2;
 }

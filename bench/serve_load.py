@@ -7,8 +7,8 @@ Starts `edge-serve` (the default model with its default drafter, or MODEL) in it
 request's greedy reference with `Engine.chat` / `Engine.generate` (plain decoding) here, then runs the clients:
 each sends chat and text completions, whole and streamed, in turn, and on a 429 waits the Retry-After it was given
 and sends again. It reports requests/s, generated tokens/s, end-to-end latency (queue wait and retries included)
-at p50/p95, time to the first streamed token, the 429s, and the server's resident memory after a warm-up and at the
-end. It fails (exit 1) when a reply is incomplete or differs from its reference, or on any error but a 429.
+at p50/p95, time to the first streamed token, the 429s, and the server's resident memory after a warm-up, every
+--rss-every seconds of the run and at the end. It fails (exit 1) when a reply is incomplete or differs from its reference, or on any error but a 429.
 
     flock /tmp/edge-bench.lock python -m bench.serve_load --clients 8 --duration 60 --adversaries
 
@@ -302,6 +302,28 @@ def rss_mib(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
+class RssSamples:
+    """The server's resident memory every `every_s` seconds while the clients run (a thread): whether it levels off
+    or keeps rising."""
+
+    def __init__(self, pid: int, every_s: float) -> None:
+        self.pid, self.every_s, self.mib = pid, every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.mib.append(round(rss_mib(self.pid), 1))
+
+    def __enter__(self) -> "RssSamples":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
@@ -351,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the slow reader's pause per server-sent event, in seconds (default: 0.2)")
     parser.add_argument("--rss-slack", type=float, default=64.0,
                         help="MiB the server's memory may grow across the runs and still count as flat (default: 64)")
+    parser.add_argument("--rss-every", type=float, default=30.0,
+                        help="seconds between samples of the server's resident memory during the run (default: 30)")
     parser.add_argument("--references", default=None, metavar="FILE",
                         help="keep the greedy references in this JSON file and reuse them while the model and "
                              "--max-tokens are the same")
@@ -376,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         rss_start = rss_mib(server.pid)
         print(f"serve_load: {args.clients} clients for {args.duration:.0f} s ...", file=sys.stderr)
         started = time.perf_counter()
-        outcomes = run_clients(url, requests, args.clients, args.duration)
+        with RssSamples(server.pid, every_s=args.rss_every) as rss_samples:
+            outcomes = run_clients(url, requests, args.clients, args.duration)
         duration_s = time.perf_counter() - started
         rss_end = rss_mib(server.pid)
         noisy = None
@@ -388,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.terminate()
         server.wait(timeout=60)
-    figures = summary(outcomes, duration_s, rss_start, rss_end, args)
+    figures = {**summary(outcomes, duration_s, rss_start, rss_end, args), "rss_samples_mib": rss_samples.mib}
     problems = [outcome.problem for outcome in warm + outcomes if outcome.problem is not None]
     if noisy is not None:
         problems += [outcome.problem for outcome in noisy_outcomes if outcome.problem is not None]

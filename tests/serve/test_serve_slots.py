@@ -120,20 +120,30 @@ def metrics(server) -> dict:
 FINISH = {"eos": "stop", "stop_string": "stop", "loop": "stop", "max_tokens": "length", "context_length": "length"}
 
 
+def run_together(server, together, requests: list[dict]) -> tuple[list, dict, dict]:
+    """`requests` sent at once and admitted into the batch together: their replies, and /metrics before and after."""
+    before = metrics(server)
+    together.count = len(requests)
+    replies = concurrently(server, requests)
+    together.count = 1
+    return replies, before, metrics(server)
+
+
+def assert_replies_alone(reference, requests: list[dict], replies: list) -> None:
+    """Each reply is the one the engine gives its request alone: text, tokens and finish reason."""
+    for request, reply in zip(requests, replies):
+        text, tokens, finish = alone(reference, request)
+        assert reply == (text, tokens, FINISH[finish])
+
+
 def test_a_greedy_reply_among_three_others_is_the_reply_alone(server, reference, together):
     requests = [{"messages": CHATS[0], "max_tokens": 40, "temperature": 0},
                 {"messages": CHATS[1], "max_tokens": 60, "temperature": 0, "stream": True},
                 {"prompt": "The os module", "max_tokens": 30, "temperature": 0, "stop": [" the"]},
                 {"prompt": "Sorting a list", "max_tokens": 50, "temperature": 0, "stream": True}]
     first = send(server, requests[0])  # alone on the server
-    before = metrics(server)
-    together.count = 4
-    replies = concurrently(server, requests)
-    together.count = 1
-    after = metrics(server)
-    for request, reply in zip(requests, replies):
-        text, tokens, finish = alone(reference, request)
-        assert reply == (text, tokens, FINISH[finish])
+    replies, before, after = run_together(server, together, requests)
+    assert_replies_alone(reference, requests, replies)
     assert replies[0] == first
     passes = after["edge_batch_passes_total", ()] - before["edge_batch_passes_total", ()]
     sequences = after["edge_batch_sequences_total", ()] - before["edge_batch_sequences_total", ()]
@@ -145,9 +155,7 @@ def test_a_seeded_sampled_reply_among_others_is_the_reply_alone(server, referenc
     others = [{"messages": chat, "max_tokens": 24, "temperature": 0.8, "seed": 3 + index}
               for index, chat in enumerate(CHATS)]
     expected = alone(reference, sampled)
-    together.count = 4
-    replies = concurrently(server, [sampled, *others])
-    together.count = 1
+    replies, _, _ = run_together(server, together, [sampled, *others])
     assert replies[0] == (expected[0], expected[1], FINISH[expected[2]])
     assert send(server, sampled) == replies[0]  # and alone on the server
     for request, reply in zip(others, replies[1:]):
@@ -201,14 +209,10 @@ def test_a_client_that_goes_away_frees_its_slot_at_once(server):
 
 
 def test_a_grammar_request_takes_the_engines_loop_beside_the_batch(server, reference, together):
-    before = metrics(server)
     structured = {"messages": CHATS[2], "max_tokens": 12, "temperature": 0, "response_format": {"type": "json_object"}}
     batched = [{"prompt": "The json module", "max_tokens": 40, "temperature": 0},
                {"messages": CHATS[0], "max_tokens": 30, "temperature": 0, "stream": True}]
-    together.count = 3  # its steps come between the batch's
-    replies = concurrently(server, [structured, *batched])
-    together.count = 1
-    after = metrics(server)
+    replies, before, after = run_together(server, together, [structured, *batched])  # its steps between the batch's
     assert after["edge_slots", ()] == 4 and after["edge_slots_busy", ()] == 0
     engine_loop = (("slot", "engine"),)
     assert after["edge_slot_replies_total", engine_loop] - before.get(("edge_slot_replies_total", engine_loop), 0) == 1
@@ -219,9 +223,7 @@ def test_a_grammar_request_takes_the_engines_loop_beside_the_batch(server, refer
     expected = "".join(event.text for event in reference.chat(CHATS[2], max_new_tokens=12, temperature=0.0,
                                                                response_format={"type": "json_object"}))
     assert replies[0][0] == expected
-    for request, reply in zip(batched, replies[1:]):
-        text, tokens, finish = alone(reference, request)
-        assert reply == (text, tokens, FINISH[finish])
+    assert_replies_alone(reference, batched, replies[1:])
 
 
 def test_a_conversations_next_turn_reuses_its_slots_cache(server, reference):
@@ -252,14 +254,8 @@ def test_each_slot_speculates_with_its_own_drafter_and_replies_as_alone(drafting
                 {"prompt": "The os module", "max_tokens": 70, "temperature": 0, "ignore_eos": True},
                 {"prompt": "Sorting a list", "max_tokens": 50, "temperature": 0.9, "seed": 5, "stream": True}]
     sampled_alone = send(drafting_server, requests[3])  # speculative sampling: the seed fixes the reply
-    before = metrics(drafting_server)
-    together.count = 4
-    replies = concurrently(drafting_server, requests)
-    together.count = 1
-    after = metrics(drafting_server)
-    for request, reply in zip(requests[:3], replies):
-        text, tokens, finish = alone(reference, request)  # plain greedy decoding
-        assert reply == (text, tokens, FINISH[finish])
+    replies, before, after = run_together(drafting_server, together, requests)
+    assert_replies_alone(reference, requests[:3], replies)  # plain greedy decoding's
     assert replies[3] == sampled_alone
     engine_loop = (("slot", "engine"),)
     assert after.get(("edge_slot_replies_total", engine_loop), 0) == 0  # every reply ran in a slot
@@ -286,14 +282,8 @@ def test_with_a_draft_model_greedy_replies_among_others_share_the_batch(draft_mo
     requests = [{"messages": CHATS[0], "max_tokens": 40, "temperature": 0},
                 {"messages": CHATS[1], "max_tokens": 50, "temperature": 0, "stream": True},
                 {"prompt": "The os module", "max_tokens": 30, "temperature": 0}]
-    before = metrics(draft_model_server)
-    together.count = 3
-    replies = concurrently(draft_model_server, requests)
-    together.count = 1
-    after = metrics(draft_model_server)
-    for request, reply in zip(requests, replies):
-        text, tokens, finish = alone(reference, request)
-        assert reply == (text, tokens, FINISH[finish])
+    replies, before, after = run_together(draft_model_server, together, requests)
+    assert_replies_alone(reference, requests, replies)
     in_slots = sum(value - before.get(key, 0) for key, value in after.items()
                    if key[0] == "edge_slot_replies_total" and key[1] != (("slot", "engine"),))
     assert in_slots == 3  # none waited for the engine's loop, one at a time

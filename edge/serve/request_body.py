@@ -70,7 +70,10 @@ def json_object(raw: bytes) -> dict:
     """The body as a JSON object; anything else is a 400."""
     try:
         data = json.loads(raw, parse_constant=refuse_constant)
-    except (ValueError, RecursionError) as error:
+    except RecursionError:
+        raise ApiError(400, "the request body nests arrays or objects deeper than any request needs (Python's JSON "
+                       "reader stops at about 1,000 levels); send a flatter JSON object", code="invalid_json") from None
+    except ValueError as error:
         raise ApiError(400, f"the request body is not valid JSON ({error}); send a JSON object",
                        code="invalid_json") from None
     if not isinstance(data, dict):

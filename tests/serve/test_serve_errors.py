@@ -150,6 +150,11 @@ def test_an_oversized_body_is_a_413(server):
         assert_openai_error(post(small, TEXT, {"prompt": "x" * 2000}), 413)
 
 
+def test_json_nested_past_the_readers_limit_is_named_so(server):
+    error = assert_openai_error(post(server, CHAT, "[" * 100_000 + "]" * 100_000), 400)
+    assert "nests arrays or objects deeper" in error["message"] and "recursion" not in error["message"]
+
+
 def test_the_server_answers_after_every_refusal(server):
     reply = post(server, TEXT, {"prompt": "The json module", "max_tokens": 3})
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3

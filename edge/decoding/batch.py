@@ -17,7 +17,10 @@ or another with the same system prompt), copied into its own region rather than 
 sequence runs alone, so a greedy reply is token for token the one plain decoding gives, and a seeded sampled one
 the same reply as alone (its own generator, penalty and history). A sequence with a drafter adds its verify rows
 (its last token and its draft) to the pass and keeps what its own verification accepts (edge/decoding/verify.py),
-so each sequence's acceptance is its own; greedy replies stay those of plain decoding.
+so each sequence's acceptance is its own; greedy replies stay those of plain decoding. With `drafting_limit`, a pass
+that carries more decoding sequences than that drafts for none of its greedy ones (each row then costs about what a
+draft row would, and a rejected draft row is lost work; the reply is the same either way); a sampled one always
+drafts, so that its seed's reply never depends on the others.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class SequenceBatch:
     context: int
     prefill_chunk: int = PREFILL_CHUNK
     max_rows: int = MAX_ROWS
+    drafting_limit: int | None = None  # a pass with more decoding sequences than this drafts for none (None: all)
     sequences: list[Sequence] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -138,8 +142,10 @@ class SequenceBatch:
         for each token chosen, in order."""
         plan = []  # (sequence, first token index, rows' tokens, draft) of the rows each sequence adds
         decoding = [sequence for sequence in self.running if len(sequence.tokens) - sequence.cached == 1]
+        drafting = self.drafting_limit is None or len(decoding) <= self.drafting_limit
         for sequence in decoding:  # first: a decode step never waits for someone else's prompt
-            draft = self._draft(sequence)
+            # a sampled sequence drafts whatever else runs: its seed's reply must not depend on the others
+            draft = self._draft(sequence) if drafting or not sequence.params.greedy else Draft(tokens=[])
             plan.append((sequence, sequence.cached, sequence.tokens[-1:] + draft.tokens, draft))
         room = self.max_rows - sum(len(rows) for _, _, rows, _ in plan)
         for sequence in self.running:

@@ -13,7 +13,9 @@ reasons and the stats.
 A reply here runs without a grammar (the engine's own loop runs those). Where the engine's drafter has no weights or
 cache of its own (ngram, retrieval: a drafter with `fresh()`), a reply that speculates drafts with its own copy of
 it, and its verify rows (its last token and up to the engine's draft length of drafted ones) ride in the same pass
-as everyone else's rows; its acceptance is its own. Else it decodes plainly, one row a pass. Its stats count the
+as everyone else's rows; its acceptance is its own. It drafts only in a pass where it is the one reply decoding
+(DRAFTING_LIMIT): beside others, a draft's rows cost what their rows would, and a rejected draft is lost work. Else it
+decodes plainly, one row a pass. Its stats count the
 passes it took part in: `prefill_s` the ones until its first token, each later pass as one decode step.
 
 A slot keeps the keys and values of the last reply it ran (SequenceBatch): a new reply starts from the longest prefix
@@ -40,6 +42,12 @@ from edge.events import Event, Stats
 from edge.kernels.runner import FUSED_CHUNK
 from edge.model.kernel_glue import ModelTensors
 from edge.model.transformer import Transformer
+
+
+# A pass drafts only for a reply decoding alone in it: on the default model served to 4 clients, drafting in every
+# pass made 0.86x the tokens/s of plain slots (158 against 183), while one client drafting alone made 1.15x (121
+# against 105; docs/benchmarks.md, "Several clients at once")
+DRAFTING_LIMIT = 1
 
 
 def batch_rows(engine: Engine) -> int:
@@ -104,7 +112,7 @@ class BatchedReplies:
         self.draft_length = max(0, min(wanted, rows // slots - 1)) if self._drafts_per_slot(engine) else 0
         chunk = max(1, min(PREFILL_CHUNK, rows // slots))  # a prompt's chunk leaves the others' steps light
         self.batch = SequenceBatch(engine.model, regions=slots, context=engine.max_context, prefill_chunk=chunk,
-                                   max_rows=rows)
+                                   max_rows=rows, drafting_limit=DRAFTING_LIMIT)
         self.replies: dict[Sequence, BatchedReply] = {}
         self.last_size = 0  # sequences in the last pass
 

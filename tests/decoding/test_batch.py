@@ -153,3 +153,39 @@ def test_batched_replies_are_the_replies_alone_on_every_cpu_path(llama_dir, tmp_
                                      repeat_last_n=8, loop_stop=0), path
         drafted = drafting_batch(engine, SamplingParams(temperature=0), 3, PROMPTS[:3], 12)
         assert [sequence.generated for sequence in drafted] == [greedy(engine, p, 12) for p in PROMPTS[:3]], path
+
+
+def test_with_a_drafting_limit_greedy_sequences_draft_only_alone_and_sampled_ones_always(engine):
+    """drafting_limit=1 (edge-serve's slots): a pass with two greedy sequences decoding drafts for neither; replies stay
+    plain decoding's, and a seeded sampled sequence (which always drafts) replies as it does alone."""
+    from edge.decoding.drafters.base import Draft
+    from edge.decoding.drafters.ngram import NGramDrafter
+
+    class Repeating:  # proposes its last token again and again: a draft every step, mostly rejected
+        name = "repeating"
+
+        def propose(self, tokens, k, sampler):
+            return Draft(tokens=[tokens[-1]] * k)
+
+        def observe(self, accepted, drafted, step_s=0.0):
+            pass
+
+    prompts, repeating = [[9, 9, 9, 9, 9, 9], PROMPTS[0]], PROMPTS[3]
+    sampled = SamplingParams(temperature=0.9, seed=4, repetition_penalty=1.2, repeat_last_n=16)
+    batch = SequenceBatch(engine.model, regions=3, context=128, prefill_chunk=16, drafting_limit=1)
+    first, second = [batch.add(prompt, SamplingParams(temperature=0), 24, drafter=NGramDrafter(), draft_length=3)
+                     for prompt in prompts]
+    seeded = batch.add(repeating, sampled, 20, drafter=Repeating(), draft_length=3)
+    while not (first.generated and second.generated):  # both prompts run
+        batch.step()
+    for _ in range(4):  # both decoding: neither drafts
+        batch.step()
+    assert first.drafted == second.drafted == 0
+    while batch.running:
+        batch.step()
+    assert [first.generated, second.generated] == [greedy(engine, prompt, 24) for prompt in prompts]
+    alone = SequenceBatch(engine.model, regions=1, context=128, prefill_chunk=16)
+    own = alone.add(repeating, sampled, 20, drafter=Repeating(), draft_length=3)
+    while alone.running:
+        alone.step()
+    assert seeded.generated == own.generated and seeded.drafted == own.drafted > 0

@@ -140,21 +140,7 @@ class SequenceBatch:
         """One fused pass over every running sequence's pending rows (a prompt's chunk, or its last token and its
         draft); each sequence whose pass reached its last token chooses what comes next. Returns (sequence, token)
         for each token chosen, in order."""
-        plan = []  # (sequence, first token index, rows' tokens, draft) of the rows each sequence adds
-        decoding = [sequence for sequence in self.running if len(sequence.tokens) - sequence.cached == 1]
-        drafting = self.drafting_limit is None or len(decoding) <= self.drafting_limit
-        for sequence in decoding:  # first: a decode step never waits for someone else's prompt
-            # a sampled sequence drafts whatever else runs: its seed's reply must not depend on the others
-            draft = self._draft(sequence) if drafting or not sequence.params.greedy else Draft(tokens=[])
-            plan.append((sequence, sequence.cached, sequence.tokens[-1:] + draft.tokens, draft))
-        room = self.max_rows - sum(len(rows) for _, _, rows, _ in plan)
-        for sequence in self.running:
-            if sequence in decoding or room <= 0:
-                continue
-            count = min(len(sequence.tokens) - sequence.cached, self.prefill_chunk, room)  # a chunk of its prompt
-            plan.append((sequence, sequence.cached, sequence.tokens[sequence.cached:sequence.cached + count],
-                         Draft(tokens=[])))
-            room -= count
+        plan = self._plan()
         if not plan:
             return []
         tokens, slots, firsts = [], [], []
@@ -197,6 +183,27 @@ class SequenceBatch:
         for sequence, _, _, _ in plan:
             self.held[sequence.region] = sequence.tokens[:sequence.cached]
         return chosen
+
+    def _plan(self) -> list[tuple[Sequence, int, list[int], Draft]]:
+        """(sequence, first token index, rows' tokens, draft) of the rows each running sequence adds to the pass: the
+        decoding ones first (a decode step never waits for someone else's prompt), then prompt chunks in the room
+        left."""
+        plan = []
+        decoding = [sequence for sequence in self.running if len(sequence.tokens) - sequence.cached == 1]
+        drafting = self.drafting_limit is None or len(decoding) <= self.drafting_limit
+        for sequence in decoding:
+            # a sampled sequence drafts whatever else runs: its seed's reply must not depend on the others
+            draft = self._draft(sequence) if drafting or not sequence.params.greedy else Draft(tokens=[])
+            plan.append((sequence, sequence.cached, sequence.tokens[-1:] + draft.tokens, draft))
+        room = self.max_rows - sum(len(rows) for _, _, rows, _ in plan)
+        for sequence in self.running:
+            if sequence in decoding or room <= 0:
+                continue
+            count = min(len(sequence.tokens) - sequence.cached, self.prefill_chunk, room)  # a chunk of its prompt
+            plan.append((sequence, sequence.cached, sequence.tokens[sequence.cached:sequence.cached + count],
+                         Draft(tokens=[])))
+            room -= count
+        return plan
 
     def _draft(self, sequence: Sequence) -> Draft:
         """The sequence's draft for this step: at most draft_length tokens, never past its token budget or region."""

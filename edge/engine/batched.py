@@ -15,8 +15,8 @@ cache of its own (ngram, retrieval: a drafter with `fresh()`), a reply that spec
 it, and its verify rows (its last token and up to the engine's draft length of drafted ones) ride in the same pass
 as everyone else's rows; its acceptance is its own. It drafts only in a pass where it is the one reply decoding
 (DRAFTING_LIMIT): beside others, a draft's rows cost what their rows would, and a rejected draft is lost work. Else it
-decodes plainly, one row a pass. Its stats count the
-passes it took part in: `prefill_s` the ones until its first token, each later pass as one decode step.
+decodes plainly, one row a pass. Its stats count the passes it took part in: `prefill_s` the ones until its first
+token, each later pass as one decode step.
 
 A slot keeps the keys and values of the last reply it ran (SequenceBatch): a new reply starts from the longest prefix
 of its prompt any slot holds and prefills only the rest, so a conversation's next turn, or a prompt that opens with
@@ -46,7 +46,8 @@ from edge.model.transformer import Transformer
 
 # A pass drafts only for a reply decoding alone in it: on the default model served to 4 clients, drafting in every
 # pass made 0.86x the tokens/s of plain slots (158 against 183), while one client drafting alone made 1.15x (121
-# against 105; docs/benchmarks.md, "Several clients at once")
+# against 105). With this rule one round still measured 0.82x (166 against 202): the rest of that loss is not the
+# draft rows and is not found yet (docs/benchmarks.md, "Several clients at once")
 DRAFTING_LIMIT = 1
 
 

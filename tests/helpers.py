@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 from pathlib import Path
 from typing import Sequence
 
@@ -51,3 +52,9 @@ def greedy_text(model: Engine | str | Path, prompt: str | Sequence[int] | Sequen
                 max_new_tokens: int = 48, **options) -> str:
     """The text of `greedy_events`, as a front end shows it."""
     return "".join(event.text for event in greedy_events(model, prompt, max_new_tokens, **options))
+
+
+def sigint_as_from_a_terminal() -> None:
+    """preexec_fn of a child a test stops with SIGINT: a shell's background job (CI started with `&`) hands its
+    children SIGINT ignored, where a user's Ctrl+C reaches a program with the default handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

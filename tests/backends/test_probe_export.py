@@ -21,6 +21,7 @@ from edge.errors import TokenizerError  # noqa: E402
 from edge.export.bundle import ExportOptions, export_bundle  # noqa: E402
 from edge.export.cli import main as export_main  # noqa: E402
 from edge.export.vocab_trim import count_generated  # noqa: E402
+from tests.helpers import sigint_as_from_a_terminal  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}: {{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant: {% endif %}")
@@ -112,7 +113,7 @@ def test_ctrl_c_in_the_first_seconds_is_one_line_and_exit_130(llama_dir, tmp_pat
     output = tmp_path / "b"
     child = subprocess.Popen([sys.executable, "-m", "edge.export.cli", str(llama_dir), "-o", str(output), "--quiet"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             preexec_fn=sigint_as_from_a_terminal)
     maps, deadline = Path(f"/proc/{child.pid}/maps"), time.monotonic() + 60
     while "libtorch" not in maps.read_text() and time.monotonic() < deadline:  # inside main(), importing torch
         time.sleep(0.01)

@@ -24,6 +24,7 @@ serve = pytest.importorskip("ray.serve", reason="the cluster extra is not instal
 
 from edge.serve.ray_deploy import APPLICATION  # noqa: E402
 from edge.sources.builtin import builtin_model_path  # noqa: E402
+from tests.helpers import sigint_as_from_a_terminal  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Ray cluster and three model loads: about a minute on 2 cores
 
@@ -70,7 +71,7 @@ def server(cluster, tmp_path_factory) -> str:
     command = [sys.executable, "-m", "edge.serve.cli", str(builtin_model_path()), "--ray", cluster.address,
                "--replicas", "2", "--threads", "1", "--port", str(port)]
     with open(log, "w") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=sigint_as_from_a_terminal)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_replies(url, process, log)

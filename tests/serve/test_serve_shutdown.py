@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from edge.sources.builtin import builtin_model_path
+from tests.helpers import sigint_as_from_a_terminal
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("sig, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
 def test_a_signal_ends_open_streams_with_an_error_event_and_exits_at_once(sig, exit_code):
     server = subprocess.Popen([sys.executable, "-m", "edge.serve.cli", str(builtin_model_path()), "--port", "0",
-                               "--drafter", "none"], stderr=subprocess.PIPE, text=True)
+                               "--drafter", "none"], stderr=subprocess.PIPE, text=True,
+                              preexec_fn=sigint_as_from_a_terminal)
     log: list[str] = []
     reader = threading.Thread(target=lambda: log.extend(iter(server.stderr.readline, "")), daemon=True)
     reader.start()

@@ -13,6 +13,7 @@ import pytest
 from edge import Engine
 from edge.text import chat_template
 from edge.sources.builtin import builtin_model_path
+from tests.helpers import sigint_as_from_a_terminal
 from edge.text.chat_template import ChatTemplate, TemplateLimitError
 from edge.serve.app import ServeConfig
 from edge.serve.background import BackgroundServer
@@ -220,7 +221,8 @@ def test_a_signal_during_a_render_is_handled_at_once(tmp_path, signum, status):
     script = tmp_path / "render.py"
     script.write_text(RENDER_UNTIL_SIGNALLED)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    process = subprocess.Popen([sys.executable, str(script), NESTED_DOUBLING], stdout=subprocess.PIPE, env=env)
+    process = subprocess.Popen([sys.executable, str(script), NESTED_DOUBLING], stdout=subprocess.PIPE, env=env,
+                               preexec_fn=sigint_as_from_a_terminal)
     try:
         assert process.stdout.readline() == b"rendering\n"
         deadline = time.monotonic() + 30

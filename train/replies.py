@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     turns = requests(args.corpus, args.requests, args.count, args.seed, args.task_seed)
+    if args.out.is_file() and len(finished_lines(args.out)) == len(turns):  # a pipeline run again after a later step
+        print(f"{args.out} already holds these {len(turns)} replies (delete it to write them again)", file=sys.stderr)
+        return 0
     partial = args.out.with_name(args.out.name + ".tmp")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = finished_lines(partial)  # an interrupted run goes on where it stopped (the order is seeded)

@@ -78,6 +78,11 @@ def test_an_interrupted_replies_run_goes_on_where_it_stopped(tuning_inputs, llam
     assert len(answered) == 4  # the two complete replies were kept, the cut one answered again
     assert out.read_text() == complete.read_text()
 
+    answered.clear()  # the pipeline run again (after its training step was interrupted): the replies are kept
+    assert replies.main(["--target", str(llama_dir), "--corpus", str(root / "corpus"), "--out", str(out),
+                         "--count", "6", "--max-new-tokens", "6", "--threads", "1"]) == 0
+    assert answered == [] and out.read_text() == complete.read_text()
+
 
 def tiny_drafter(target_dir, folder):
     from transformers import AutoModelForCausalLM

@@ -7,6 +7,7 @@ paragraphs. Each family's checkpoint is built once per test session.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -61,6 +62,14 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
 }
 # Tiny models gain nothing from threads, and with other work on the machine extra OpenMP threads only spin.
 torch.set_num_threads(1)
+
+# Each test runs on one thread, so the suite runs in processes (pytest-xdist, `-n auto` in pyproject.toml): one per
+# core, at most 4 (each builds its own session fixtures; more would mostly repeat that work). `-n 0` runs in one.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1)

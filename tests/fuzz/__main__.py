@@ -27,7 +27,7 @@ def run_target(name: str, seconds: float) -> bool:
         record = Path(folder) / "example.txt"
         environment = {**os.environ, "EDGE_FUZZ_SECONDS": str(seconds), "EDGE_FUZZ_RECORD": str(record),
                        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rxX", "-p", "no:cacheprovider",
+        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rxX", "-p", "no:cacheprovider", "-n", "0",
                                 str(Path(__file__).parent / TARGETS[name])], cwd=ROOT, env=environment)
         last = record.read_text() if record.is_file() else ""
     if last.strip():

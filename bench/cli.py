@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{QUICK['max_new_tokens']} tokens, {QUICK['repeats']} pass, interleaved (one process, "
                              "one load), plain decoding against the model's default drafter; flags given as well "
                              "override these")
+    parser.add_argument("--one-per-category", action="store_true",
+                        help=f"suite: only the first prompt of each category ({len(quick_prompts())} of "
+                             f"{len(PROMPTS)}, as --quick runs), with the other sizes as given")
     parser.add_argument("--background-load", type=int, default=0, metavar="N",
                         help="run N busy processes (one spinning core each) beside every runtime while it is measured, "
                              "as a laptop's other work does (default: 0, a quiet machine)")
@@ -269,7 +272,7 @@ def run_suite(args: argparse.Namespace, argv: list[str] | None) -> int:
     except EdgeError as error:
         print(f"edge-bench: error: {error}", file=sys.stderr)
         return 2
-    prompts = quick_prompts() if args.quick else list(range(len(PROMPTS)))
+    prompts = quick_prompts() if args.quick or args.one_per_category else list(range(len(PROMPTS)))
     print(f"edge-bench: {', '.join(suite.label(m, d) for m, d in edge_runs + peers)} on {len(prompts)} prompts, "
           f"{args.max_new_tokens} tokens each, {args.repeats} pass(es)", file=sys.stderr)
     if args.interleave:

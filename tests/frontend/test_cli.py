@@ -205,7 +205,8 @@ def test_bench_llama_cpp_peer_matches_edge_precision_and_says_what_is_missing(ll
 def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bench.cli", str(llama_dir), "--methods", "ar,ngram",  # early-exit: the next test
-         "--draft-lengths", "adaptive,2", "--max-new-tokens", "8", "--repeats", "2", "--out", str(tmp_path)],
+         "--one-per-category", "--draft-lengths", "adaptive,2", "--max-new-tokens", "8", "--repeats", "2",
+         "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -225,7 +226,8 @@ def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_
 def test_bench_suite_interleaves_methods_prompt_by_prompt(llama_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bench.cli", str(llama_dir), "--methods", "ar,early-exit:1",  # ngram: the test above
-         "--draft-lengths", "2", "--max-new-tokens", "8", "--repeats", "3", "--interleave", "--out", str(tmp_path)],
+         "--one-per-category", "--draft-lengths", "2", "--max-new-tokens", "8", "--repeats", "3", "--interleave",
+         "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -311,8 +313,8 @@ def test_every_edge_bench_and_edge_chat_option_has_help():
 def test_bench_suite_interleaves_the_peers_with_the_same_draft_model(llama_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bench.cli", str(llama_dir), "--methods", f"ar,draft:{llama_dir}",
-         "--draft-lengths", "2", "--max-new-tokens", "6", "--repeats", "1", "--interleave", "--peers", "transformers",
-         "--out", str(tmp_path)],
+         "--one-per-category", "--draft-lengths", "2", "--max-new-tokens", "6", "--repeats", "1", "--interleave",
+         "--peers", "transformers", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr

@@ -22,6 +22,8 @@ import mmap
 import struct
 from pathlib import Path
 
+from gguf import GGMLQuantizationType
+
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)  # what the gguf package reads
 MAX_ARRAY_ITEMS = 1 << 21  # 2,097,152: eight times the largest vocabulary in use (Gemma 3's 262,144)
@@ -31,6 +33,7 @@ MAX_DIMENSIONS = 4  # GGML_MAX_DIMS
 MAX_NESTING = 2  # an array of arrays at most (GGUF allows it; no model file nests deeper)
 SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType -> bytes
 STRING, ARRAY = 8, 9
+TENSOR_TYPES = frozenset(kind.value for kind in GGMLQuantizationType)
 
 
 class HeaderError(ValueError):
@@ -125,7 +128,10 @@ def _walk(data) -> None:
         if not 1 <= dimensions <= MAX_DIMENSIONS:
             raise HeaderError(f"tensor {name} has {dimensions:,} dimensions (1 to {MAX_DIMENSIONS})")
         walk.skip(8 * dimensions, f"tensor {name}'s shape")
-        walk.number("I", f"tensor {name}'s type")
+        kind = walk.number("I", f"tensor {name}'s type")
+        if kind not in TENSOR_TYPES:
+            raise HeaderError(f"tensor {name} has type code {kind:,}, which GGUF does not define (a damaged header, "
+                              "or a type newer than this gguf package)")
         walk.number("Q", f"tensor {name}'s offset")
 
 

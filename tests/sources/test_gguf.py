@@ -572,3 +572,19 @@ def test_an_array_longer_than_any_vocabulary_is_refused(llama_dir, tmp_path, mon
     monkeypatch.setattr(gguf_header, "MAX_ARRAY_ITEMS", 100)  # the file's vocabulary holds 320
     with pytest.raises(CheckpointError, match=r"tokenizer.ggml.tokens claims 320 items, past any model's 100"):
         Engine.load(gguf)
+
+
+def test_a_tensor_type_gguf_does_not_define_is_named_without_numpy_reprs(llama_dir, tmp_path):
+    """It showed the reader's "np.uint32(99) is not a valid GGMLQuantizationType"."""
+    from tests.fuzz.gguf_fields import header_fields
+
+    gguf = write_gguf(llama_dir, tmp_path / "type.gguf", "f32")
+    data = bytearray(gguf.read_bytes())
+    field = next(field for field in header_fields(bytes(data)) if field.name == "tensor token_embd.weight type")
+    data[field.offset:field.offset + 4] = (99).to_bytes(4, "little")
+    gguf.write_bytes(data)
+    with pytest.raises(CheckpointError) as caught:
+        Engine.load(gguf)
+    message = str(caught.value)
+    assert "tensor token_embd.weight has type code 99, which GGUF does not define" in message, message
+    assert "np." not in message and "\n" not in message

@@ -111,8 +111,8 @@ def _walk(data) -> None:
     if version > 255:
         raise HeaderError(f"its version field reads {version:,}: the header is damaged")
     if version not in SUPPORTED_VERSIONS:
-        raise HeaderError(f"it is GGUF version {version}; edge reads versions 2 and 3 (convert it again with a "
-                          "current llama.cpp)")
+        raise HeaderError(f"it is GGUF version {version}; edge reads versions 2 and 3, which current llama.cpp "
+                          "writes")
     tensors = walk.number("Q", "the tensor count")
     keys = walk.number("Q", "the metadata count")
     if tensors > MAX_TENSORS:

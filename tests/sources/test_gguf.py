@@ -588,3 +588,14 @@ def test_a_tensor_type_gguf_does_not_define_is_named_without_numpy_reprs(llama_d
     message = str(caught.value)
     assert "tensor token_embd.weight has type code 99, which GGUF does not define" in message, message
     assert "np." not in message and "\n" not in message
+
+
+def test_a_gguf_version_edge_does_not_read_is_named_with_the_versions_it_reads(llama_dir, tmp_path):
+    gguf = write_gguf(llama_dir, tmp_path / "v1.gguf", "f32")
+    data = bytearray(gguf.read_bytes())
+    data[4:8] = (1).to_bytes(4, "little")
+    gguf.write_bytes(data)
+    with pytest.raises(CheckpointError) as caught:
+        Engine.load(gguf)
+    assert str(caught.value) == (f"{gguf} is not a readable GGUF file (it is GGUF version 1; edge reads versions 2 "
+                                 "and 3, which current llama.cpp writes); download it again")

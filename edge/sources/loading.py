@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import re
 import struct
 from pathlib import Path
 
@@ -348,8 +349,30 @@ def check_checkpoint(folder: str | Path, config: ModelConfig | None = None) -> M
     reported by its first problem."""
     config = config if config is not None else ModelConfig.from_dir(folder)
     if gguf_index(folder) is None:
-        weight_files(Path(folder))
+        _check_layer_count(Path(folder), config, weight_files(Path(folder)))
     return config
+
+
+LAYER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _check_layer_count(folder: Path, config: ModelConfig, files: list[Path]) -> None:
+    """config.json's layer count against the layers the weights' headers name: a damaged count (a billion layers)
+    would have the load build names, shapes and modules for each before any weight was missed."""
+    names: list[str] = []
+    for path in files:
+        try:
+            with path.open("rb") as handle:
+                names += [name for name in _read_header(handle, path, path.stat().st_size)[1] if name != "__metadata__"]
+        except OSError as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    layers = {int(found[1]) for name in names if (found := LAYER_NAME.search(name))}
+    if layers and config.num_layers > len(layers):
+        raise CheckpointError(f"{folder / 'config.json'} says num_hidden_layers {config.num_layers:,}, but the weights "
+                              f"hold {len(layers):,} layers; fix the file, or download the checkpoint's config.json "
+                              "again")
 
 
 def load_model(

@@ -135,3 +135,16 @@ def test_a_wrong_shape_in_the_mlp_names_its_own_tensor(copy):
     tensors[name] = tensors[name][:-8].contiguous()
     save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
     one_line(load_error(copy), repr(name), str(tuple(tensors[name].shape)))
+
+
+@pytest.mark.parametrize("budget", [None, "1GB"])
+def test_a_config_claiming_a_billion_layers_is_one_line_before_anything_is_built(llama_dir, tmp_path, budget):
+    """It built names, shapes and modules for each claimed layer: 10 GB resident and climbing after two minutes."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(llama_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] = 10**9
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as raised:
+        Engine.load(folder, memory_budget=budget)
+    one_line(str(raised.value), "num_hidden_layers 1,000,000,000, but the weights hold 3 layers", "config.json")

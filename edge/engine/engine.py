@@ -31,6 +31,7 @@ from edge.engine.prompts import check_prompt
 from edge.engine.reply import Reply, decoding_strategy
 from edge.errors import EngineBusyError
 from edge.events import Event, Stats
+from edge.kernels.openmp_teams import release_thread_team
 from edge.load_spec import DEFAULT_MAX_CONTEXT, DraftModelOptions, LoadSpec
 from edge.model.static_step import MAX_ROWS, static_steps
 from edge.model.transformer import Transformer
@@ -94,7 +95,9 @@ class Engine:
     def from_spec(cls, spec: LoadSpec, *, progress: Progress | None = None) -> "Engine":
         """Load what `spec` names (edge/engine/loader.py); `engine.spec` is the spec it loaded (after the memory
         plan, when it had a budget)."""
-        return load_engine(spec, progress, engine_class=cls)
+        engine = load_engine(spec, progress, engine_class=cls)
+        release_thread_team()  # replies may run on another thread (edge/kernels/openmp_teams.py)
+        return engine
 
     def use_drafter(self, drafter: "str | DrafterSpec | Drafter | None", draft_length: int | str = "adaptive", *,
                     dtype: str | None = None, draft_vocab: "str | Path | torch.Tensor | None" = None,
@@ -230,3 +233,4 @@ class Engine:
             yield from reply.events(tokens, step, stats)
         finally:
             self._busy.release()
+            release_thread_team()  # the next reply may run on another thread (edge/kernels/openmp_teams.py)

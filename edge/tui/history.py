@@ -64,8 +64,11 @@ class Conversation:
     def from_json(cls, data: dict) -> "Conversation":
         if not isinstance(data, dict):
             raise ValueError(f"it holds a JSON {type(data).__name__}, not an edge-chat conversation (an object)")
-        if data.get("format_version") != FORMAT_VERSION or not isinstance(data.get("messages"), list):
-            raise ValueError("not an edge-chat conversation (format_version 1)")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"its format_version is {data.get('format_version')!r}, not {FORMAT_VERSION}: not an "
+                             "edge-chat conversation, or one from another edge version")
+        if not isinstance(data.get("messages"), list):
+            raise ValueError("it has no list of messages: not an edge-chat conversation")
         fields = {key: value for key, value in data.items() if key in FIELD_TYPES}
         for key, value in fields.items():
             if not isinstance(value, FIELD_TYPES[key]) or isinstance(value, bool):

@@ -62,7 +62,9 @@ def test_a_file_over_the_size_limit_is_listed_with_its_size(store):
     ("[" * 100_000 + "]" * 100_000, "its JSON is nested more than 64 deep"),
     ('{"a": ' * 100_000 + "1" + "}" * 100_000, "its JSON is nested more than 64 deep"),
     ("\xff\xfe", "it is not UTF-8 text"),
-], ids=["empty-list", "number", "deep-lists", "deep-objects", "not-utf8"])
+    ('{"id": "x", "messages": []}', "its format_version is None, not 1: not an edge-chat conversation"),
+    ('{"format_version": 1, "messages": "no"}', "it has no list of messages"),
+], ids=["empty-list", "number", "deep-lists", "deep-objects", "not-utf8", "no-version", "no-messages"])
 def test_a_file_holding_no_chat_is_listed_with_the_reason(store, content, reason):
     (store.root / "odd.json").write_bytes(content.encode("latin-1"))
     chats = listed_within(store)

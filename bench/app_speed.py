@@ -46,11 +46,11 @@ def app_speed(edge_chat: list[str], prompt: str, options: list[str], size: tuple
     """tokens/s the app measured for one reply in a tmux window of `size` (read from the chat it saved)."""
     data_dir = Path(tempfile.mkdtemp(prefix="edge-app-speed-"))
     window = f"edge-app-speed-{time.monotonic_ns()}"
-    command = " ".join(["env", f"EDGE_DATA_DIR={data_dir}", *map(_quote, [*edge_chat, *options])])
+    command = " ".join(["env", f"EDGE_DATA_DIR={data_dir}", *map(shell_quote, [*edge_chat, *options])])
     subprocess.run(["tmux", "new-session", "-d", "-s", window, "-x", str(size[0]), "-y", str(size[1]), command],
                    check=True)
     try:
-        _wait(lambda: READY_TEXT in _screen(window), 120, "the app to load")
+        _wait(lambda: READY_TEXT in screen_text(window), 120, "the app to load")
         time.sleep(1.0)  # the loading screen's last frame and the first chat frame drawn
         subprocess.run(["tmux", "send-keys", "-t", window, "-l", prompt], check=True)
         subprocess.run(["tmux", "send-keys", "-t", window, "Enter"], check=True)
@@ -72,7 +72,7 @@ def _saved_reply(data_dir: Path) -> dict | None:
     return None
 
 
-def _screen(window: str) -> str:
+def screen_text(window: str) -> str:
     return subprocess.run(["tmux", "capture-pane", "-t", window, "-p"], capture_output=True, text=True).stdout
 
 
@@ -86,7 +86,7 @@ def _wait(ready, timeout_s: float, what: str):
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def _quote(text: str) -> str:
+def shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 

@@ -29,9 +29,8 @@ def _pause_resource_all():
             runtime = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
         except OSError:
             continue
-        pause = getattr(runtime, "omp_pause_resource_all", None)
+        pause = getattr(runtime, "omp_pause_resource_all", None)  # int (int kind): ctypes' default call suits it
         if pause is not None:
-            pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
             return pause
     return None
 
@@ -40,4 +39,4 @@ def release_thread_team() -> None:
     """Release the calling thread's OpenMP team (outside any parallel region; a no-op without a runtime)."""
     pause = _pause_resource_all()
     if pause is not None:
-        pause(OMP_PAUSE_SOFT)
+        pause(ctypes.c_int(OMP_PAUSE_SOFT))

@@ -9,6 +9,8 @@ EDGE_REQUIRE_AARCH64=1, which CI sets so that a missing toolchain fails instead 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -38,12 +40,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing, reason="needs gcc-aa
 
 @pytest.fixture(scope="module", params=list(FLAGS))
 def driver(request, tmp_path_factory) -> tuple[str, Path]:
-    folder = tmp_path_factory.mktemp("aarch64")
-    program = folder / f"kernel-driver-{request.param}"
+    """The driver built for one flavour, once for all of a run's test processes (pytest-xdist's workers each take
+    tests of both flavours): kept beside their temporary folders under the hash of what it is built from."""
     flags = [flag for flag in cpu_paths.COMMON_FLAGS if flag not in ("-fPIC", "-shared")]  # a program, not a library
     flags += [FLAGS[request.param], f"-I{cpu_paths.SOURCE_DIR}"]
     sources = [*cpu_paths.sources(), DRIVER]
+    inputs = sorted({*sources, *Path(cpu_paths.SOURCE_DIR).glob("*.h")})
+    digest = hashlib.sha256(repr((CROSS, flags)).encode() + b"".join(path.read_bytes() for path in inputs))
+    folder = tmp_path_factory.getbasetemp().parent / f"aarch64-driver-{request.param}-{digest.hexdigest()[:16]}"
+    folder.mkdir(exist_ok=True)
+    program = folder / f"kernel-driver-{request.param}"
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process building it: wait for its program
+        if not program.is_file():
+            build_driver(folder, program, flags, sources)
+    return request.param, program
 
+
+def build_driver(folder: Path, program: Path, flags: list[str], sources: list[Path]) -> None:
     def compile_one(source: Path) -> Path:  # each file on its own core: a whole -O3 cross build is a minute of CPU
         target = folder / f"{source.stem}.o"
         subprocess.run([CROSS, *flags, "-c", str(source), "-o", str(target)], check=True, timeout=600)
@@ -51,8 +65,9 @@ def driver(request, tmp_path_factory) -> tuple[str, Path]:
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         objects = list(pool.map(compile_one, sources))
-    subprocess.run([CROSS, *flags, *map(str, objects), "-o", str(program), "-lm"], check=True, timeout=600)
-    return request.param, program
+    partial = program.with_suffix(".partial")
+    subprocess.run([CROSS, *flags, *map(str, objects), "-o", str(partial), "-lm"], check=True, timeout=600)
+    partial.rename(program)  # whole or absent
 
 
 def run(program: Path, arguments: list, payload: list[torch.Tensor], outputs: int) -> tuple[str, torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from edge import activity
@@ -41,9 +42,17 @@ def stop(*processes: subprocess.Popen) -> None:
         process.wait()
 
 
-def test_a_kernel_build_counts_at_once_and_an_idle_command_does_not(tmp_path):
+def seeing_only(monkeypatch, *processes: subprocess.Popen) -> None:
+    """other_edge_work sees these processes alone: the suite's other test processes run real edge commands."""
+    pids, every = {process.pid for process in processes}, psutil.process_iter
+    monkeypatch.setattr(psutil, "process_iter", lambda *args, **kwargs: (
+        process for process in every(*args, **kwargs) if process.pid in pids))
+
+
+def test_a_kernel_build_counts_at_once_and_an_idle_command_does_not(tmp_path, monkeypatch):
     build = subprocess.Popen([sys.executable, "-c", SLEEPER, "/src/edge/kernels/csrc/layers.c"])
     idle = script(tmp_path, "edge-serve", SLEEPER)
+    seeing_only(monkeypatch, build, idle)
     try:
         found = activity.other_edge_work(sample_s=0.3)
         assert activity.KERNEL_BUILD in found and "edge-serve" not in found
@@ -51,8 +60,9 @@ def test_a_kernel_build_counts_at_once_and_an_idle_command_does_not(tmp_path):
         stop(build, idle)
 
 
-def test_a_busy_edge_command_counts_until_it_ends(tmp_path):
+def test_a_busy_edge_command_counts_until_it_ends(tmp_path, monkeypatch):
     spinner = script(tmp_path, "edge-export", SPINNER)
+    seeing_only(monkeypatch, spinner)
     try:
         assert "edge-export" in activity.other_edge_work(sample_s=0.3)
     finally:

@@ -8,7 +8,7 @@ decodes on its generation thread; the chat app's workers are a thread pool's and
 55-65% of its speed on 2 cores. So a thread releases its team when it finishes a load or a reply; the next parallel
 region, on whichever thread, builds one again (a thread created: microseconds).
 
-    release_thread_team()      # the calling thread's team, where an OpenMP runtime is loaded; else nothing
+    release_thread_team()      # the calling thread's team, where libgomp is loaded; else nothing
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import functools
 import os
 
 OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: threads released, state kept
-RUNTIMES = ("libgomp.so.1", "libomp.so", "libiomp5.so")  # GCC's (torch's wheels), LLVM's, Intel's
+# GCC's (torch's Linux wheels): its pause frees the calling thread's team alone. LLVM's and Intel's pause their whole
+# runtime, every thread's team, which another thread may be using: left alone.
+RUNTIMES = ("libgomp.so.1",)
 
 
 @functools.cache
 def _pause_resource_all():
-    """The loaded OpenMP runtime's omp_pause_resource_all (OpenMP 5.0), or None; never loads a runtime itself."""
+    """The loaded libgomp's omp_pause_resource_all (OpenMP 5.0), or None; never loads a runtime itself."""
     for name in RUNTIMES:
         try:
             runtime = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
@@ -36,7 +38,7 @@ def _pause_resource_all():
 
 
 def release_thread_team() -> None:
-    """Release the calling thread's OpenMP team (outside any parallel region; a no-op without a runtime)."""
+    """Release the calling thread's OpenMP team (outside any parallel region; a no-op without libgomp)."""
     pause = _pause_resource_all()
     if pause is not None:
         pause(ctypes.c_int(OMP_PAUSE_SOFT))

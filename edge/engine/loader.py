@@ -63,7 +63,7 @@ def load_checkpoint(spec: LoadSpec, report: Progress, engine_class: type[EngineT
     """A checkpoint folder on torch, fitted to the spec's memory budget when it has one. Its config.json is read
     once, here, and handed to the planner, the checks, the tokenizer and load_model."""
     config, config_json = read_config(spec.path)
-    check_checkpoint(spec.path, config)  # the weight files, before the plan and the tokenizer: the first problem
+    check_checkpoint(spec.path, config)  # the weights, before the plan and the tokenizer: the first problem shows
     plan = None
     if spec.memory_budget is not None:
         spec, plan = fit_to_budget(spec, config)

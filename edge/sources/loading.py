@@ -165,6 +165,17 @@ def _read_header(handle, path: Path, size: int) -> tuple[int, dict]:
     return header_len, _parse_header(handle.read(header_len), path)
 
 
+def header_of(path: Path) -> dict:
+    """One safetensors file's parsed header (no tensor data read)."""
+    try:
+        with path.open("rb") as handle:
+            return _read_header(handle, path, path.stat().st_size)[1]
+    except OSError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
 def checkpoint_dtype(folder: str | Path, config: ModelConfig | None = None) -> torch.dtype | None:
     """The floating dtype of a checkpoint's tensors (None if they mix several), from its first weight file's header
     (no data read); without weight files (planning from config.json alone), the dtype config.json names (`config`:
@@ -178,14 +189,7 @@ def checkpoint_dtype(folder: str | Path, config: ModelConfig | None = None) -> t
         except (OSError, ValueError):
             return None
         return DTYPES.get(str(config.get("torch_dtype") or config.get("dtype"))) if isinstance(config, dict) else None
-    path = weight_files(folder)[0]
-    try:
-        with path.open("rb") as handle:
-            _, header = _read_header(handle, path, path.stat().st_size)
-    except OSError as exc:
-        if isinstance(exc, CheckpointError):
-            raise
-        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    header = header_of(weight_files(folder)[0])
     kinds = {SAFETENSORS_DTYPES.get(info.get("dtype")) for name, info in header.items()
              if name != "__metadata__" and isinstance(info, dict)}
     return _single_float_dtype(kinds)
@@ -359,15 +363,7 @@ LAYER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 def _check_layer_count(folder: Path, config: ModelConfig, files: list[Path]) -> None:
     """config.json's layer count against the layers the weights' headers name: a damaged count (a billion layers)
     would have the load build names, shapes and modules for each before any weight was missed."""
-    names: list[str] = []
-    for path in files:
-        try:
-            with path.open("rb") as handle:
-                names += [name for name in _read_header(handle, path, path.stat().st_size)[1] if name != "__metadata__"]
-        except OSError as exc:
-            if isinstance(exc, CheckpointError):
-                raise
-            raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    names = [name for path in files for name in header_of(path)]
     layers = {int(found[1]) for name in names if (found := LAYER_NAME.search(name))}
     if layers and config.num_layers > len(layers):
         raise CheckpointError(f"{folder / 'config.json'} says num_hidden_layers {config.num_layers:,}, but the weights "

@@ -46,8 +46,8 @@ from edge.model.transformer import Transformer
 
 # A pass drafts only for a reply decoding alone in it: on the default model served to 4 clients, drafting in every
 # pass made 0.86x the tokens/s of plain slots (158 against 183), while one client drafting alone made 1.15x (121
-# against 105). With this rule one round still measured 0.82x (166 against 202): the rest of that loss is not the
-# draft rows and is not found yet (docs/benchmarks.md, "Several clients at once")
+# against 105). With this rule, four rounds: 0.98x plain slots, inside the rounds' noise (docs/benchmarks.md,
+# "Several clients at once")
 DRAFTING_LIMIT = 1
 
 

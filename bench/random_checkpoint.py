@@ -6,7 +6,8 @@ Nothing can be downloaded here, but decoding speed depends on a model's shape, n
 ordinary Hugging Face checkpoint (config.json, model.safetensors) with transformers' own random initialisation,
 plus a byte-level BPE tokenizer trained on the Python standard library's source. A Gemma 3 shape's tokenizer is
 padded with filler tokens to the whole vocabulary, since llama.cpp's converter cuts Gemma's embedding to the
-tokenizer's size (the head is much of what a small Gemma reads per token). Needs the `test` extra (transformers).
+tokenizer's size (the head is much of what a small Gemma reads per token); a Phi-3 shape's is named a GPT-2
+tokenizer, the one kind of BPE tokenizer llama.cpp's converter takes for Phi models. Needs the `test` extra (transformers).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ SHAPES = {
     "gemma3-1b": dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
                       num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
                       sliding_window=512, query_pre_attn_scalar=256, max_position_embeddings=32768),
+    # Phi-3-mini (3.8B): 32 layers, 32 heads of 96 without GQA, fused q/k/v and gate/up in its files, untied head
+    "phi3-mini": dict(model_type="phi3", hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32064, tie_word_embeddings=False,
+                      rope_theta=10000.0, max_position_embeddings=4096, rms_norm_eps=1e-5, pad_token_id=0),
 }
 
 
@@ -91,10 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     shape = dict(SHAPES[args.shape])
     config = AutoConfig.for_model(shape.pop("model_type", "llama"), **shape, bos_token_id=0, eos_token_id=2)
-    AutoModelForCausalLM.from_config(config).to(getattr(torch, args.dtype)).save_pretrained(args.out)
+    # initialised in the saved dtype: a float32 copy of a 3.8B model would not fit beside it in 24 GiB
+    AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype)).save_pretrained(args.out)
     build_tokenizer(args.out, vocab_size=min(8192, config.vocab_size))
     if config.model_type == "gemma3_text":
         pad_tokenizer(args.out, config.vocab_size)
+    if config.model_type == "phi3":  # llama.cpp's converter takes a Phi model's BPE tokenizer by this class name
+        settings = json.loads((args.out / "tokenizer_config.json").read_text())
+        (args.out / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "GPT2Tokenizer"}))
     print(f"wrote a random {args.shape} checkpoint ({args.dtype}) to {args.out}")
     return 0
 

@@ -7,7 +7,8 @@ ordinary Hugging Face checkpoint (config.json, model.safetensors) with transform
 plus a byte-level BPE tokenizer trained on the Python standard library's source. A Gemma 3 shape's tokenizer is
 padded with filler tokens to the whole vocabulary, since llama.cpp's converter cuts Gemma's embedding to the
 tokenizer's size (the head is much of what a small Gemma reads per token); a Phi-3 shape's is named a GPT-2
-tokenizer, the one kind of BPE tokenizer llama.cpp's converter takes for Phi models. Needs the `test` extra (transformers).
+tokenizer, the one kind of BPE tokenizer llama.cpp's converter takes for Phi models. Needs the `test` extra
+(transformers).
 """
 
 from __future__ import annotations
@@ -53,14 +54,15 @@ def stdlib_texts(limit_bytes: int = 8_000_000):
             return
 
 
-def build_tokenizer(out: Path, vocab_size: int) -> None:
+def build_tokenizer(out: Path, vocab_size: int, extra_special: tuple[str, ...] = ()) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *extra_special]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(stdlib_texts(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>")
@@ -98,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     config = AutoConfig.for_model(shape.pop("model_type", "llama"), **shape, bos_token_id=0, eos_token_id=2)
     # initialised in the saved dtype: a float32 copy of a 3.8B model would not fit beside it in 24 GiB
     AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype)).save_pretrained(args.out)
-    build_tokenizer(args.out, vocab_size=min(8192, config.vocab_size))
+    # llama.cpp's loader looks up a Phi-3 vocabulary's SentencePiece-era tokens by name
+    build_tokenizer(args.out, vocab_size=min(8192, config.vocab_size),
+                    extra_special=("<unk>", "<s>", "</s>") if config.model_type == "phi3" else ())
     if config.model_type == "gemma3_text":
         pad_tokenizer(args.out, config.vocab_size)
     if config.model_type == "phi3":  # llama.cpp's converter takes a Phi model's BPE tokenizer by this class name

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             from edge.export.bundle import ExportOptions, export_bundle
             from edge.export.quantize import QuantSettings
         except ImportError as error:
-            print(f"edge-export: {error.name or error} is not installed; install the exporter with "
+            print(f"edge-export: error: {error.name or error} is not installed; install the exporter with "
                   "pip install 'edge[export]'", file=sys.stderr)
             return 2
         finally:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint = _checkpoint(args.checkpoint)
             manifest = export_bundle(checkpoint, args.output, options, show_progress=not args.quiet)
         except (EdgeError, ValueError) as error:
-            print(f"edge-export: {error}", file=sys.stderr)
+            print(f"edge-export: error: {error}", file=sys.stderr)
             return 2
         _summary(args.output, manifest)
         if manifest.get("completion_model"):

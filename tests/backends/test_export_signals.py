@@ -110,5 +110,5 @@ def test_a_pipe_as_calibration_text_is_refused_not_waited_on(llama_dir, tmp_path
     os.mkfifo(tmp_path / "text")
     assert export_main([str(llama_dir), "-o", str(tmp_path / "b"), "--calibration-text", str(tmp_path / "text"),
                         "--quiet"]) == 2
-    assert capsys.readouterr().err.strip() == (f"edge-export: --calibration-text {tmp_path / 'text'} is a named "
-                                               "pipe; pass a UTF-8 text file")
+    assert capsys.readouterr().err.strip() == (f"edge-export: error: --calibration-text {tmp_path / 'text'} is a "
+                                               "named pipe; pass a UTF-8 text file")

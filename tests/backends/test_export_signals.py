@@ -3,6 +3,7 @@ the folder it leaves is refused by the loader by name and removed by the next ex
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -58,8 +59,22 @@ def test_a_killed_exports_folder_is_refused_and_the_next_export_removes_it(llama
     with pytest.raises(BundleError, match=r"is an unfinished edge-export .* export again to .*b \(that removes"):
         Engine.load(left)
     export_bundle(llama_dir, output, ExportOptions(quant=QuantSettings("fp32")), show_progress=False)
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["b"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["b"], (left.name, holders(left))
     Engine.load(output)
+
+
+def holders(folder: Path) -> list[str]:
+    """The processes with `folder` open ("pid: command line"), to say who kept a work folder's lock."""
+    found = []
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if os.readlink(fd) == str(folder):
+                pid = fd.parent.parent.name
+                command = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append(f"{pid}: {command}")
+        except OSError:
+            continue
+    return found
 
 
 def test_only_work_folders_no_export_holds_are_removed(tmp_path):
@@ -103,8 +118,6 @@ def test_a_bundle_without_its_manifest_says_so_not_that_config_json_is_missing(t
 
 
 def test_a_pipe_as_calibration_text_is_refused_not_waited_on(llama_dir, tmp_path, capsys):
-    import os
-
     from edge.export.cli import main as export_main
 
     os.mkfifo(tmp_path / "text")

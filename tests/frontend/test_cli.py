@@ -213,12 +213,12 @@ def test_bench_llama_cpp_peer_matches_edge_precision_and_says_what_is_missing(ll
 @pytest.mark.slow
 def test_bench_suite_checks_identical_outputs_and_writes_reports(llama_dir, tmp_path, capfd):
     done = edge_bench(capfd, str(llama_dir), "--methods", "ar,ngram",  # early-exit: the next test
-                      "--one-per-category", "--draft-lengths", "adaptive,2", "--max-new-tokens", "8", "--repeats", "1",
+                      "--one-per-category", "--draft-lengths", "adaptive", "--max-new-tokens", "8", "--repeats", "1",
                       "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "suite.json").read_text())
     methods = [row["method"] for row in report["summary"]]
-    assert methods == ["ar", "ngram (k=adaptive)", "ngram (k=2)", "ar (again, at the end)"]
+    assert methods == ["ar", "ngram (k=adaptive)", "ar (again, at the end)"]  # a fixed k: the next test
     assert all(row["identical_to_ar"] for row in report["summary"])
     assert report["summary"][0]["mean_accepted_tokens"] == 1.0
     categories = {p["category"] for p in report["runs"][0]["prompts"]}

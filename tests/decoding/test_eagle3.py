@@ -18,6 +18,7 @@ from edge.decoding.drafters.base import DraftSampler
 from edge.decoding.drafters.eagle3 import Eagle3Drafter
 from edge.decoding.sampling import SamplingParams, distribution, history_tensor
 from edge.decoding.speculative import DraftLength, SpeculativeDecoding
+from edge.kernels.block_formats import BlockMatrix
 from edge.sources.loading import load_model
 from tests.decoding.test_token_trees import _forced_trees
 from tests.gguf_files import write_gguf
@@ -108,6 +109,27 @@ def test_an_eagle3_head_on_a_gguf_target_keeps_its_output(llama_dir, head, tmp_p
     plain = Engine.load(gguf, max_context=256)
     fast = Engine.load(gguf, max_context=256, drafter=f"eagle3:{head}", draft_length=3)
     assert greedy(fast, PROMPTS[0], 30) == greedy(plain, PROMPTS[0], 30)
+    weights = fast.drafter.layer.weights
+    assert all(isinstance(weights[name], BlockMatrix) and weights[name].formats == ["q8_0"]
+               for name in ("fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.mlp.down_proj.weight",
+                            "lm_head.weight"))  # a drafted token reads 8-bit blocks, not float32 matrices
+
+
+def test_a_head_in_8_bit_blocks_computes_what_its_float_weights_do(llama_dir, head):
+    from edge.decoding.drafters.eagle3_head import Eagle3Config, Eagle3Layer, read_tensors
+
+    target = Engine.load(llama_dir, max_context=256).model
+    config, tensors = Eagle3Config.read(head), read_tensors(head)
+    exact, blocks = (Eagle3Layer(config, tensors, 64, torch.float32, torch.device("cpu"), target.runner, quantized)
+                     for quantized in (False, True))
+    generator = torch.Generator().manual_seed(3)
+    features = torch.randn(5, 3 * config.hidden_size, generator=generator)  # (T, 3D)
+    embeds = torch.randn(5, config.hidden_size, generator=generator)  # (T, D)
+    wanted, got = (layer.logits(layer.forward(layer.fuse(features), embeds, 0)) for layer in (exact, blocks))
+    assert got.shape == wanted.shape  # (T, Vd)
+    assert float((got - wanted).norm() / wanted.norm()) < 0.02  # 8-bit codes, a scale per 32 weights
+    assert float((got.argmax(-1) == wanted.argmax(-1)).float().mean()) >= 0.8
+    assert blocks.nbytes < exact.nbytes / 3
 
 
 def test_sampled_drafts_report_the_distribution_they_were_drawn_from(llama_dir, head):

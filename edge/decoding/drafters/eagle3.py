@@ -21,6 +21,7 @@ import torch
 from edge.decoding.drafters.base import Draft, DraftSampler
 from edge.decoding.drafters.eagle3_head import Eagle3Config, Eagle3Layer, head_folder, read_tensors
 from edge.errors import CheckpointError, SamplingError
+from edge.kernels.block_formats import BlockMatrix
 from edge.model.kv_cache import common_prefix
 from edge.model.layer_features import keep_layer_features
 from edge.model.transformer import Transformer
@@ -62,7 +63,8 @@ class Eagle3Drafter:
         if int(token_ids.min()) < 0 or int(token_ids.max()) >= wanted.vocab_size:
             raise CheckpointError(f"the EAGLE-3 head {name} maps draft tokens outside this model's vocabulary of "
                                   f"{wanted.vocab_size} (its d2t); pass the head trained for this model")
-        layer = Eagle3Layer(config, tensors, max_len, target.dtype, target.device, target.runner)
+        blocks = isinstance(target.packed_head, BlockMatrix)  # a GGUF target: the head's matrices in 8-bit blocks
+        layer = Eagle3Layer(config, tensors, max_len, target.dtype, target.device, target.runner, blocks)
         embed = target.embed
         if "embed_tokens.weight" in tensors:
             weight = tensors["embed_tokens.weight"].to(device=target.device, dtype=target.dtype)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from edge.errors import CheckpointError
+from edge.kernels.block_formats import BlockMatrix
 from edge.kernels.runner import KernelRunner
 from edge.memory.footprint import ModelShape
 from edge.model.config import ModelConfig
@@ -151,12 +152,15 @@ class Eagle3Layer:
     """The head's decoder layer, fc, final norm and draft-vocabulary head as plain tensors, with its own KV cache of
     `max_len` positions (rolled back by moving `length`). Norms and cache are in the target's dtype; the matrices too,
     unless `runner` (the target's kernel runner) reads their 16-bit form directly (then they stay 16-bit: half the
-    memory, and the kernel widens them in registers)."""
+    memory, and the kernel widens them in registers), or `blocks`: then they are quantized once to 8-bit blocks
+    (q8_0), a quarter of their float32 bytes, which is what a drafted token costs on a memory-bound CPU (a target in
+    a GGUF file's block formats asks for it: drafts only propose, and the target checks every token)."""
 
     def __init__(self, config: Eagle3Config, tensors: dict[str, torch.Tensor], max_len: int,
-                 dtype: torch.dtype, device: torch.device, runner: KernelRunner | None = None) -> None:
+                 dtype: torch.dtype, device: torch.device, runner: KernelRunner | None = None,
+                 blocks: bool = False) -> None:
         self.config, self.runner = config, runner
-        self.weights = {name: _stored(t, dtype, device, runner) for name, t in tensors.items()
+        self.weights = {name: _stored(t, dtype, device, runner, blocks) for name, t in tensors.items()
                         if name not in ("d2t", "t2d", "embed_tokens.weight")}
         shape = (config.num_kv_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (Hkv, S, Dh)
@@ -177,6 +181,8 @@ class Eagle3Layer:
 
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         weight = self.weights[name]
+        if isinstance(weight, BlockMatrix):
+            return self.runner.blocks(x.float(), weight).to(x.dtype)
         return self.runner.linear(x, weight) if self.runner is not None else F.linear(x, weight)
 
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
@@ -217,10 +223,13 @@ class Eagle3Layer:
         return self._linear(self._norm(out, "norm.weight"), "lm_head.weight")
 
 
-def _stored(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device, runner: KernelRunner | None):
-    """A head tensor as the layer keeps it: a 16-bit matrix as it is where `runner`'s kernel reads it with float32
-    activations, anything else in the compute dtype."""
+def _stored(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device, runner: KernelRunner | None,
+            blocks: bool = False) -> torch.Tensor | BlockMatrix:
+    """A head tensor as the layer keeps it: a matrix in 8-bit blocks where `blocks` and the kernel runs, a 16-bit
+    matrix as it is where `runner`'s kernel reads it with float32 activations, anything else in the compute dtype."""
     matmul = runner.matmul if runner is not None else None
+    if blocks and matmul is not None and tensor.dim() == 2 and tensor.is_floating_point():
+        return BlockMatrix.quantized("q8_0", tensor.float().contiguous())  # (N, K) in blocks of 32
     keep = (tensor.dim() == 2 and tensor.dtype in (torch.bfloat16, torch.float16) and dtype == torch.float32
             and matmul is not None and matmul.supports(tensor))
     return tensor.to(device=device, dtype=tensor.dtype if keep else dtype).contiguous()

@@ -189,7 +189,7 @@ def checkpoint_from_gguf(path: str | Path, *, report: Callable[[str], None] | No
         if report is not None:
             report(f"reading {path.name} ({_file_type(reader)}, {stat.st_size / 2**20:.0f} MiB) once: its settings "
                    f"and tokenizer go to {final / name}; the weights stay in the file")
-        convert_gguf(path, scratch / name, reader=reader)
+        convert_gguf(path, scratch / name, reader=reader, report=report)
         try:
             os.rename(scratch, final)
         except OSError:
@@ -215,9 +215,11 @@ def _remove_abandoned(root: Path, age_s: float = 86400.0) -> None:
             pass
 
 
-def convert_gguf(path: str | Path, folder: Path, *, reader: Any = None) -> dict:
+def convert_gguf(path: str | Path, folder: Path, *, reader: Any = None,
+                 report: Callable[[str], None] | None = None) -> dict:
     """Write the checkpoint folder of the GGUF file at `path` (`reader`: the file already open with
-    gguf.GGUFReader) into `folder`, which must not exist, after checking the file whole; returns its config.json."""
+    gguf.GGUFReader) into `folder`, which must not exist, after checking the file whole; returns its config.json.
+    `report` gets a line for each special token id the file names outside its vocabulary (ignored)."""
     path = Path(path)
     reader = reader if reader is not None else _open(path)
     source_name = path.name
@@ -235,6 +237,11 @@ def convert_gguf(path: str | Path, folder: Path, *, reader: Any = None) -> dict:
         raise CheckpointError(f"{source_name}: its tokenizer has {len(tokenizer.tokenizer_json['model']['vocab'])} "
                               f"tokens but token_embd.weight only {shape['vocab']} rows; the file is damaged or "
                               "mis-converted: download it again")
+    if report is not None and tokenizer.ignored:
+        ending = "" if tokenizer.eos_token_ids else ("; no token ends its replies, so they run to --max-new-tokens "
+                                                    "or a stop string")
+        report(f"note: {source_name} names {', '.join(tokenizer.ignored)} outside its vocabulary of "
+               f"{len(metadata.get('tokenizer.ggml.tokens') or []):,} tokens; ignored{ending}")
     config = _config(metadata, arch, family, shape, tensors, tokenizer, source_name)
     folder.mkdir(parents=True)
     _write_json(folder / "config.json", config)

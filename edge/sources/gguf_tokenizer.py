@@ -87,6 +87,7 @@ class TokenizerFiles:
     tokenizer_config: dict
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)  # eos first, then the other end-of-generation tokens
+    ignored: list[str] = field(default_factory=list)  # the bos/eos/eot/eom ids the file names outside its vocabulary
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> "TokenizerFiles":
@@ -133,18 +134,30 @@ class TokenizerFiles:
         eos += [index for index, (token, kind_) in enumerate(zip(tokens, types))
                 if kind_ == TOKEN_CONTROL and token in END_OF_GENERATION and index not in eos]
         eos += [special[name] for name in ("eot", "eom") if name in special and special[name] not in eos]
-        return cls(tokenizer_json, config, special.get("bos"), eos)
+        ignored = [f"{WORDS[name]} id {index}" for name, index in _named_ids(metadata).items()
+                   if name in WORDS and not 0 <= index < len(tokens)]
+        return cls(tokenizer_json, config, special.get("bos"), eos, ignored)
+
+
+# the special ids whose loss changes a reply (a pad or unknown id past the vocabulary, as real conversions write, does
+# not), as a note names them
+WORDS = {"bos": "beginning-of-sequence", "eos": "end-of-sequence", "eot": "end-of-turn", "eom": "end-of-message"}
+
+
+def _named_ids(metadata: Mapping[str, Any]) -> dict[str, int]:
+    """bos, eos, unk, pad, eot, eom -> the id the file names, wherever it lies."""
+    named = {}
+    for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"), ("eot", "eot"),
+                      ("eom", "eom")):
+        index = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        if isinstance(index, int):
+            named[name] = index
+    return named
 
 
 def _special_ids(metadata: Mapping[str, Any], size: int) -> dict[str, int]:
     """bos, eos, unk, pad, eot, eom -> id, for the ids the file names inside its vocabulary."""
-    found = {}
-    for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"), ("eot", "eot"),
-                      ("eom", "eom")):
-        index = metadata.get(f"tokenizer.ggml.{key}_token_id")
-        if isinstance(index, int) and 0 <= index < size:
-            found[name] = index
-    return found
+    return {name: index for name, index in _named_ids(metadata).items() if 0 <= index < size}
 
 
 def _added_tokens(tokens: list[str], types: list[int]) -> list[dict]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from functools import partial
@@ -599,3 +600,25 @@ def test_a_gguf_version_edge_does_not_read_is_named_with_the_versions_it_reads(l
         Engine.load(gguf)
     assert str(caught.value) == (f"{gguf} is not a readable GGUF file (it is GGUF version 1; edge reads versions 2 "
                                  "and 3, which current llama.cpp writes); download it again")
+
+
+def test_an_end_of_sequence_id_outside_the_vocabulary_is_said_once_and_ignored(llama_dir, tmp_path):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(llama_dir, folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("eos_token", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": 99_999}))
+    path = write_gguf(folder, tmp_path / "far-eos.gguf", "q8_0")
+    lines: list[str] = []
+    checkpoint_from_gguf(path, report=lines.append)
+    notes = [line for line in lines if line.startswith("note: ")]
+    assert notes == [f"note: far-eos.gguf names end-of-sequence id 99999 outside its vocabulary of "
+                     f"{config['vocab_size']:,} tokens; ignored"]  # its <|im_end|> still ends a reply
+    checkpoint_from_gguf(path, report=lines.append)  # read from the cache: nothing more to say
+    assert len(lines) == 2
+    engine = Engine.load(path, max_context=64)
+    assert engine.eos_token_ids and 99_999 not in engine.eos_token_ids
+    assert len([t for e in engine.generate("Hello", max_new_tokens=6, temperature=0.0, ignore_eos=True)
+                for t in e.token_ids]) == 6

@@ -35,7 +35,7 @@ from edge.errors import SamplingError
 from edge.model.kv_cache import KVCache
 from edge.model.kernel_glue import verifies_trees
 from edge.model.transformer import Transformer, keep_rows
-from edge.decoding.sampling import (SamplingParams, candidate_distributions, distribution, history_tensor,
+from edge.decoding.sampling import (SamplingParams, candidate_distributions, distribution, greedy_ids, history_tensor,
                                    penalised_rows)
 from edge.decoding.verify import Verdict, verify_greedy, verify_stochastic
 
@@ -264,7 +264,7 @@ def verify_rows(params: SamplingParams, tokens: list[int], draft: Draft, logits:
         # (n + 1, V): position i has seen the drafts before it (the newest repeat_last_n tokens, as plain)
         logits = penalised_rows(logits, histories, params.penalty)
     if params.greedy:
-        return verify_greedy(draft.tokens, logits.argmax(-1))
+        return verify_greedy(draft.tokens, greedy_ids(logits))
     unpenalised = dataclasses.replace(params, repetition_penalty=1.0)  # already applied above
     candidates = candidate_distributions(logits, unpenalised)  # (n + 1, k) each: top-k's handful per position
     if candidates is not None:

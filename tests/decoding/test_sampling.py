@@ -92,3 +92,17 @@ def test_invalid_parameters_are_one_line_errors(kwargs, needle):
     with pytest.raises(SamplingError) as error:
         SamplingParams(**kwargs)
     assert needle in str(error.value) and "\n" not in str(error.value)
+
+
+def test_greedy_ids_choose_as_torch_argmax_does_ties_and_nan_included():
+    from edge.decoding.sampling import greedy_ids
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(5, 1000, generator=generator)  # (n + 1, V) as a verify pass gives
+    rows[1, [10, 20]] = 50.0  # a tie: the first one wins
+    rows[2, 7] = float("nan")  # NaN counts as the maximum
+    rows[3] = float("-inf")
+    assert torch.equal(greedy_ids(rows), rows.argmax(-1)) and greedy_ids(rows).tolist()[1:4] == [10, 7, 0]
+    assert int(greedy_ids(rows[4])) == int(rows[4].argmax())  # (V,): one position
+    half = rows.to(torch.bfloat16)  # other dtypes go through torch
+    assert torch.equal(greedy_ids(half), half.argmax(-1))

@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, warp
+from edge.decoding.sampling import SamplingParams, apply_repetition_penalty, greedy_ids, warp
 from edge.kernels.records import DraftRequest, FeatureRows, KernelDraft, KernelHead
 
 
@@ -68,7 +68,7 @@ class DraftSampler:
             logits = apply_repetition_penalty(logits, torch.tensor(self.params.recent(history), device=logits.device),
                                               self.params.penalty)
         if self.params.greedy:
-            token = int(logits.argmax())
+            token = int(greedy_ids(logits))
             confidence = float(logits.softmax(-1)[token]) if self.stop_below is not None else 1.0
             return token, None, confidence
         probs = warp(logits, self.params).softmax(-1)  # (V,)

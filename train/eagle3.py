@@ -15,7 +15,8 @@
    trained on the head's own features (causal attention within a pass: a simplification of EAGLE-3's tree mask).
 3. OUT/final: config.json (architectures LlamaForCausalLMEagle3, eagle_config's layer ids), model.safetensors (fc,
    midlayer.*, norm, lm_head over the draft vocabulary, d2t, t2d; the target's embedding is not copied) and card.json
-   (data, steps, held-out top-1 agreement of the first and the later draft tokens).
+   (data, steps, held-out top-1 agreement of the first and the later draft tokens). With --install (a GGUF target)
+   it is copied where edge-chat and edge-serve offer it by default for that model (edge/sources/installed_heads.py).
 
 More data, cheaper: `--corpus DIR --corpus-count N` adds N conversations of the corpus's training split with their
 own answers, labelled with the target's greedy choice at every answer position (computed in the same prefill pass:
@@ -43,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge.sources.installed_heads import identity, install_head
 from train.progress import Progress
 
 HELD_OUT = 64  # replies kept out of training, for the card's agreement figures
@@ -278,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", type=int, default=HELD_OUT, help="replies kept out for the card's figures")
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--install", action="store_true", help="then install the head for the GGUF target, where "
+                        "edge-chat and edge-serve find it for that model and every quantization of it (greedy)")
     args = parser.parse_args(argv)
+    if args.install and identity(args.target) is None:
+        parser.error(f"--install needs a GGUF target edge reads; {args.target} is not one (train without --install "
+                     "and pass --drafter eagle3:OUT/final)")
 
     if args.replies is None and not (args.corpus and args.corpus_count):
         parser.error("give the target's replies (--replies FILE) or corpus conversations (--corpus DIR "
@@ -346,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
             "training_minutes": round((time.time() - started) / 60, 1)}
     save_head(args.out / "final", head, kept, layers, config, card)
     print(json.dumps(card), file=sys.stderr)
+    if args.install:
+        folder = install_head(args.out / "final", args.target)
+        print(f"train.eagle3: installed in {folder}: `edge-chat {args.target} --temperature 0` drafts with it (and "
+              "with any other quantization of this model)", file=sys.stderr)
     return 0
 
 

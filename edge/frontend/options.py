@@ -12,6 +12,7 @@ import torch
 from edge.sources import catalogue, default_model
 from edge.sources.builtin import builtin_drafter_path, builtin_feature_drafter_path
 from edge.sources.draft_finder import drafts_beside
+from edge.sources.installed_heads import installed_head
 from edge.sources.default_model import DEFAULT_MODEL_HELP
 from edge.decoding.registry import usage as drafter_usage
 from edge.decoding.sampling import DEFAULTS, OPTIONS, asked_over, label
@@ -79,8 +80,9 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
 def default_drafter(args: argparse.Namespace) -> str | None:
     """The drafter asked for ("none": off); else plain decoding when sampling (the default, and any temperature above
     0: drafts are accepted less often, and sampling's penalty moves the text off the drafters' own); when greedy
-    (--temperature 0), for a model named on the command line, its pulled catalogue draft or the smallest GGUF file
-    beside a GGUF model with its tokenizer (a draft model, said on stderr), else plain decoding; for the default
+    (--temperature 0), for a model named on the command line, the EAGLE-3 head built here for it, else its pulled
+    catalogue draft or the smallest GGUF file beside a GGUF model with its tokenizer (a draft model; each said on
+    stderr), else plain decoding; for the default
     model, the fastest drafter measured on it:
     retrieval (its own replies, and prompt lookup) on SmolLM2-135M-Instruct, and on the built-in model n-gram lookup
     backed by its feature drafter (or its draft model where no feature drafter ships). edge-chat and edge-serve share
@@ -99,8 +101,14 @@ def default_drafter(args: argparse.Namespace) -> str | None:
 
 
 def draft_beside(model: str) -> str | None:
-    """draft:FILE for a named model's draft: its catalogue draft where pulled, else the smallest GGUF file beside a
-    named GGUF model with its tokenizer (edge/sources/draft_finder.py), said on stderr; None where there is none."""
+    """The drafter for a named model: the EAGLE-3 head built here for it (python -m train.eagle3 --install), else
+    draft:FILE for its catalogue draft where pulled, else the smallest GGUF file beside a named GGUF model with its
+    tokenizer (edge/sources/draft_finder.py), said on stderr; None where there is none."""
+    head = installed_head(model_file(model))
+    if head is not None:
+        print(f"drafting with the EAGLE-3 head built for this model ({head}; the adaptive draft length pauses it "
+              "where it does not pay; --drafter none turns it off)", file=sys.stderr)
+        return f"eagle3:{head}"
     pulled = catalogue_draft(model)
     if pulled is not None:
         return pulled
@@ -110,6 +118,13 @@ def draft_beside(model: str) -> str | None:
     print(f"drafting with {found[0].name} (beside the model, same tokenizer; the adaptive draft length pauses it "
           "where it does not pay; --drafter none turns it off)", file=sys.stderr)
     return f"draft:{found[0]}"
+
+
+def model_file(model: str) -> Path:
+    """A named model's file: the path given, or a pulled catalogue model's file (what `edge pull NAME` fetched)."""
+    entry = catalogue.lookup(model) if not Path(model).exists() else None
+    pulled = catalogue.pulled_file(entry, hub_cache_dir()) if entry is not None else None
+    return pulled if pulled is not None else Path(model)
 
 
 def catalogue_draft(model: str) -> str | None:

@@ -15,21 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
+
+from edge.sources.data_dir import default_data_dir
 
 NORM = "output_norm.weight"  # the final norm, float32 in every GGUF quantization
 
 
 def heads_root() -> Path:
-    """Where installed heads live: $EDGE_DATA_DIR/heads, else the platform's user data folder's edge/heads."""
-    override = os.environ.get("EDGE_DATA_DIR")
-    if override:
-        return Path(override) / "heads"
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("edge", appauthor=False)) / "heads"
+    """Where installed heads live: edge's data folder's heads/ ($EDGE_DATA_DIR, else the platform's)."""
+    return default_data_dir() / "heads"
 
 
 def identity(path: str | Path) -> str | None:

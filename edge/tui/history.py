@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.sources.data_dir import default_data_dir
 from edge.files import FileRefused, read_regular
 
 FORMAT_VERSION = 1
@@ -31,15 +32,6 @@ MAX_DEPTH = 64  # brackets deep; a saved chat nests four or five
 CHAT_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 FIELD_TYPES = {"id": (str,), "title": (str,), "created": (float, int), "updated": (float, int), "model": (str,),
                "system": (str,), "messages": (list,)}  # what a saved chat's fields must be to be opened
-
-
-def default_data_dir() -> Path:
-    override = os.environ.get("EDGE_DATA_DIR")
-    if override:
-        return Path(override)
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("edge", appauthor=False))
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,11 +56,17 @@ def work_folders(output: Path) -> list[Path]:
                   and not path.is_symlink())
 
 
-def remove_stale_work_folders(output: Path) -> list[Path]:
-    """Delete the work folders of `output` that no running export holds; return them."""
+def remove_stale_work_folders(output: Path, settle_s: float = 1.0) -> list[Path]:
+    """Delete the work folders of `output` that no running export holds; return them. A lock is tried for up to
+    `settle_s`: a killed export's child between its fork and its exec still holds the lock for a moment after the
+    export itself is gone, where a running export holds it for minutes."""
     removed = []
     for path in work_folders(output):
         descriptor = _lock(path, wait=False)
+        deadline = time.monotonic() + settle_s
+        while descriptor is None and fcntl is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            descriptor = _lock(path, wait=False)
         if descriptor is None:  # held by a running export, or not lockable here
             continue
         try:

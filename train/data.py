@@ -12,9 +12,10 @@ def load_split(path: Path, tokenizer, mix: dict[str, float] | None = None) -> tu
     """Token ids of every example of one split (chat turns rendered with the chat template, code + end-of-text), and
     how often each is drawn per epoch: the weight of its kind in `mix` (1.0 if not named)."""
     from train.corpus import read_jsonl
+    from train.replies import SKIPPED
     from train.tokenizer import encode_example
 
-    examples = read_jsonl(path)
+    examples = [example for example in read_jsonl(path) if example["kind"] != SKIPPED]
     weights = [(mix or {}).get(example["kind"], 1.0) for example in examples]
     return [encode_example(example, tokenizer) for example in examples], weights
 

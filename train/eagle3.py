@@ -26,7 +26,9 @@ fixed (`--train-head` trains it too): the layer learns to produce what the targe
 and a step computes no gradient for the largest matrix.
 
 The draft vocabulary is the `--draft-vocab` most frequent tokens of the replies (EAGLE-3's d2t/t2d), or a VocabTrim
-file's ids (`--draft-vocab FILE.json`, e.g. edge/models/qwen2.5-vocab/vocab.json).
+file's ids (`--draft-vocab FILE.json`, e.g. edge/models/qwen2.5-vocab/vocab.json; `auto` picks the file edge
+ships for the target's tokenizer where there is one). `python -m train.install_head MODEL` runs every step with
+the settings used for edge's own heads, and installs the result.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from torch import nn
 
 from edge.sources.installed_heads import identity, install_head
 from train.progress import Progress
+from train.replies import SKIPPED
 
 HELD_OUT = 64  # replies kept out of training, for the card's agreement figures
 UNROLL_WEIGHT = 0.7  # the loss of unrolled pass s weighs UNROLL_WEIGHT ** s
@@ -190,6 +193,15 @@ def draft_vocabulary(files: list[Path], size_or_file: str) -> torch.Tensor:
     return torch.tensor(sorted(kept), dtype=torch.long)  # reply ids: within the vocabulary, each once
 
 
+def shipped_or_size(tokenizer, size: int = 16384) -> str:
+    """--draft-vocab auto: the draft vocabulary edge ships for this tokenizer's models, else the `size` most frequent
+    reply tokens."""
+    from edge.decoding.registry import shipped_vocabulary
+
+    shipped = shipped_vocabulary(tokenizer)
+    return str(shipped) if shipped is not None else str(size)
+
+
 def batches(files: list[Path], seq_len: int, batch: int, rng: random.Random):
     """Endless batches of (ids, mask, next, features) windows of seq_len rows from random replies."""
     while True:
@@ -272,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--unroll", type=int, default=2, help="training-time test: passes on the head's own features")
     parser.add_argument("--intermediate", type=int, default=None, help="the head's MLP width (default: the target's)")
-    parser.add_argument("--draft-vocab", default="16384", help="a size (most frequent reply tokens) or a JSON file")
+    parser.add_argument("--draft-vocab", default="16384", help="a size (most frequent reply tokens), a JSON file, "
+                        "or auto: the vocabulary edge ships for the target's tokenizer, else 16384")
     parser.add_argument("--head-from-target", action=argparse.BooleanOptionalAction, default=True,
                         help="start lm_head and norm from the target's head rows and final norm (default: yes)")
     parser.add_argument("--train-head", action="store_true", help="train the lm_head too (default: kept fixed "
@@ -295,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     config = engine.model.config
     files = []
     if args.replies is not None:
-        replies = [json.loads(line) for line in args.replies.read_text().splitlines() if line.strip()][:args.limit]
+        replies = [reply for reply in map(json.loads, filter(str.strip, args.replies.read_text().splitlines()))
+                   if reply["kind"] != SKIPPED][:args.limit]
         files = extract_features(engine, layers, replies, args.out / "features", distilled=False)
     if args.corpus and args.corpus_count:
         conversations = corpus_conversations(args.corpus, args.corpus_count)
@@ -305,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
               "python -m train.replies --count N or add --corpus DIR --corpus-count N", file=sys.stderr)
         return 2
     held_out, training = files[:args.held_out], files[args.held_out:]
-    kept = draft_vocabulary(training, args.draft_vocab)
+    kept = draft_vocabulary(training, shipped_or_size(engine.tokenizer) if args.draft_vocab == "auto"
+                            else args.draft_vocab)
     t2d = torch.full((config.vocab_size,), -1, dtype=torch.long)
     t2d[kept] = torch.arange(kept.numel())
     head = Eagle3Head(config.hidden_size, args.intermediate or config.intermediate_size, config.num_heads,

@@ -26,6 +26,7 @@ from train.progress import Progress
 from train.task_turns import task_requests
 
 REPLY_COUNT = 9000
+SKIPPED = "skipped"  # the kind of a line for a request that did not fit the context (no reply; readers pass it by)
 MAX_NEW_TOKENS = 160
 ORDER_SEED = 7
 TASK_SEED = 11
@@ -54,11 +55,17 @@ def greedy_replies(target: Path, conversations: list[list[dict]], max_new_tokens
     target's greedy answer, plain decoding."""
     from edge.engine import Engine
 
+    from edge.errors import ContextLengthError
+
     engine = Engine.load(target, max_context=1024)
     for conversation in conversations:
         engine.reset()
-        reply = "".join(event.text for event in engine.chat(conversation, max_new_tokens=max_new_tokens,
-                                                            temperature=0.0))
+        try:
+            reply = "".join(event.text for event in engine.chat(conversation, max_new_tokens=max_new_tokens,
+                                                                temperature=0.0))
+        except ContextLengthError as error:  # a request longer than the context: kept as a line, so that the
+            yield {"kind": SKIPPED, "messages": conversation, "why": str(error)}  # count and a resumed run agree
+            continue
         yield {"kind": "reply", "messages": [*conversation, {"role": "assistant", "content": reply}]}
 
 

@@ -370,8 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(card), file=sys.stderr)
     if args.install:
         folder = install_head(args.out / "final", args.target)
-        print(f"train.eagle3: installed in {folder}: `edge-chat {args.target} --temperature 0` drafts with it (and "
-              "with any other quantization of this model)", file=sys.stderr)
+        print(f"train.eagle3: installed in {folder}: `edge-chat {args.target} --temperature 0` drafts with it where "
+              "no draft model of it is found (a draft model comes first), as with any other quantization of this model; "
+              f"--drafter eagle3:{folder} asks for it", file=sys.stderr)
     return 0
 
 

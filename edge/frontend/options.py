@@ -80,8 +80,8 @@ def load_spec(args: argparse.Namespace, drafter: str | None) -> LoadSpec:
 def default_drafter(args: argparse.Namespace) -> str | None:
     """The drafter asked for ("none": off); else plain decoding when sampling (the default, and any temperature above
     0: drafts are accepted less often, and sampling's penalty moves the text off the drafters' own); when greedy
-    (--temperature 0), for a model named on the command line, the EAGLE-3 head built here for it, else its pulled
-    catalogue draft or the smallest GGUF file beside a GGUF model with its tokenizer (a draft model; each said on
+    (--temperature 0), for a model named on the command line, its pulled catalogue draft or the smallest GGUF file
+    beside a GGUF model with its tokenizer (a draft model), else the EAGLE-3 head built here for it (each said on
     stderr), else plain decoding; for the default
     model, the fastest drafter measured on it:
     retrieval (its own replies, and prompt lookup) on SmolLM2-135M-Instruct, and on the built-in model n-gram lookup
@@ -101,23 +101,26 @@ def default_drafter(args: argparse.Namespace) -> str | None:
 
 
 def draft_beside(model: str) -> str | None:
-    """The drafter for a named model: the EAGLE-3 head built here for it (python -m train.eagle3 --install), else
-    draft:FILE for its catalogue draft where pulled, else the smallest GGUF file beside a named GGUF model with its
-    tokenizer (edge/sources/draft_finder.py), said on stderr; None where there is none."""
-    head = installed_head(model_file(model))
-    if head is not None:
-        print(f"drafting with the EAGLE-3 head built for this model ({head}; the adaptive draft length pauses it "
-              "where it does not pay; --drafter none turns it off)", file=sys.stderr)
-        return f"eagle3:{head}"
+    """The drafter for a named model: draft:FILE for its catalogue draft where pulled, else the smallest GGUF file
+    beside a named GGUF model with its tokenizer (edge/sources/draft_finder.py), else the EAGLE-3 head built here for
+    it (python -m train.install_head), said on stderr; None where there is none. A draft model comes first because
+    it measured faster: on Qwen2.5-Coder-1.5B Q4_K_M its 0.5B sibling in Q4_0 gave 1.13x plain decoding, the head
+    trained here (45% of its first draft tokens agreeing) 1.03x (docs/benchmarks.md, "Speculation on a real 1.5B
+    file")."""
     pulled = catalogue_draft(model)
     if pulled is not None:
         return pulled
     found = drafts_beside(model)
-    if not found:
+    if found:
+        print(f"drafting with {found[0].name} (beside the model, same tokenizer; the adaptive draft length pauses it "
+              "where it does not pay; --drafter none turns it off)", file=sys.stderr)
+        return f"draft:{found[0]}"
+    head = installed_head(model_file(model))
+    if head is None:
         return None
-    print(f"drafting with {found[0].name} (beside the model, same tokenizer; the adaptive draft length pauses it "
-          "where it does not pay; --drafter none turns it off)", file=sys.stderr)
-    return f"draft:{found[0]}"
+    print(f"drafting with the EAGLE-3 head built for this model ({head}; the adaptive draft length pauses it where "
+          "it does not pay; --drafter none turns it off)", file=sys.stderr)
+    return f"eagle3:{head}"
 
 
 def model_file(model: str) -> Path:
@@ -174,8 +177,9 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"draft with: {drafter_usage()}, or none; default when greedy (--temperature 0): "
                             "retrieval (the model's own replies, and n-gram lookup) for the default model, "
                             "hybrid:feature (n-gram lookup, then the built-in feature drafter) for the built-in model; "
-                            "for a GGUF file you name, the smallest GGUF file beside it with its tokenizer (a draft "
-                            "model), else plain decoding; plain decoding when sampling (the default)")
+                            "for a model you name, its pulled catalogue draft or the smallest GGUF file beside it with "
+                            "its tokenizer (a draft model), else the EAGLE-3 head built for it (python -m "
+                            "train.install_head), else plain decoding; plain decoding when sampling (the default)")
     group.add_argument("--draft-length", default="adaptive", metavar="K",
                        help="tokens drafted per step: 'adaptive' (default: each step the length with the most "
                             "expected tokens per second, from the verify and draft times measured so far and the "

@@ -51,6 +51,15 @@ def test_an_installed_head_is_the_default_drafter_for_its_model_and_keeps_the_ou
                                                                                                 max_new_tokens=24)
 
 
+def test_a_draft_model_beside_the_file_comes_before_an_installed_head(llama_dir, tmp_path, capsys):
+    f32 = write_gguf(llama_dir, tmp_path / "m.gguf")
+    folder = install_head(write_head(tmp_path / "trained", llama_dir), f32)
+    assert default_drafter(greedy_args(f32)) == f"eagle3:{folder}"  # alone: the head
+    q8 = write_gguf(llama_dir, tmp_path / "m.q8_0.gguf", "q8_0")  # a quarter of its size, the same tokenizer
+    assert default_drafter(greedy_args(f32)) == f"draft:{q8}"  # a draft model measured faster: it comes first
+    assert "drafting with m.q8_0.gguf" in capsys.readouterr().err
+
+
 def test_installing_for_a_target_that_is_not_a_gguf_file_is_refused_before_training(llama_dir, tmp_path, capsys):
     from train.eagle3 import main as train_main
 

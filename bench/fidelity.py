@@ -260,18 +260,23 @@ def summary(kl: np.ndarray, agree: np.ndarray, steps: int | None = None) -> dict
     later = np.arange(kl.size) % (steps or kl.size) != 0  # (N,)
     return {"positions": int(kl.size), "mean_kl": float(kl.mean()), "later_mean_kl": float(kl[later].mean()),
             "p99_kl": float(np.percentile(kl, 99)), "top1": float(agree.mean()), "kl": kl, "agree": agree,
-            "later": later}
+            "later": later, "steps": steps or kl.size}
 
 
 def paired(first: dict, second: dict) -> dict[str, float]:
     """first's mean KL (over all positions and past each window's first) and top-1 agreement minus second's on the
-    same positions, with the standard errors of the KL differences (positions taken as independent; neighbours in a
-    window are not quite)."""
+    same positions, with the standard errors of the KL differences: positions taken as independent, and windows
+    taken as the independent units (a code rounded the other way stays in a window's cache and moves every later
+    position of it, so neighbours are not independent: the window's error is the honest one, nan for one window),
+    and in how many windows `first` is the closer past the first position."""
     difference, later = first["kl"] - second["kl"], first["later"]  # (N,), (N,) bool
     error = lambda values: float(values.std() / np.sqrt(values.size))  # noqa: E731
+    windows = difference.reshape(-1, first["steps"])[:, 1:].mean(axis=1) if first["steps"] > 1 else difference
+    window_error = float(windows.std(ddof=1) / np.sqrt(windows.size)) if windows.size > 1 else float("nan")
     return {"mean_kl": float(difference.mean()), "standard_error": error(difference),
             "later_mean_kl": float(difference[later].mean()), "later_standard_error": error(difference[later]),
-            "top1": float(first["agree"].mean() - second["agree"].mean())}
+            "later_window_standard_error": window_error, "windows": int(windows.size),
+            "windows_closer": int((windows < 0).sum()), "top1": float(first["agree"].mean() - second["agree"].mean())}
 
 
 def perplexity(reference: np.ndarray, windows: list[list[int]]) -> float:
@@ -308,8 +313,9 @@ def differences(name: str, found: dict[str, dict]) -> list[tuple[str, dict]]:
 
 def difference_line(label: str, difference: dict) -> str:
     return (f"{label}: mean KL {difference['mean_kl']:+.5f} (standard error {difference['standard_error']:.5f}), "
-            f"past the first positions {difference['later_mean_kl']:+.5f} ({difference['later_standard_error']:.5f}), "
-            f"top-1 agreement {100 * difference['top1']:+.2f} points")
+            f"past the first positions {difference['later_mean_kl']:+.5f} ({difference['later_standard_error']:.5f}; "
+            f"by window {difference['later_window_standard_error']:.5f}, closer in {difference['windows_closer']} of "
+            f"{difference['windows']} windows), top-1 agreement {100 * difference['top1']:+.2f} points")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,12 @@ def test_kl_and_top1_agreement_on_logits_made_by_hand():
     spread = np.array(expected) - [0.0, 0.0, 0.3]
     assert difference["standard_error"] == pytest.approx(spread.std() / math.sqrt(3), abs=1e-7)
     assert difference["top1"] == pytest.approx(-1 / 3)
+    assert math.isnan(difference["later_window_standard_error"]) and difference["windows"] == 1  # one window
+    by_window = paired(summary(np.array([0.0, 0.1, 0.2, 0.0, 0.4, 0.6]), np.ones(6, bool), steps=3),
+                       summary(np.array([0.0, 0.2, 0.2, 0.0, 0.2, 0.2]), np.ones(6, bool), steps=3))
+    means = np.array([-0.05, 0.3])  # each window's difference past its first position
+    assert by_window["windows"] == 2 and by_window["windows_closer"] == 1
+    assert by_window["later_window_standard_error"] == pytest.approx(means.std(ddof=1) / math.sqrt(2), abs=1e-9)
     assert difference["later_mean_kl"] == pytest.approx((expected[1] + expected[2] - 0.3) / 2, abs=1e-7)
     with pytest.raises(SystemExit):
         divergences(reference, runtime[:, :1])

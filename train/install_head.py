@@ -29,10 +29,10 @@ INTERMEDIATE = 4096  # the head's MLP width
 
 def gguf_file(name: str) -> Path:
     """The file `name` stands for: a path, or a pulled catalogue model's file; else SystemExit with the fix."""
-    from edge.frontend.options import model_file
     from edge.sources.catalogue import lookup
+    from edge.sources.model_source import named_model_file
 
-    path = model_file(name)
+    path = named_model_file(name)
     if path.is_file():
         return path
     if lookup(name) is not None:

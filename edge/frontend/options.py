@@ -20,7 +20,7 @@ from edge.engine import GenerationOptions
 from edge.errors import SettingError
 from edge.load_spec import (BACKENDS, DEFAULT_MAX_CONTEXT, DRAFT_KV_CACHES, DRAFT_WEIGHTS, DTYPES, LOAD_WEIGHTS,
                              LoadSpec)
-from edge.sources.model_source import hub_cache_dir, resolve_model
+from edge.sources.model_source import hub_cache_dir, named_model_file, resolve_model
 from edge.sources.sampling_config import RECOMMENDABLE, recommended_sampling
 from edge.planning import plan
 from edge.model.quantized_kv_cache import KV_CACHE_CHOICES
@@ -115,19 +115,12 @@ def draft_beside(model: str) -> str | None:
         print(f"drafting with {found[0].name} (beside the model, same tokenizer; the adaptive draft length pauses it "
               "where it does not pay; --drafter none turns it off)", file=sys.stderr)
         return f"draft:{found[0]}"
-    head = installed_head(model_file(model))
+    head = installed_head(named_model_file(model))
     if head is None:
         return None
     print(f"drafting with the EAGLE-3 head built for this model ({head}; the adaptive draft length pauses it where "
           "it does not pay; --drafter none turns it off)", file=sys.stderr)
     return f"eagle3:{head}"
-
-
-def model_file(model: str) -> Path:
-    """A named model's file: the path given, or a pulled catalogue model's file (what `edge pull NAME` fetched)."""
-    entry = catalogue.lookup(model) if not Path(model).exists() else None
-    pulled = catalogue.pulled_file(entry, hub_cache_dir()) if entry is not None else None
-    return pulled if pulled is not None else Path(model)
 
 
 def catalogue_draft(model: str) -> str | None:

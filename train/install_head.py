@@ -1,5 +1,6 @@
 """Build an EAGLE-3 head for a GGUF model and install it, in one command: afterwards `edge-chat MODEL` and edge-serve
-draft with it by default when decoding greedily, for that file and every other quantization of the same model.
+draft with it by default when decoding greedily where no draft model of it is found (edge/frontend/options.py,
+draft_beside), for that file and every other quantization of the same model.
 
     python -m train.install_head qwen2.5-coder-1.5b        # a catalogue name (edge pull it first) or a .gguf file
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from edge.sources.data_dir import default_data_dir
 from edge.sources.installed_heads import identity
+from train.eagle3 import HELD_OUT
 
 REPLIES = 300  # corpus questions, and as many task requests: 600 replies of at most 160 tokens
 CORPUS_CONVERSATIONS = 400  # corpus conversations with their own answers, labelled by the model's greedy choices
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps (default {STEPS})")
     parser.add_argument("--intermediate", type=int, default=INTERMEDIATE,
                         help=f"the head's MLP width (default {INTERMEDIATE})")
-    parser.add_argument("--held-out", type=int, default=64, help="replies kept out for the card's figures")
+    parser.add_argument("--held-out", type=int, default=HELD_OUT, help="replies kept out for the card's figures")
     parser.add_argument("--corpus-modules", type=int, default=None, help="build the corpus from only the first N "
                         "standard-library modules (for trials)")
     args = parser.parse_args(argv)

@@ -381,6 +381,29 @@ def test_a_draft_model_with_a_short_window_stays_lossless(checkpoints):
                     draft_length=3, draft_context=6)
 
 
+
+def test_a_draft_model_reads_only_the_newest_tokens_of_a_long_prompt(checkpoints, monkeypatch):
+    """A prompt longer than the drafter's catch-up: it starts from the prompt's newest tokens instead of reading all
+    of them; each later step adds only what is new, and the output is the target's own."""
+    from edge.decoding.drafters import draft_model
+
+    fed = []
+    one_call = draft_model.draft_greedy
+    monkeypatch.setattr(draft_model, "draft_greedy",
+                        lambda model, request: fed.append(len(request.tokens)) or one_call(model, request))
+    plain = Engine.load(checkpoints["target"], max_context=512)
+    engine = Engine.load(checkpoints["target"], max_context=512, drafter=drafter_spec("self", checkpoints),
+                         draft_length=3)
+    engine.drafter.catch_up = 20
+    prompt = PROMPTS[0] * 3
+    expected = ids_of(plain.generate(prompt, max_new_tokens=40, ignore_eos=True, temperature=0.0))
+    events = list(engine.generate(prompt, max_new_tokens=40, ignore_eos=True, temperature=0.0))
+    assert ids_of(events) == expected
+    assert events[-1].stats.accepted > 0
+    assert len(engine.tokenizer.encode(prompt)) > 20
+    assert fed[0] == 20 and max(fed) <= 20  # never the whole prompt
+
+
 def test_hybrid_drafter_uses_lookup_where_text_repeats_and_the_model_elsewhere(checkpoints, reference):
     engine = Engine.load(checkpoints["target"], max_context=512, drafter=f"hybrid:draft:{checkpoints['target']}")
     assert engine.drafter.name == "hybrid:draft-model"

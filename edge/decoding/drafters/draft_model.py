@@ -17,6 +17,12 @@ from edge.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+# The most tokens a draft model catches up on in one go. Reading a whole prompt costs it about a third of the target's
+# prefill (0.5B against 1.5B), which a reply of a few hundred tokens never wins back (a 1,500-token prompt: the 0.5B
+# draft at 0.79x plain decoding); from the newest CATCH_UP tokens it guesses as well (0.99x there, level on short
+# prompts; docs/benchmarks.md, "Speculation on a real 1.5B file").
+CATCH_UP = 64
+
 
 class DraftModelDrafter:
     name = "draft-model"
@@ -25,8 +31,9 @@ class DraftModelDrafter:
         """`max_len`: the drafter's own context. Below the target's (a memory plan's "shorter draft context"), the
         drafter sees a window of the newest tokens: when a draft would run past it, it starts again from the newest
         half, at positions from 0. Rotary attention depends only on distances, so the shift costs only the
-        context left out; the target still verifies every token, so output is unchanged. `kv_cache` ("int8",
-        "int8-int4") stores the drafter's own cache quantized."""
+        context left out; the target still verifies every token, so output is unchanged. The same shift starts a
+        new prompt at its newest `catch_up` tokens rather than reading all of it. `kv_cache` ("int8", "int8-int4")
+        stores the drafter's own cache quantized."""
         self.model = model
         self.device = model.device
         if kv_cache in (None, "float32"):
@@ -37,6 +44,7 @@ class DraftModelDrafter:
                                                     device=self.device)
         else:
             raise SamplingError("a quantized draft KV cache needs a torch draft model, not an exported one")
+        self.catch_up = CATCH_UP  # the most new tokens read in one go: more, and the draft starts at the newest ones
         self.head: TrimmedHead | None = None  # VocabTrim on the torch backend (bundles trim inside the graph)
         self._base = 0  # index in the sequence of the token at the drafter's position 0
         self._cached: list[int] = []  # tokens (from _base on) whose keys/values are in the drafter's cache
@@ -67,6 +75,10 @@ class DraftModelDrafter:
             self._cached = []
         window = tokens[self._base:]
         reuse = common_prefix(self._cached, window[:-1])  # at least the last token is fed
+        catch_up = min(self.catch_up, limit // 2)
+        if len(window) - reuse > catch_up:  # a new prompt: start at its newest tokens, at position 0
+            self._base, self._cached, reuse = len(tokens) - catch_up, [], 0
+            window = tokens[self._base:]
         self.cache.rollback(min(reuse, self.cache.length))
         drafted = None
         if sampler.plain_greedy and isinstance(self.model, Transformer):  # all k in one C call, over its own head

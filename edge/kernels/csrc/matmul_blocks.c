@@ -30,7 +30,7 @@
 #include "blocks.h"
 #include "quantized.h"
 
-#define MAX_ROWS 4
+#define MAX_ROWS (LANES == 16 ? 8 : 4)  /* rows a tile walks the weights once for: AVX-512's 32 registers hold 8 */
 #define SPAN_BYTES 65536  /* a prompt's tiles of rows share this much of the weights at a time (in L2) */
 
 #define STEP (LANES * 4) /* bytes of a 64-byte chunk, pair or plane that one pass reads */
@@ -164,7 +164,7 @@ ALWAYS void run_dots(const uint8_t *at, const uint8_t *plane_at, const int pairs
                      const Row *centred, int64_t index, const int R) {
     const int every = WIDE_LW ? pairs : bits == 0 ? 4 : bits == 1 ? 2 : 1;
     lw part[MAX_ROWS];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) part[r] = lw_zero();
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) part[r] = lw_zero();
     lb plane;
     if (bits) plane = lb_load(plane_at);
     _Pragma("GCC unroll 4") for (int p = 0; p < pairs; p++) {
@@ -177,12 +177,12 @@ ALWAYS void run_dots(const uint8_t *at, const uint8_t *plane_at, const int pairs
             lo = lb_merge(lo, plane, 4 - 4 * p, 0x30);
             hi = lb_merge(hi, plane, 2 - 4 * p, 0x30);
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
             part[r] = lw_dot(lw_dot(part[r], lo, x[r] + 8 * p), hi, x[r] + 8 * p + 4);
             pin_register(part[r]);  /* simd.h: a chain, not a tree of partial sums spilled to the stack */
         }
         if ((p + 1) % every == 0 || p + 1 == pairs)
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                 if (WIDE_LW && centred) part[r] = li_sub(part[r], li_set(centred[r].centred[index]));
                 dots[r] = scaled ? li_widen_by(dots[r], part[r], multiplier) : li_widen(dots[r], part[r]);
                 part[r] = lw_zero();
@@ -204,14 +204,14 @@ ALWAYS void block_32(const int format, const uint8_t *g, const Row *rows, int64_
                      const int h) {
     li dots[MAX_ROWS];
     const int8_t *x[MAX_ROWS];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = li_zero(), x[r] = rows[r].codes + 32 * b;
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) dots[r] = li_zero(), x[r] = rows[r].codes + 32 * b;
     const int five = format == BLOCKS_Q5_0 || format == BLOCKS_Q5_1;
     const int minned = format == BLOCKS_Q4_1 || format == BLOCKS_Q5_1;
     const Fields32 f = fields_32(format, g);  /* blocks.h */
     if (format == BLOCKS_Q8_0) {
         _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
             const lb w = lb_q8(lb_load(f.codes + 64 * c + STEP * h));
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = li_dot_q8(dots[r], w, x[r] + 4 * c);
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) dots[r] = li_dot_q8(dots[r], w, x[r] + 4 * c);
         }
     } else {
         run_dots(f.codes + STEP * h, five ? f.plane + STEP * h : NULL, 4, five, x, dots, li_zero(), 0, NULL, 0, R);
@@ -219,7 +219,7 @@ ALWAYS void block_32(const int format, const uint8_t *g, const Row *rows, int64_
     const lf d = lf_f16(f.d + LANES * h);
     const lf m = minned ? lf_f16(f.m + LANES * h) : lf_zero();
     const int offset = format == BLOCKS_Q8_0 ? 128 * Q8_FLIPPED : format == BLOCKS_Q4_0 ? 8 : format == BLOCKS_Q5_0 ? 16 : 0;
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
         const li exact = offset ? li_sub(dots[r], li_set(offset * rows[r].sums[b])) : dots[r];
         lf term = lf_mul(lf_of(exact), lf_mul(d, lf_set(rows[r].scales[b])));
         if (minned) term = lf_add(term, lf_mul(m, lf_set(rows[r].scaled_sums[b])));
@@ -231,7 +231,7 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
                     const int h) {
     li dots[MAX_ROWS], offsets[MAX_ROWS];
     const int8_t *x[MAX_ROWS];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) dots[r] = offsets[r] = li_zero();
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) dots[r] = offsets[r] = li_zero();
     const int six = format == BLOCKS_Q6_K, five = format == BLOCKS_Q5_K;
     const FieldsK f = fields_k(format, g);  /* blocks.h */
     const int64_t bytes = block_group_bytes(format), runs = six ? 16 : 8;
@@ -239,7 +239,7 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
         for (int j = 0; j < 16; j++) {  /* runs of 16: dots[r] += sc_j (dot_j - 32 xsum_j) */
             prefetch_share(g, bytes, h * runs + j, (BLOCKS_GROUP / LANES) * runs);
             const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 1);
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                 x[r] = rows[r].codes + 256 * b + 16 * j;
                 if (!WIDE_LW)  /* int16 partial dots are scaled pair by pair: the offset apart, sc_j xsum_j */
                     offsets[r] = li_add(offsets[r], li_times(scale, rows[r].sums[16 * b + j]));
@@ -251,18 +251,18 @@ ALWAYS void block_k(const int format, const uint8_t *g, const Row *rows, int64_t
         for (int j = 0; j < 8; j++) {  /* runs of 32: dots[r] += sc_j dot_j */
             prefetch_share(g, bytes, h * runs + j, (BLOCKS_GROUP / LANES) * runs);
             const li scale = li_multiplier(f.scales + BLOCKS_GROUP * j + LANES * h, 0);
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) x[r] = rows[r].codes + 256 * b + 32 * j;
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) x[r] = rows[r].codes + 256 * b + 32 * j;
             run_dots(run_pairs(format, g, j) + STEP * h, five ? run_plane(format, g, j) + STEP * h : NULL, 4, five, x,
                      dots, scale, 1, NULL, 0, R);
         }
         for (int i = 0; i < 4; i++)  /* offsets[r] = sum_j m_j xsum_j, two sub-blocks at a time */
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
                 offsets[r] = li_pair_dot(offsets[r], f.mins + 2 * BLOCKS_GROUP * i + 2 * LANES * h,
                                          rows[r].pairs[4 * b + i]);
     }
     const lf d = lf_f16(f.d + LANES * h);
     const lf dmin = six ? lf_zero() : lf_f16(f.dmin + LANES * h);
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
         const lf sx = lf_set(rows[r].scales[b]);
         const lf term = six ? lf_mul(lf_of(li_sub(dots[r], li_shl(offsets[r], 5))), lf_mul(d, sx))
                             : lf_sub(lf_mul(lf_of(dots[r]), lf_mul(d, sx)), lf_mul(lf_of(offsets[r]), lf_mul(dmin, sx)));
@@ -280,7 +280,7 @@ ALWAYS void group_tile(const int format, const Row *rows, const uint8_t *weights
     const int64_t bytes = block_group_bytes(format);
     lf sums[BLOCKS_GROUP / LANES][MAX_ROWS];
     for (int h = 0; h < BLOCKS_GROUP / LANES; h++)
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sums[h][r] = lf_zero();
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) sums[h][r] = lf_zero();
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *g = weights + b * bytes;
         _Pragma("GCC unroll 4") for (int h = 0; h < BLOCKS_GROUP / LANES; h++) {
@@ -293,7 +293,7 @@ ALWAYS void group_tile(const int format, const Row *rows, const uint8_t *weights
         }
     }
     for (int h = 0; h < BLOCKS_GROUP / LANES; h++)
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) lf_store(acc[r] + LANES * h, sums[h][r]);
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) lf_store(acc[r] + LANES * h, sums[h][r]);
 }
 
 /* y[r * ldy + n0 + lane] = acc[r][lane] (+ bias) for the group's outputs below N */
@@ -318,7 +318,16 @@ ALWAYS void rows_tile_of(const int format, const Prepared *p, const uint8_t *pac
     }
 }
 
-/* each format's tiles compiled with the format a constant */
+/* each format's tiles compiled with the format a constant (5-8 rows where MAX_ROWS is 8) */
+#if LANES == 16
+#define WIDER_TILES(FORMAT)                                                                                        \
+    case 5: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 5, begin, end, N, K); break;                          \
+    case 6: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 6, begin, end, N, K); break;                          \
+    case 7: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 7, begin, end, N, K); break;                          \
+    default: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 8, begin, end, N, K); break;
+#else
+#define WIDER_TILES(FORMAT)
+#endif
 #define FORMAT_TILES(NAME, FORMAT)                                                                                 \
     static void NAME(const Prepared *p, const uint8_t *packed, const float *bias, float *y, int64_t ldy, int64_t m, \
                      int R, int64_t begin, int64_t end, int64_t N, int64_t K) {                                    \
@@ -326,7 +335,8 @@ ALWAYS void rows_tile_of(const int format, const Prepared *p, const uint8_t *pac
             case 1: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 1, begin, end, N, K); break;                   \
             case 2: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 2, begin, end, N, K); break;                   \
             case 3: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 3, begin, end, N, K); break;                   \
-            default: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 4, begin, end, N, K); break;                  \
+            case 4: rows_tile_of(FORMAT, p, packed, bias, y, ldy, m, 4, begin, end, N, K); break;                   \
+            WIDER_TILES(FORMAT)                                                                                    \
         }                                                                                                          \
     }
 FORMAT_TILES(tiles_q8_0, BLOCKS_Q8_0)
@@ -356,8 +366,9 @@ static Tiles tiles_of(int format) {
 /* This thread's part of one segment (N outputs in `format`) from prepared rows: a contiguous share of the first
  * seven eighths of the output groups (one long stream of weights per thread), then chunks of the rest taken from a
  * shared counter until none are left, so that a thread slowed by the other's memory traffic or an interrupt does
- * not hold the other at the next barrier. Which thread computes a group changes nothing in it. Up to 4 rows take a
- * range's groups in one sweep; more (a prompt) go 4 at a time over a span of groups kept in cache meanwhile
+ * not hold the other at the next barrier. Which thread computes a group changes nothing in it. Up to MAX_ROWS rows
+ * (8 with AVX-512, 4 elsewhere) take a range's groups in one sweep; more (a prompt) go MAX_ROWS at a time over a span
+ * of groups kept in cache meanwhile
  * (SPAN_BYTES of them, or one group where K is long). */
 static void segment_share(int format, const Prepared *p, const uint8_t *packed, const float *bias, float *y,
                           int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t *taken, int part, int parts) {

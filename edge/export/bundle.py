@@ -91,9 +91,19 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
     unsupported = _unsupported_by_edge(checkpoint)
     stages = 4 + (2 if options.drafter else 0) if unsupported is None else 4
     remove_stale_work_folders(output)
-    work = _make_workdir(output)
-    workdir = work.path
-    progress = StageProgress(stages, enabled=show_progress)
+    work = None
+    try:  # a stop signal right after the work folder is made still removes it
+        work = _make_workdir(output)
+        return _export_into(checkpoint, output, work.path, options, unsupported,
+                            StageProgress(stages, enabled=show_progress))
+    finally:
+        if work is not None:
+            work.remove()
+
+
+def _export_into(checkpoint: Path, output: Path, workdir: Path, options: ExportOptions,
+                 unsupported: UnsupportedModelError | None, progress: StageProgress) -> dict:
+    """The export's stages in `workdir`, then the bundle moved into place at `output`; its manifest."""
     try:
         try:
             if unsupported is None:
@@ -113,7 +123,6 @@ def export_bundle(checkpoint: str | Path, output: str | Path, options: ExportOpt
         raise
     finally:
         progress.close()
-        work.remove()
     return manifest
 
 

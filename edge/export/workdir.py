@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +34,20 @@ class WorkFolder:
     def create(cls, output: Path) -> "WorkFolder":
         """A new, locked work folder for `output` (raises OSError when its parent cannot be written)."""
         while True:
-            path = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
-            descriptor = _lock(path, wait=True)
-            if path.is_dir():  # not taken for stale by another export between its creation and its lock
-                return cls(path, descriptor)
+            path = output.parent / f".{output.name}.partial-{secrets.token_hex(4)}"
+            descriptor = None
+            try:
+                os.mkdir(path, 0o700)
+                descriptor = _lock(path, wait=True)
+                if path.is_dir():  # not taken for stale by another export between its creation and its lock
+                    return cls(path, descriptor)
+            except FileExistsError:  # that name is taken: another
+                continue
+            except BaseException:  # Ctrl+C or a stop signal before the folder was handed over: nothing stays
+                shutil.rmtree(path, ignore_errors=True)
+                if descriptor is not None:
+                    os.close(descriptor)
+                raise
             if descriptor is not None:
                 os.close(descriptor)
 

@@ -93,6 +93,20 @@ def test_only_work_folders_no_export_holds_are_removed(tmp_path):
     assert not running.path.exists()
 
 
+def test_a_stop_while_the_work_folder_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """A signal that lands between the folder's creation and its handing over (the moment an export's watcher first
+    sees the folder) removes it: the export had not yet reached the code that would."""
+    from edge.export import workdir
+
+    def interrupted(path, wait):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workdir, "_lock", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        WorkFolder.create(tmp_path / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_export_work_folder_is_never_loaded(tmp_path):
     """Refused by its name, before anything in it is read (an export killed before its manifest was written)."""
     folder = tmp_path / ".model.bundle.partial-x1y2"

@@ -41,7 +41,7 @@ class WorkFolder:
                 descriptor = _lock(path, wait=True)
                 if path.is_dir():  # not taken for stale by another export between its creation and its lock
                     return cls(path, descriptor)
-            except FileExistsError:  # that name is taken: another
+            except FileExistsError:  # that name is taken: draw another
                 continue
             except BaseException:  # Ctrl+C or a stop signal before the folder was handed over: nothing stays
                 shutil.rmtree(path, ignore_errors=True)

@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 from edge.errors import CheckpointError
 from edge.files import special_kind
-from edge.sources.catalogue import local_file, lookup, not_pulled, pulled_file
+from edge.sources.catalogue import local_file, lookup, not_pulled
 
 DOWNLOAD_PATTERNS = ["model*.safetensors", "*.json", "*.jinja"]
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
@@ -91,10 +91,11 @@ def resolve_model(name: str | Path, *, progress: bool = True) -> Path:
 
 
 def named_model_file(model: str) -> Path:
-    """A named model's file: the path given, or a pulled catalogue model's file (what `edge pull NAME` fetched)."""
+    """A named model's file: the path given, or a catalogue model's file where it is on this machine (as
+    resolve_model finds it: pulled, or the pip-installed default model)."""
     entry = lookup(model) if not Path(model).exists() else None
-    pulled = pulled_file(entry, hub_cache_dir()) if entry is not None else None
-    return pulled if pulled is not None else Path(model)
+    found = local_file(entry, hub_cache_dir()) if entry is not None else None
+    return found if found is not None else Path(model)
 
 
 def hub_cache_dir() -> Path:

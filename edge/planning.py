@@ -28,11 +28,11 @@ from edge.memory.plan import Plan, PlanRequest, make_plan
 BUNDLE_WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
 
 
-def plan(spec: LoadSpec, config: ModelConfig | None = None, slots: int | None = 1) -> Plan:
+def plan(spec: LoadSpec, config: ModelConfig | None = None, slots: int | None = 1, prompt_cache: int = 0) -> Plan:
     """The plan for loading `spec` in its memory budget (None: what the device has free); `config` is the
     checkpoint's, when it has been read already; `slots` replies decoded together (edge-serve --parallel; None: as
-    many as fit, edge/memory/plan.py). A budget that cannot be read or cannot hold the model is a
-    MemoryBudgetError."""
+    many as fit, edge/memory/plan.py) with a prompt cache of `prompt_cache` bytes. A budget that cannot be read or
+    cannot hold the model is a MemoryBudgetError."""
     config = config if config is not None else ModelConfig.from_dir(spec.path)
     drafter = spec.drafter
     kind = drafter.plan_kind if drafter is not None else "none"
@@ -52,7 +52,7 @@ def plan(spec: LoadSpec, config: ModelConfig | None = None, slots: int | None = 
                           narrow_drafter=narrowable and drafter_dtype == spec.dtype == "float32",
                           draft_kv_dtype=spec.draft.kv_cache,
                           quantizable_draft_kv=narrowable and spec.draft.kv_cache is None,
-                          can_offload=spec.device.startswith("cuda"), slots=slots)
+                          can_offload=spec.device.startswith("cuda"), slots=slots, prompt_cache=prompt_cache)
     try:
         result = make_plan(request, probe(spec.device, spec.memory_budget).budget)
     except BudgetError as error:  # an unreadable size, no CUDA GPU, or a budget too small: the user's to fix

@@ -13,8 +13,10 @@ for all of them. Sequences join and leave between any two steps.
 Each sequence owns a region of one KV cache (`context` positions); its rows write and attend only there, at the
 positions they have in it (edge/kernels/csrc/interface.h RowSlots). A region keeps what it holds after its sequence
 leaves: a new sequence starts from the longest prefix of its prompt that any region holds (a chat's next request,
-or another with the same system prompt), copied into its own region rather than run again. Every row computes what it computes when the
-sequence runs alone, so a greedy reply is token for token the one plain decoding gives, and a seeded sampled one
+or another with the same system prompt), copied into its own region rather than run again; with a `store`
+(edge/decoding/prompt_store.py), what a region held goes to host memory when another sequence takes the region, and
+comes back the same way for a prompt that begins with it. Every row computes what it computes when the sequence runs
+alone, so a greedy reply is token for token the one plain decoding gives, and a seeded sampled one
 the same reply as alone (its own generator, penalty and history). A sequence with a drafter adds its verify rows
 (its last token and its draft) to the pass and keeps what its own verification accepts (edge/decoding/verify.py),
 so each sequence's acceptance is its own; greedy replies stay those of plain decoding. With `drafting_limit`, a pass
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from edge.decoding.drafters.base import Draft, DraftSampler, Drafter
+from edge.decoding.prompt_store import PromptStore
 from edge.decoding.sampling import SamplingParams, history_tensor, next_token
 from edge.decoding.speculative import verify_rows
 from edge.errors import SamplingError
@@ -76,6 +79,7 @@ class SequenceBatch:
     prefill_chunk: int = PREFILL_CHUNK
     max_rows: int = MAX_ROWS
     drafting_limit: int | None = None  # a pass with more decoding sequences than this drafts for none (None: all)
+    store: PromptStore | None = None  # where a region's keys/values go when another sequence takes the region
     sequences: list[Sequence] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -117,15 +121,25 @@ class SequenceBatch:
     def _place(self, prompt: list[int], free: list[int]) -> tuple[int, int]:
         """The free region for a prompt and how many of its leading tokens need not run again: the free region
         holding the longest prefix of it, topped up with a copy of a longer one's keys/values from any region (a
-        running sequence's prefix slots no longer change). At least the prompt's last token runs: its logits choose
-        the first new token."""
+        running sequence's prefix slots no longer change) or from the store. What the region held beyond that goes
+        to the store first. At least the prompt's last token runs: its logits choose the first new token."""
         wanted = prompt[:-1]
         region = max(free, key=lambda r: (common_prefix(self.held[r], wanted), -r))
         kept = common_prefix(self.held[region], wanted)
+        target = region * self.context
+        if self.store is not None and len(self.held[region]) > kept:  # about to be written over
+            held = len(self.held[region])
+            self.store.keep(self.held[region], self.cache.keys[:, :, :, target:target + held],
+                            self.cache.values[:, :, :, target:target + held])
         donor = max(range(self.regions), key=lambda r: (common_prefix(self.held[r], wanted), r == region))
         shared = common_prefix(self.held[donor], wanted)
-        if shared > kept:
-            source, target = donor * self.context, region * self.context
+        stored, in_store = self.store.longest(wanted) if self.store is not None else (None, 0)
+        if stored is not None and in_store > max(shared, kept):
+            self.cache.keys[:, :, :, target:target + in_store] = stored.keys[:, :, :, :in_store]  # (L, 1, Hkv, n, Dh)
+            self.cache.values[:, :, :, target:target + in_store] = stored.values[:, :, :, :in_store]
+            kept = in_store
+        elif shared > kept:
+            source = donor * self.context
             for tensor in (self.cache.keys, self.cache.values):  # (L, 1, Hkv, S, Dh)
                 tensor[:, :, :, target:target + shared] = tensor[:, :, :, source:source + shared]
             kept = shared

@@ -3,7 +3,7 @@
 turns its tokens into the events the same reply alone gives: text cut at stop strings, the loop stop, the finish
 reasons and the stats.
 
-    replies = BatchedReplies.for_engine(engine, slots=4)     # None where the engine's model has no fused step
+    replies = BatchedReplies.for_engine(engine, slots=4, prompt_cache=256 * 2**20)  # None: no fused step here
     reply = replies.start(prompt_ids, opts)                  # prompt_ids, grammar = chat_prompt(...) (prepared.py)
     while replies.running:
         for reply, event in replies.step():                  # one event per reply that chose a token this step
@@ -20,7 +20,9 @@ token, each later pass as one decode step.
 
 A slot keeps the keys and values of the last reply it ran (SequenceBatch): a new reply starts from the longest prefix
 of its prompt any slot holds and prefills only the rest, so a conversation's next turn, or a prompt that opens with
-the same system prompt as an earlier one, skips what is already there (`usage.cached_tokens`).
+the same system prompt as an earlier one, skips what is already there (`usage.cached_tokens`). With a prompt cache
+(`prompt_cache` bytes of host memory, PromptStore), what a slot held moves there when another reply takes the slot,
+so a conversation whose slot served others meanwhile, or a prompt asked again, still starts from it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 
 from edge.decoding.batch import PREFILL_CHUNK, Sequence, SequenceBatch
 from edge.decoding.loop import Step
+from edge.decoding.prompt_store import PromptStore
 from edge.decoding.speculative import DraftLength
 from edge.engine.engine import Engine
 from edge.engine.options import GenerationOptions
@@ -102,7 +105,7 @@ class BatchedReply:
 class BatchedReplies:
     """The replies of one SequenceBatch over an engine's model: `slots` sequences, each with the engine's context."""
 
-    def __init__(self, engine: Engine, slots: int, rows: int) -> None:
+    def __init__(self, engine: Engine, slots: int, rows: int, prompt_cache: int = 0) -> None:
         if not 1 <= slots <= rows:
             raise SamplingError(f"{slots} slots do not fit one fused pass of this model, which takes at most {rows} "
                                 f"rows; use at most {rows}")
@@ -113,15 +116,17 @@ class BatchedReplies:
         self.draft_length = max(0, min(wanted, rows // slots - 1)) if self._drafts_per_slot(engine) else 0
         chunk = max(1, min(PREFILL_CHUNK, rows // slots))  # a prompt's chunk leaves the others' steps light
         self.batch = SequenceBatch(engine.model, regions=slots, context=engine.max_context, prefill_chunk=chunk,
-                                   max_rows=rows, drafting_limit=DRAFTING_LIMIT)
+                                   max_rows=rows, drafting_limit=DRAFTING_LIMIT,
+                                   store=PromptStore(prompt_cache) if prompt_cache > 0 else None)
         self.replies: dict[Sequence, BatchedReply] = {}
         self.last_size = 0  # sequences in the last pass
 
     @classmethod
-    def for_engine(cls, engine: Engine, slots: int) -> "BatchedReplies | None":
-        """`slots` replies decoded together on this engine's model, or None where it cannot (batch_rows)."""
+    def for_engine(cls, engine: Engine, slots: int, prompt_cache: int = 0) -> "BatchedReplies | None":
+        """`slots` replies decoded together on this engine's model with a `prompt_cache` of that many bytes (0: none),
+        or None where it cannot (batch_rows)."""
         rows = batch_rows(engine)
-        return cls(engine, min(slots, rows), rows) if rows else None
+        return cls(engine, min(slots, rows), rows, prompt_cache) if rows else None
 
     @staticmethod
     def _drafts_per_slot(engine: Engine) -> bool:

@@ -149,17 +149,18 @@ def command_spec(args: argparse.Namespace) -> LoadSpec | None:
         raise SettingError(f"--threads must be at least 1, got {args.threads}")
     spec = load_spec(args, default_drafter(args))
     if args.plan:
-        print_plan(spec, getattr(args, "parallel", 1))  # edge-serve's slots (None: as many as fit)
+        # edge-serve's slots (None: as many as fit) and their prompt cache
+        print_plan(spec, getattr(args, "parallel", 1), getattr(args, "prompt_cache_bytes", 0))
         return None
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     return spec
 
 
-def print_plan(spec: LoadSpec, slots: int | None = 1) -> None:
+def print_plan(spec: LoadSpec, slots: int | None = 1, prompt_cache: int = 0) -> None:
     """--plan: the plan for this spec (the one Engine.from_spec loads under its budget) with `slots` replies decoded
-    together (edge-serve --parallel), from config files only."""
-    chosen = plan(spec, slots=slots)
+    together (edge-serve --parallel) and their prompt cache of `prompt_cache` bytes, from config files only."""
+    chosen = plan(spec, slots=slots, prompt_cache=prompt_cache)
     print(json.dumps(chosen.to_dict(), indent=1))
     print(chosen.summary(), file=sys.stderr)
 

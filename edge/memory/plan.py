@@ -20,7 +20,9 @@ Speculation is what edge is for, so it is kept at the cost of context as long as
 Then the slots (edge-serve --parallel): each reply decoded together with others holds its own KV cache of the
 planned context beside the engine's, and their fused passes a buffer of BATCH_ROWS rows. `slots` asks for that many
 (fewer when fewer fit, a step-down with its reason), None for as many as fit up to AUTO_SLOTS; one slot allocates
-nothing more (replies one at a time, in the engine's own cache).
+nothing more (replies one at a time, in the engine's own cache). Last, with more than one slot, the prompt cache:
+`prompt_cache` bytes of host memory for the keys and values a slot held before another reply took it (less when
+less is left, a step-down).
 
 (The design's last step - offloading layers to the CPU, on a GPU - joins the order as the engine
 learns them; a plan only ever asks for what the engine can allocate.) Below `minimum` - the plain model at
@@ -63,6 +65,7 @@ class PlanRequest:
     stored_weight_bytes: int | None = None  # the target's weights exactly, where the shape cannot say (a GGUF file's
     #                                         blocks); weight_dtype then only names them
     slots: int | None = 1  # replies decoded together, each with its own KV cache (None: as many as fit, AUTO_SLOTS)
+    prompt_cache: int = 0  # bytes asked for the slots' prompt cache (edge-serve --prompt-cache)
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -91,11 +94,12 @@ class Plan:
     # reported beside the plan, not taken from the budget, which is for what the model allocates
     slots: int = 1  # replies decoded together (edge-serve --parallel)
     slot_bytes: int = 0  # what more than one slot allocates: a KV cache each, and the batch's pass buffers
+    prompt_cache_bytes: int = 0  # the slots' prompt cache (host memory for keys and values they held)
 
     @property
     def total(self) -> int:
-        """Everything the plan allocates: the footprint and the slots'."""
-        return self.footprint.total + self.slot_bytes
+        """Everything the plan allocates: the footprint, the slots' and their prompt cache."""
+        return self.footprint.total + self.slot_bytes + self.prompt_cache_bytes
 
     @property
     def expected_peak(self) -> int:
@@ -114,7 +118,8 @@ class Plan:
 
     def summary(self) -> str:
         speculation = "off" if self.drafter == "none" else f"{self.drafter}, k <= {self.draft_length}"
-        slots = f"; {self.slots} slots ({format_size(self.slot_bytes)})" if self.slots > 1 else ""
+        cache = f", prompt cache {format_size(self.prompt_cache_bytes)}" if self.prompt_cache_bytes else ""
+        slots = f"; {self.slots} slots ({format_size(self.slot_bytes)}){cache}" if self.slots > 1 else ""
         lines = [f"plan: {format_size(self.total)} of a {format_size(self.budget)} budget; context "
                  f"{self.max_context} tokens; speculation {speculation}{slots}"]
         if self.runtime_overhead:
@@ -184,6 +189,7 @@ def make_plan(request: PlanRequest, budget: int) -> Plan:
                 draft_context, "bfloat16" if narrowed else None,
                 current.draft_kv_dtype if current.drafter == "model" else None)
     plan.slots, plan.slot_bytes = _slots(request, context, budget - plan.footprint.total, steps)
+    plan.prompt_cache_bytes = _prompt_cache(request, plan.slots, budget - plan.total, steps)
     assert plan.fits, "minimum was checked above"
     return plan
 
@@ -202,6 +208,18 @@ def _slots(request: PlanRequest, context: int, room: int, steps: list[str]) -> t
         steps.append(f"slots {request.slots} -> {max(slots, 1)}: {request.slots} replies' KV caches of {context} "
                      f"tokens need {format_size(request.slots * cache + buffers)} beside the rest of the plan")
     return (slots, slots * cache + buffers) if slots > 1 else (1, 0)
+
+
+def _prompt_cache(request: PlanRequest, slots: int, room: int, steps: list[str]) -> int:
+    """The bytes of the slots' prompt cache: those asked for, fewer when fewer are left (a step-down in `steps`);
+    none with one slot (the engine's own cache keeps the last conversation)."""
+    if slots <= 1 or request.prompt_cache <= 0:
+        return 0
+    kept = max(0, min(request.prompt_cache, room))
+    if kept < request.prompt_cache:
+        steps.append(f"prompt cache {format_size(request.prompt_cache)} -> {format_size(kept)}: what is left of the "
+                     f"budget beside the model and {slots} slots")
+    return kept
 
 
 def _offload_plan(request: PlanRequest, budget: int, minimum: int) -> Plan:

@@ -21,12 +21,13 @@ from edge.serve.generation_queue import GenerationQueue
 
 class BackgroundServer:
     """`load` runs in the generation thread once the server is up (GET /health answers 503 until it returns);
-    `parallel` replies are generated together (edge-serve's --parallel)."""
+    `parallel` replies are generated together (edge-serve's --parallel), with a prompt cache of `prompt_cache` bytes
+    (--prompt-cache)."""
 
     def __init__(self, load: Callable[[], Engine], config: ServeConfig, *, queue_size: int = 16, parallel: int = 1,
-                 host: str = "127.0.0.1", log_level: str = "warning") -> None:
+                 prompt_cache: int = 0, host: str = "127.0.0.1", log_level: str = "warning") -> None:
         self._load = load
-        self.generations = GenerationQueue(queue_size, parallel)
+        self.generations = GenerationQueue(queue_size, parallel, prompt_cache)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, 0))  # the OS picks a free port, known before the server starts

@@ -4,6 +4,7 @@
     edge-serve MODEL --port 8080 --api-key KEY       clients send "Authorization: Bearer KEY"
     edge-serve --cors http://localhost:5173          a web page at that origin may call the API
     edge-serve --parallel 4                          4 replies generated together (default: as many as fit, up to 4)
+    edge-serve --prompt-cache 1GiB                   keep more finished replies' keys/values for prompts that return
     edge-serve MODEL --ray HEAD:6379 --replicas 2    on a Ray cluster: replicas with one engine each (ray_cli.py)
 
 The model, drafter, weights and memory options are edge-chat's (edge/frontend/options.py, one load spec); the sampling
@@ -18,6 +19,7 @@ import dataclasses
 import ipaddress
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from edge.frontend.options import (
     model_options,
     generation_options,
 )
+from edge.memory.budget import BudgetError, parse_size
 from edge.planning import plan
 from edge.sources import default_model
 from edge.engine import Engine
@@ -50,6 +53,7 @@ else:
 API_KEY_VARIABLE = "EDGE_API_KEY"
 DEFAULT_PORT = 8080  # llama-server's
 GRACEFUL_S = 3  # on Ctrl+C or SIGTERM, how long connections may take to close (open replies end at once)
+DEFAULT_PROMPT_CACHE = "256MiB"  # about 4,600 tokens of a 1.5B Qwen2.5's keys and values (float32)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "beside them. Default: as many as the memory plan fits beside the model (--memory-budget, "
                              "else the free memory), up to 4; --plan shows it. 1: one reply at a time, each reusing "
                              "the KV cache of the conversation before it")
+    server.add_argument("--prompt-cache", default=DEFAULT_PROMPT_CACHE, metavar="SIZE",
+                        help="host memory for the keys and values a slot held before another request took it "
+                             "(e.g. 512MiB; 0: none): a conversation's next turn, or a prompt asked again, starts "
+                             "from them instead of being read again; the least recently used go first. Counted in "
+                             f"the memory plan, and less where less is left (default: {DEFAULT_PROMPT_CACHE})")
     server.add_argument("--queue-size", type=int, default=16, metavar="N",
                         help="requests that may wait while every slot is busy; one more is answered 429 with a "
                              "Retry-After estimated from the measured tokens per second (default: 16)")
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         # the flags over the model's recommended sampling: the defaults of the fields a request leaves out
         config = dataclasses.replace(config, defaults=model_options(args, spec))
-        slots = serve_slots(args, spec)
+        slots, prompt_cache = serve_slots(args, spec)
     except (EdgeError, ValueError) as error:
         print(f"edge-serve: error: {error}", file=sys.stderr)
         return 2
@@ -134,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     if cluster is not None:
         return serve_on_ray(args, config, spec, cluster)
-    generations = GenerationQueue(args.queue_size, slots)
+    generations = GenerationQueue(args.queue_size, slots, prompt_cache)
     server = StoppingServer(uvicorn.Config(create_app(config, generations), host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S),
                             generations)
@@ -177,23 +186,37 @@ def loaded(spec) -> Engine:
     return engine
 
 
-def serve_slots(args: argparse.Namespace, spec) -> int:
-    """--parallel, or without it as many slots as the memory plan fits; a budget asked for (--memory-budget) also
-    caps the slots asked for. Without a budget, a model the planner cannot read runs one slot (said on stderr)."""
+def serve_slots(args: argparse.Namespace, spec) -> tuple[int, int]:
+    """The slots and the bytes of their prompt cache: --parallel and --prompt-cache, or without --parallel as many
+    slots as the memory plan fits; a budget asked for (--memory-budget) also caps the slots and the cache asked for.
+    Without a budget, a model the planner cannot read runs one slot (said on stderr)."""
+    asked = prompt_cache_bytes(args.prompt_cache)
     if args.parallel is not None and spec.memory_budget is None:
-        return args.parallel
+        return args.parallel, asked if args.parallel > 1 else 0
     try:
-        return plan(spec, slots=args.parallel).slots
+        chosen = plan(spec, slots=args.parallel, prompt_cache=asked)
+        return chosen.slots, chosen.prompt_cache_bytes
     except EdgeError as error:
         if spec.memory_budget is not None:
             raise
         print(f"edge-serve: warning: one slot, as the memory planner cannot size more: {error}", file=sys.stderr)
-        return 1
+        return 1, 0
+
+
+def prompt_cache_bytes(size: str) -> int:
+    """--prompt-cache in bytes: 0 (or 0 with a unit) for none."""
+    if re.fullmatch(r"\s*0+(\.0*)?\s*([kmg]i?b?|b)?\s*", size, re.IGNORECASE):
+        return 0
+    try:
+        return parse_size(size)
+    except BudgetError as error:
+        raise ValueError(f"--prompt-cache: {error}, or 0 for none") from None
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     if args.parallel is not None and args.parallel < 1:
         raise ValueError(f"--parallel must be at least 1, got {args.parallel}")
+    args.prompt_cache_bytes = prompt_cache_bytes(args.prompt_cache)
     if args.queue_size < 1:
         raise ValueError(f"--queue-size must be at least 1, got {args.queue_size}")
     if not 0 <= args.port <= 65535:

@@ -34,12 +34,13 @@ log = logging.getLogger(__name__)
 class GenerationQueue:
     """`start(load)` loads in the generation thread (`loaded` is set when it ends, `engine` or `load_error` says
     how); `submit(job)` queues a job or raises QueueFull. `slots` replies are decoded together where the model
-    allows (--parallel)."""
+    allows (--parallel), with a prompt cache of `prompt_cache` bytes (--prompt-cache)."""
 
-    def __init__(self, limit: int, slots: int = 1) -> None:
+    def __init__(self, limit: int, slots: int = 1, prompt_cache: int = 0) -> None:
         self.waiting_jobs = WaitingJobs(limit)
         self.limit = limit
         self.requested_slots = slots
+        self.prompt_cache = prompt_cache
         self.engine: Engine | None = None
         self.load_error: BaseException | None = None
         self.loaded = threading.Event()
@@ -75,6 +76,13 @@ class GenerationQueue:
         """Sequences in the batch's last pass."""
         scheduler = self.scheduler
         return scheduler.batch.last_size if scheduler is not None and scheduler.batch is not None else 0
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        """Bytes the batch's prompt cache holds now."""
+        scheduler = self.scheduler
+        store = scheduler.batch.batch.store if scheduler is not None and scheduler.batch is not None else None
+        return store.nbytes if store is not None else 0
 
     def replies(self) -> dict[str, int]:
         """Jobs so far by how they ended: edge's finish reasons, "skipped" (the client left before it started),
@@ -139,7 +147,7 @@ class GenerationQueue:
         """The slots decoded together (None with one slot, or where the model has no fused step: said in the log)."""
         if self.requested_slots <= 1:
             return None
-        batch = BatchedReplies.for_engine(engine, self.requested_slots)
+        batch = BatchedReplies.for_engine(engine, self.requested_slots, self.prompt_cache)
         if batch is None:
             log.warning("--parallel %d: this model does not run on edge's fused CPU step (a GGUF file, packed int8 or "
                         "int4 weights, or a checkpoint on the CPU in float32 with a plain KV cache does), so replies "

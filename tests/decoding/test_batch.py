@@ -8,6 +8,7 @@ import torch
 
 from edge import Engine
 from edge.decoding.batch import SequenceBatch
+from edge.decoding.prompt_store import PromptStore
 from edge.decoding.sampling import SamplingParams
 from edge.errors import SamplingError
 from tests.gguf_files import Q4_K_M, write_gguf
@@ -134,6 +135,49 @@ def test_a_prompt_starts_from_the_longest_prefix_any_region_holds(engine):
     while batch.running:
         batch.step()
     assert third.generated == greedy(engine, follow_up, 8)
+
+
+def test_a_conversation_whose_region_served_others_starts_from_the_prompt_cache(engine):
+    """With one region and a store: a chat's keys/values go to the store when another prompt takes the region, and
+    its next turn copies them back instead of running them again; a sampled seeded reply and a greedy one both reply
+    as alone."""
+    greedy_params = SamplingParams(temperature=0)
+    batch = SequenceBatch(engine.model, regions=1, context=128, store=PromptStore(64 * 2**20))
+    chat = list(range(40, 75))
+    first = batch.add(chat, greedy_params, 6)
+    while batch.running:
+        batch.step()
+    batch.remove(first)
+    other = batch.add([3, 1, 4, 1, 5], greedy_params, 4)  # takes the region: the chat goes to the store
+    assert len(batch.store) == 1 and other.reused == 0
+    while batch.running:
+        batch.step()
+    batch.remove(other)
+    follow_up = first.tokens + [7, 8]
+    sampled = SamplingParams(temperature=0.9, seed=4, repetition_penalty=1.2, repeat_last_n=8)
+    again = batch.add(follow_up, sampled, 8)
+    assert again.reused == len(first.tokens) - 1  # every token whose keys/values the region held
+    while batch.running:
+        batch.step()
+    assert first.generated == greedy(engine, chat, 6)
+    assert again.generated == greedy(engine, follow_up, 8, temperature=0.9, seed=4, repetition_penalty=1.2,
+                                     repeat_last_n=8, loop_stop=0)
+    batch.remove(again)
+    asked_again = batch.add([3, 1, 4, 1, 5], greedy_params, 4)  # the other prompt, from the store in turn
+    assert asked_again.reused == 4
+    while batch.running:
+        batch.step()
+    assert asked_again.generated == other.generated == greedy(engine, [3, 1, 4, 1, 5], 4)
+
+
+def test_without_a_store_a_region_taken_by_another_prompt_keeps_nothing(engine):
+    batch = SequenceBatch(engine.model, regions=1, context=128)
+    for prompt in ([5, 9, 14, 3, 22, 7], [41, 2, 17], [5, 9, 14, 3, 22, 7]):
+        sequence = batch.add(prompt, SamplingParams(temperature=0), 2)
+        while batch.running:
+            batch.step()
+        batch.remove(sequence)
+    assert sequence.reused == 0
 
 
 def test_batched_replies_are_the_replies_alone_on_every_cpu_path(llama_dir, tmp_path, monkeypatch):

@@ -80,12 +80,13 @@ def test_metrics_count_requests_tokens_and_speculation(server):
 def test_metrics_keep_their_names_types_and_help(server):
     response = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     families = {family.name: family for family in text_string_to_metric_families(response.text)}
-    counters = {"edge_requests", "edge_replies", "edge_prompt_tokens", "edge_generated_tokens", "edge_decode_tokens",
+    counters = {"edge_requests", "edge_replies", "edge_prompt_tokens", "edge_prompt_cached_tokens",
+                "edge_generated_tokens", "edge_decode_tokens",
                 "edge_decode_steps", "edge_drafted_tokens", "edge_accepted_tokens", "edge_decode_seconds",
                 "edge_batch_passes", "edge_batch_sequences", "edge_slot_replies", "edge_slot_tokens",
                 "edge_slot_drafted_tokens", "edge_slot_accepted_tokens"}
     gauges = {"edge_queue_waiting", "edge_queue_limit", "edge_generating", "edge_decode_tokens_per_second",
-              "edge_slots", "edge_slots_busy", "edge_batch_size",
+              "edge_slots", "edge_slots_busy", "edge_batch_size", "edge_prompt_cache_bytes",
               "edge_acceptance_ratio", "edge_draft_length", "process_resident_memory_bytes"}
     assert set(families) == counters | gauges  # no _created series, nothing from the process-wide default registry
     assert {name for name, family in families.items() if family.type == "counter"} == counters

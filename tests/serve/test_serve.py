@@ -280,6 +280,7 @@ def test_model_ids_name_what_was_loaded(tmp_path, monkeypatch):
     (["--temperature", "-1"], "temperature"),
     (["--port", "70000"], "--port"),
     (["--parallel", "0"], "--parallel"),
+    (["--prompt-cache", "lots"], "--prompt-cache"),
 ])
 def test_bad_options_are_one_line_errors(capsys, argv, needle):
     assert main(argv) == 2
@@ -296,13 +297,29 @@ def test_the_plan_counts_the_slots(capsys):
     assert main(["--plan", "--memory-budget", "4GiB", "--parallel", "3"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["slots"] == 3 and printed["slot_bytes"] > 0
+    assert printed["prompt_cache_bytes"] == 256 * 2**20  # the default --prompt-cache, counted in the plan
     args = build_parser().parse_args(["--memory-budget", "4GiB"])
-    assert serve_slots(args, command_spec(args)) == 4  # as many as fit, up to 4
+    assert serve_slots(args, command_spec(args)) == (4, 256 * 2**20)  # as many as fit, up to 4
     alone = plan(command_spec(args))  # one slot in 4 GiB: the budget below leaves no room for another cache
     args = build_parser().parse_args(["--memory-budget", str(alone.total + 2**20), "--parallel", "4"])
-    assert serve_slots(args, command_spec(args)) == 1
-    args = build_parser().parse_args(["--parallel", "7"])  # no budget: as asked
-    assert serve_slots(args, command_spec(args)) == 7
+    assert serve_slots(args, command_spec(args)) == (1, 0)  # one slot: the engine's own cache, no prompt cache
+    args = build_parser().parse_args(["--parallel", "7", "--prompt-cache", "1GiB"])  # no budget: as asked
+    assert serve_slots(args, command_spec(args)) == (7, 2**30)
+    args = build_parser().parse_args(["--parallel", "2", "--prompt-cache", "0"])
+    assert serve_slots(args, command_spec(args)) == (2, 0)
+
+
+def test_the_prompt_cache_takes_what_the_budget_leaves_beside_the_slots(capsys):
+    args = build_parser().parse_args(["--memory-budget", "4GiB", "--parallel", "2"])
+    two = plan(command_spec(args), slots=2)  # no prompt cache asked: what two slots take
+    budget = two.total + 10 * 2**20
+    args = build_parser().parse_args(["--memory-budget", str(budget), "--parallel", "2", "--prompt-cache", "1GiB"])
+    slots, cache = serve_slots(args, command_spec(args))
+    assert slots == 2 and 0 < cache <= 10 * 2**20
+    assert main(["--plan", "--memory-budget", str(budget), "--parallel", "2", "--prompt-cache", "1GiB"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["prompt_cache_bytes"] == cache
+    assert "step-down: prompt cache 1 GiB ->" in captured.err and "prompt cache" in captured.err.splitlines()[0]
 
 
 def test_without_the_serve_extra_it_says_how_to_install_it(monkeypatch, capsys):

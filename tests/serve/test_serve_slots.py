@@ -239,6 +239,25 @@ def test_a_conversations_next_turn_reuses_its_slots_cache(server, reference):
     assert second["choices"][0]["message"]["content"] == alone(reference, {**first_turn, "messages": messages})[0]
 
 
+def test_a_conversation_whose_slot_served_others_meanwhile_starts_from_the_prompt_cache(model_file, reference):
+    """Two slots and a prompt cache: two other chats take both slots between a conversation's turns, and its next
+    turn still skips what it had run (the keys/values come back from host memory), with the reply alone."""
+    first_turn = {"messages": CHATS[1], "max_tokens": 16, "temperature": 0}
+    with BackgroundServer(lambda: Engine.load(model_file, max_context=CONTEXT), ServeConfig("tiny"), parallel=2,
+                          prompt_cache=64 * 2**20) as running, httpx.Client(base_url=running.url, timeout=60) as client:
+        first = client.post("/v1/chat/completions", json=first_turn).json()
+        for chat in (CHATS[0], CHATS[2]):
+            client.post("/v1/chat/completions", json={**first_turn, "messages": chat})
+        messages = CHATS[1] + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                               {"role": "user", "content": "And a tuple?"}]
+        second = client.post("/v1/chat/completions", json={**first_turn, "messages": messages}).json()
+        counted = metrics(running)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"] // 2
+    assert second["choices"][0]["message"]["content"] == alone(reference, {**first_turn, "messages": messages})[0]
+    assert counted[("edge_prompt_cached_tokens_total", ())] >= second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < counted[("edge_prompt_cache_bytes", ())] <= 64 * 2**20
+
+
 @pytest.fixture(scope="module")
 def drafting_server(model_file):
     """A server whose engine speculates with n-gram lookup: each slot drafts with its own copy."""

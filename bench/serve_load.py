@@ -276,7 +276,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-m", "edge.serve.cli", *([args.model] if args.model else []), "--port", str(port),
                "--queue-size", str(args.queue_size), "--threads", str(args.threads), "--log-level", "warning",
                *(["--parallel", str(args.parallel)] if args.parallel else []),
-               *(["--drafter", args.drafter] if args.drafter else [])]
+               *(["--drafter", args.drafter] if args.drafter else []),
+               *(["--prompt-cache", "0"] if args.no_prompt_cache else [])]
     server = subprocess.Popen(command)
     return server, _ready(server, f"http://127.0.0.1:{port}")
 
@@ -385,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slot-context", type=int, default=4096,
                         help="llama-server's context per slot (its -c is this times --parallel; default: 4096)")
     parser.add_argument("--no-prompt-cache", action="store_true",
-                        help="llama-server's --no-cache-prompt (default: it keeps a slot's prompt, as edge does)")
+                        help="no prompt cache: llama-server's --no-cache-prompt, edge-serve's --prompt-cache 0 (each "
+                             "slot still starts from what it holds); default: both keep earlier prompts")
     args = parser.parse_args(argv)
 
     print("serve_load: greedy references ...", file=sys.stderr)

@@ -82,6 +82,28 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--api-key", default=None, metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' on every route but /health (default: the "
                              f"{API_KEY_VARIABLE} environment variable; neither: no key)")
+    add_slot_arguments(server)
+    server.add_argument("--max-prompt-chars", type=int, default=None, metavar="N",
+                        help="the longest prompt (a chat's messages, or a completion's text) in characters, checked "
+                             "before it is tokenized; longer ones get 400 (default: 16 per token of the context); "
+                             "a prompt must also fit the context in tokens")
+    server.add_argument("--write-timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="a streamed reply whose client reads nothing for this long is cut off and its "
+                             "generation stopped, so a stalled client cannot hold a generation slot "
+                             "(default: 5)")
+    server.add_argument("--model-name", default=None, metavar="NAME",
+                        help="the model's id in /v1/models and in replies (default: the folder's name, or "
+                             "edge-builtin); requests may name any model")
+    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                        help="uvicorn's log level (default: info)")
+    add_ray_arguments(parser)
+    add_speculation_arguments(parser)
+    add_sampling_arguments(parser, max_new_tokens=512)
+    return parser
+
+
+def add_slot_arguments(server) -> None:
+    """--parallel, --prompt-cache and --queue-size: the replies generated together, what they keep, and who waits."""
     server.add_argument("--parallel", type=int, default=None, metavar="N",
                         help="slots: replies generated together, each request joining and leaving the running batch "
                              "at any step (one fused pass a step carries them all; each holds its own KV cache). A "
@@ -100,23 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--queue-size", type=int, default=16, metavar="N",
                         help="requests that may wait while every slot is busy; one more is answered 429 with a "
                              "Retry-After estimated from the measured tokens per second (default: 16)")
-    server.add_argument("--max-prompt-chars", type=int, default=None, metavar="N",
-                        help="the longest prompt (a chat's messages, or a completion's text) in characters, checked "
-                             "before it is tokenized; longer ones get 400 (default: 16 per token of the context); "
-                             "a prompt must also fit the context in tokens")
-    server.add_argument("--write-timeout", type=float, default=5.0, metavar="SECONDS",
-                        help="a streamed reply whose client reads nothing for this long is cut off and its "
-                             "generation stopped, so a stalled client cannot hold a generation slot "
-                             "(default: 5)")
-    server.add_argument("--model-name", default=None, metavar="NAME",
-                        help="the model's id in /v1/models and in replies (default: the folder's name, or "
-                             "edge-builtin); requests may name any model")
-    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                        help="uvicorn's log level (default: info)")
-    add_ray_arguments(parser)
-    add_speculation_arguments(parser)
-    add_sampling_arguments(parser, max_new_tokens=512)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

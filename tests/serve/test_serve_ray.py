@@ -216,14 +216,14 @@ def test_a_killed_replica_ends_its_requests_with_an_error_and_the_load_goes_on_a
 def assert_replaced(url: str, victim: str) -> None:
     """Ray Serve starts a new replica in the dead one's place, and it serves."""
     deadline = time.monotonic() + 120
-    while True:
+    while True:  # Serve's status and the named actors' list can each say so a moment before the other
         status = serve.status().applications[APPLICATION].deployments["edge-engine"]
-        if status.status == "HEALTHY" and status.replica_states.get("RUNNING") == 2:
+        replicas = set(engine_replicas())
+        if status.status == "HEALTHY" and status.replica_states.get("RUNNING") == 2 and len(replicas) == 2 \
+                and victim not in replicas:
             break
-        assert time.monotonic() < deadline, f"no new replica: {status}"
+        assert time.monotonic() < deadline, f"no new replica: {status}, named replicas {sorted(replicas)}"
         time.sleep(0.5)
-    replicas = set(engine_replicas())
-    assert len(replicas) == 2 and victim not in replicas
     with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S) as client:
         outcomes = [request(client, stream=False) for _ in range(6)]
     assert {outcome.kind for outcome in outcomes} == {"answered"} and {o.replica for o in outcomes} <= replicas

@@ -245,6 +245,7 @@ def test_a_conversation_whose_slot_served_others_meanwhile_starts_from_the_promp
     first_turn = {"messages": CHATS[1], "max_tokens": 16, "temperature": 0}
     with BackgroundServer(lambda: Engine.load(model_file, max_context=CONTEXT), ServeConfig("tiny"), parallel=2,
                           prompt_cache=64 * 2**20) as running, httpx.Client(base_url=running.url, timeout=60) as client:
+        assert running.generations.loaded.wait(60)  # requests before the model is ready get 503
         first = client.post("/v1/chat/completions", json=first_turn).json()
         for chat in (CHATS[0], CHATS[2]):
             client.post("/v1/chat/completions", json={**first_turn, "messages": chat})

@@ -134,15 +134,13 @@ class SequenceBatch:
         donor = max(range(self.regions), key=lambda r: (common_prefix(self.held[r], wanted), r == region))
         shared = common_prefix(self.held[donor], wanted)
         stored, in_store = self.store.longest(wanted) if self.store is not None else (None, 0)
+        sources, start = (), 0  # the keys/values to copy from, (L, 1, Hkv, S, Dh), and the first slot there
         if stored is not None and in_store > max(shared, kept):
-            self.cache.keys[:, :, :, target:target + in_store] = stored.keys[:, :, :, :in_store]  # (L, 1, Hkv, n, Dh)
-            self.cache.values[:, :, :, target:target + in_store] = stored.values[:, :, :, :in_store]
-            kept = in_store
+            sources, kept = (stored.keys, stored.values), in_store
         elif shared > kept:
-            source = donor * self.context
-            for tensor in (self.cache.keys, self.cache.values):  # (L, 1, Hkv, S, Dh)
-                tensor[:, :, :, target:target + shared] = tensor[:, :, :, source:source + shared]
-            kept = shared
+            sources, start, kept = (self.cache.keys, self.cache.values), donor * self.context, shared
+        for tensor, source in zip((self.cache.keys, self.cache.values), sources):
+            tensor[:, :, :, target:target + kept] = source[:, :, :, start:start + kept]
         self.held[region] = wanted[:kept]
         return region, kept
 

@@ -63,9 +63,9 @@ class PromptStore:
     def longest(self, tokens: list[int]) -> tuple[StoredPrefix | None, int]:
         """The entry sharing the longest prefix with `tokens` (now the most recently used), and that length; (None, 0)
         when none shares a token."""
-        best, shared = None, 0
+        best, shared, wanted = None, 0, tuple(tokens)
         for kept, entry in self.entries.items():
-            length = common_prefix(list(kept), tokens)
+            length = common_prefix(kept, wanted)
             if length > shared:
                 best, shared = entry, length
         if best is not None:

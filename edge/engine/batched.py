@@ -146,6 +146,12 @@ class BatchedReplies:
         return len(self.batch.free_regions())
 
     @property
+    def prompt_cache_bytes(self) -> int:
+        """Bytes the prompt cache holds now (0 without one)."""
+        store = self.batch.store
+        return store.nbytes if store is not None else 0
+
+    @property
     def running(self) -> list[BatchedReply]:
         return list(self.replies.values())
 

@@ -81,8 +81,7 @@ class GenerationQueue:
     def prompt_cache_bytes(self) -> int:
         """Bytes the batch's prompt cache holds now."""
         scheduler = self.scheduler
-        store = scheduler.batch.batch.store if scheduler is not None and scheduler.batch is not None else None
-        return store.nbytes if store is not None else 0
+        return scheduler.batch.prompt_cache_bytes if scheduler is not None and scheduler.batch is not None else 0
 
     def replies(self) -> dict[str, int]:
         """Jobs so far by how they ended: edge's finish reasons, "skipped" (the client left before it started),

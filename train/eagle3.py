@@ -7,10 +7,11 @@
 1. Features (resumable, cached under OUT/features): each reply, rendered with the chat template, runs once through
    the target as a prefill pass on edge's own kernels (edge.model.layer_features): the residual streams after a low,
    a middle and a high layer at every position, exactly what the drafter reads at run time, stored in float16 with
-   the token ids and which positions are the target's reply.
+   the token ids, which positions are the target's reply, and the target's 16 likeliest next tokens there.
 2. Training (resumable, checkpoints in OUT): row j fuses the streams at j (fc, 3D -> D) with the embedding of token
-   j + 1, runs the head's one decoder layer and predicts token j + 2 over the draft vocabulary (cross-entropy on the
-   reply's tokens: the target's own greedy choices). Training-time test: `--unroll` more passes feed each row the
+   j + 1, runs the head's one decoder layer and predicts token j + 2 over the draft vocabulary (soft labels: the
+   target's distribution over its 16 likeliest tokens, renormalised over the draft vocabulary; `--labels greedy`
+   fits only its greedy choice, the reply's token). Training-time test: `--unroll` more passes feed each row the
    previous row's output of the pass before, as drafting does past its first token, so later draft tokens are
    trained on the head's own features (causal attention within a pass: a simplification of EAGLE-3's tree mask).
 3. OUT/final: config.json (architectures LlamaForCausalLMEagle3, eagle_config's layer ids), model.safetensors (fc,
@@ -53,6 +54,7 @@ from train.replies import SKIPPED
 HELD_OUT = 64  # replies kept out of training, for the card's agreement figures
 UNROLL_WEIGHT = 0.7  # the loss of unrolled pass s weighs UNROLL_WEIGHT ** s
 CORPUS_SEED = 8  # the order corpus conversations are drawn in (train.replies asks in order 7)
+SOFT_TOP = 16  # the target's most likely next tokens kept per position, the soft labels' support
 
 
 class Eagle3Head(nn.Module):
@@ -150,8 +152,9 @@ def corpus_conversations(corpus: Path, count: int, seed: int = CORPUS_SEED) -> l
 
 def extract_features(engine, layers, examples: list[dict], folder: Path, distilled: bool) -> list[Path]:
     """One .pt file per example under `folder` (ids, answer mask, next: the label of each position's next token,
-    float16 features), made once each. A reply's labels are its own tokens (the target's greedy choices); a
-    distilled example's are the target's greedy choices computed here, where the answer is someone else's text."""
+    soft: the target's SOFT_TOP most likely next tokens and their log-probabilities, float16 features), made once
+    each. A reply's labels are its own tokens (the target's greedy choices); a distilled example's are the target's
+    greedy choices computed here, where the answer is someone else's text."""
     from edge.model.layer_features import layer_features
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -160,20 +163,22 @@ def extract_features(engine, layers, examples: list[dict], folder: Path, distill
     progress = Progress(len(files), len(files) - len(todo), f"features {folder.name}")
     for done, i in enumerate(todo, len(files) - len(todo) + 1):
         ids, mask = encode(examples[i], engine.tokenizer)
+        features, hidden = layer_features(engine.model, ids, layers, hidden=True)  # (T, 3D), (T, D)
+        rows = torch.tensor(mask).nonzero()[:, 0] - 1  # (n,): the rows that predict an answer token
+        rows = rows[rows >= 0]
+        with torch.inference_mode():
+            logits = engine.model.logits(hidden[None, rows])[0].float()  # (n, V)
         following = torch.tensor(ids[1:] + [-1])  # (T,): a reply's next tokens
         if distilled:
-            features, hidden = layer_features(engine.model, ids, layers, hidden=True)  # (T, 3D), (T, D)
-            rows = torch.tensor(mask).nonzero()[:, 0] - 1  # (n,): the rows that predict an answer token
-            rows = rows[rows >= 0]
-            with torch.inference_mode():
-                choices = engine.model.logits(hidden[None, rows])[0].argmax(-1)  # (n,)
             following = torch.full((len(ids),), -1, dtype=torch.long)
-            following[rows] = choices
-        else:
-            features = layer_features(engine.model, ids, layers)  # (T, 3D)
+            following[rows] = logits.argmax(-1)
+        top = logits.log_softmax(-1).topk(SOFT_TOP, -1)  # (n, SOFT_TOP) each
+        soft_ids = torch.full((len(ids), SOFT_TOP), -1, dtype=torch.int32)  # (T, SOFT_TOP): -1 where none
+        soft_logprobs = torch.zeros(len(ids), SOFT_TOP, dtype=torch.float16)  # (T, SOFT_TOP)
+        soft_ids[rows], soft_logprobs[rows] = top.indices.to(torch.int32), top.values.half()
         partial = files[i].with_suffix(".partial")
-        torch.save({"ids": torch.tensor(ids), "mask": torch.tensor(mask), "next": following,
-                    "features": features.to(torch.float16)}, partial)
+        torch.save({"ids": torch.tensor(ids), "mask": torch.tensor(mask), "next": following, "soft_ids": soft_ids,
+                    "soft_logprobs": soft_logprobs, "features": features.to(torch.float16)}, partial)
         partial.rename(files[i])
         progress.update(done)
     progress.close()
@@ -203,35 +208,57 @@ def shipped_or_size(tokenizer, size: int = 16384) -> str:
 
 
 def batches(files: list[Path], seq_len: int, batch: int, rng: random.Random):
-    """Endless batches of (ids, mask, next, features) windows of seq_len rows from random replies."""
+    """Endless batches of (ids, mask, next, soft_ids, soft_logprobs, features) windows of seq_len rows from random
+    examples (features cached before soft labels were kept have none: soft_ids -1 there)."""
     while True:
         picked = [torch.load(rng.choice(files)) for _ in range(batch)]
         windows = []
         for record in picked:
             n = record["ids"].shape[0]
+            if "soft_ids" not in record:
+                record["soft_ids"] = torch.full((n, SOFT_TOP), -1, dtype=torch.int32)
+                record["soft_logprobs"] = torch.zeros(n, SOFT_TOP, dtype=torch.float16)
             start = rng.randrange(0, max(1, n - seq_len))
             windows.append({key: value[start:start + seq_len] for key, value in record.items()})
         length = min(w["ids"].shape[0] for w in windows)
-        yield (torch.stack([w["ids"][:length] for w in windows]), torch.stack([w["mask"][:length] for w in windows]),
-               torch.stack([w["next"][:length] for w in windows]),
-               torch.stack([w["features"][:length] for w in windows]).float())
+        stacked = {key: torch.stack([w[key][:length] for w in windows]) for key in windows[0]}
+        yield (stacked["ids"], stacked["mask"], stacked["next"], stacked["soft_ids"].long(),
+               stacked["soft_logprobs"].float(), stacked["features"].float())
+
+
+def soft_targets(soft_ids: torch.Tensor, soft_logprobs: torch.Tensor, t2d: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                torch.Tensor]:
+    """The target's top tokens (n, SOFT_TOP) -> their draft ids (n, SOFT_TOP; 0 where outside the draft vocabulary)
+    and probabilities renormalised over those inside it (n, SOFT_TOP; 0 outside)."""
+    draft = torch.where(soft_ids >= 0, t2d[soft_ids.clamp(min=0)], -1)  # (n, K)
+    probs = soft_logprobs.exp() * (draft >= 0)  # (n, K)
+    return draft.clamp(min=0), probs / probs.sum(-1, keepdim=True).clamp(min=1e-12)
 
 
 def losses(head: Eagle3Head, embed: nn.Module, t2d: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
-           following: torch.Tensor, features: torch.Tensor, unroll: int) -> tuple[torch.Tensor, list[float]]:
+           following: torch.Tensor, soft_ids: torch.Tensor, soft_logprobs: torch.Tensor, features: torch.Tensor,
+           unroll: int, soft: bool = True) -> tuple[torch.Tensor, list[float]]:
     """Row j: features j, embedding of token j + 1 -> the target's choice after token j + 1 (following[j + 1]);
-    answer positions inside the draft vocabulary only. Returns the weighted loss and each pass's top-1 agreement."""
+    answer positions inside the draft vocabulary only. With `soft`, rows that have the target's distribution there
+    (soft_ids) are fitted to it (cross-entropy against its top tokens, renormalised over the draft vocabulary: the
+    target's near-choices teach more per position than its choice alone), the others to the choice. Returns the
+    weighted loss and each pass's top-1 agreement with the target's choice."""
     with torch.no_grad():
         embeds = embed(ids[:, 1:-1]).float()  # (B, T-2, D)
     chosen = following[:, 1:-1]  # (B, T-2): target ids, -1 where none was computed
     labels = torch.where(chosen >= 0, t2d[chosen.clamp(min=0)], -1)  # (B, T-2): draft ids, -1 outside
     valid = mask[:, 2:] & (labels >= 0)
+    top_ids, top_probs = soft_targets(soft_ids[:, 1:-1], soft_logprobs[:, 1:-1], t2d)  # (B, T-2, K) each
+    softened = valid & (soft_ids[:, 1:-1, 0] >= 0) if soft else torch.zeros_like(valid)  # (B, T-2)
     total, agreement = 0.0, []
     for s, logits in enumerate(head.passes(features[:, :-2], embeds, unroll)):
         keep = valid.clone()
         keep[:, :s] = False  # the first s rows of pass s have no earlier row of the pass before
         if keep.any():
-            total = total + UNROLL_WEIGHT ** s * F.cross_entropy(logits[keep], labels[keep])
+            logprobs = logits[keep].log_softmax(-1)  # (n, Vd)
+            hard = -logprobs.gather(-1, labels[keep][:, None])[:, 0]  # (n,)
+            fitted = -(top_probs[keep] * logprobs.gather(-1, top_ids[keep])).sum(-1)  # (n,)
+            total = total + UNROLL_WEIGHT ** s * torch.where(softened[keep], fitted, hard).mean()
             agreement.append(float((logits[keep].argmax(-1) == labels[keep]).float().mean()))
         else:
             agreement.append(float("nan"))
@@ -291,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-head", action="store_true", help="train the lm_head too (default: kept fixed "
                         "when it starts from the target's)")
     parser.add_argument("--held-out", type=int, default=HELD_OUT, help="replies kept out for the card's figures")
+    parser.add_argument("--labels", choices=("soft", "greedy"), default="soft",
+                        help="fit the target's distribution over its top tokens (soft, the default) or only its "
+                        "greedy choice")
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--install", action="store_true", help="then install the head for the GGUF target, where "
@@ -341,10 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(args.steps, step, "training")
     started = time.time()
     while step < args.steps:
-        ids, mask, following, features = next(stream)
+        ids, mask, following, soft_ids, soft_logprobs, features = next(stream)
         for group in optimizer.param_groups:  # warm up, then cosine down
             group["lr"] = args.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / args.steps))
-        loss, agreement = losses(head, engine.model.embed, t2d, ids, mask, following, features, args.unroll)
+        loss, agreement = losses(head, engine.model.embed, t2d, ids, mask, following, soft_ids, soft_logprobs,
+                                 features, args.unroll, soft=args.labels == "soft")
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
@@ -363,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             "corpus_conversations": args.corpus_count if args.corpus else 0, "training_examples": len(training),
             "held_out_examples": len(held_out), "head_from_target": args.head_from_target,
             "head_trained": args.train_head or not args.head_from_target, "steps": step, "batch": args.batch, "seq_len": args.seq_len,
-            "unroll": args.unroll, "draft_vocab": int(kept.numel()), "layers": list(layers),
+            "unroll": args.unroll, "labels": args.labels, "draft_vocab": int(kept.numel()), "layers": list(layers),
             "held_out_top1_by_draft_position": [round(a, 4) for a in agreement],
             "training_minutes": round((time.time() - started) / 60, 1)}
     save_head(args.out / "final", head, kept, layers, config, card)

@@ -112,3 +112,61 @@ def test_training_on_corpus_conversations_alone(llama_dir, tmp_path):
                         "--intermediate", "32", "--steps", "2"]) == 0
     card = json.loads((out / "final" / "card.json").read_text())
     assert card["corpus_conversations"] == 6 and card["training_examples"] == 4 and card["head_from_target"]
+
+
+def test_features_keep_the_targets_likeliest_next_tokens_as_soft_labels(llama_dir, tmp_path):
+    write_corpus(tmp_path / "corpus", 2)
+    engine, layers = eagle3.target_and_layers(str(llama_dir))
+    conversations = eagle3.corpus_conversations(tmp_path / "corpus", 2)
+    for path in eagle3.extract_features(engine, layers, conversations, tmp_path / "features", distilled=True):
+        record = torch.load(path)
+        rows = record["mask"].nonzero()[:, 0] - 1
+        ids, logprobs = record["soft_ids"], record["soft_logprobs"].float()  # (T, K) each
+        assert ids.shape[1] == eagle3.SOFT_TOP and (ids[rows, 0] == record["next"][rows]).all()
+        assert (logprobs[rows] <= 0).all() and (logprobs[rows].diff(dim=-1) <= 0).all()  # likeliest first
+        outside = torch.ones_like(record["mask"])
+        outside[rows] = False
+        assert (ids[outside] == -1).all()
+
+
+def test_soft_targets_keep_only_the_draft_vocabulary_and_sum_to_one():
+    t2d = torch.tensor([-1, 0, 1, -1, 2])  # target ids 1, 2, 4 are draft ids 0, 1, 2
+    soft_ids = torch.tensor([[3, 1, 2, 0], [4, 2, -1, -1]])  # (2, K)
+    soft_logprobs = torch.tensor([[0.5, 0.2, 0.2, 0.1], [0.6, 0.4, 0.0, 0.0]]).log()
+    draft, probs = eagle3.soft_targets(soft_ids, soft_logprobs, t2d)
+    torch.testing.assert_close(probs, torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.6, 0.4, 0.0, 0.0]]))
+    assert draft[0, 1:3].tolist() == [0, 1] and draft[1, :2].tolist() == [2, 1]
+
+
+def test_a_certain_target_gives_the_soft_loss_the_greedy_loss():
+    """Where the target puts all its probability on its choice, fitting its distribution is fitting its choice."""
+    torch.manual_seed(0)
+    D, Vd, T = 16, 12, 9
+    head = eagle3.Eagle3Head(hidden=D, intermediate=24, heads=2, kv_heads=1, head_dim=8, draft_vocab=Vd, layers=3,
+                             eps=1e-6, rope_theta=10000.0)
+    embed, t2d = torch.nn.Embedding(30, D), torch.arange(30).where(torch.arange(30) < Vd, -1)
+    ids, following = torch.randint(0, 30, (1, T)), torch.randint(0, Vd, (1, T))
+    mask = torch.ones(1, T, dtype=torch.bool)
+    soft_ids = torch.cat((following[..., None], torch.randint(0, 30, (1, T, 3))), -1)  # (1, T, 4): the choice first
+    soft_logprobs = torch.tensor([0.0, -60.0, -60.0, -60.0]).expand(1, T, 4)
+    features = torch.randn(1, T, 3 * D)
+    args = (head, embed, t2d, ids, mask, following, soft_ids, soft_logprobs, features, 1)
+    soft, agreement = eagle3.losses(*args, soft=True)
+    greedy, same = eagle3.losses(*args, soft=False)
+    torch.testing.assert_close(soft, greedy)
+    assert agreement == same
+
+
+def test_features_cached_without_soft_labels_still_train(llama_dir, tmp_path):
+    replies, out = tmp_path / "replies.jsonl", tmp_path / "run"
+    write_replies(replies, 6)
+    common = ["--target", str(llama_dir), "--replies", str(replies), "--out", str(out), "--batch", "2",
+              "--seq-len", "24", "--held-out", "2", "--draft-vocab", "64", "--intermediate", "32"]
+    assert eagle3.main([*common, "--steps", "1"]) == 0
+    for path in (out / "features").glob("*.pt"):  # as a cache written before soft labels were kept
+        record = torch.load(path)
+        del record["soft_ids"], record["soft_logprobs"]
+        torch.save(record, path)
+    (out / "checkpoint.pt").unlink()
+    assert eagle3.main([*common, "--steps", "2"]) == 0
+    assert json.loads((out / "final" / "card.json").read_text())["labels"] == "soft"

@@ -7,8 +7,8 @@ For each block format the file holds (Q4_K, Q6_K, Q4_0, ...), the first rows of 
 in `--kilobytes` (so that they stay in the core's L2 cache), are multiplied by R rows of activations, on one thread,
 in the kernel path this CPU runs (EDGE_CPU_KERNEL forces another). A call over 16 weight rows gives the fixed cost of
 a call, taken off the others. Per format: the microseconds of arithmetic for one row and for each extra row, the
-multiply-adds per second of an extra row, and c(R) as it would be if the weights came at `--bandwidth` GB/s per core
-and the arithmetic overlapped none of it (an upper bound) or all of it (a lower bound). A verify pass of R rows can
+multiply-adds per second of an extra row, and the range c(R) would lie in if the weights came at `--bandwidth` GB/s
+per core: between the arithmetic hiding entirely behind the memory and none of it doing so. A verify pass of R rows can
 cost no less than its arithmetic: where R rows' arithmetic outlasts the memory time, c(R) rises with R whatever the
 memory does.
 """
@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         bounds = []
         for r in rows[1:]:
             alone, arithmetic = max(memory, seconds[1]), seconds[r]
-            bounds.append(f"{max(memory, arithmetic) / alone:.2f}-{(memory + arithmetic) / (memory + seconds[1]):.2f}")
+            overlapped, serial = max(memory, arithmetic) / alone, (memory + arithmetic) / (memory + seconds[1])
+            bounds.append(f"{min(overlapped, serial):.2f}-{max(overlapped, serial):.2f}")
         print(f"| {name} | {count} x {columns}, {matrix.nbytes // 1024} KB | {seconds[1] * 1e6:.1f} | "
               f"{extra * 1e6:.1f} | {count * columns / extra / 1e9:.0f} | " + " | ".join(bounds) + " |")
     return 0

@@ -10,7 +10,9 @@ replies to --replies corpus questions and as many requests of edge-bench's kinds
 prefill passes over those replies and --corpus-count corpus conversations, --steps training steps and the
 install (train.eagle3). Stopped at any point (Ctrl+C, a reboot), the same command goes on where it stopped.
 The settings are the ones edge's own heads were trained with (docs/drafters.md); on 2 cores a 1.5B model takes a
-few hours, most of it the replies and the training.
+few hours, most of it the replies and the training. Where a smaller GGUF file with the model's tokenizer lies beside
+it (as edge-chat would draft with), the replies are written by greedy speculative decoding with it: the same
+replies, sooner.
 """
 
 from __future__ import annotations
@@ -63,6 +65,19 @@ def build_corpus(folder: Path, max_modules: int | None) -> Path:
     return folder
 
 
+def reply_drafter(target: Path) -> str | None:
+    """draft:FILE for the smallest GGUF file beside `target` with its tokenizer (edge/sources/draft_finder.py), said
+    on stderr: the replies are greedy, so speculative decoding writes the same ones sooner; None where there is none."""
+    from edge.sources.draft_finder import drafts_beside
+
+    found = drafts_beside(target)
+    if not found:
+        return None
+    print(f"train.install_head: the replies are drafted by {found[0].name} (beside the model, same tokenizer; the "
+          "same greedy replies, sooner)", file=sys.stderr)
+    return f"draft:{found[0]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.install_head", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a GGUF file, or the name of a pulled model of `edge list`")
@@ -93,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     from train import eagle3, replies
 
     replies_file = work / "replies.jsonl"
+    drafter = reply_drafter(target)
     if replies.main(["--target", str(target), "--corpus", str(corpus), "--requests", "both",
-                     "--count", str(args.replies), "--out", str(replies_file)]) != 0:
+                     "--count", str(args.replies), "--out", str(replies_file),
+                     *(["--drafter", drafter] if drafter else [])]) != 0:
         return 1
     stage(3, f"features, {args.steps} training steps and the install")
     return eagle3.main(["--target", str(target), "--replies", str(replies_file), "--corpus", str(corpus),

@@ -50,14 +50,16 @@ def requests(corpus_dir: Path, kind: str, count: int, seed: int = ORDER_SEED,
     return [conversation for pair in zip(corpus, tasks) for conversation in pair]
 
 
-def greedy_replies(target: Path, conversations: list[list[dict]], max_new_tokens: int) -> Iterator[dict]:
+def greedy_replies(target: Path, conversations: list[list[dict]], max_new_tokens: int,
+                   drafter: str | None = None) -> Iterator[dict]:
     """One {"kind": "reply", "messages": [*conversation, reply]} per conversation (ending with a user message): the
-    target's greedy answer, plain decoding."""
+    target's greedy answer, by plain decoding or, with `drafter` (a --drafter spec), by greedy speculative decoding,
+    which gives the same answer sooner."""
     from edge.engine import Engine
 
     from edge.errors import ContextLengthError
 
-    engine = Engine.load(target, max_context=1024)
+    engine = Engine.load(target, max_context=1024, drafter=drafter)
     for conversation in conversations:
         engine.reset()
         try:
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
     parser.add_argument("--seed", type=int, default=ORDER_SEED, help="the order the turns are drawn in")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--drafter", default=None, help="a drafter for the target, as edge-chat's --drafter (e.g. "
+                        "draft:SMALL.gguf): greedy speculative decoding writes the same replies, faster")
     args = parser.parse_args(argv)
 
     import torch
@@ -105,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(len(turns), start=len(done), label="replies")
     with partial.open("w") as file:
         file.writelines(done)
-        for index, example in enumerate(greedy_replies(args.target, turns[len(done):], args.max_new_tokens),
-                                        start=len(done) + 1):
+        for index, example in enumerate(greedy_replies(args.target, turns[len(done):], args.max_new_tokens,
+                                                       args.drafter), start=len(done) + 1):
             file.write(json.dumps(example) + "\n")
             file.flush()
             progress.update(index)

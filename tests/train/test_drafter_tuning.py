@@ -68,9 +68,9 @@ def test_an_interrupted_replies_run_goes_on_where_it_stopped(tuning_inputs, llam
     answered = []
     real = replies.greedy_replies
 
-    def counting(target, conversations, max_new_tokens):
+    def counting(target, conversations, max_new_tokens, drafter=None):
         answered.extend(conversations)
-        return real(target, conversations, max_new_tokens)
+        return real(target, conversations, max_new_tokens, drafter)
 
     monkeypatch.setattr(replies, "greedy_replies", counting)
     assert replies.main(["--target", str(llama_dir), "--corpus", str(root / "corpus"), "--out", str(out),
@@ -82,6 +82,25 @@ def test_an_interrupted_replies_run_goes_on_where_it_stopped(tuning_inputs, llam
     assert replies.main(["--target", str(llama_dir), "--corpus", str(root / "corpus"), "--out", str(out),
                          "--count", "6", "--max-new-tokens", "6", "--threads", "1"]) == 0
     assert answered == [] and out.read_text() == complete.read_text()
+
+
+def test_replies_drafted_by_a_draft_model_are_the_plain_replies(tuning_inputs, llama_dir, tmp_path, monkeypatch):
+    from edge.engine import Engine
+
+    root, complete = tuning_inputs
+    out, drafters = tmp_path / "replies.jsonl", []
+    load = Engine.load.__func__
+
+    def recording(cls, path, **options):
+        engine = load(cls, path, **options)
+        drafters.append(engine.drafter.name if engine.drafter else None)
+        return engine
+
+    monkeypatch.setattr(Engine, "load", classmethod(recording))
+    assert replies.main(["--target", str(llama_dir), "--corpus", str(root / "corpus"), "--out", str(out),
+                         "--count", "6", "--max-new-tokens", "6", "--threads", "1",
+                         "--drafter", f"draft:{llama_dir}"]) == 0
+    assert drafters == ["draft-model"] and out.read_text() == complete.read_text()
 
 
 def tiny_drafter(target_dir, folder):

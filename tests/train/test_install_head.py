@@ -54,3 +54,11 @@ def test_a_model_that_is_not_pulled_or_not_a_gguf_file_is_one_line(tmp_path, mon
         install_head.main([str(tmp_path / "weights.bin")])
     assert stopped.value.code == 2 and "is not a GGUF file edge reads" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()  # nothing written for a refused model
+
+
+def test_the_replies_are_drafted_by_a_smaller_file_beside_the_model(llama_dir, tmp_path, capsys):
+    model = write_gguf(llama_dir, tmp_path / "m.f32.gguf", "f32")
+    assert install_head.reply_drafter(model) is None
+    draft = write_gguf(llama_dir, tmp_path / "m.q4_0.gguf", "q4_0")
+    assert install_head.reply_drafter(model) == f"draft:{draft}"
+    assert "the replies are drafted by m.q4_0.gguf" in capsys.readouterr().err

@@ -55,6 +55,7 @@ HELD_OUT = 64  # replies kept out of training, for the card's agreement figures
 UNROLL_WEIGHT = 0.7  # the loss of unrolled pass s weighs UNROLL_WEIGHT ** s
 CORPUS_SEED = 8  # the order corpus conversations are drawn in (train.replies asks in order 7)
 SOFT_TOP = 16  # the target's most likely next tokens kept per position, the soft labels' support
+LOGIT_ROWS = 256  # answer rows whose logits a feature pass computes at a time
 
 
 class Eagle3Head(nn.Module):
@@ -166,16 +167,17 @@ def extract_features(engine, layers, examples: list[dict], folder: Path, distill
         features, hidden = layer_features(engine.model, ids, layers, hidden=True)  # (T, 3D), (T, D)
         rows = torch.tensor(mask).nonzero()[:, 0] - 1  # (n,): the rows that predict an answer token
         rows = rows[rows >= 0]
-        with torch.inference_mode():
-            logits = engine.model.logits(hidden[None, rows])[0].float()  # (n, V)
-        following = torch.tensor(ids[1:] + [-1])  # (T,): a reply's next tokens
-        if distilled:
-            following = torch.full((len(ids),), -1, dtype=torch.long)
-            following[rows] = logits.argmax(-1)
-        top = logits.log_softmax(-1).topk(SOFT_TOP, -1)  # (n, SOFT_TOP) each
         soft_ids = torch.full((len(ids), SOFT_TOP), -1, dtype=torch.int32)  # (T, SOFT_TOP): -1 where none
         soft_logprobs = torch.zeros(len(ids), SOFT_TOP, dtype=torch.float16)  # (T, SOFT_TOP)
-        soft_ids[rows], soft_logprobs[rows] = top.indices.to(torch.int32), top.values.half()
+        choices = torch.full((len(ids),), -1, dtype=torch.long)  # (T,): the target's greedy choice after each row
+        for chunk in rows.split(LOGIT_ROWS):  # the logits of a few rows at a time: a row is 0.6 MB on Qwen2.5
+            with torch.inference_mode():
+                logits = engine.model.logits(hidden[None, chunk])[0].float()  # (c, V)
+            top = logits.log_softmax(-1).topk(SOFT_TOP, -1)  # (c, SOFT_TOP) each
+            soft_ids[chunk], soft_logprobs[chunk] = top.indices.to(torch.int32), top.values.half()
+            choices[chunk] = logits.argmax(-1)
+        # a reply's labels are its next tokens (the target's own greedy choices); a distilled example's, computed here
+        following = choices if distilled else torch.tensor(ids[1:] + [-1])  # (T,)
         partial = files[i].with_suffix(".partial")
         torch.save({"ids": torch.tensor(ids), "mask": torch.tensor(mask), "next": following, "soft_ids": soft_ids,
                     "soft_logprobs": soft_logprobs, "features": features.to(torch.float16)}, partial)
@@ -249,7 +251,7 @@ def losses(head: Eagle3Head, embed: nn.Module, t2d: torch.Tensor, ids: torch.Ten
     labels = torch.where(chosen >= 0, t2d[chosen.clamp(min=0)], -1)  # (B, T-2): draft ids, -1 outside
     valid = mask[:, 2:] & (labels >= 0)
     top_ids, top_probs = soft_targets(soft_ids[:, 1:-1], soft_logprobs[:, 1:-1], t2d)  # (B, T-2, K) each
-    softened = valid & (soft_ids[:, 1:-1, 0] >= 0) if soft else torch.zeros_like(valid)  # (B, T-2)
+    softened = valid & (top_probs.sum(-1) > 0) if soft else torch.zeros_like(valid)  # (B, T-2): has a distribution
     total, agreement = 0.0, []
     for s, logits in enumerate(head.passes(features[:, :-2], embeds, unroll)):
         keep = valid.clone()

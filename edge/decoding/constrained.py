@@ -198,6 +198,6 @@ class Constraint:
 
 def _cut(draft: Draft, n: int) -> Draft:
     if n == len(draft.tokens):
-        return replace(draft, runners_up=None)
+        return replace(draft, branches=None)
     return Draft(tokens=draft.tokens[:n], probs=None if draft.probs is None else draft.probs[:n],
                  confidences=draft.confidences[:n])

@@ -9,11 +9,12 @@
 
 The cache invariant holds after the step: it holds every emitted token but the last.
 
-Token trees (Sequoia, DySpec): in greedy decoding with an adaptive length, on the fused CPU step, the pass may also
-verify the drafter's runner-up at some positions, each a leaf beside the draft token it replaces, where the measured
-cost of the extra rows is below what they are expected to add (StepCosts.tree_branches). The target's argmax is
-followed down the tree from the first row; the accepted path's keys/values are moved into place and the rest
-dropped, so the output is still the target's own greedy output.
+Token trees (Sequoia, DySpec, EAGLE-2): in greedy decoding with an adaptive length, on the fused CPU step, the pass
+may also verify other candidates the drafter reports beside its chain (Draft.branches: a runner-up beside a chain
+token, or for an EAGLE-3 head whole subtrees of its likeliest continuations), the likeliest first, as many as the
+measured cost of the extra rows says pay (StepCosts.tree_branches). The target's argmax is followed down the tree
+from the first row; the accepted path's keys/values are moved into place and the rest dropped, so the output is
+still the target's own greedy output.
 
 Under a grammar (structured output: edge/decoding/constrained.py) the verify pass masks each position's logits with the
 grammar's state advanced along the drafts before it, and a draft is cut at the first token the grammar forbids
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from edge.decoding.loop import Step
-from edge.decoding.drafters.base import Draft, DraftSampler, Drafter
+from edge.decoding.drafters.base import Branch, Draft, DraftSampler, Drafter
 from edge.errors import SamplingError
 from edge.model.kv_cache import KVCache
 from edge.model.kernel_glue import verifies_trees
@@ -124,32 +125,30 @@ class StepCosts:
         fewer = [cost for count, cost in self.verify.items() if count < rows]
         return max(fewer) if fewer else min(self.verify.values())
 
-    def tree_branches(self, confidences: list[float], runners_up: list[float]) -> list[int]:
-        """Which positions of a drafted chain to give a second candidate (the drafter's runner-up, a leaf beside the
-        draft token), from the drafter's probabilities: a runner-up at position j adds P(chain reaches j) times its
-        probability to the expected tokens of the step. The set with the most expected tokens per second of drafting
-        plus verifying, counting each row at its measured cost; empty where extra rows do not pay."""
+    def tree_branches(self, confidences: list[float], reaches: list[float]) -> int:
+        """How many of a draft's branches (likeliest first, each with `reaches`: the drafter's probability that the
+        target's path runs through it) to verify beside its chain of `confidences`: a branch adds its reach to the
+        expected tokens of the step. The count with the most expected tokens per second of drafting plus verifying,
+        counting each row at its measured cost; 0 where extra rows do not pay."""
         n = len(confidences)
         if n == 0 or self.draft_per_token is None:
-            return []
-        reach, expected, gains = 1.0, 1.0, []
-        for j in range(n):
-            gains.append((reach * runners_up[j], j))
-            reach *= confidences[j]
+            return 0
+        reach, expected = 1.0, 1.0
+        for confidence in confidences:
+            reach *= confidence
             expected += reach
         drafting = n * self.draft_per_token
         base = self.verify_estimate(n + 1)
         if base is None:
-            return []
-        best, best_rate, chosen = [], expected / (base + drafting), []
-        for gain, j in sorted(gains, reverse=True):
-            chosen.append(j)
+            return 0
+        best, best_rate = 0, expected / (base + drafting)
+        for taken, gain in enumerate(reaches, start=1):
             expected += gain
-            cost = self.verify_estimate(n + 1 + len(chosen))
+            cost = self.verify_estimate(n + 1 + taken)
             if cost is None:
                 break
             if expected / (cost + drafting) > best_rate:
-                best, best_rate = sorted(chosen), expected / (cost + drafting)
+                best, best_rate = taken, expected / (cost + drafting)
         return best
 
 
@@ -289,9 +288,11 @@ class SpeculativeDecoding:
         self.sampler = DraftSampler(params, generator, length.stop_below, model.config.vocab_size)
         # token trees: chosen step by step by measured costs (not under a grammar, whose masks follow one chain), where
         # the model's fused CPU step verifies them (an exported model's backend does not)
-        self.sampler.runners_up = (self.sampler.plain_greedy and length.adaptive and isinstance(model, Transformer)
-                                   and verifies_trees(model, cache) and constraint is None)
-        self.tree_rows = 0  # rows token trees have added to verify passes so far, and those accepted
+        self.sampler.trees = (self.sampler.plain_greedy and length.adaptive and isinstance(model, Transformer)
+                              and verifies_trees(model, cache) and constraint is None)
+        self.tree_rows_limit = next((rows for rows in (64, 32, 16, 8, 4) if self.sampler.trees
+                                     and verifies_trees(model, cache, rows)), 2)  # the most rows a verify pass holds
+        self.tree_rows = 0  # rows token trees have added to verify passes so far, and the branch tokens accepted
         self.tree_accepted = 0
 
     def step(self, tokens: list[int], budget: int) -> Step:
@@ -301,12 +302,13 @@ class SpeculativeDecoding:
         masks = None
         if self.constraint is not None:  # cut at the first token the grammar forbids (sampling: keep it, rejected)
             draft, masks = self.constraint.check_draft(draft, keep_rejected=not self.params.greedy)  # (n + 1, V)
-        branches = (self.length.costs.tree_branches(draft.confidences, [p for _, p in draft.runners_up])
-                    if draft.runners_up else [])
+        room = self.tree_rows_limit - 1 - len(draft.tokens)
+        taken = (self.length.costs.tree_branches(draft.confidences, [b.reach for b in draft.branches[:max(room, 0)]])
+                 if draft.branches else 0)
         t1 = time.perf_counter()
         start = len(tokens) - 1
-        if branches:
-            return self._tree_step(tokens, draft, branches, start, t0, t1)
+        if taken:
+            return self._tree_step(tokens, draft, draft.branches[:taken], start, t0, t1)
         feed = torch.tensor([[tokens[-1], *draft.tokens]], device=self.device)  # (1, n + 1)
         logits = self.model.forward_logits(feed, start, self.cache)[0].float()  # (n + 1, V)
         if masks is not None:
@@ -324,13 +326,13 @@ class SpeculativeDecoding:
         return Step(tokens=emitted, drafted=[True] * verdict.accepted + [False], drafted_count=len(draft.tokens),
                     draft_s=t1 - t0, verify_s=t2 - t1, sample_s=t3 - t2)
 
-    def _tree_step(self, tokens: list[int], draft: Draft, branches: list[int], start: int, t0: float,
+    def _tree_step(self, tokens: list[int], draft: Draft, branches: list[Branch], start: int, t0: float,
                    t1: float) -> Step:
-        """Verify the drafted chain and the runners-up at `branches` in one pass (greedy): rows are the last token,
-        the chain (row j + 1 continues row j) and one leaf per branch (continuing the row its chain token does)."""
+        """Verify the drafted chain and `branches` in one pass (greedy): rows are the last token, the chain (row
+        j + 1 continues row j) and a row per branch (continuing its parent node's row: node i is row i + 1)."""
         n = len(draft.tokens)
-        feed_tokens = [tokens[-1], *draft.tokens, *(draft.runners_up[j][0] for j in branches)]
-        parents = [-1, *range(n), *branches]
+        feed_tokens = [tokens[-1], *draft.tokens, *(branch.token for branch in branches)]
+        parents = [-1, *range(n), *(branch.parent + 1 for branch in branches)]
         feed = torch.tensor([feed_tokens], device=self.device)  # (1, rows)
         logits = self.model.forward_logits(feed, start, self.cache, parents=parents)[0]  # (rows, V)
         t2 = time.perf_counter()

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from edge import EdgeError, Engine
 from edge.decoding.drafters.base import DraftSampler
-from edge.decoding.drafters.eagle3 import Eagle3Drafter
+from edge.decoding.drafters.eagle3 import TREE_WIDTH, Eagle3Drafter
 from edge.decoding.sampling import SamplingParams, distribution, history_tensor
 from edge.decoding.speculative import DraftLength, SpeculativeDecoding
 from edge.kernels.block_formats import BlockMatrix
@@ -101,7 +101,48 @@ def test_token_trees_from_an_eagle3_head_keep_the_output(llama_dir, head, expect
     made = _forced_trees(monkeypatch)
     engine = Engine.load(llama_dir, max_context=256, drafter=f"eagle3:{head}")
     assert [greedy(engine, prompt, 40) for prompt in PROMPTS] == expected
-    assert made[-1].sampler.runners_up and sum(s.tree_rows for s in made) > 0
+    assert made[-1].sampler.trees and sum(s.tree_rows for s in made) > 0
+
+
+def test_a_tree_draft_grows_each_path_as_a_chain_would(llama_dir, head):
+    """Every node of an EAGLE-2 tree is among its parent's TREE_WIDTH likeliest children, and its reach is the
+    product of the probabilities the head gives its path drafted as a chain: in the tree's batched passes each node
+    sees the context and its own ancestors, at its depth's position, and nothing else."""
+    model = load_model(llama_dir)
+    drafter = Eagle3Drafter.load(head, model, 64)
+    cache = model.new_cache(64)
+    prompt = list(range(5, 17))
+    with torch.inference_mode():
+        model.forward_logits(torch.tensor([prompt[:-1]]), 0, cache)
+    sampler = DraftSampler(SamplingParams(temperature=0.0), torch.Generator(), vocab_size=model.config.vocab_size,
+                           trees=True)
+    tree = drafter.propose(prompt, 4, sampler)
+    n, branches = len(tree.tokens), tree.branches
+    assert n == 4 and any(branch.parent >= n for branch in branches)  # subtrees, not only leaves beside the chain
+    assert all(-1 <= branch.parent < n + i for i, branch in enumerate(branches))  # each after its parent
+    assert [b.reach for b in branches] == sorted((b.reach for b in branches), reverse=True)
+    nodes = [(token, j - 1) for j, token in enumerate(tree.tokens)] + [(b.token, b.parent) for b in branches]
+    reaches = [None] * n + [b.reach for b in branches]
+    row_of = {int(token): row for row, token in enumerate(drafter.token_ids.tolist())}
+    last = len(prompt) - 1
+    with torch.inference_mode():
+        root = drafter._rows(drafter.layer.fuse(drafter.kept.rows[:last]), prompt[1:], 0)[-1:]  # (1, D)
+        for index in range(len(nodes)):
+            path, node = [], index
+            while node >= 0:
+                path.insert(0, nodes[node][0])
+                node = nodes[node][1]
+            out, reach = root, 1.0
+            for depth, token in enumerate(path):
+                probs = drafter.layer.logits(out)[0].float().softmax(-1)  # (Vd,)
+                assert row_of[token] in probs.topk(TREE_WIDTH).indices.tolist(), (index, depth)
+                reach *= float(probs[row_of[token]])
+                out = drafter._rows(out, [token], last + depth)  # (1, D)
+            if index < n:
+                assert path == tree.tokens[:index + 1]  # the chain: first choices
+                assert tree.confidences[index] == pytest.approx(float(probs[row_of[path[-1]]]), rel=1e-4)
+            else:
+                assert reaches[index] == pytest.approx(reach, rel=1e-4), index
 
 
 def test_an_eagle3_head_on_a_gguf_target_keeps_its_output(llama_dir, head, tmp_path):

@@ -15,6 +15,7 @@ from edge.model.kv_cache import KVCache
 from edge.model.transformer import keep_rows
 from edge.sources.loading import load_model
 from edge.model.quantized_kv_cache import QuantizedKVCache
+from edge.decoding.drafters.base import runner_up_branches
 from edge.decoding.speculative import SpeculativeDecoding, StepCosts
 from edge.kernels import cpu_paths
 from tests.helpers import greedy
@@ -61,7 +62,7 @@ def test_each_path_of_a_tree_computes_what_decode_steps_compute(llama_dir, monke
 
 def _forced_trees(monkeypatch) -> list[SpeculativeDecoding]:
     """Give every drafted position a runner-up, whatever it costs; return the strategies the engine makes."""
-    monkeypatch.setattr(StepCosts, "tree_branches", lambda self, confidences, runners_up: list(range(len(confidences))))
+    monkeypatch.setattr(StepCosts, "tree_branches", lambda self, confidences, reaches: len(reaches))
     made = []
 
     class Recorded(SpeculativeDecoding):
@@ -82,7 +83,7 @@ def test_greedy_speculation_with_token_trees_equals_plain_decoding(llama_dir, mo
     made = _forced_trees(monkeypatch)
     fast = Engine.load(llama_dir, max_context=256, weights=weights, kv_cache=kv_cache, drafter=drafter)
     assert [greedy(fast, prompt, 60) for prompt in (PROMPT, "import os\nfor name in")] == expected
-    assert made[-1].sampler.runners_up and sum(s.tree_rows for s in made) > 0
+    assert made[-1].sampler.trees and sum(s.tree_rows for s in made) > 0
 
 
 @pytest.mark.slow
@@ -103,16 +104,24 @@ def test_sampled_and_fixed_length_decoding_draft_chains(monkeypatch):
     list(fast.generate(PROMPT, max_new_tokens=24, temperature=0.8, seed=3))
     fixed = Engine.load(builtin_model_path(), drafter="feature", draft_length=3)
     list(fixed.generate(PROMPT, max_new_tokens=24, temperature=0.0))
-    assert [s.sampler.runners_up for s in made] == [False, False] and sum(s.tree_rows for s in made) == 0
+    assert [s.sampler.trees for s in made] == [False, False] and sum(s.tree_rows for s in made) == 0
+
+
+def test_runners_up_become_leaves_beside_the_chain_likeliest_first():
+    branches = runner_up_branches([0.9, 0.5, 0.8], [(11, 0.05), (12, 0.4), (13, 0.1)])
+    assert [(b.token, b.parent) for b in branches] == [(12, 0), (11, -1), (13, 1)]  # each beside chain token j
+    assert [round(b.reach, 4) for b in branches] == [0.36, 0.05, 0.045]  # reached where the chain reaches j
 
 
 def test_the_cost_model_adds_rows_only_where_they_pay():
-    confidences, runners_up = [0.9, 0.5, 0.8], [0.05, 0.4, 0.1]
+    confidences, reaches = [0.9, 0.5, 0.8], [0.36, 0.05, 0.045]
     costs = StepCosts(draft_per_token=0.001)
-    assert costs.tree_branches(confidences, runners_up) == []  # nothing measured yet
+    assert costs.tree_branches(confidences, reaches) == 0  # nothing measured yet
     costs.verify = {4: 0.030, 5: 0.031, 6: 0.031, 7: 0.031}  # memory-bound: a few more rows cost almost nothing
-    assert costs.tree_branches(confidences, runners_up) == [0, 1, 2]
+    assert costs.tree_branches(confidences, reaches) == 3
     costs.verify = {4: 0.030, 5: 0.060, 6: 0.090}  # compute-bound: every row costs a step
-    assert costs.tree_branches(confidences, runners_up) == []
+    assert costs.tree_branches(confidences, reaches) == 0
     costs.verify = {4: 0.030}  # one row beyond the measured is tried once (at the dearest cost below it), no more
-    assert costs.tree_branches(confidences, runners_up) == [1]
+    assert costs.tree_branches(confidences, reaches) == 1
+    costs.verify = {4: 0.030, 5: 0.0305, 6: 0.045}  # the second branch is not worth its row, nor the third
+    assert costs.tree_branches(confidences, reaches) == 1

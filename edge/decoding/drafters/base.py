@@ -21,21 +21,43 @@ from edge.kernels.records import DraftRequest, FeatureRows, KernelDraft, KernelH
 
 
 @dataclass
+class Branch:
+    """A drafted token beside the chain, verified in the same pass as a node of a token tree."""
+
+    token: int
+    parent: int  # the node it continues: -1 the last token before the draft, j < n the chain's token j, n + i branch i
+    reach: float  # the drafter's probability that the target's path runs through it (its path's product)
+
+
+@dataclass
 class Draft:
     tokens: list[int]
     probs: torch.Tensor | None = None  # (n, V) sampling distributions the tokens were drawn from; None: deterministic
     confidences: list[float] = field(default_factory=list)  # the drafter's probability of each token
-    runners_up: list[tuple[int, float]] | None = None  # per token: the drafter's second choice there, its probability
+    # greedy drafts for a token tree: other candidates, likeliest first, each after its parent (so any first m of
+    # them with the chain form a tree)
+    branches: list[Branch] | None = None
 
     @classmethod
     def from_kernel(cls, drafted: KernelDraft) -> "Draft":
-        """From one-call greedy drafting (edge.model.kernel_glue.draft_greedy), runners-up included when they were
-        asked for."""
+        """From one-call greedy drafting (edge.model.kernel_glue.draft_greedy): the runners-up, where they were asked
+        for, become branches (leaves beside the chain token each would replace)."""
         if drafted.runners_up is None:
             return cls(tokens=drafted.tokens)
-        return cls(tokens=drafted.tokens, confidences=[first for first, _ in drafted.probabilities],
-                   runners_up=[(token, second) for token, (_, second) in zip(drafted.runners_up,
-                                                                            drafted.probabilities)])
+        confidences = [first for first, _ in drafted.probabilities]
+        return cls(tokens=drafted.tokens, confidences=confidences,
+                   branches=runner_up_branches(confidences, [(token, second) for token, (_, second)
+                                                             in zip(drafted.runners_up, drafted.probabilities)]))
+
+
+def runner_up_branches(confidences: list[float], runners_up: list[tuple[int, float]]) -> list[Branch]:
+    """A chain's runners-up (token, probability at position j) as branches: leaves beside chain token j, reached
+    where the chain reaches j, likeliest first."""
+    branches, reach = [], 1.0
+    for j, ((token, probability), confidence) in enumerate(zip(runners_up, confidences)):
+        branches.append(Branch(token, j - 1, reach * probability))
+        reach *= confidence
+    return sorted(branches, key=lambda branch: -branch.reach)
 
 
 @dataclass
@@ -46,14 +68,14 @@ class DraftSampler:
     generator: torch.Generator
     stop_below: float | None = None  # stop drafting when the next token's probability is below this
     vocab_size: int | None = None  # the target's vocabulary size (draft probabilities are over it)
-    runners_up: bool = False  # also report each step's second choice (a token tree may verify it too)
+    trees: bool = False  # greedy drafts also report branches (Draft.branches): the target may verify a token tree
 
     def request(self, tokens: list[int], start: int, cache, k: int, head: KernelHead, *,
                 layers: list[int] | None = None, features: FeatureRows | None = None) -> DraftRequest:
-        """A one-call greedy draft of k tokens (edge/kernels/records.py DraftRequest) with this sampler's confidence stop and
-        runners-up."""
+        """A one-call greedy draft of k tokens (edge/kernels/records.py DraftRequest) with this sampler's confidence stop and,
+        for token trees, runners-up."""
         return DraftRequest(tokens, start, cache, k, head, layers=layers, features=features,
-                            stop_below=self.stop_below, runners_up=self.runners_up)
+                            stop_below=self.stop_below, runners_up=self.trees)
 
     @property
     def plain_greedy(self) -> bool:

@@ -7,8 +7,9 @@ residual streams at a low, a middle and a high layer, which the target keeps for
     draft 1 = d2t-mapped argmax lm_head(norm(out[n-1]));  rows n, n+1, ...:  layer(out[previous], embed(draft))
 
 Row j sits at position j in the head's own KV cache; a new draft recomputes from the first row whose tokens or
-features changed (as the feature drafter does). Greedy drafts report the runner-up at each position, so the target
-may verify them as a token tree; sampled drafts report the distribution each token was drawn from, over the target's
+features changed (as the feature drafter does). Greedy drafts may grow a token tree (EAGLE-2: the likeliest nodes
+of each depth through the head in one pass, each seeing its ancestors), whose likeliest branches the target may
+verify beside the chain; sampled drafts report the distribution each token was drawn from, over the target's
 whole vocabulary (tokens outside the draft vocabulary impossible), so speculative sampling stays exact.
 """
 
@@ -18,13 +19,15 @@ from pathlib import Path
 
 import torch
 
-from edge.decoding.drafters.base import Draft, DraftSampler
+from edge.decoding.drafters.base import Branch, Draft, DraftSampler
 from edge.decoding.drafters.eagle3_head import Eagle3Config, Eagle3Layer, head_folder, read_tensors
 from edge.errors import CheckpointError, SamplingError
 from edge.kernels.block_formats import BlockMatrix
 from edge.model.kv_cache import common_prefix
 from edge.model.layer_features import keep_layer_features
 from edge.model.transformer import Transformer
+
+TREE_WIDTH = 3  # EAGLE-2's top-k: the nodes the head runs at each depth of a token tree, and the children each keeps
 
 
 class Eagle3Drafter:
@@ -88,16 +91,15 @@ class Eagle3Drafter:
         return self.layer.forward(g, embeds, start)  # (T, D)
 
     def _draft(self, out: torch.Tensor, tokens: list[int], position: int, k: int, sampler: DraftSampler) -> Draft:
-        """Up to k tokens from the layer's output (1, D) of the row before `position`, each fed back."""
-        draft, probs = Draft(tokens=[], runners_up=[] if sampler.runners_up else None), []
+        """Up to k tokens from the layer's output (1, D) of the row before `position`, each fed back; for a token tree
+        (greedy), a tree of depth k where the head's cache has room for it."""
+        if sampler.trees and position + (k - 1) * TREE_WIDTH <= self.layer.max_len:
+            return self._tree(out, position, k)
+        draft, probs = Draft(tokens=[]), []
         for i in range(k):
             logits = self.layer.logits(out)[0].float()  # (Vd,)
             token, dist, confidence = sampler.pick(self._full(logits), tokens + draft.tokens)
-            if draft.runners_up is not None:
-                confidence = self._runner_up(logits, draft)
             if sampler.stop_below is not None and draft.tokens and confidence < sampler.stop_below:
-                if draft.runners_up is not None:
-                    draft.runners_up.pop()
                 break  # keep at least one token: an empty draft wastes the verify pass
             draft.tokens.append(token)
             draft.confidences.append(confidence)
@@ -109,17 +111,58 @@ class Eagle3Drafter:
             draft.probs = torch.stack(probs)  # (n, V)
         return draft
 
+    def _tree(self, root: torch.Tensor, position: int, k: int) -> Draft:
+        """A greedy draft of depth k with branches, grown as EAGLE-2 grows one: the chain of first choices, and beside
+        it the likeliest other paths. At each depth the TREE_WIDTH likeliest nodes (the chain's among them) go
+        through the head in one pass, each at its depth's position and seeing the context and its own ancestors, and
+        each keeps its TREE_WIDTH likeliest children. `root` (1, D) is the layer's output of the row before
+        `position`."""
+        rows, parents, chances, reaches, depths = [], [], [], [], []  # per node: draft-vocabulary row, parent node
+        slots, outs = {}, {-1: root}  # (-1: the root), its probability given the parent, its path's, its depth
+
+        def grow(node: int, probs: torch.Tensor, depth: int) -> list[int]:  # probs (Vd,)
+            top, reach, first = probs.topk(TREE_WIDTH), reaches[node] if node >= 0 else 1.0, len(rows)
+            for chance, row in zip(top.values.tolist(), top.indices.tolist()):
+                rows.append(row), parents.append(node), chances.append(chance)
+                reaches.append(reach * chance), depths.append(depth)
+            return list(range(first, len(rows)))
+
+        level = grow(-1, self.layer.logits(root)[0].float().softmax(-1), 1)
+        chain, slot = [level[0]], position
+        for depth in range(1, k):
+            others = sorted((node for node in level if node != chain[-1]), key=lambda node: -reaches[node])
+            frontier = [chain[-1], *others[:TREE_WIDTH - 1]]
+            count = len(frontier)
+            visible = torch.zeros(count, slot + count, dtype=torch.bool, device=root.device)  # (F, slot + F)
+            visible[:, :position] = True  # the context: the rows of the target's own features
+            for i, node in enumerate(frontier):
+                slots[node], ancestor = slot + i, node
+                while ancestor >= 0:
+                    visible[i, slots[ancestor]] = True
+                    ancestor = parents[ancestor]
+            g = torch.cat([outs[parents[node]] for node in frontier])  # (F, D)
+            feed = self.token_ids[torch.tensor([rows[node] for node in frontier], device=root.device)]  # (F,)
+            at = torch.full((count,), position + depth - 1, device=root.device)  # (F,) the depth's position
+            out = self.layer.forward(g, self.embed(feed).to(g.dtype), slot, positions=at, visible=visible)  # (F, D)
+            probs = self.layer.logits(out).float().softmax(-1)  # (F, Vd)
+            slot, level = slot + count, []
+            for i, node in enumerate(frontier):
+                outs[node] = out[i:i + 1]
+                level += grow(node, probs[i], depth + 1)
+            chain.append(level[0])  # the chain node's first child (the chain node leads the frontier)
+        others = sorted((node for node in range(len(rows)) if node not in chain),
+                        key=lambda node: (-reaches[node], depths[node]))  # each after its parent
+        index = {-1: -1, **{node: j for j, node in enumerate(chain)},
+                 **{node: len(chain) + i for i, node in enumerate(others)}}
+        token = lambda node: int(self.token_ids[rows[node]])  # noqa: E731
+        return Draft(tokens=[token(node) for node in chain], confidences=[chances[node] for node in chain],
+                     branches=[Branch(token(node), index[parents[node]], reaches[node]) for node in others])
+
     def _full(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits (Vd,) -> the target vocabulary's (V,), -inf where the head has no row."""
         full = logits.new_full((self.target.config.vocab_size,), float("-inf"))
         full[self.token_ids] = logits
         return full
-
-    def _runner_up(self, logits: torch.Tensor, draft: Draft) -> float:
-        """Record the second choice (target token, probability); return the first choice's probability."""
-        top = logits.softmax(-1).topk(2)
-        draft.runners_up.append((int(self.token_ids[top.indices[1]]), float(top.values[1])))
-        return float(top.values[0])
 
     def observe(self, accepted: int, drafted: int, step_s: float = 0.0) -> None:
         pass  # the next propose() recomputes the rows of accepted drafts from the target's features

@@ -194,22 +194,28 @@ class Eagle3Layer:
         """The target's streams (T, 3D) -> the layer's feature (T, D)."""
         return self._linear(features, "fc.weight")
 
-    def forward(self, g: torch.Tensor, embeds: torch.Tensor, start: int) -> torch.Tensor:
-        """Rows at positions [start, start + T): feature g (T, D) and the next tokens' embeddings (T, D) -> the
-        layer's output (T, D), the next row's feature; its keys/values are written at those positions."""
+    def forward(self, g: torch.Tensor, embeds: torch.Tensor, start: int, positions: torch.Tensor | None = None,
+                visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows in cache slots [start, start + T): feature g (T, D) and the next tokens' embeddings (T, D) -> the
+        layer's output (T, D), the next row's feature; its keys/values are written to those slots. A row sits at its
+        slot's position and sees the slots up to its own; or, for a token tree's nodes, at `positions` (T,), seeing
+        the slots `visible` (T, start + T) marks (the context, its ancestors', its own)."""
         c, linear, steps = self.config, self._linear, g.shape[0]
         h = self._norm(g, "midlayer.hidden_norm.weight")  # (T, D)
         joined = torch.cat((self._norm(embeds, "midlayer.input_layernorm.weight"), h), dim=-1)  # (T, 2D)
         q = linear(joined, "midlayer.self_attn.q_proj.weight").view(steps, c.num_heads, c.head_dim)
         k = linear(joined, "midlayer.self_attn.k_proj.weight").view(steps, c.num_kv_heads, c.head_dim)
         v = linear(joined, "midlayer.self_attn.v_proj.weight").view(steps, c.num_kv_heads, c.head_dim)
-        cos, sin = self.cos[start:start + steps], self.sin[start:start + steps]  # (T, R) each
+        rotation = slice(start, start + steps) if positions is None else positions
+        cos, sin = self.cos[rotation], self.sin[rotation]  # (T, R) each
         q, k = apply_rope(q.transpose(0, 1), cos, sin), apply_rope(k.transpose(0, 1), cos, sin)  # (H|Hkv, T, Dh)
         end = start + steps
         self.keys[:, start:end], self.values[:, start:end] = k, v.transpose(0, 1)
         self.length = end
-        query_pos = torch.arange(start, end, device=g.device)[:, None]  # (T, 1)
-        mask = torch.arange(end, device=g.device)[None, :] <= query_pos  # (T, end)
+        mask = visible
+        if mask is None:
+            query_pos = torch.arange(start, end, device=g.device)[:, None]  # (T, 1)
+            mask = torch.arange(end, device=g.device)[None, :] <= query_pos  # (T, end)
         out = F.scaled_dot_product_attention(q[None], self.keys[None, :, :end], self.values[None, :, :end],
                                              attn_mask=mask, enable_gqa=c.num_kv_heads != c.num_heads)  # (1, H, T, Dh)
         out = out[0].transpose(0, 1).reshape(steps, c.num_heads * c.head_dim)  # (T, H*Dh)

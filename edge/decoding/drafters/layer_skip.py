@@ -77,7 +77,7 @@ class LayerSkipDrafter:
             if drafted is not None:
                 return Draft.from_kernel(drafted)
             steps = static_steps(self.model, self.cache) if self.head is None else None
-            if steps is not None and sampler.stop_below is None and not sampler.runners_up:  # one graph, k tokens
+            if steps is not None and sampler.stop_below is None and not sampler.trees:  # one graph, k tokens
                 return Draft(tokens=steps.draft_greedy(tokens[-1], start, k, self.layers,
                                                        getattr(self.cache, "draft_view", False), sampler.vocab_size))
         return draft_autoregressively(self._step, tokens, [tokens[-1]], start, k, sampler)

@@ -44,6 +44,7 @@ from edge.kernels.records import FLOAT_FORMATS, DraftRequest, KernelDraft, Layer
 
 FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chunks of rows: linear scratch memory
 TREE_ROWS = CONSTANTS["TREE_ROWS"]  # the most rows of a token tree's verify pass
+DRAFT_ROWS = 0  # the thread governor's key for one-call drafts, timed per drafted token (no pass has 0 rows)
 MAX_HEAD_DIM = CONSTANTS["MAX_HEAD_DIM"]  # the widest head the fused calls rotate
 KEPT_VIEWS = 4  # ModelViews kept per FusedWeights: the step's, and a drafter's head or two
 
@@ -337,14 +338,23 @@ class FusedWeights:
         """`request.k` greedy draft tokens in one C call (CpuKernel.draft_greedy): the request's tokens through its
         layers (None: every layer), the norm and the head of `ends`, then one drafted token a step; rope: whole cos,
         sin tables from position 0. None where the kernel does not read the ends, or the norm or fc are not stored
-        like the layers' norms (the C draft reads the fc in the layers' format)."""
+        like the layers' norms (the C draft reads the fc in the layers' format). Its thread count is governed as
+        whole passes' are (threads.py), timed per drafted token: each of its tokens meets the team at every layer."""
         view = self._view(ends)
         features = request.features
         if view is None or ends.norm.dtype != self.norm_dtype or (
                 features is not None and features.fc.dtype != self.norm_dtype):
             return None
         order = self._every_layer if request.layers is None else self._order(request.layers)
-        return self.matmul.draft_greedy(view, request, order, rope, request.cache.kernel_cache())
+        governor = self._team()
+        if governor is None:
+            return self.matmul.draft_greedy(view, request, order, rope, request.cache.kernel_cache())
+        threads = governor.next(DRAFT_ROWS)
+        started = time.perf_counter()
+        drafted = self._kernels[threads].draft_greedy(view, request, order, rope, request.cache.kernel_cache())
+        if len(request.tokens) == 1 and drafted.tokens:  # a catch-up over several tokens is not a draft's cost
+            governor.record(threads, DRAFT_ROWS, (time.perf_counter() - started) / len(drafted.tokens))
+        return drafted
 
     def _order(self, layers: Iterable[int]) -> torch.Tensor:
         """The int64 tensor (n,) of a layer set for the C calls, made once per set (all, or a self-draft's)."""

@@ -1,8 +1,9 @@
-"""How many threads a model's whole passes take, chosen from their measured times.
+"""How many threads a model's whole passes and one-call drafts take, chosen from their measured times.
 
 A team of threads meets at a barrier several times a layer. On a machine where another process holds a core (a
 browser, a build), the thread that loses its core stalls every barrier, and the whole team decodes slower than one
-thread would. The governor times each fused pass, keeps a running estimate per thread count and row count, runs the
+thread would. The governor times each fused pass (and each one-call draft, per drafted token, under a key of its
+own: edge/kernels/runner.py DRAFT_ROWS), keeps a running estimate per thread count and row count, runs the
 fastest, tries each other count once early on, and now and then runs one pass on another count to see whether the
 machine changed (every 16 passes at first; each probe that loses doubles the interval, up to 1024, and each that
 wins halves it):

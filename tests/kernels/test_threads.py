@@ -46,3 +46,23 @@ def test_row_counts_are_measured_apart():
     run(governor, 10, {2: 0.006, 1: 0.010}, rows=1)
     used = run(governor, 10, {2: 0.009, 1: 0.020}, rows=5)
     assert used[0] == 2 and used[1] == 1 and used[2:] == [2] * 8  # a new row count: a baseline, one try, the best
+
+
+def test_one_call_drafts_run_on_the_count_the_governor_picks(llama_dir, monkeypatch):
+    """A draft's tokens meet the team at every layer as a pass's rows do: one-call drafts run on the governed count,
+    timed per drafted token apart from whole passes, and the output stays plain decoding's."""
+    from edge import Engine
+    from edge.kernels.runner import DRAFT_ROWS
+    from tests.helpers import greedy
+
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+    expected = greedy(Engine.load(llama_dir, max_context=128), prompt, 30)
+    fast = Engine.load(llama_dir, max_context=128, drafter="early-exit:1", draft_length=3)
+    runner = fast.model.runner
+    runner.matmul.threads = 2  # a team to govern, whatever torch's count in this test worker
+    asked = []
+    original = ThreadGovernor.next
+    monkeypatch.setattr(ThreadGovernor, "next", lambda self, rows: asked.append(rows) or original(self, rows))
+    assert greedy(fast, prompt, 30) == expected
+    assert DRAFT_ROWS in asked and 1 in asked  # drafts and single-row passes both asked the governor
+    assert {rows for _, rows in runner._fused._governor._estimates} >= {DRAFT_ROWS, 4}  # timed apart from passes

@@ -92,8 +92,8 @@ class Eagle3Drafter:
 
     def _draft(self, out: torch.Tensor, tokens: list[int], position: int, k: int, sampler: DraftSampler) -> Draft:
         """Up to k tokens from the layer's output (1, D) of the row before `position`, each fed back; for a token tree
-        (greedy), a tree of depth k where the head's cache has room for it."""
-        if sampler.trees and position + (k - 1) * TREE_WIDTH <= self.layer.max_len:
+        (greedy, without a confidence stop), a tree of depth k where the head's cache has room for it."""
+        if sampler.trees and sampler.stop_below is None and position + (k - 1) * TREE_WIDTH <= self.layer.max_len:
             return self._tree(out, position, k)
         draft, probs = Draft(tokens=[]), []
         for i in range(k):
@@ -117,8 +117,9 @@ class Eagle3Drafter:
         through the head in one pass, each at its depth's position and seeing the context and its own ancestors, and
         each keeps its TREE_WIDTH likeliest children. `root` (1, D) is the layer's output of the row before
         `position`."""
-        rows, parents, chances, reaches, depths = [], [], [], [], []  # per node: draft-vocabulary row, parent node
-        slots, outs = {}, {-1: root}  # (-1: the root), its probability given the parent, its path's, its depth
+        # per node: its draft-vocabulary row, parent (-1: the root), probability given the parent, path's, depth
+        rows, parents, chances, reaches, depths = [], [], [], [], []
+        slots, outs = {}, {-1: root}  # per node run through the head: its slot in the head's cache, its output (1, D)
 
         def grow(node: int, probs: torch.Tensor, depth: int) -> list[int]:  # probs (Vd,)
             top, reach, first = probs.topk(TREE_WIDTH), reaches[node] if node >= 0 else 1.0, len(rows)

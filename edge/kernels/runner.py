@@ -32,7 +32,7 @@ cannot read it).
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,7 @@ FUSED_CHUNK = 128  # longer passes through the fused kernel (prompts) run in chu
 TREE_ROWS = CONSTANTS["TREE_ROWS"]  # the most rows of a token tree's verify pass
 DRAFT_ROWS = 0  # the thread governor's key for one-call drafts, timed per drafted token (no pass has 0 rows)
 MAX_HEAD_DIM = CONSTANTS["MAX_HEAD_DIM"]  # the widest head the fused calls rotate
+T = TypeVar("T")
 KEPT_VIEWS = 4  # ModelViews kept per FusedWeights: the step's, and a drafter's head or two
 
 
@@ -310,15 +311,21 @@ class FusedWeights:
         if view is None:
             return None
         cos, sin = rope
-        count, governor = tokens.numel(), self._team()
+        return self._governed(tokens.numel(), lambda kernel: kernel.forward_step(
+            view, tokens, start, self._every_layer, cos, sin, cache, parents, capture, rows))
+
+    def _governed(self, rows: int, call: Callable[[CpuKernel], T], units: Callable[[T], int] = lambda _: 1) -> T:
+        """`call` on the kernel of the thread count the governor picks for `rows` (the full count without one), its
+        time recorded per unit of its result (`units`: 0 records nothing)."""
+        governor = self._team()
         if governor is None:
-            return self.matmul.forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents, capture,
-                                            rows)
-        threads = governor.next(count)
+            return call(self.matmul)
+        threads = governor.next(rows)
         started = time.perf_counter()
-        out = self._kernels[threads].forward_step(view, tokens, start, self._every_layer, cos, sin, cache, parents,
-                                                  capture, rows)
-        governor.record(threads, count, time.perf_counter() - started)
+        out = call(self._kernels[threads])
+        count = units(out)
+        if count:
+            governor.record(threads, rows, (time.perf_counter() - started) / count)
         return out
 
     def _team(self) -> ThreadGovernor | None:
@@ -346,15 +353,10 @@ class FusedWeights:
                 features is not None and features.fc.dtype != self.norm_dtype):
             return None
         order = self._every_layer if request.layers is None else self._order(request.layers)
-        governor = self._team()
-        if governor is None:
-            return self.matmul.draft_greedy(view, request, order, rope, request.cache.kernel_cache())
-        threads = governor.next(DRAFT_ROWS)
-        started = time.perf_counter()
-        drafted = self._kernels[threads].draft_greedy(view, request, order, rope, request.cache.kernel_cache())
-        if len(request.tokens) == 1 and drafted.tokens:  # a catch-up over several tokens is not a draft's cost
-            governor.record(threads, DRAFT_ROWS, (time.perf_counter() - started) / len(drafted.tokens))
-        return drafted
+        catching_up = len(request.tokens) > 1  # a catch-up over several tokens is not what a drafted token costs
+        return self._governed(DRAFT_ROWS, lambda kernel: kernel.draft_greedy(view, request, order, rope,
+                                                                             request.cache.kernel_cache()),
+                              lambda drafted: 0 if catching_up else len(drafted.tokens))
 
     def _order(self, layers: Iterable[int]) -> torch.Tensor:
         """The int64 tensor (n,) of a layer set for the C calls, made once per set (all, or a self-draft's)."""

@@ -162,12 +162,12 @@ def test_a_seeded_sampled_reply_among_others_is_the_reply_alone(server, referenc
         assert reply[0] == alone(reference, request)[0]
 
 
-def test_a_short_request_among_three_long_streams_finishes_first(server, reference):
+def short_among_long_streams(server) -> tuple[bool, tuple[str, int, str]]:
+    """Send a short request while three long streams run: whether it ended before all of them, and its reply."""
     long = [{"messages": chat, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
             for chat in CHATS]
     ends: dict[int, float] = {}
     started = threading.Barrier(4)
-    short_reply = None
 
     def stream(index: int) -> None:
         with httpx.Client(base_url=server.url, timeout=60) as client:
@@ -187,7 +187,18 @@ def test_a_short_request_among_three_long_streams_finishes_first(server, referen
     short_end = time.monotonic()
     for thread in threads:
         thread.join(120)
-    assert len(ends) == 3 and short_end < min(ends.values())
+    assert len(ends) == 3
+    return short_end < min(ends.values()), short_reply
+
+
+def test_a_short_request_among_three_long_streams_finishes_first(server, reference):
+    # The tiny model runs the long streams in about half a second, so a busy machine can delay the short request's
+    # arrival past their end; a scheduler that keeps it behind them fails every try.
+    for _ in range(3):
+        first, short_reply = short_among_long_streams(server)
+        if first:
+            break
+    assert first
     assert short_reply[0] == alone(reference, {"prompt": "The os module", "max_tokens": 8})[0]
 
 

@@ -123,14 +123,14 @@ def draft_head(drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser("python -m bench.draft_ceiling", __doc__, model="the target (a GGUF file or checkpoint folder)", repeats=9,
-                          max_new_tokens=128,
+    parser = bench_parser("python -m bench.draft_ceiling", __doc__, repeats=9, max_new_tokens=128,
+                          model="the target (a GGUF file or checkpoint folder)",
                           context={"default": 256, "help": "tokens in the cache when a call is timed (default 256)"})
     parser.add_argument("draft", help="the draft model (a GGUF file or checkpoint folder), as --drafter draft:DRAFT")
     parser.add_argument("--rows", type=int, default=8, help="the most rows a verify pass may have (default 8)")
     parser.add_argument("--goal", type=float, default=1.8,
-                        help="a speedup to ask of each shape: the column 'a drafted token for GOAL' gives what a "
-                             "drafted token may cost, in target steps, for that shape's bound to reach it (default 1.8)")
+                        help="a speedup to ask of each shape: the last column gives what a drafted token may cost, "
+                             "in target steps, for that shape's bound to reach it (default 1.8)")
     args = parser.parse_args(argv)
     if args.rows < 2 or args.repeats < 1 or args.max_new_tokens < 1:
         parser.error("--rows needs 2 or more, --repeats and --max-new-tokens a positive number")

@@ -7,8 +7,9 @@ the target's, and what the best chain or token tree of it would gain with no ove
 For each of edge-bench's prompts (chat template) the target decodes greedily; the draft then reads the prompt and
 that reply in one pass (teacher forcing) and the rank of the target's token among the draft's choices is kept at
 every position of the reply, over the vocabulary edge drafts with (the shipped draft vocabulary where one ships for
-the tokenizer). The costs are measured here: a target call of 1..`--rows` rows (bench.calls, c = rows' time over a
-1-row call's) and a drafted token (the engine's own running measure while it decodes the prompts with the draft).
+the tokenizer). The costs are measured here, in turns within each round: a target call of 1..`--rows` rows after
+`--context` tokens (c = its time over a 1-row call's) and a one-call draft of three tokens as the engine drafts them;
+each ratio is the median of its ratios within a round, since this machine's memory speed drifts between minutes.
 
 From the ranks, every start position of a reply gives the sequence of ranks the target's next tokens have among
 the draft's choices, each drafted on the target's own prefix. A tree of drafted tokens (a set of such rank paths,
@@ -31,11 +32,11 @@ from collections import Counter
 import torch
 
 from bench.arguments import bench_parser
-from bench.calls import time_calls
 from bench.prompts import PROMPTS
 from edge.frontend.options import resolve_model_path
 
 LOOKAHEAD = 8  # the deepest path counted
+DRAFTED = 3  # tokens a timed draft call drafts
 RANKS = 4  # ranks below this are told apart; the rest count as "not among the first RANKS"
 
 
@@ -122,6 +123,45 @@ def draft_head(drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
     return kept_rows(model, everything), None
 
 
+def costs_in_turns(engine, drafter, tokens: list[int], most_rows: int, context: int,
+                   repeats: int) -> tuple[dict[int, float], float, float]:
+    """c(n) for n = 1..most_rows and a drafted token's share of a 1-row call, each the median of its ratio within a
+    round (a target call of every row count, then a one-call draft of DRAFTED tokens as the engine drafts, in
+    turns: this machine's memory speed drifts between minutes, and a ratio taken across minutes would mix two
+    speeds); and the 1-row call's median seconds. `tokens`: context + most_rows or more, the first `context` of them
+    in the cache when a call is timed."""
+    from edge.decoding.drafters.base import DraftSampler
+    from edge.decoding.sampling import SamplingParams
+
+    window = tokens[:context]
+    sampler = DraftSampler(SamplingParams(temperature=0.0), torch.Generator(), None, engine.model.config.vocab_size)
+    drafter.reset()
+    drafter.propose(window, DRAFTED, sampler)  # reads the window once
+    row_counts = list(range(1, most_rows + 1))
+    cache = engine.model.new_cache(len(window) + most_rows + 1)
+    ratios: dict[int, list[float]] = {n: [] for n in row_counts}
+    drafting, steps = [], []
+    with torch.inference_mode():
+        engine.model(torch.tensor([window]), 0, cache)
+        for repeat in range(repeats + 2):  # the first rounds warm the caches up
+            seconds = {}
+            for n in row_counts:
+                started = time.perf_counter()
+                engine.model.forward_logits(torch.tensor([tokens[len(window):len(window) + n]]), len(window), cache)
+                seconds[n] = time.perf_counter() - started
+                cache.rollback(len(window))
+            started = time.perf_counter()
+            drafter.propose(window, DRAFTED, sampler)  # feeds the window's last token, drafts DRAFTED
+            drafted = (time.perf_counter() - started) / DRAFTED
+            if repeat >= 2:
+                steps.append(seconds[1])
+                drafting.append(drafted / seconds[1])
+                for n in row_counts:
+                    ratios[n].append(seconds[n] / seconds[1])
+    return ({n: statistics.median(values) for n, values in ratios.items()}, statistics.median(drafting),
+            statistics.median(steps))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("python -m bench.draft_ceiling", __doc__, repeats=9, max_new_tokens=128,
                           model="the target (a GGUF file or checkpoint folder)",
@@ -146,12 +186,6 @@ def main(argv: list[str] | None = None) -> int:
 
     engine.use_drafter(f"draft:{args.draft}")
     drafter = engine.drafter
-    for ids in prompts:  # the engine measures what a drafted token costs as it decodes
-        engine.reset()
-        for _ in engine.generate(ids, max_new_tokens=args.max_new_tokens, temperature=0.0):
-            pass
-    draft_seconds = engine.draft_length.costs.draft_per_token
-
     rows, kept = draft_head(drafter)
     ranks = []
     with torch.inference_mode():
@@ -162,17 +196,17 @@ def main(argv: list[str] | None = None) -> int:
             ranks.append(draft_ranks(hidden, rows, kept, reply))
     flat = [rank for reply in ranks for rank in reply]
 
-    seconds = time_calls(engine.model, engine.model.new_cache(args.context + args.rows + 1),
-                         list(range(1, args.rows + 1)), args.context, args.repeats)
-    c = {n: seconds[n] / seconds[1] for n in seconds}
-    ratio = draft_seconds / seconds[1] if draft_seconds else float("nan")
+    sequence = [token for ids, reply in zip(prompts, replies) for token in ids + reply]
+    if len(sequence) < args.context + args.rows:
+        parser.error(f"the replies hold {len(sequence)} tokens; --context plus --rows must not exceed them")
+    c, ratio, step = costs_in_turns(engine, drafter, sequence, args.rows, args.context, args.repeats)
     shares = prefix_shares(ranks)
 
     print(f"{len(flat)} positions over {len(PROMPTS)} replies; the draft's choice k is the target's: " + ", ".join(
         f"top-{k} {sum(r < k for r in flat) / len(flat):.1%}" for k in range(1, RANKS + 1)))
-    print(f"a target step {seconds[1] * 1e3:.1f} ms; c(2..{args.rows}) " +
+    print(f"a target step {step * 1e3:.1f} ms; c(2..{args.rows}) " +
           ", ".join(f"{c[n]:.2f}" for n in range(2, args.rows + 1)) +
-          f"; a drafted token {draft_seconds * 1e3:.1f} ms = {ratio:.2f} of a step\n")
+          f"; a drafted token {ratio:.2f} of a step (medians of the ratios within each round)\n")
     print(f"| shape | rows verified | tokens a step | cost (steps) | bound | a drafted token for {args.goal:g}x |")
     print("|---|---:|---:|---:|---:|---:|")
     best = ("plain", 1.0)

@@ -70,27 +70,29 @@ def prefix_shares(replies: list[list[int]], lookahead: int = LOOKAHEAD) -> dict[
     return {path: count / starts for path, count in counts.items()} if starts else {}
 
 
-def step_cost(tree: list[tuple[int, ...]], c: dict[int, float], draft_ratio: float) -> float | None:
-    """Target steps one speculative step of this tree costs: a verify pass of its nodes + 1 rows and a draft call per
-    depth (its rows: the nodes of the depth above with children here); None past the measured row counts."""
-    rows = len(tree) + 1
-    if rows not in c:
-        return None
-    cost = c[rows]
+def draft_calls(tree: list[tuple[int, ...]], c: dict[int, float]) -> float | None:
+    """The tree's draft calls in 1-row calls: one per depth, of as many rows as the nodes of the depth above with
+    children there; None past the measured row counts."""
+    calls = 0.0
     for depth in range(max((len(path) for path in tree), default=0)):
-        parents = {path[:depth] for path in tree if len(path) == depth + 1}
-        if len(parents) not in c:
+        parents = len({path[:depth] for path in tree if len(path) == depth + 1})
+        if parents not in c:
             return None
-        cost += draft_ratio * c[len(parents)]
-    return cost
+        calls += c[parents]
+    return calls
+
+
+def step_cost(tree: list[tuple[int, ...]], c: dict[int, float], draft_ratio: float) -> float | None:
+    """Target steps one speculative step of this tree costs: a verify pass of its nodes + 1 rows and its draft calls
+    (draft_calls) at `draft_ratio` of a step each; None past the measured row counts."""
+    calls = draft_calls(tree, c)
+    return None if calls is None or len(tree) + 1 not in c else c[len(tree) + 1] + draft_ratio * calls
 
 
 def draft_ratio_for(goal: float, tree: list[tuple[int, ...]], tokens: float, c: dict[int, float]) -> float:
     """The cost of a drafted token (in target steps) at which this tree's bound is `goal`: tokens / (verify + r *
     draft calls) = goal; negative where even free drafting falls short."""
-    calls = sum(c[len({path[:depth] for path in tree if len(path) == depth + 1})]
-                for depth in range(max(len(path) for path in tree)))
-    return (tokens / goal - c[len(tree) + 1]) / calls
+    return (tokens / goal - c[len(tree) + 1]) / draft_calls(tree, c)
 
 
 def expected_tokens(tree: list[tuple[int, ...]], shares: dict[tuple[int, ...], float]) -> float:
@@ -116,11 +118,9 @@ def draft_head(drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The rows the draft scores tokens with (V', D) and their token ids (None: all), as edge drafts."""
     from edge.model.trimmed_head import kept_rows
 
-    model = drafter.model
-    if drafter.head is not None:
-        return kept_rows(model, drafter.head.kept), drafter.head.kept
-    everything = torch.arange(model.config.vocab_size)
-    return kept_rows(model, everything), None
+    kept = drafter.head.kept if drafter.head is not None else None
+    ids = kept if kept is not None else torch.arange(drafter.model.config.vocab_size)
+    return kept_rows(drafter.model, ids), kept
 
 
 def costs_in_turns(engine, drafter, tokens: list[int], most_rows: int, context: int,
@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| shape | rows verified | tokens a step | cost (steps) | bound | a drafted token for {args.goal:g}x |")
     print("|---|---:|---:|---:|---:|---:|")
     best = ("plain", 1.0)
-    for name, tree in shapes(shares, args.rows - 1):
+    candidates = shapes(shares, args.rows - 1)
+    for name, tree in candidates:
         cost = step_cost(tree, c, ratio)
         if cost is None:
             continue
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{f'{needed:.2f} of a step' if needed > 0 else 'out of reach'} |")
         if tokens / cost > best[1]:
             best = (name, tokens / cost)
-    if not any(name.startswith("the likeliest") for name, _ in shapes(shares, args.rows - 1)):
+    if not any(name.startswith("the likeliest") for name, _ in candidates):
         print(f"\nthe likeliest {args.rows - 1} paths are the chain's: no tree of up to {args.rows - 1} drafted tokens "
               "accepts more than the chain of as many")
     print(f"\nbest: {best[0]}, {best[1]:.2f}x plain decode steps, with nothing but the passes taking time")
